@@ -1,0 +1,2 @@
+//! Placeholder until the streaming benchmark lands.
+fn main() {}

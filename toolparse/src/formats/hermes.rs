@@ -1,0 +1,196 @@
+//! Hermes-style JSON calls: Qwen2.5, Qwen3 (hybrid, Instruct-2507,
+//! Thinking-2507), SmolLM2 and NousResearch Hermes models.
+//!
+//! ```text
+//! <think>
+//! The user wants the weather.
+//! </think>
+//!
+//! Let me check.
+//! <tool_call>
+//! {"name": "get_weather", "arguments": {"city": "Paris"}}
+//! </tool_call>
+//! <tool_call>
+//! {"name": "get_time", "arguments": {}}
+//! </tool_call>
+//! ```
+//!
+//! The body is one JSON object with `name` and `arguments` (`parameters` is
+//! accepted too; `arguments` may also be a string holding a JSON object).
+//! The end of the body is found by scanning JSON, so `</tool_call>` inside an
+//! argument string does not end the call. A body that is not such an object
+//! falls back to content. A prompt that ends inside `<think>` starts the
+//! parser in reasoning.
+
+use super::{prompt_opens, Machine};
+use crate::cx::Cx;
+use crate::json::{self, Scan, ValueEnd};
+use crate::scan::{find_first, starts_with, ws_len, Find, Prefix};
+use crate::{DropReason, FinishReason, Options};
+use serde_json::Value;
+
+const OPEN: &str = "<tool_call>";
+const CLOSE: &str = "</tool_call>";
+const THINK: &str = "<think>";
+const UNTHINK: &str = "</think>";
+
+/// Markers recognised in content. Turn tokens a model should not write are
+/// stripped so they never show.
+const CONTENT_MARKERS: [&str; 6] =
+    [OPEN, THINK, UNTHINK, "<|im_end|>", "<|im_start|>", "<|endoftext|>"];
+
+#[derive(Debug)]
+enum State {
+    Content,
+    Reasoning,
+    /// After `<tool_call>`: the input starts with the body.
+    Call(ValueEnd),
+}
+
+#[derive(Debug)]
+pub(crate) struct Hermes {
+    state: State,
+}
+
+impl Hermes {
+    pub(crate) fn new(opts: &Options) -> Hermes {
+        let gen = opts.generation_prompt.as_deref();
+        let state =
+            if prompt_opens(gen, THINK, UNTHINK) { State::Reasoning } else { State::Content };
+        Hermes { state }
+    }
+}
+
+/// A parsed call body: name and arguments object text.
+pub(crate) fn call_from_object(body: &str) -> Option<(String, String)> {
+    let Ok(Value::Object(mut obj)) = json::strict_value(body.trim()) else {
+        return None;
+    };
+    let Some(Value::String(name)) = obj.remove("name") else {
+        return None;
+    };
+    let args = match obj.remove("arguments").or_else(|| obj.remove("parameters")) {
+        None | Some(Value::Null) => "{}".to_owned(),
+        Some(v @ Value::Object(_)) => v.to_string(),
+        Some(Value::String(s)) => {
+            let m = json::strict_object(&s).ok()?;
+            json::to_text(&m)
+        }
+        Some(_) => return None,
+    };
+    if name.is_empty() {
+        return None;
+    }
+    Some((name, args))
+}
+
+impl Machine for Hermes {
+    fn step(&mut self, input: &str, end: Option<FinishReason>, cx: &mut Cx) -> usize {
+        let eof = end.is_some();
+        match &mut self.state {
+            State::Reasoning => match find_first(input, &[UNTHINK], eof) {
+                Find::Found { at, .. } => {
+                    cx.reasoning(&input[..at]);
+                    cx.boundary();
+                    self.state = State::Content;
+                    at + UNTHINK.len()
+                }
+                Find::Clear { safe } => {
+                    cx.reasoning(&input[..safe]);
+                    safe
+                }
+            },
+            State::Content => match find_first(input, &CONTENT_MARKERS, eof) {
+                Find::Found { at, idx } => {
+                    cx.content(&input[..at]);
+                    cx.boundary();
+                    match CONTENT_MARKERS[idx] {
+                        OPEN => self.state = State::Call(ValueEnd::default()),
+                        THINK => self.state = State::Reasoning,
+                        _ => {}
+                    }
+                    at + CONTENT_MARKERS[idx].len()
+                }
+                Find::Clear { safe } => {
+                    cx.content(&input[..safe]);
+                    safe
+                }
+            },
+            State::Call(scan) => {
+                let n = match scan.scan(input) {
+                    Scan::Done(body_end) => {
+                        let after = &input[body_end..];
+                        let ws = ws_len(after);
+                        match starts_with(&after[ws..], CLOSE, eof) {
+                            Prefix::NeedMore => return wait(input, cx, &mut self.state),
+                            Prefix::Yes => {
+                                let used = body_end + ws + CLOSE.len();
+                                match call_from_object(&input[..body_end]) {
+                                    Some((name, args)) => cx.call(None, &name, args),
+                                    None => cx.malformed(&format!("{OPEN}{}", &input[..used])),
+                                }
+                                used
+                            }
+                            Prefix::No if ws == after.len() && !eof => {
+                                // Only whitespace so far: the close tag may follow.
+                                return wait(input, cx, &mut self.state);
+                            }
+                            Prefix::No => {
+                                // No close tag: the JSON alone decides, unless the
+                                // token limit cut the text right after it.
+                                let cut = end == Some(FinishReason::Length) && ws == after.len();
+                                match call_from_object(&input[..body_end]) {
+                                    Some((name, args)) if !cut => cx.call(None, &name, args),
+                                    Some(_) => cx.drop_call(DropReason::Truncated),
+                                    None => cx.malformed(&format!("{OPEN}{}", &input[..body_end])),
+                                }
+                                body_end
+                            }
+                        }
+                    }
+                    Scan::Partial => {
+                        if !eof {
+                            return wait(input, cx, &mut self.state);
+                        }
+                        unfinished(input, end, cx);
+                        input.len()
+                    }
+                    Scan::Invalid => match find_first(input, &[CLOSE], eof) {
+                        Find::Found { at, .. } => {
+                            let used = at + CLOSE.len();
+                            cx.malformed(&format!("{OPEN}{}", &input[..used]));
+                            used
+                        }
+                        Find::Clear { .. } if !eof => return wait(input, cx, &mut self.state),
+                        Find::Clear { .. } => {
+                            unfinished(input, end, cx);
+                            input.len()
+                        }
+                    },
+                };
+                self.state = State::Content;
+                n
+            }
+        }
+    }
+}
+
+/// Waits for more of a call, unless holding it would pass the buffer cap.
+fn wait(input: &str, cx: &mut Cx, state: &mut State) -> usize {
+    if cx.over_cap(input.len()) {
+        cx.malformed(&format!("{OPEN}{input}"));
+        *state = State::Content;
+        return input.len();
+    }
+    0
+}
+
+/// The text ended inside a call: cut by the token limit, nothing is kept;
+/// ended by a stop, the markup is shown as it is.
+fn unfinished(input: &str, end: Option<FinishReason>, cx: &mut Cx) {
+    if end == Some(FinishReason::Length) {
+        cx.drop_call(DropReason::Truncated);
+    } else {
+        cx.malformed(&format!("{OPEN}{input}"));
+    }
+}
