@@ -1,0 +1,7 @@
+#![no_main]
+//! Streaming entry point for the `mistral` format: see ../common.rs.
+
+#[path = "../common.rs"]
+mod common;
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| common::check(toolparse::Format::Mistral, data));
