@@ -1,21 +1,787 @@
-//! Placeholder: all text is content until this format's parser lands.
+//! Gemma 4: calls in Gemma's own object notation between `<|tool_call>` and
+//! `<tool_call|>`, reasoning in the thought channel.
+//!
+//! ```text
+//! <|channel>thought
+//! The user wants the weather in two places.
+//! <channel|><|tool_call>call:get_weather{city:<|"|>Paris<|"|>,unit:<|"|>c<|"|>}<tool_call|><|tool_call>call:search{filters:{max:3,tags:[<|"|>a<|"|>,<|"|>b<|"|>]},open:true,q:<|"|>café "best"<|"|>}<tool_call|>Let me check.
+//! ```
+//!
+//! The body after `call:NAME` is an object whose keys are bare (or wrapped
+//! in `<|"|>` as the template writes nested keys), whose strings are
+//! delimited by the `<|"|>` token and taken verbatim (no escapes), and whose
+//! numbers, booleans and `null` are bare; objects and arrays nest. A bare
+//! value that is no literal is a string; top-level values are typed by the
+//! tool schema where it declares types. The end of the body is found by
+//! scanning the notation, so `<tool_call|>` or `}` inside a string does not
+//! end a call. `call:` may be missing; a body that does not parse, or a call
+//! without `{…}`, falls back to content. Calls follow each other without
+//! separators and text may follow them.
+//!
+//! Reasoning is the `<|channel>` … `<channel|>` block; its `thought` label is
+//! dropped. The thinking-off prompt (`<|turn>model\n<|channel>thought\n<channel|>`)
+//! starts in content; a prompt that ends inside the channel starts in
+//! reasoning. A `<|tool_call>` inside an unclosed thought channel ends it.
+//! Turn and stop tokens (`<turn|>`, `<|tool_response>`, `<eos>`, …) are
+//! stripped; a stray `<|"|>` outside a call is dropped.
 
-use super::{Machine, Passthrough};
+use super::{prompt_opens, Machine};
 use crate::cx::Cx;
+use crate::json::{self, JsonType};
+use crate::scan::{find_first, starts_with, ws_len, Find, Prefix};
+use crate::{DropReason, FinishReason, Options};
+use serde_json::{Map, Value};
 
-use crate::{FinishReason, Options};
+const OPEN: &str = "<|tool_call>";
+const CLOSE: &str = "<tool_call|>";
+const CH_OPEN: &str = "<|channel>";
+const CH_CLOSE: &str = "<channel|>";
+const QUOTE: &str = "<|\"|>";
+const LABEL: &str = "thought";
+
+/// Turn and control tokens that are stripped wherever they show.
+const STRIPPED: [&str; 9] = [
+    "<turn|>",
+    "<|turn>",
+    "<|tool_response>",
+    "<tool_response|>",
+    "<|think|>",
+    "<eos>",
+    "<|tool>",
+    "<tool|>",
+    CLOSE,
+];
+
+const CONTENT_MARKERS: [&str; 13] = [
+    OPEN,
+    CH_OPEN,
+    CH_CLOSE,
+    QUOTE,
+    STRIPPED[0],
+    STRIPPED[1],
+    STRIPPED[2],
+    STRIPPED[3],
+    STRIPPED[4],
+    STRIPPED[5],
+    STRIPPED[6],
+    STRIPPED[7],
+    STRIPPED[8],
+];
+
+/// Markers that end a call body when they show outside a string: the body
+/// was never closed.
+const BODY_BREAKS: [&str; 5] = [OPEN, CLOSE, "<turn|>", "<|tool_response>", "<eos>"];
+
+/// The longest header (`call:NAME`) waited for before its `{`.
+const HEADER_MAX: usize = 1024;
+
+/// Deepest nesting accepted in a body.
+const MAX_DEPTH: usize = 128;
 
 #[derive(Debug)]
-pub(crate) struct Gemma4(Passthrough);
+enum State {
+    Content,
+    /// After `<|channel>`: the `thought` label may follow.
+    Label,
+    Reasoning,
+    /// After `<|tool_call>`: the input starts with `call:NAME{`.
+    Call(Body),
+}
+
+/// Progress through one call body.
+#[derive(Debug, Default)]
+struct Body {
+    /// Offset of the body's `{` and the call name, once seen.
+    head: Option<(usize, Option<String>)>,
+    /// Resume offset of the scan.
+    pos: usize,
+    depth: usize,
+    in_str: bool,
+    /// Offset just past the body's closing `}`.
+    end: Option<usize>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Gemma4 {
+    state: State,
+}
 
 impl Gemma4 {
-    pub(crate) fn new(_opts: &Options) -> Gemma4 {
-        Gemma4(Passthrough)
+    pub(crate) fn new(opts: &Options) -> Gemma4 {
+        let gen = opts.generation_prompt.as_deref();
+        let state = if prompt_opens(gen, CH_OPEN, CH_CLOSE) {
+            let tail = gen.and_then(|g| g.rfind(CH_OPEN).map(|i| &g[i + CH_OPEN.len()..]));
+            if tail.is_some_and(|t| t.trim_start().starts_with(LABEL)) {
+                State::Reasoning
+            } else {
+                State::Label
+            }
+        } else {
+            State::Content
+        };
+        Gemma4 { state }
     }
 }
 
 impl Machine for Gemma4 {
     fn step(&mut self, input: &str, end: Option<FinishReason>, cx: &mut Cx) -> usize {
-        self.0.step(input, end, cx)
+        let eof = end.is_some();
+        match &mut self.state {
+            State::Content => match find_first(input, &CONTENT_MARKERS, eof) {
+                Find::Found { at, idx } => {
+                    cx.content(&input[..at]);
+                    let m = CONTENT_MARKERS[idx];
+                    match m {
+                        QUOTE => {}
+                        OPEN => {
+                            cx.boundary();
+                            self.state = State::Call(Body::default());
+                        }
+                        CH_OPEN => {
+                            cx.boundary();
+                            self.state = State::Label;
+                        }
+                        _ => cx.boundary(),
+                    }
+                    at + m.len()
+                }
+                Find::Clear { safe } => {
+                    cx.content(&input[..safe]);
+                    safe
+                }
+            },
+            State::Label => match starts_with(input, LABEL, eof) {
+                Prefix::NeedMore => 0,
+                Prefix::Yes => match input[LABEL.len()..].chars().next() {
+                    None if !eof => 0,
+                    Some(c) if !(c.is_whitespace() || c == '<') => {
+                        self.state = State::Reasoning;
+                        self.step(input, end, cx)
+                    }
+                    _ => {
+                        self.state = State::Reasoning;
+                        LABEL.len()
+                    }
+                },
+                Prefix::No => {
+                    self.state = State::Reasoning;
+                    self.step(input, end, cx)
+                }
+            },
+            State::Reasoning => match find_first(input, &CONTENT_MARKERS, eof) {
+                Find::Found { at, idx } => {
+                    cx.reasoning(&input[..at]);
+                    let m = CONTENT_MARKERS[idx];
+                    match m {
+                        QUOTE | CH_OPEN => {}
+                        CH_CLOSE => {
+                            cx.boundary();
+                            self.state = State::Content;
+                        }
+                        OPEN => {
+                            cx.boundary();
+                            self.state = State::Call(Body::default());
+                        }
+                        _ => cx.boundary(),
+                    }
+                    at + m.len()
+                }
+                Find::Clear { safe } => {
+                    cx.reasoning(&input[..safe]);
+                    safe
+                }
+            },
+            State::Call(body) => match call_step(body, input, end, cx) {
+                None => 0,
+                Some(n) => {
+                    self.state = State::Content;
+                    if n == 0 && !input.is_empty() {
+                        return self.step(input, end, cx);
+                    }
+                    n
+                }
+            },
+        }
+    }
+}
+
+/// Works on a call body; returns `None` to wait, else the bytes consumed
+/// (the call is then decided).
+fn call_step(
+    body: &mut Body,
+    input: &str,
+    end: Option<FinishReason>,
+    cx: &mut Cx,
+) -> Option<usize> {
+    let eof = end.is_some();
+    if input.is_empty() && eof {
+        unfinished(input, end, cx);
+        return Some(0);
+    }
+    if body.head.is_none() {
+        let mut stops = vec!["{"];
+        stops.extend(BODY_BREAKS);
+        match find_first(input, &stops, eof) {
+            Find::Found { at, idx } if stops[idx] == "{" => {
+                let name = header_name(&input[..at]);
+                if let Some(name) = &name {
+                    cx.start_call(None, name);
+                }
+                body.head = Some((at, name));
+                body.pos = at + 1;
+                body.depth = 1;
+            }
+            Find::Found { at, idx } => {
+                // No `{`: not a call. A close marker ends the markup.
+                let used = if stops[idx] == CLOSE { at + CLOSE.len() } else { at };
+                cx.malformed(&format!("{OPEN}{}", &input[..used]));
+                return Some(used);
+            }
+            Find::Clear { safe } => {
+                if eof {
+                    unfinished(input, end, cx);
+                    return Some(input.len());
+                }
+                if safe > HEADER_MAX {
+                    cx.malformed(&format!("{OPEN}{}", &input[..safe]));
+                    return Some(safe);
+                }
+                return wait(input, cx);
+            }
+        }
+    }
+    let Some((brace, name)) = body.head.clone() else { return wait(input, cx) };
+    if body.end.is_none() {
+        match scan_body(body, input, eof) {
+            BodyScan::Done(e) => body.end = Some(e),
+            BodyScan::Partial => {
+                if eof {
+                    unfinished(input, end, cx);
+                    return Some(input.len());
+                }
+                return wait(input, cx);
+            }
+            BodyScan::Broken { at, marker } => {
+                let used = if marker == CLOSE { at + CLOSE.len() } else { at };
+                cx.malformed(&format!("{OPEN}{}", &input[..used]));
+                return Some(used);
+            }
+        }
+    }
+    let Some(e) = body.end else { return wait(input, cx) };
+    let after = &input[e..];
+    let ws = ws_len(after);
+    let parsed = || name.as_ref().and_then(|n| parse_args(&input[brace..e], n, cx).map(|a| (n, a)));
+    match starts_with(&after[ws..], CLOSE, eof) {
+        Prefix::NeedMore => wait(input, cx),
+        Prefix::No if ws == after.len() && !eof => wait(input, cx),
+        Prefix::Yes => {
+            let used = e + ws + CLOSE.len();
+            match parsed() {
+                Some((_, args)) => finish_call(args, cx),
+                None => cx.malformed(&format!("{OPEN}{}", &input[..used])),
+            }
+            Some(used)
+        }
+        Prefix::No => {
+            // No close marker: the body alone decides, unless the token limit
+            // cut the text right after it.
+            let cut = end == Some(FinishReason::Length) && ws == after.len();
+            match parsed() {
+                Some(_) if cut => cx.drop_call(DropReason::Truncated),
+                Some((_, args)) => finish_call(args, cx),
+                None => cx.malformed(&format!("{OPEN}{}", &input[..e])),
+            }
+            Some(e)
+        }
+    }
+}
+
+fn finish_call(args: String, cx: &mut Cx) {
+    cx.call_args(&args);
+    cx.end_call(args);
+}
+
+/// The name in a call header (`call:NAME`), if it is one.
+fn header_name(head: &str) -> Option<String> {
+    let h = head.trim();
+    let h = h.strip_prefix("call:").unwrap_or(h).trim();
+    let ok = !h.is_empty()
+        && h.chars().all(|c| c.is_alphanumeric() || matches!(c, '_' | '-' | '.' | ':' | '/'));
+    ok.then(|| h.to_owned())
+}
+
+enum BodyScan {
+    /// The body's `}` ends just before this offset.
+    Done(usize),
+    Partial,
+    /// A marker that cannot be inside a body showed outside a string.
+    Broken {
+        at: usize,
+        marker: &'static str,
+    },
+}
+
+/// Finds the end of the body, resuming where the last scan stopped.
+fn scan_body(body: &mut Body, input: &str, eof: bool) -> BodyScan {
+    let b = input.as_bytes();
+    while body.pos < b.len() {
+        let p = body.pos;
+        let c = b[p];
+        if c == b'<' {
+            let rest = &input[p..];
+            match starts_with(rest, QUOTE, eof) {
+                Prefix::Yes => {
+                    body.in_str = !body.in_str;
+                    body.pos += QUOTE.len();
+                    continue;
+                }
+                Prefix::NeedMore => return BodyScan::Partial,
+                Prefix::No => {}
+            }
+            if !body.in_str {
+                for m in BODY_BREAKS {
+                    match starts_with(rest, m, eof) {
+                        Prefix::Yes => return BodyScan::Broken { at: p, marker: m },
+                        Prefix::NeedMore => return BodyScan::Partial,
+                        Prefix::No => {}
+                    }
+                }
+            }
+            body.pos += 1;
+            continue;
+        }
+        body.pos += 1;
+        if body.in_str {
+            continue;
+        }
+        match c {
+            b'{' | b'[' => body.depth += 1,
+            b'}' | b']' => {
+                body.depth = body.depth.saturating_sub(1);
+                if body.depth == 0 {
+                    return BodyScan::Done(body.pos);
+                }
+            }
+            _ => {}
+        }
+    }
+    BodyScan::Partial
+}
+
+/// Waits for more of a call, unless holding it would pass the buffer cap.
+fn wait(input: &str, cx: &mut Cx) -> Option<usize> {
+    if cx.over_cap(input.len()) {
+        cx.malformed(&format!("{OPEN}{input}"));
+        return Some(input.len());
+    }
+    None
+}
+
+/// The text ended inside a call: cut by the token limit, nothing is kept;
+/// ended by a stop, the markup is shown as it is.
+fn unfinished(input: &str, end: Option<FinishReason>, cx: &mut Cx) {
+    if end == Some(FinishReason::Length) {
+        cx.drop_call(DropReason::Truncated);
+    } else {
+        cx.malformed(&format!("{OPEN}{input}"));
+    }
+}
+
+/// Parses a call body (`{…}`) into strict JSON object text.
+fn parse_args(text: &str, name: &str, cx: &Cx) -> Option<String> {
+    let mut p = Notation { s: text, i: 0 };
+    let map = p.object(0).ok()?;
+    p.ws();
+    if p.i != text.len() {
+        return None;
+    }
+    let mut out = Map::new();
+    for (key, v) in map {
+        let types = cx.tools().types_of(name, &key);
+        let v = match v {
+            Parsed::Value(v) => v,
+            Parsed::Bare(t) => type_bare(&t, types),
+            Parsed::Str(s) => type_string(s, types),
+        };
+        out.insert(key, v);
+    }
+    Some(json::to_text(&out))
+}
+
+/// A top-level value, kept apart until the schema has typed it.
+enum Parsed {
+    Value(Value),
+    /// Bare text (a literal or a word).
+    Bare(String),
+    /// A `<|"|>` string.
+    Str(String),
+}
+
+/// A bare top-level value: its literal type, unless the schema declares
+/// types the literal does not fit.
+fn type_bare(t: &str, types: &[JsonType]) -> Value {
+    let lit = literal(t);
+    if types.is_empty() || types.iter().any(|ty| fits(*ty, &lit)) {
+        return lit;
+    }
+    json::coerce(t, types)
+}
+
+/// A delimited string: kept, unless the schema declares no string type and
+/// the text parses as one of the declared types.
+fn type_string(s: String, types: &[JsonType]) -> Value {
+    if types.is_empty() || types.contains(&JsonType::String) {
+        return Value::String(s);
+    }
+    json::coerce(&s, types)
+}
+
+fn fits(ty: JsonType, v: &Value) -> bool {
+    match ty {
+        JsonType::String => v.is_string(),
+        JsonType::Integer => {
+            v.is_i64() || v.is_u64() || v.as_f64().is_some_and(|f| f.fract() == 0.0)
+        }
+        JsonType::Number => v.is_number(),
+        JsonType::Boolean => v.is_boolean(),
+        JsonType::Object => v.is_object(),
+        JsonType::Array => v.is_array(),
+        JsonType::Null => v.is_null(),
+    }
+}
+
+/// The value of bare text: a boolean, null, a number, else the text.
+fn literal(t: &str) -> Value {
+    match t {
+        "true" | "True" => return Value::Bool(true),
+        "false" | "False" => return Value::Bool(false),
+        "null" | "None" | "none" | "nil" => return Value::Null,
+        _ => {}
+    }
+    let numeric = !t.is_empty()
+        && t.bytes().all(|b| b.is_ascii_digit() || matches!(b, b'-' | b'+' | b'.' | b'e' | b'E'))
+        && t.bytes().any(|b| b.is_ascii_digit());
+    if numeric {
+        if let Ok(v @ Value::Number(_)) = json::strict_value(t) {
+            return v;
+        }
+        if let Some(n) = t.parse::<f64>().ok().and_then(serde_json::Number::from_f64) {
+            return Value::Number(n);
+        }
+    }
+    Value::String(t.to_owned())
+}
+
+/// A parser for Gemma's object notation over a complete body.
+struct Notation<'a> {
+    s: &'a str,
+    i: usize,
+}
+
+impl Notation<'_> {
+    fn rest(&self) -> &str {
+        &self.s[self.i..]
+    }
+
+    fn ws(&mut self) {
+        self.i += ws_len(self.rest());
+    }
+
+    fn eat(&mut self, lit: &str) -> bool {
+        if self.rest().starts_with(lit) {
+            self.i += lit.len();
+            true
+        } else {
+            false
+        }
+    }
+
+    /// `<|"|>…<|"|>`, after the opening delimiter was eaten.
+    fn string_tail(&mut self) -> Result<String, ()> {
+        let at = self.rest().find(QUOTE).ok_or(())?;
+        let s = self.rest()[..at].to_owned();
+        self.i += at + QUOTE.len();
+        Ok(s)
+    }
+
+    /// Bare text up to one of `stops` (or a string delimiter), trimmed.
+    fn bare(&mut self, stops: &[char]) -> Result<String, ()> {
+        let rest = self.rest();
+        let n = rest.find(|c| stops.contains(&c)).unwrap_or(rest.len());
+        let t = &rest[..n];
+        if t.contains(QUOTE) {
+            return Err(());
+        }
+        let t = t.trim();
+        if t.is_empty() {
+            return Err(());
+        }
+        let t = t.to_owned();
+        self.i += n;
+        Ok(t)
+    }
+
+    fn key(&mut self) -> Result<String, ()> {
+        if self.eat(QUOTE) {
+            return self.string_tail();
+        }
+        self.bare(&[':', ',', '{', '}', '[', ']'])
+    }
+
+    /// An object (at `{`), its values not yet typed.
+    fn object(&mut self, depth: usize) -> Result<Vec<(String, Parsed)>, ()> {
+        if depth > MAX_DEPTH || !self.eat("{") {
+            return Err(());
+        }
+        let mut out: Vec<(String, Parsed)> = Vec::new();
+        self.ws();
+        if self.eat("}") {
+            return Ok(out);
+        }
+        loop {
+            self.ws();
+            let key = self.key()?;
+            self.ws();
+            if !self.eat(":") {
+                return Err(());
+            }
+            self.ws();
+            let v = self.value(depth + 1)?;
+            if out.iter().any(|(k, _)| *k == key) {
+                return Err(());
+            }
+            out.push((key, v));
+            self.ws();
+            if self.eat(",") {
+                self.ws();
+                if self.eat("}") {
+                    return Ok(out);
+                }
+            } else if self.eat("}") {
+                return Ok(out);
+            } else {
+                return Err(());
+            }
+        }
+    }
+
+    fn array(&mut self, depth: usize) -> Result<Vec<Value>, ()> {
+        if depth > MAX_DEPTH || !self.eat("[") {
+            return Err(());
+        }
+        let mut out = Vec::new();
+        self.ws();
+        if self.eat("]") {
+            return Ok(out);
+        }
+        loop {
+            self.ws();
+            out.push(self.value(depth + 1)?.into_value());
+            self.ws();
+            if self.eat(",") {
+                self.ws();
+                if self.eat("]") {
+                    return Ok(out);
+                }
+            } else if self.eat("]") {
+                return Ok(out);
+            } else {
+                return Err(());
+            }
+        }
+    }
+
+    fn value(&mut self, depth: usize) -> Result<Parsed, ()> {
+        if self.eat(QUOTE) {
+            return self.string_tail().map(Parsed::Str);
+        }
+        match self.rest().as_bytes().first() {
+            Some(b'{') => {
+                let mut m = Map::new();
+                for (k, v) in self.object(depth)? {
+                    m.insert(k, v.into_value());
+                }
+                Ok(Parsed::Value(Value::Object(m)))
+            }
+            Some(b'[') => Ok(Parsed::Value(Value::Array(self.array(depth)?))),
+            Some(_) => self.bare(&[',', '}', ']']).map(Parsed::Bare),
+            None => Err(()),
+        }
+    }
+}
+
+impl Parsed {
+    fn into_value(self) -> Value {
+        match self {
+            Parsed::Value(v) => v,
+            Parsed::Bare(t) => literal(&t),
+            Parsed::Str(s) => Value::String(s),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{parse, Accumulator, FinishReason, Format, Mode, Options, Parser, ToolSpec, Tools};
+    use crate::{JsonType, ToolCall};
+
+    const THINK_OFF: &str = "<|turn>model\n<|channel>thought\n<channel|>";
+
+    fn opts(gen: &str) -> Options {
+        Options { generation_prompt: Some(gen.to_owned()), ..Options::default() }
+    }
+
+    fn run(text: &str, gen: &str, reason: FinishReason) -> Accumulator {
+        let whole = parse(Format::Gemma4, opts(gen), text, reason);
+        // Every split gives the same result: one char per delta.
+        let mut p = Parser::new(Format::Gemma4, opts(gen));
+        let mut acc = Accumulator::default();
+        for c in text.chars() {
+            acc.extend(p.push(&c.to_string()));
+        }
+        acc.extend(p.finish(reason));
+        assert_eq!(acc, whole, "char split differs for {text:?}");
+        whole
+    }
+
+    fn call(name: &str, args: &str) -> ToolCall {
+        ToolCall { id: None, name: name.into(), arguments: args.into() }
+    }
+
+    #[test]
+    fn parses_literals_nesting_and_strings() {
+        let t = r#"<|tool_call>call:f{s:<|"|>a, "b" }{<|"|>,n:-3,x:2.5e3,t:true,z:null,o:{<|"|>k 1<|"|>:[1,<|"|>x<|"|>,{a:false}]},e:[],w:hello world}<tool_call|>"#;
+        let a = run(t, THINK_OFF, FinishReason::Stop);
+        assert_eq!(a.content, "");
+        assert_eq!(
+            a.calls,
+            vec![call(
+                "f",
+                r#"{"s":"a, \"b\" }{","n":-3,"x":2500.0,"t":true,"z":null,"o":{"k 1":[1,"x",{"a":false}]},"e":[],"w":"hello world"}"#
+            )]
+        );
+    }
+
+    #[test]
+    fn markers_inside_strings_do_not_end_the_call() {
+        let t = r#"<|tool_call>call:echo{text:<|"|>a}<tool_call|>b<turn|><|tool_call>c<|"|>}<tool_call|>after"#;
+        let a = run(t, THINK_OFF, FinishReason::Stop);
+        assert_eq!(
+            a.calls,
+            vec![call("echo", r#"{"text":"a}<tool_call|>b<turn|><|tool_call>c"}"#)]
+        );
+        assert_eq!(a.content, "after");
+    }
+
+    #[test]
+    fn text_before_and_between_calls() {
+        let t = "Let me look.\n<|tool_call>call:a{}<tool_call|>\n<|tool_call>call:b{x:1}<tool_call|>\nDone.<turn|>";
+        let a = run(t, THINK_OFF, FinishReason::Stop);
+        assert_eq!(a.content, "Let me look.Done.");
+        assert_eq!(a.calls, vec![call("a", "{}"), call("b", r#"{"x":1}"#)]);
+    }
+
+    #[test]
+    fn thinking_channel_and_prompts() {
+        let t = "<|channel>thought\nHmm.\n<channel|>Hi.";
+        let a = run(t, "<|turn>model\n", FinishReason::Stop);
+        assert_eq!((a.reasoning.as_str(), a.content.as_str()), ("Hmm.", "Hi."));
+        // A prompt that opened the channel (with or without its label).
+        let a = run("Hmm.<channel|>Hi.", "<|turn>model\n<|channel>thought\n", FinishReason::Stop);
+        assert_eq!((a.reasoning.as_str(), a.content.as_str()), ("Hmm.", "Hi."));
+        let a = run("thought\nHmm.<channel|>Hi.", "<|turn>model\n<|channel>", FinishReason::Stop);
+        assert_eq!((a.reasoning.as_str(), a.content.as_str()), ("Hmm.", "Hi."));
+        // A word that only starts like the label stays.
+        let a = run("<|channel>thoughtful<channel|>x", "", FinishReason::Stop);
+        assert_eq!(a.reasoning, "thoughtful");
+        // An empty channel written by the model itself.
+        let a = run("<|channel>thought\n<channel|>Hello", "", FinishReason::Stop);
+        assert_eq!((a.reasoning.as_str(), a.content.as_str()), ("", "Hello"));
+        // A call inside an unclosed channel ends the reasoning.
+        let a =
+            run("<|channel>thought\nplan<|tool_call>call:f{}<tool_call|>", "", FinishReason::Stop);
+        assert_eq!(a.reasoning, "plan");
+        assert_eq!(a.calls, vec![call("f", "{}")]);
+    }
+
+    #[test]
+    fn malformed_calls_become_content() {
+        let t = "<|tool_call>call:bad_func no brace<tool_call|>";
+        let a = run(t, THINK_OFF, FinishReason::Stop);
+        assert!(a.calls.is_empty());
+        assert_eq!(a.content, t);
+        let t = "<|tool_call>call:f{a:<|\"|>x<|\"|> b:1}<tool_call|>ok";
+        let a = run(t, THINK_OFF, FinishReason::Stop);
+        assert!(a.calls.is_empty());
+        assert_eq!(a.content, t);
+        // Duplicate keys are not a strict object.
+        let a = run("<|tool_call>call:f{a:1,a:2}<tool_call|>", THINK_OFF, FinishReason::Stop);
+        assert!(a.calls.is_empty());
+        // An unbalanced body ends at the close marker.
+        let t = "<|tool_call>call:f{a:{b:1}<tool_call|>next";
+        let a = run(t, THINK_OFF, FinishReason::Stop);
+        assert!(a.calls.is_empty());
+        assert_eq!(a.content, t);
+    }
+
+    #[test]
+    fn truncation_keeps_only_complete_calls() {
+        let t = "<|tool_call>call:a{x:1}<tool_call|><|tool_call>call:b{q:<|\"|>par";
+        let a = run(t, THINK_OFF, FinishReason::Length);
+        assert_eq!(a.calls, vec![call("a", r#"{"x":1}"#)]);
+        assert_eq!(a.content, "");
+        for cut in ["<|tool_call>call:get", "<|tool_call>call:b{x:1}", "<|tool_call>call:b{x:1"] {
+            let a = run(cut, THINK_OFF, FinishReason::Length);
+            assert!(a.calls.is_empty(), "{cut}");
+            assert_eq!(a.content, "", "{cut}");
+        }
+        // Ended by a stop right after the body: the body decides.
+        let a = run("<|tool_call>call:b{x:1}", THINK_OFF, FinishReason::Stop);
+        assert_eq!(a.calls, vec![call("b", r#"{"x":1}"#)]);
+    }
+
+    #[test]
+    fn schema_types_top_level_values() {
+        let tools = Tools(vec![ToolSpec::new("f")
+            .param("zip", &[JsonType::String])
+            .param("n", &[JsonType::Integer])
+            .param("flag", &[JsonType::Boolean])]);
+        let o = Options { tools, generation_prompt: Some(THINK_OFF.into()), ..Options::default() };
+        let t = "<|tool_call>call:f{zip:01234,n:<|\"|>7<|\"|>,flag:true,other:3}<tool_call|>";
+        let a = parse(Format::Gemma4, o, t, FinishReason::Stop);
+        assert_eq!(a.calls, vec![call("f", r#"{"zip":"01234","n":7,"flag":true,"other":3}"#)]);
+    }
+
+    #[test]
+    fn unicode_and_no_call_prefix() {
+        let t = "<|tool_call>get_weather{city:<|\"|>Zürich 東京 🙂<|\"|>}<tool_call|>";
+        let a = run(t, THINK_OFF, FinishReason::Stop);
+        assert_eq!(a.calls, vec![call("get_weather", r#"{"city":"Zürich 東京 🙂"}"#)]);
+    }
+
+    #[test]
+    fn suppress_mode_strips_calls() {
+        let t = "Sure.<|tool_call>call:f{a:1}<tool_call|><|tool_call>call:g{<tool_call|>";
+        let o = Options { mode: Mode::Suppress, ..opts(THINK_OFF) };
+        let a = parse(Format::Gemma4, o, t, FinishReason::Stop);
+        assert_eq!(a.content, "Sure.");
+        assert!(a.calls.is_empty());
+        assert_eq!(a.discarded, vec![call("f", r#"{"a":1}"#)]);
+    }
+
+    #[test]
+    fn long_call_pushed_by_char_is_linear() {
+        let body = "x".repeat(200_000);
+        let t = format!("<|tool_call>call:f{{s:<|\"|>{body}<|\"|>}}<tool_call|>");
+        let mut p = Parser::new(Format::Gemma4, opts(THINK_OFF));
+        let mut acc = Accumulator::default();
+        let start = std::time::Instant::now();
+        for c in t.chars() {
+            acc.extend(p.push(&c.to_string()));
+        }
+        acc.extend(p.finish(FinishReason::Stop));
+        assert!(start.elapsed().as_secs() < 10);
+        assert_eq!(acc.calls.len(), 1);
     }
 }

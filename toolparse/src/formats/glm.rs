@@ -1,21 +1,651 @@
-//! Placeholder: all text is content until this format's parser lands.
+//! GLM calls: GLM-4.5/4.6 (newline variant) and GLM-4.7/5.x (compact).
+//!
+//! ```text
+//! GLM-4.5, 4.6 (generation prompt `<|assistant|>`):
+//!
+//! <think>The user wants the weather.</think>
+//! Let me check.
+//! <tool_call>get_weather
+//! <arg_key>city</arg_key>
+//! <arg_value>Paris</arg_value>
+//! <arg_key>days</arg_key>
+//! <arg_value>3</arg_value>
+//! </tool_call>
+//!
+//! GLM-4.7, 5.x (generation prompt `<|assistant|><think>`):
+//!
+//! The user wants the weather.</think><tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value></tool_call>
+//! ```
+//!
+//! Both variants are parsed alike: whitespace (and a literal `\n`, which
+//! some engines' regexes allow) between the name and the tags is ignored.
+//! String values are raw text between `<arg_value>` and `</arg_value>`,
+//! whitespace included; other values are JSON (the template writes them with
+//! `tojson`), so a value is typed by the tool's schema ([`crate::json::coerce`]:
+//! `3` is an integer only where the schema says so, `0042` for a string stays
+//! `"0042"`); a parameter the schema does not declare is JSON when it parses
+//! as JSON, else the raw string.
+//!
+//! A value ends at `</arg_value>`; `<tool_call>`, `</tool_call>` and
+//! `<arg_key>` inside a value are data. A missing last `</arg_value>` is
+//! recovered: a `</tool_call>` followed by the end of the text (or by a new
+//! `<tool_call>`) closes both. A call needs its `</tool_call>`: cut by the
+//! token limit it is dropped, ended by a stop it is shown as content.
+//!
+//! A prompt ending inside `<think>` starts the parser in reasoning. A call
+//! written inside the reasoning (`<tool_call>NAME` then `<arg_key>` or
+//! `</tool_call>`) is parsed as a call; other `<tool_call>` text there stays
+//! reasoning. Turn tokens (`<|user|>`, `<|observation|>`, …) are stripped.
 
-use super::{Machine, Passthrough};
+use super::qwen3_xml::{follow, lead_any, put_arg, Follow, Lead};
+use super::{prompt_opens, Machine};
 use crate::cx::Cx;
+use crate::json;
 use crate::registry::Format;
-use crate::{FinishReason, Options};
+use crate::scan::{find_first, Find, Prefix};
+use crate::{DropReason, FinishReason, Options};
+use serde_json::{Map, Value};
+
+const OPEN: &str = "<tool_call>";
+const CLOSE: &str = "</tool_call>";
+const KEY: &str = "<arg_key>";
+const KEY_END: &str = "</arg_key>";
+const VAL: &str = "<arg_value>";
+const VAL_END: &str = "</arg_value>";
+const THINK: &str = "<think>";
+const UNTHINK: &str = "</think>";
+
+/// Turn tokens a model should not write; stripped wherever they show.
+const STRAY: [&str; 7] = [
+    "<|system|>",
+    "<|user|>",
+    "<|assistant|>",
+    "<|observation|>",
+    "<|endoftext|>",
+    "<tool_response>",
+    "</tool_response>",
+];
+
+const CONTENT_MARKERS: [&str; 11] = [
+    OPEN, CLOSE, THINK, UNTHINK, STRAY[0], STRAY[1], STRAY[2], STRAY[3], STRAY[4], STRAY[5],
+    STRAY[6],
+];
+
+const REASONING_MARKERS: [&str; 9] =
+    [UNTHINK, OPEN, STRAY[0], STRAY[1], STRAY[2], STRAY[3], STRAY[4], STRAY[5], STRAY[6]];
+
+/// The longest function name or key waited for.
+const NAME_MAX: usize = 256;
 
 #[derive(Debug)]
-pub(crate) struct Glm(Passthrough);
+enum State {
+    Content,
+    Reasoning,
+    Call(Box<Call>),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// After `<tool_call>`: the name, up to a newline or a tag.
+    Name,
+    /// Between arguments: `<arg_key>` or `</tool_call>`.
+    Params,
+    /// After `<arg_key>`: the key up to `</arg_key>`.
+    Key,
+    /// After `</arg_key>`: `<arg_value>`.
+    Between,
+    /// Inside a value.
+    Value,
+    /// Invalid markup: everything up to `</tool_call>` is shown as content.
+    Garbage,
+}
+
+#[derive(Debug)]
+struct Call {
+    /// Opened inside reasoning: the parser returns to reasoning afterwards.
+    think: bool,
+    phase: Phase,
+    /// The markup consumed so far, shown if the call turns out malformed.
+    raw: String,
+    name: String,
+    key: String,
+    args: Map<String, Value>,
+    open: bool,
+    streamed: bool,
+    /// Resume offset of the value scan (relative to the value start).
+    scan: usize,
+}
+
+impl Call {
+    fn new(think: bool) -> Box<Call> {
+        Box::new(Call {
+            think,
+            phase: Phase::Name,
+            raw: OPEN.to_owned(),
+            name: String::new(),
+            key: String::new(),
+            args: Map::new(),
+            open: false,
+            streamed: false,
+            scan: 0,
+        })
+    }
+
+    fn eat(&mut self, s: &str) {
+        self.raw.push_str(s);
+    }
+
+    fn add_param(&mut self, value: &str, cx: &mut Cx) {
+        let types = cx.tools().types_of(&self.name, &self.key);
+        let typed = if types.is_empty() {
+            json::strict_value(value.trim()).unwrap_or_else(|_| Value::from(value))
+        } else {
+            json::coerce(value, types)
+        };
+        let key = std::mem::take(&mut self.key);
+        put_arg(&mut self.args, &mut self.streamed, key, typed, cx);
+    }
+
+    fn finish(&mut self, cx: &mut Cx) {
+        if self.open {
+            let text = json::to_text(&self.args);
+            cx.call_args(if self.streamed { "}" } else { &text });
+            cx.end_call(text);
+            self.open = false;
+        }
+        self.raw.clear();
+    }
+
+    fn fail(&mut self, extra: &str, cx: &mut Cx) {
+        let mut raw = std::mem::take(&mut self.raw);
+        raw.push_str(extra);
+        self.open = false;
+        cx.malformed(&raw);
+    }
+
+    /// The text ended before `</tool_call>`.
+    fn unfinished(&mut self, rest: &str, end: Option<FinishReason>, cx: &mut Cx) {
+        if end == Some(FinishReason::Length) {
+            self.open = false;
+            cx.drop_call(DropReason::Truncated);
+        } else {
+            self.fail(rest, cx);
+        }
+    }
+
+    fn wait(&mut self, pos: usize, input: &str, cx: &mut Cx) -> (usize, bool) {
+        if cx.over_cap(self.raw.len() + input.len() - pos) {
+            self.fail(&input[pos..], cx);
+            return (input.len(), true);
+        }
+        (pos, false)
+    }
+
+    fn run(&mut self, input: &str, end: Option<FinishReason>, cx: &mut Cx) -> (usize, bool) {
+        let eof = end.is_some();
+        let mut pos = 0;
+        loop {
+            let rest = &input[pos..];
+            match self.phase {
+                Phase::Name => match skip_ws(rest, eof).map(|w| (w, rest[w..].find(['\n', '<']))) {
+                    None | Some((_, None)) if rest.len() <= NAME_MAX && !eof => {
+                        return self.wait(pos, input, cx);
+                    }
+                    None | Some((_, None)) if rest.len() <= NAME_MAX => {
+                        self.unfinished(rest, end, cx);
+                        return (input.len(), true);
+                    }
+                    None | Some((_, None)) => self.phase = Phase::Garbage,
+                    Some((w, Some(i))) => {
+                        let i = w + i;
+                        let name = trim_ws(&rest[..i]);
+                        if name.is_empty() {
+                            self.phase = Phase::Garbage;
+                            continue;
+                        }
+                        let name = name.to_owned();
+                        self.eat(&rest[..i]);
+                        pos += i;
+                        self.name.clone_from(&name);
+                        self.open = true;
+                        cx.start_call(None, &name);
+                        self.phase = Phase::Params;
+                    }
+                },
+                Phase::Params | Phase::Between => {
+                    let Some(ws) = skip_ws(rest, eof) else {
+                        return self.wait(pos, input, cx);
+                    };
+                    self.eat(&rest[..ws]);
+                    pos += ws;
+                    let t = &rest[ws..];
+                    let lits: &[&str] =
+                        if self.phase == Phase::Params { &[KEY, CLOSE, OPEN] } else { &[VAL] };
+                    match (self.phase, lead_any(t, lits, eof)) {
+                        (_, Lead::More) => return self.wait(pos, input, cx),
+                        (_, Lead::No) if t.is_empty() => {
+                            self.unfinished(t, end, cx);
+                            return (input.len(), true);
+                        }
+                        (_, Lead::No) => self.phase = Phase::Garbage,
+                        (Phase::Params, Lead::Is(0)) => {
+                            self.eat(KEY);
+                            pos += KEY.len();
+                            self.phase = Phase::Key;
+                        }
+                        (Phase::Params, Lead::Is(1)) => {
+                            self.finish(cx);
+                            return (pos + CLOSE.len(), true);
+                        }
+                        (Phase::Params, Lead::Is(_)) => {
+                            // A new call while this one is open: `</tool_call>`
+                            // is missing in between.
+                            self.finish(cx);
+                            self.eat(OPEN);
+                            pos += OPEN.len();
+                            self.phase = Phase::Name;
+                        }
+                        (_, Lead::Is(_)) => {
+                            self.eat(VAL);
+                            pos += VAL.len();
+                            self.scan = 0;
+                            self.phase = Phase::Value;
+                        }
+                    }
+                }
+                Phase::Key => match find_first(rest, &[KEY_END], eof) {
+                    Find::Found { at, .. } if at <= NAME_MAX => {
+                        self.key = trim_ws(&rest[..at]).to_owned();
+                        self.eat(&rest[..at + KEY_END.len()]);
+                        pos += at + KEY_END.len();
+                        self.phase = Phase::Between;
+                    }
+                    Find::Clear { .. } if rest.len() <= NAME_MAX && !eof => {
+                        return self.wait(pos, input, cx);
+                    }
+                    Find::Clear { .. } if rest.len() <= NAME_MAX => {
+                        self.unfinished(rest, end, cx);
+                        return (input.len(), true);
+                    }
+                    _ => self.phase = Phase::Garbage,
+                },
+                Phase::Value => loop {
+                    match find_first(&rest[self.scan..], &[VAL_END, CLOSE], eof) {
+                        Find::Found { at, idx } => {
+                            let abs = self.scan + at;
+                            let verdict = if idx == 0 {
+                                Follow::Accept
+                            } else {
+                                follow(&rest[abs + CLOSE.len()..], &[OPEN], eof)
+                            };
+                            match verdict {
+                                Follow::Accept => {
+                                    let value = &rest[..abs];
+                                    self.eat(value);
+                                    self.add_param(value, cx);
+                                    pos += abs;
+                                    if idx == 0 {
+                                        self.eat(VAL_END);
+                                        pos += VAL_END.len();
+                                    }
+                                    self.phase = Phase::Params;
+                                    break;
+                                }
+                                Follow::Wait => {
+                                    self.scan = abs;
+                                    return self.wait(pos, input, cx);
+                                }
+                                Follow::Reject => self.scan = abs + 1,
+                            }
+                        }
+                        Find::Clear { safe } => {
+                            self.scan += safe;
+                            if eof {
+                                self.unfinished(rest, end, cx);
+                                return (input.len(), true);
+                            }
+                            return self.wait(pos, input, cx);
+                        }
+                    }
+                },
+                Phase::Garbage => match find_first(rest, &[CLOSE], eof) {
+                    Find::Found { at, .. } => {
+                        let used = at + CLOSE.len();
+                        self.fail(&rest[..used], cx);
+                        return (pos + used, true);
+                    }
+                    Find::Clear { safe } => {
+                        self.eat(&rest[..safe]);
+                        pos += safe;
+                        if eof {
+                            self.unfinished(&rest[safe..], end, cx);
+                            return (input.len(), true);
+                        }
+                        return self.wait(pos, input, cx);
+                    }
+                },
+            }
+        }
+    }
+}
+
+/// Trims whitespace and literal `\n` sequences from both ends.
+fn trim_ws(s: &str) -> &str {
+    let mut s = s.trim();
+    loop {
+        let t = s.strip_prefix("\\n").or_else(|| s.strip_suffix("\\n")).map(str::trim);
+        match t {
+            Some(t) => s = t,
+            None => return s,
+        }
+    }
+}
+
+/// Length of the leading whitespace and literal `\n` sequences of `s`;
+/// `None` when a lone `\` at the end may still become `\n`.
+fn skip_ws(s: &str, eof: bool) -> Option<usize> {
+    let mut i = 0;
+    loop {
+        let t = &s[i..];
+        let ws = t.len() - t.trim_start().len();
+        if ws > 0 {
+            i += ws;
+        } else if t.starts_with("\\n") {
+            i += 2;
+        } else if t == "\\" && !eof {
+            return None;
+        } else {
+            return Some(i);
+        }
+    }
+}
+
+/// Whether `after` (the text after `<tool_call>` inside reasoning) starts a
+/// call: a name right away, then `<arg_key>` or `</tool_call>`.
+fn call_ahead(after: &str, eof: bool) -> Prefix {
+    let n =
+        after.find(|c: char| !(c.is_alphanumeric() || "_-.:/".contains(c))).unwrap_or(after.len());
+    if n == 0 {
+        return if after.is_empty() && !eof { Prefix::NeedMore } else { Prefix::No };
+    }
+    if n > NAME_MAX {
+        return Prefix::No;
+    }
+    let rest = &after[n..];
+    let Some(ws) = skip_ws(rest, eof) else { return Prefix::NeedMore };
+    match lead_any(&rest[ws..], &[KEY, CLOSE], eof) {
+        Lead::Is(_) => Prefix::Yes,
+        Lead::More => Prefix::NeedMore,
+        Lead::No => Prefix::No,
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct Glm {
+    state: State,
+}
 
 impl Glm {
-    pub(crate) fn new(_format: Format, _opts: &Options) -> Glm {
-        Glm(Passthrough)
+    /// Both variants ([`Format::Glm45`], [`Format::Glm47`]) parse alike; the
+    /// generation prompt says whether the text starts inside `<think>`.
+    pub(crate) fn new(_format: Format, opts: &Options) -> Glm {
+        let gen = opts.generation_prompt.as_deref();
+        let state =
+            if prompt_opens(gen, THINK, UNTHINK) { State::Reasoning } else { State::Content };
+        Glm { state }
     }
 }
 
 impl Machine for Glm {
     fn step(&mut self, input: &str, end: Option<FinishReason>, cx: &mut Cx) -> usize {
-        self.0.step(input, end, cx)
+        let eof = end.is_some();
+        match &mut self.state {
+            State::Reasoning => match find_first(input, &REASONING_MARKERS, eof) {
+                Find::Found { at, idx } => {
+                    cx.reasoning(&input[..at]);
+                    let tag = REASONING_MARKERS[idx];
+                    let used = at + tag.len();
+                    match tag {
+                        OPEN => match call_ahead(&input[used..], eof) {
+                            Prefix::Yes => {
+                                cx.boundary();
+                                self.state = State::Call(Call::new(true));
+                            }
+                            Prefix::NeedMore => return at,
+                            Prefix::No => cx.reasoning(OPEN),
+                        },
+                        UNTHINK => {
+                            cx.boundary();
+                            self.state = State::Content;
+                        }
+                        _ => cx.boundary(),
+                    }
+                    used
+                }
+                Find::Clear { safe } => {
+                    cx.reasoning(&input[..safe]);
+                    safe
+                }
+            },
+            State::Content => match find_first(input, &CONTENT_MARKERS, eof) {
+                Find::Found { at, idx } => {
+                    cx.content(&input[..at]);
+                    cx.boundary();
+                    let tag = CONTENT_MARKERS[idx];
+                    match tag {
+                        OPEN => self.state = State::Call(Call::new(false)),
+                        THINK => self.state = State::Reasoning,
+                        _ => {}
+                    }
+                    at + tag.len()
+                }
+                Find::Clear { safe } => {
+                    cx.content(&input[..safe]);
+                    safe
+                }
+            },
+            State::Call(call) => {
+                let (used, done) = call.run(input, end, cx);
+                if done {
+                    self.state = if call.think { State::Reasoning } else { State::Content };
+                    if used == 0 && !input.is_empty() {
+                        // Nothing consumed, but the call is over: 0 would read
+                        // as "wait", so the text goes to the new state now.
+                        return self.step(input, end, cx);
+                    }
+                }
+                used
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{
+        parse, Accumulator, FinishReason, Format, JsonType, Options, Parser, ToolSpec, Tools,
+    };
+
+    fn opts(gen: Option<&str>) -> Options {
+        use JsonType::*;
+        let tools = Tools(vec![
+            ToolSpec::new("get_weather").param("city", &[String]).param("days", &[Integer]),
+            ToolSpec::new("write_file").param("path", &[String]).param("content", &[String]),
+        ]);
+        Options { generation_prompt: gen.map(str::to_owned), tools, ..Options::default() }
+    }
+
+    fn run(format: Format, text: &str, gen: Option<&str>, reason: FinishReason) -> Accumulator {
+        let whole = parse(format, opts(gen), text, reason);
+        let mut p = Parser::new(format, opts(gen));
+        let mut acc = Accumulator::default();
+        for ch in text.chars() {
+            acc.extend(p.push(&ch.to_string()));
+        }
+        acc.extend(p.finish(reason));
+        assert_eq!(acc, whole, "split changed the result for {text:?}");
+        whole
+    }
+
+    fn calls(acc: &Accumulator) -> Vec<(String, String)> {
+        acc.calls.iter().map(|c| (c.name.clone(), c.arguments.clone())).collect()
+    }
+
+    fn one(name: &str, args: &str) -> Vec<(String, String)> {
+        vec![(name.to_owned(), args.to_owned())]
+    }
+
+    const G47: Option<&str> = Some("<|assistant|><think>");
+    const C47: &str = "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value><arg_key>days</arg_key><arg_value>3</arg_value></tool_call>";
+
+    #[test]
+    fn compact_call_after_reasoning() {
+        let acc =
+            run(Format::Glm47, &format!("Hmm.</think>Checking.{C47}"), G47, FinishReason::Stop);
+        assert_eq!(acc.reasoning, "Hmm.");
+        assert_eq!(acc.content, "Checking.");
+        assert_eq!(calls(&acc), one("get_weather", r#"{"city":"Paris","days":3}"#));
+    }
+
+    #[test]
+    fn whitespace_variants_parse_alike() {
+        for t in [
+            "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n</tool_call>",
+            "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value></tool_call>",
+            "<tool_call> get_weather \n\n<arg_key> city </arg_key>\n  <arg_value>Paris</arg_value>\n\n</tool_call>",
+            "<tool_call>get_weather\\n<arg_key>city</arg_key>\\n<arg_value>Paris</arg_value>\\n</tool_call>",
+        ] {
+            for f in [Format::Glm45, Format::Glm47] {
+                let acc = run(f, t, None, FinishReason::Stop);
+                assert_eq!(calls(&acc), one("get_weather", r#"{"city":"Paris"}"#), "{t:?}");
+                assert_eq!(acc.content, "", "{t:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn values_are_raw_strings_or_json() {
+        let t = "<tool_call>other<arg_key>n</arg_key><arg_value>3</arg_value><arg_key>s</arg_key><arg_value>123_456</arg_value><arg_key>o</arg_key><arg_value>{\"a\": [1]}</arg_value></tool_call>";
+        let acc = run(Format::Glm47, t, None, FinishReason::Stop);
+        assert_eq!(calls(&acc), one("other", r#"{"n":3,"s":"123_456","o":{"a":[1]}}"#));
+        let t = "<tool_call>write_file<arg_key>path</arg_key><arg_value> 007 </arg_value><arg_key>content</arg_key><arg_value>a </tool_call> <arg_key> b\n</arg_value></tool_call>";
+        let acc = run(Format::Glm47, t, None, FinishReason::Stop);
+        assert_eq!(
+            calls(&acc),
+            one("write_file", r#"{"path":" 007 ","content":"a </tool_call> <arg_key> b\n"}"#)
+        );
+    }
+
+    #[test]
+    fn missing_last_arg_value_close() {
+        let t = "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Berlin</tool_call>";
+        let acc = run(Format::Glm47, t, None, FinishReason::Stop);
+        assert_eq!(calls(&acc), one("get_weather", r#"{"city":"Berlin"}"#));
+        let t2 = format!("{t}{C47}");
+        let acc = run(Format::Glm47, &t2, None, FinishReason::Stop);
+        assert_eq!(acc.calls.len(), 2);
+    }
+
+    #[test]
+    fn truncation_drops_only_the_open_call() {
+        let t = format!("{C47}<tool_call>get_weather<arg_key>city</arg_key><arg_value>Ber");
+        let acc = run(Format::Glm47, &t, None, FinishReason::Length);
+        assert_eq!(calls(&acc), one("get_weather", r#"{"city":"Paris","days":3}"#));
+        assert_eq!(acc.content, "");
+        let t = "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Berlin</arg_value>";
+        assert!(run(Format::Glm47, t, None, FinishReason::Length).calls.is_empty());
+        let acc = run(Format::Glm47, t, None, FinishReason::Stop);
+        assert!(acc.calls.is_empty());
+        assert_eq!(acc.content, t);
+    }
+
+    #[test]
+    fn call_inside_reasoning_and_tags_mentioned_in_reasoning() {
+        let acc =
+            run(Format::Glm47, &format!("Use <tool_call> here. {C47}"), G47, FinishReason::Stop);
+        assert_eq!(acc.reasoning, "Use <tool_call> here.");
+        assert_eq!(acc.calls.len(), 1);
+    }
+
+    #[test]
+    fn glm45_think_in_output_and_stray_tokens() {
+        let t = "\n<think>Plan.</think>\nDone.<|user|>";
+        let acc = run(Format::Glm45, t, Some("<|assistant|>"), FinishReason::Stop);
+        assert_eq!(acc.reasoning, "Plan.");
+        assert_eq!(acc.content, "Done.");
+    }
+
+    #[test]
+    fn malformed_call_becomes_content() {
+        let t = "<tool_call>get_weather<oops></tool_call> after";
+        let acc = run(Format::Glm47, t, None, FinishReason::Stop);
+        assert!(acc.calls.is_empty());
+        assert_eq!(acc.content, "<tool_call>get_weather<oops></tool_call> after");
+    }
+
+    #[test]
+    fn empty_arguments_and_missing_close_between_calls() {
+        let t = "<tool_call>get_time</tool_call><tool_call>get_time\n</tool_call>";
+        assert_eq!(run(Format::Glm45, t, None, FinishReason::Stop).calls.len(), 2);
+        let t = "<tool_call>get_weather<arg_key>city</arg_key><arg_value>A</arg_value><tool_call>get_time</tool_call>";
+        assert_eq!(run(Format::Glm47, t, None, FinishReason::Stop).calls.len(), 2);
+    }
+
+    #[test]
+    fn random_markup_never_panics_and_ignores_splits() {
+        let toks = [
+            "<tool_call>",
+            "</tool_call>",
+            "<arg_key>",
+            "</arg_key>",
+            "<arg_value>",
+            "</arg_value>",
+            "<think>",
+            "</think>",
+            "<|user|>",
+            "get_weather",
+            "city",
+            "\n",
+            " ",
+            "Paris",
+            "3",
+            "{\"a\": [1]}",
+            "<",
+            "é🌸",
+            "\\n",
+            "\\",
+        ];
+        let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+        let mut next = |n: usize| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed % n as u64) as usize
+        };
+        for _ in 0..400 {
+            let len = 1 + next(24);
+            let text: String = (0..len).map(|_| toks[next(toks.len())]).collect();
+            for reason in [FinishReason::Stop, FinishReason::Length] {
+                for gen in [None, Some("<think>")] {
+                    let whole = parse(Format::Glm47, opts(gen), &text, reason);
+                    let mut p = Parser::new(Format::Glm47, opts(gen));
+                    let mut acc = Accumulator::default();
+                    let mut rest = text.as_str();
+                    while !rest.is_empty() {
+                        let mut cut = (1 + next(6)).min(rest.len());
+                        while !rest.is_char_boundary(cut) {
+                            cut += 1;
+                        }
+                        acc.extend(p.push(&rest[..cut]));
+                        rest = &rest[cut..];
+                    }
+                    acc.extend(p.finish(reason));
+                    assert_eq!(acc, whole, "{text:?} {reason:?} {gen:?}");
+                    for c in &whole.calls {
+                        assert!(crate::json::strict_object(&c.arguments).is_ok(), "{c:?}");
+                    }
+                }
+            }
+        }
     }
 }

@@ -1,21 +1,544 @@
-//! Placeholder: all text is content until this format's parser lands.
+//! gpt-oss: the Harmony response format (openai/gpt-oss-20b, -120b).
+//!
+//! ```text
+//! <|channel|>analysis<|message|>The user wants the weather.<|end|>
+//! <|start|>assistant<|channel|>commentary<|message|>Let me check.<|end|>
+//! <|start|>assistant to=functions.get_weather<|channel|>commentary <|constrain|>json<|message|>{"city": "Paris"}
+//! ```
+//!
+//! The generation prompt ends with `<|start|>assistant`, so the text starts
+//! with the rest of a message header (a channel, or ` to=functions.NAME`).
+//! A message is `header<|message|>body` and ends with `<|end|>`, or with
+//! the stop tokens `<|call|>` / `<|return|>`, which are usually not in the
+//! text at all (the body then ends with the text).
+//!
+//! Headers: the recipient ` to=functions.NAME` may sit in the role part
+//! (`<|start|>assistant to=functions.x<|channel|>commentary json`) or in the
+//! channel part (`<|channel|>commentary to=functions.x <|constrain|>json`);
+//! the content type (`<|constrain|>json`, a bare ` json`, or none) is
+//! ignored. A message with a recipient is a call: its body is one JSON
+//! object found by scanning JSON, so marker text inside an argument string
+//! does not end it. Without a recipient, the `analysis` channel is
+//! reasoning and every other channel (`final`, `commentary` preambles) is
+//! content.
+//!
+//! Marker-like text inside reasoning or content stays text where it cannot
+//! be markup: `<|call|>` and `<|return|>` end a text body only at the end of
+//! the text or before `<|start|>`; `<|channel|>` never ends one. A header cut
+//! off by the end of the text is dropped; text outside any message is
+//! content.
 
-use super::{Machine, Passthrough};
+use super::Machine;
 use crate::cx::Cx;
+use crate::json::{self, Scan, ValueEnd};
+use crate::scan::{find_first, starts_with, ws_len, Find, Prefix};
+use crate::{DropReason, FinishReason, Options};
 
-use crate::{FinishReason, Options};
+const START: &str = "<|start|>";
+const END: &str = "<|end|>";
+const MESSAGE: &str = "<|message|>";
+const CHANNEL: &str = "<|channel|>";
+const CONSTRAIN: &str = "<|constrain|>";
+const CALL: &str = "<|call|>";
+const RETURN: &str = "<|return|>";
+
+/// Markers recognised between messages; all but `<|start|>` and
+/// `<|channel|>` are stray and stripped.
+const FREE_MARKERS: [&str; 7] = [START, CHANNEL, MESSAGE, END, CALL, RETURN, CONSTRAIN];
+/// Markers recognised inside a header.
+const HEADER_MARKERS: [&str; 7] = [MESSAGE, START, END, CALL, RETURN, CHANNEL, CONSTRAIN];
+/// Markers that may end a text body.
+const BODY_ENDS: [&str; 3] = [END, CALL, RETURN];
+
+/// A header longer than this (bytes) is not a header: its text is content.
+const HEADER_CAP: usize = 1024;
+/// Whitespace held after `<|call|>`/`<|return|>` (or after a call's JSON)
+/// while deciding what follows; a longer run decides on its own.
+const WS_HOLD: usize = 4096;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Reasoning,
+    Content,
+}
 
 #[derive(Debug)]
-pub(crate) struct GptOss(Passthrough);
+enum State {
+    /// Outside any message: stray text is content.
+    Free,
+    /// Inside a header (after `<|start|>`): its text so far.
+    Header(String),
+    /// In a message body shown as reasoning or content.
+    Text(Kind),
+    /// In a call's body: the input starts with its JSON.
+    Call(ValueEnd),
+}
+
+#[derive(Debug)]
+pub(crate) struct GptOss {
+    state: State,
+    cap: usize,
+}
 
 impl GptOss {
-    pub(crate) fn new(_opts: &Options) -> GptOss {
-        GptOss(Passthrough)
+    pub(crate) fn new(opts: &Options) -> GptOss {
+        GptOss { state: initial(opts.generation_prompt.as_deref()), cap: opts.buffer_cap }
+    }
+}
+
+/// The start state from the end of the prompt: inside a header after
+/// `<|start|>assistant`, inside a body after a prefilled `<|message|>`.
+fn initial(gen: Option<&str>) -> State {
+    let Some(gen) = gen else { return State::Free };
+    let Some(p) = gen.rfind(START) else { return State::Free };
+    let tail = &gen[p + START.len()..];
+    if BODY_ENDS.iter().any(|m| tail.contains(m)) {
+        return State::Free;
+    }
+    match tail.find(MESSAGE) {
+        None => State::Header(tail.to_owned()),
+        Some(m) => match parse_header(&tail[..m]) {
+            Header { recipient: None, channel } => State::Text(channel_kind(channel.as_deref())),
+            // A prefilled call body is not in the text: show what follows.
+            Header { recipient: Some(_), .. } => State::Text(Kind::Content),
+        },
+    }
+}
+
+/// What a header says.
+#[derive(Debug, PartialEq, Eq)]
+struct Header {
+    channel: Option<String>,
+    recipient: Option<String>,
+}
+
+/// Reads the recipient (`to=NAME`, in the role or the channel part) and the
+/// channel from a header's text.
+fn parse_header(h: &str) -> Header {
+    let word = |s: &str| -> String {
+        let end = s.find(|c: char| c.is_whitespace() || c == '<').unwrap_or(s.len());
+        s[..end].to_owned()
+    };
+    let mut recipient = None;
+    let mut from = 0;
+    while let Some(i) = h[from..].find("to=") {
+        let at = from + i;
+        let before = h[..at].chars().next_back();
+        if before.is_none_or(|c| c.is_whitespace() || c == '>') {
+            let name = word(&h[at + 3..]);
+            if !name.is_empty() {
+                recipient = Some(name);
+                break;
+            }
+        }
+        from = at + 3;
+    }
+    let channel = h.find(CHANNEL).map(|i| word(h[i + CHANNEL.len()..].trim_start()));
+    // Messages addressed back to the user or the assistant are not calls.
+    let recipient = recipient.filter(|r| !matches!(r.as_str(), "assistant" | "user" | "all"));
+    Header { channel, recipient }
+}
+
+fn channel_kind(channel: Option<&str>) -> Kind {
+    match channel {
+        Some("analysis") => Kind::Reasoning,
+        _ => Kind::Content,
+    }
+}
+
+/// The function name of a recipient (`functions.NAME` → `NAME`).
+fn function_name(recipient: &str) -> &str {
+    recipient.strip_prefix("functions.").unwrap_or(recipient)
+}
+
+/// A header's visible text when it turns out not to be a header.
+fn strip_markers(s: &str) -> String {
+    let mut out = s.to_owned();
+    for m in FREE_MARKERS {
+        out = out.replace(m, "");
+    }
+    out
+}
+
+/// The first char boundary of `s` at or after `i` (or its length).
+fn ceil_boundary(s: &str, i: usize) -> usize {
+    let mut i = i.min(s.len());
+    while !s.is_char_boundary(i) {
+        i += 1;
+    }
+    i
+}
+
+fn emit(cx: &mut Cx, kind: Kind, s: &str) {
+    match kind {
+        Kind::Reasoning => cx.reasoning(s),
+        Kind::Content => cx.content(s),
     }
 }
 
 impl Machine for GptOss {
     fn step(&mut self, input: &str, end: Option<FinishReason>, cx: &mut Cx) -> usize {
-        self.0.step(input, end, cx)
+        let eof = end.is_some();
+        match &mut self.state {
+            State::Free => match find_first(input, &FREE_MARKERS, eof) {
+                Find::Found { at, idx } => {
+                    cx.content(&input[..at]);
+                    cx.boundary();
+                    let m = FREE_MARKERS[idx];
+                    match m {
+                        START => self.state = State::Header(String::new()),
+                        CHANNEL => self.state = State::Header(CHANNEL.to_owned()),
+                        MESSAGE => self.state = State::Text(Kind::Content),
+                        _ => {}
+                    }
+                    at + m.len()
+                }
+                Find::Clear { safe } => {
+                    cx.content(&input[..safe]);
+                    safe
+                }
+            },
+            State::Header(header) => {
+                let (text, marker) = match find_first(input, &HEADER_MARKERS, eof) {
+                    Find::Found { at, idx } => (&input[..at], Some(HEADER_MARKERS[idx])),
+                    Find::Clear { safe } => (&input[..safe], None),
+                };
+                // A header that runs past the cap is not a header.
+                if header.len() + text.len() > HEADER_CAP {
+                    let k = ceil_boundary(text, HEADER_CAP + 1 - header.len());
+                    header.push_str(&text[..k]);
+                    let shown = strip_markers(header);
+                    cx.content(&shown);
+                    self.state = State::Free;
+                    return k;
+                }
+                header.push_str(text);
+                let Some(m) = marker else { return text.len() };
+                let used = text.len() + m.len();
+                match m {
+                    MESSAGE => {
+                        let h = parse_header(header);
+                        cx.boundary();
+                        self.state = match h.recipient {
+                            Some(r) => {
+                                cx.start_call(None, function_name(&r));
+                                State::Call(ValueEnd::default())
+                            }
+                            None => State::Text(channel_kind(h.channel.as_deref())),
+                        };
+                    }
+                    START => self.state = State::Header(String::new()),
+                    CHANNEL | CONSTRAIN => header.push_str(m),
+                    // The message ended inside its header: nothing to show.
+                    _ => self.state = State::Free,
+                }
+                used
+            }
+            State::Text(kind) => {
+                let kind = *kind;
+                match find_first(input, &BODY_ENDS, eof) {
+                    Find::Found { at, idx } => {
+                        emit(cx, kind, &input[..at]);
+                        let m = BODY_ENDS[idx];
+                        let rest = &input[at + m.len()..];
+                        let ws = ws_len(rest);
+                        let ends = if m == END {
+                            true
+                        } else if ws > WS_HOLD {
+                            false
+                        } else if ws == rest.len() {
+                            if !eof {
+                                return at; // wait: the end of text or a header may follow
+                            }
+                            true
+                        } else {
+                            match starts_with(&rest[ws..], START, eof) {
+                                Prefix::Yes => true,
+                                Prefix::No => false,
+                                Prefix::NeedMore => return at,
+                            }
+                        };
+                        if ends {
+                            cx.boundary();
+                            self.state = State::Free;
+                        } else {
+                            // Marker text inside the body (e.g. reasoning about `<|call|>`).
+                            emit(cx, kind, m);
+                        }
+                        at + m.len()
+                    }
+                    Find::Clear { safe } => {
+                        emit(cx, kind, &input[..safe]);
+                        safe
+                    }
+                }
+            }
+            State::Call(scan) => {
+                let cap = self.cap;
+                let (n, next) = call_step(scan, input, end, cap, cx);
+                if let Some(next) = next {
+                    self.state = next;
+                }
+                n
+            }
+        }
+    }
+}
+
+/// One step inside a call body; returns bytes consumed and the next state
+/// (`None`: stay and wait for more text).
+fn call_step(
+    scan: &mut ValueEnd,
+    input: &str,
+    end: Option<FinishReason>,
+    cap: usize,
+    cx: &mut Cx,
+) -> (usize, Option<State>) {
+    let eof = end.is_some();
+    let over = |n: usize| n > cap;
+    match scan.scan(input) {
+        Scan::Done(body_end) if over(body_end) => bail(input, cap, cx),
+        Scan::Done(body_end) => {
+            let body = &input[..body_end];
+            let args = match json::object_text(body) {
+                Ok(args) => args,
+                Err(_) => {
+                    cx.malformed(body);
+                    return (body_end, Some(State::Text(Kind::Content)));
+                }
+            };
+            let after = &input[body_end..];
+            let ws = ws_len(after);
+            let rest = &after[ws..];
+            if ws > WS_HOLD {
+                // Decided at a fixed distance after the JSON, whatever the deltas.
+                finish_call(cx, args);
+                return (body_end, Some(State::Free));
+            }
+            if rest.is_empty() {
+                if !eof {
+                    return (0, None);
+                }
+                // The <|call|> stop token is not in the text: under Stop the
+                // body is complete; cut by the token limit, it is not.
+                if end == Some(FinishReason::Length) {
+                    cx.drop_call(DropReason::Truncated);
+                } else {
+                    finish_call(cx, args);
+                }
+                return (input.len(), Some(State::Free));
+            }
+            for m in [CALL, END, RETURN] {
+                match starts_with(rest, m, eof) {
+                    Prefix::Yes => {
+                        finish_call(cx, args);
+                        return (body_end + ws + m.len(), Some(State::Free));
+                    }
+                    Prefix::NeedMore => return (0, None),
+                    Prefix::No => {}
+                }
+            }
+            for m in [START, CHANNEL] {
+                match starts_with(rest, m, eof) {
+                    Prefix::Yes => {
+                        // The next message began without <|call|>.
+                        finish_call(cx, args);
+                        return (body_end + ws, Some(State::Free));
+                    }
+                    Prefix::NeedMore => return (0, None),
+                    Prefix::No => {}
+                }
+            }
+            // Text after the JSON: not a call body.
+            cx.malformed(body);
+            (body_end, Some(State::Text(Kind::Content)))
+        }
+        Scan::Partial => {
+            if !eof {
+                if over(input.len()) {
+                    return bail(input, cap, cx);
+                }
+                return (0, None);
+            }
+            if end == Some(FinishReason::Length) {
+                cx.drop_call(DropReason::Truncated);
+            } else if input.trim().is_empty() {
+                finish_call(cx, "{}".to_owned());
+            } else {
+                cx.malformed(input);
+            }
+            (input.len(), Some(State::Free))
+        }
+        Scan::Invalid => {
+            // An empty body followed by the end marker: no arguments.
+            let ws = ws_len(input);
+            let rest = &input[ws..];
+            for m in [CALL, END, RETURN] {
+                match starts_with(rest, m, eof) {
+                    Prefix::Yes => {
+                        finish_call(cx, "{}".to_owned());
+                        return (ws + m.len(), Some(State::Free));
+                    }
+                    Prefix::NeedMore => return (0, None),
+                    Prefix::No => {}
+                }
+            }
+            // Not JSON (e.g. code for a built-in tool): the body is content.
+            cx.malformed("");
+            (0, Some(State::Text(Kind::Content)))
+        }
+    }
+}
+
+fn finish_call(cx: &mut Cx, args: String) {
+    cx.call_args(&args);
+    cx.end_call(args);
+}
+
+/// A call body that outgrows the buffer cap: the held text becomes content
+/// and the rest of the body follows as content. The cut is at a fixed text
+/// position, whatever the deltas.
+fn bail(input: &str, cap: usize, cx: &mut Cx) -> (usize, Option<State>) {
+    let k = ceil_boundary(input, cap + 1);
+    cx.malformed(&input[..k]);
+    (k, Some(State::Text(Kind::Content)))
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{parse, Accumulator, FinishReason, Format, Options, Parser};
+
+    fn opts(gen: Option<&str>) -> Options {
+        Options { generation_prompt: gen.map(str::to_owned), ..Options::default() }
+    }
+
+    fn run(text: &str, reason: FinishReason) -> Accumulator {
+        let whole = parse(Format::GptOss, opts(Some("<|start|>assistant")), text, reason);
+        // Every character its own delta gives the same result.
+        let mut p = Parser::new(Format::GptOss, opts(Some("<|start|>assistant")));
+        let mut acc = Accumulator::default();
+        for c in text.chars() {
+            acc.extend(p.push(&c.to_string()));
+        }
+        acc.extend(p.finish(reason));
+        assert_eq!(acc, whole, "split changes the result");
+        whole
+    }
+
+    #[test]
+    fn recipient_in_channel() {
+        let t = "<|channel|>analysis<|message|>Need weather.<|end|><|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\":\"Paris\"}";
+        let a = run(t, FinishReason::Stop);
+        assert_eq!(a.reasoning, "Need weather.");
+        assert_eq!(a.content, "");
+        assert_eq!(a.calls.len(), 1);
+        assert_eq!(a.calls[0].name, "get_weather");
+        assert_eq!(a.calls[0].arguments, r#"{"city":"Paris"}"#);
+        assert_eq!(a.calls[0].id, None);
+    }
+
+    #[test]
+    fn recipient_in_channel_without_content_type() {
+        let t = "<|channel|>commentary to=functions.get_time<|message|>{}<|call|>";
+        let a = run(t, FinishReason::Stop);
+        assert_eq!(a.calls.len(), 1);
+        assert_eq!(a.calls[0].name, "get_time");
+        assert_eq!(a.calls[0].arguments, "{}");
+    }
+
+    #[test]
+    fn explicit_call_token_and_second_call_cut_off() {
+        let t = "<|channel|>commentary to=functions.a <|constrain|>json<|message|>{\"x\": 1}<|call|><|start|>assistant to=functions.b<|channel|>commentary json<|message|>{\"y\": ";
+        let a = run(t, FinishReason::Length);
+        assert_eq!(a.calls.len(), 1);
+        assert_eq!(a.calls[0].name, "a");
+        assert_eq!(a.content, "");
+    }
+
+    #[test]
+    fn two_calls_without_call_token() {
+        let t = "<|channel|>commentary to=functions.a json<|message|>{\"x\": 1}<|start|>assistant to=functions.b<|channel|>commentary json<|message|>{\"y\": 2}";
+        let a = run(t, FinishReason::Stop);
+        let names: Vec<_> = a.calls.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(names, ["a", "b"]);
+    }
+
+    #[test]
+    fn complete_json_cut_by_the_token_limit_is_no_call() {
+        let t = " to=functions.a<|channel|>commentary json<|message|>{\"x\": 1}";
+        assert!(run(t, FinishReason::Length).calls.is_empty());
+        assert_eq!(run(t, FinishReason::Stop).calls.len(), 1);
+    }
+
+    #[test]
+    fn markers_in_reasoning_and_final_stay_text() {
+        let t = "<|channel|>analysis<|message|>Never write <|call|> or <|return|> here.<|end|><|start|>assistant<|channel|>final<|message|>Done.";
+        let a = run(t, FinishReason::Stop);
+        assert_eq!(a.reasoning, "Never write <|call|> or <|return|> here.");
+        assert_eq!(a.content, "Done.");
+    }
+
+    #[test]
+    fn content_after_end_without_header() {
+        let t = "<|channel|>analysis<|message|>I'm\nthinking<|end|>Hello, world!";
+        let a = run(t, FinishReason::Stop);
+        assert_eq!(a.reasoning, "I'm\nthinking");
+        assert_eq!(a.content, "Hello, world!");
+    }
+
+    #[test]
+    fn invalid_body_is_content() {
+        let t = "<|channel|>commentary to=functions.a json<|message|>not json<|call|>";
+        let a = run(t, FinishReason::Stop);
+        assert!(a.calls.is_empty());
+        assert_eq!(a.content, "not json");
+    }
+
+    #[test]
+    fn unicode_and_marker_in_arguments() {
+        let t = "<|channel|>commentary to=functions.w json<|message|>{\"s\": \"é <|call|> <|end|> ☕\"}";
+        let a = run(t, FinishReason::Stop);
+        assert_eq!(a.calls[0].arguments, "{\"s\": \"é <|call|> <|end|> ☕\"}");
+    }
+
+    #[test]
+    fn prompt_prefilled_into_analysis() {
+        let o = opts(Some("<|start|>assistant<|channel|>analysis<|message|>"));
+        let a = parse(
+            Format::GptOss,
+            o,
+            "thinking<|end|><|start|>assistant<|channel|>final<|message|>Hi",
+            FinishReason::Stop,
+        );
+        assert_eq!(a.reasoning, "thinking");
+        assert_eq!(a.content, "Hi");
+    }
+
+    #[test]
+    fn no_prompt_plain_text_is_content() {
+        let a = parse(Format::GptOss, opts(None), "Just text.", FinishReason::Stop);
+        assert_eq!(a.content, "Just text.");
+    }
+
+    #[test]
+    fn long_whitespace_runs_decide_the_same_for_every_split() {
+        let ws = " ".repeat(5000);
+        let t = format!("<|channel|>analysis<|message|>a<|call|>{ws}<|start|>assistant<|channel|>final<|message|>b");
+        run(&t, FinishReason::Stop);
+        let t = format!("<|channel|>commentary to=functions.f json<|message|>{{}}{ws}<|call|>");
+        assert_eq!(run(&t, FinishReason::Stop).calls.len(), 1);
+    }
+
+    #[test]
+    fn long_call_is_linear_and_complete() {
+        let big = "x".repeat(200_000);
+        let t = format!("<|channel|>commentary to=functions.w json<|message|>{{\"s\": \"{big}\"}}");
+        let mut p = Parser::new(Format::GptOss, opts(Some("<|start|>assistant")));
+        let mut acc = Accumulator::default();
+        for c in t.as_bytes().chunks(1) {
+            acc.extend(p.push(std::str::from_utf8(c).unwrap()));
+        }
+        acc.extend(p.finish(FinishReason::Stop));
+        assert_eq!(acc.calls.len(), 1);
     }
 }

@@ -1,35 +1,10 @@
-//! Placeholder: all text is content until this format's parser lands.
+//! The Llama formats: Llama 3.x JSON calls (`llama3_json.rs`) and Llama 4
+//! pythonic calls (`llama4_pythonic.rs`).
 
-use super::{Machine, Passthrough};
-use crate::cx::Cx;
-use crate::{FinishReason, Options};
+#[path = "llama3_json.rs"]
+mod llama3_json;
+pub(crate) use llama3_json::Llama3Json;
 
-#[derive(Debug)]
-pub(crate) struct Llama3Json(Passthrough);
-
-impl Llama3Json {
-    pub(crate) fn new(_opts: &Options) -> Llama3Json {
-        Llama3Json(Passthrough)
-    }
-}
-
-impl Machine for Llama3Json {
-    fn step(&mut self, input: &str, end: Option<FinishReason>, cx: &mut Cx) -> usize {
-        self.0.step(input, end, cx)
-    }
-}
-
-#[derive(Debug)]
-pub(crate) struct Llama4Pythonic(Passthrough);
-
-impl Llama4Pythonic {
-    pub(crate) fn new(_opts: &Options) -> Llama4Pythonic {
-        Llama4Pythonic(Passthrough)
-    }
-}
-
-impl Machine for Llama4Pythonic {
-    fn step(&mut self, input: &str, end: Option<FinishReason>, cx: &mut Cx) -> usize {
-        self.0.step(input, end, cx)
-    }
-}
+#[path = "llama4_pythonic.rs"]
+mod llama4_pythonic;
+pub(crate) use llama4_pythonic::Llama4Pythonic;

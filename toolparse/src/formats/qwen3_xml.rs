@@ -1,21 +1,823 @@
-//! Placeholder: all text is content until this format's parser lands.
+//! Qwen XML calls: Qwen3-Coder (30B, 480B, Next) and Qwen3.5/3.6/3.8.
+//!
+//! ```text
+//! <think>
+//! The user wants the weather.
+//! </think>
+//!
+//! Let me check.
+//!
+//! <tool_call>
+//! <function=get_weather>
+//! <parameter=city>
+//! Paris
+//! </parameter>
+//! <parameter=days>
+//! 3
+//! </parameter>
+//! </function>
+//! </tool_call>
+//! ```
+//!
+//! Values are raw text. Exactly one newline on each side of a value is
+//! markup; the rest (indentation, blank lines, trailing spaces) is data.
+//! Values are typed by the tool's schema ([`crate::json::coerce`]: `3` is an
+//! integer only where the schema says so; `True`/`null` are read too);
+//! parameters the schema does not declare stay strings unless they are a
+//! JSON object or array.
+//!
+//! A value ends at a `</parameter>` followed (after whitespace) by the next
+//! `<parameter=`, `</function>` or `</tool_call>`, so the same tags written
+//! inside a value are data. Missing tags are recovered as vLLM does: a value
+//! also ends at `</function>` + `</tool_call>`, at `</tool_call>` + end (or a
+//! new `<tool_call>`), and at a `<parameter=NAME>` that starts a line;
+//! `</function>` may be missing before `</tool_call>`. Also accepted: values
+//! without the wrapping newlines (`<parameter=k>v</parameter>`), several
+//! `<function=…>` in one `<tool_call>`, a bare `<function=…>…</function>`
+//! without `<tool_call>`, and a Hermes JSON body
+//! (`<tool_call>{"name": …, "arguments": …}</tool_call>`).
+//!
+//! A prompt ending inside `<think>` starts the parser in reasoning. A call
+//! written inside the reasoning (`<tool_call>` followed by `<function=`) is
+//! parsed as a call; other `<tool_call>` text there stays reasoning. Under
+//! the token limit an unclosed call is dropped; under a stop the call is kept
+//! when it ended between parameters (the stop token may stand for the tags).
 
-use super::{Machine, Passthrough};
+use super::hermes::call_from_object;
+use super::{prompt_opens, Machine};
 use crate::cx::Cx;
+use crate::json::{self, Scan, ValueEnd};
+use crate::scan::{find_first, starts_with, ws_len, Find, Prefix};
+use crate::{DropReason, FinishReason, Options};
+use serde_json::{Map, Value};
 
-use crate::{FinishReason, Options};
+const OPEN: &str = "<tool_call>";
+const CLOSE: &str = "</tool_call>";
+const FUNC: &str = "<function=";
+const FUNC_END: &str = "</function>";
+const PARAM: &str = "<parameter=";
+const PARAM_END: &str = "</parameter>";
+const THINK: &str = "<think>";
+const UNTHINK: &str = "</think>";
+
+/// Markers recognised in content. A stray `</tool_call>` and turn tokens a
+/// model should not write are stripped so they never show.
+const CONTENT_MARKERS: [&str; 8] =
+    [OPEN, FUNC, THINK, UNTHINK, CLOSE, "<|im_end|>", "<|im_start|>", "<|endoftext|>"];
+
+/// Markers recognised in reasoning.
+const REASONING_MARKERS: [&str; 5] = [UNTHINK, OPEN, "<|im_end|>", "<|im_start|>", "<|endoftext|>"];
+
+/// Tags that may end a parameter value (each is checked by what follows it).
+const VALUE_ENDS: [&str; 4] = [PARAM_END, FUNC_END, CLOSE, PARAM];
+
+/// The longest function or parameter name waited for.
+const NAME_MAX: usize = 256;
 
 #[derive(Debug)]
-pub(crate) struct Qwen3Xml(Passthrough);
+enum State {
+    Content,
+    Reasoning,
+    Call(Box<Call>),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// After `<tool_call>`: whitespace, then `<function=` (or a JSON body).
+    Start,
+    /// After `<function=`: the name up to `>`.
+    Name,
+    /// Between parameters: `<parameter=`, `</function>` or `</tool_call>`.
+    Params,
+    /// After `<parameter=`: the key up to `>`.
+    Key,
+    /// Inside a value.
+    Value,
+    /// A Hermes JSON body.
+    Json,
+    /// After `</function>`: `</tool_call>` or another `<function=`.
+    After,
+    /// Invalid markup: everything up to `</tool_call>` is shown as content.
+    Garbage,
+}
+
+#[derive(Debug)]
+struct Call {
+    /// Opened inside reasoning: the parser returns to reasoning afterwards.
+    think: bool,
+    /// Opened by `<tool_call>` (not a bare `<function=`).
+    wrapped: bool,
+    phase: Phase,
+    /// The markup consumed so far, shown if the call turns out malformed.
+    raw: String,
+    name: String,
+    key: String,
+    args: Map<String, Value>,
+    /// A call was started (`cx.start_call`) and not yet ended.
+    open: bool,
+    /// `{` and the arguments so far were reported as fragments.
+    streamed: bool,
+    /// Resume offset of the value scan (relative to the value start).
+    scan: usize,
+    json: ValueEnd,
+}
+
+impl Call {
+    fn new(think: bool, wrapped: bool, opener: &str) -> Box<Call> {
+        Box::new(Call {
+            think,
+            wrapped,
+            phase: if wrapped { Phase::Start } else { Phase::Name },
+            raw: opener.to_owned(),
+            name: String::new(),
+            key: String::new(),
+            args: Map::new(),
+            open: false,
+            streamed: false,
+            scan: 0,
+            json: ValueEnd::default(),
+        })
+    }
+
+    fn eat(&mut self, s: &str) {
+        self.raw.push_str(s);
+    }
+
+    fn start(&mut self, name: &str, cx: &mut Cx) {
+        cx.boundary();
+        self.name = name.to_owned();
+        self.args = Map::new();
+        self.streamed = false;
+        self.open = true;
+        cx.start_call(None, name);
+    }
+
+    /// Adds one parameter value (raw text between the tags).
+    fn add_param(&mut self, value: &str, cx: &mut Cx) {
+        let v = value.strip_prefix('\n').unwrap_or(value);
+        let v = v.strip_suffix('\n').unwrap_or(v);
+        let typed = json::coerce(v, cx.tools().types_of(&self.name, &self.key));
+        let key = std::mem::take(&mut self.key);
+        put_arg(&mut self.args, &mut self.streamed, key, typed, cx);
+    }
+
+    /// Ends the open call with the arguments gathered.
+    fn finish(&mut self, cx: &mut Cx) {
+        if self.open {
+            let text = json::to_text(&self.args);
+            cx.call_args(if self.streamed { "}" } else { &text });
+            cx.end_call(text);
+            self.open = false;
+        }
+        self.raw.clear();
+    }
+
+    /// The markup is not a valid call: it is shown as content.
+    fn fail(&mut self, extra: &str, cx: &mut Cx) {
+        let mut raw = std::mem::take(&mut self.raw);
+        raw.push_str(extra);
+        if !self.wrapped && !self.open {
+            // An unconfirmed bare `<function=`: plain text.
+            cx.content(&raw);
+        } else {
+            self.open = false;
+            cx.malformed(&raw);
+        }
+    }
+
+    /// The text ended inside the call; `rest` is what was not consumed.
+    fn unfinished(&mut self, rest: &str, end: Option<FinishReason>, cx: &mut Cx) {
+        if end == Some(FinishReason::Length) {
+            self.open = false;
+            cx.drop_call(DropReason::Truncated);
+        } else if self.open && matches!(self.phase, Phase::Params | Phase::After) {
+            self.finish(cx);
+        } else {
+            self.fail(rest, cx);
+        }
+    }
+
+    /// Waits for more text, unless holding it would pass the buffer cap.
+    fn wait(&mut self, pos: usize, input: &str, cx: &mut Cx) -> (usize, bool) {
+        if cx.over_cap(self.raw.len() + input.len() - pos) {
+            self.fail(&input[pos..], cx);
+            return (input.len(), true);
+        }
+        (pos, false)
+    }
+
+    /// Invalid markup at `pos`.
+    fn garbage(&mut self, pos: usize, cx: &mut Cx) -> Option<(usize, bool)> {
+        if self.wrapped {
+            self.phase = Phase::Garbage;
+            None
+        } else {
+            // A bare `<function=` that is not a call: its text is content.
+            self.fail("", cx);
+            Some((pos, true))
+        }
+    }
+
+    /// Runs the call's phases over `input`; returns the bytes consumed and
+    /// whether the call is over.
+    fn run(&mut self, input: &str, end: Option<FinishReason>, cx: &mut Cx) -> (usize, bool) {
+        let eof = end.is_some();
+        let mut pos = 0;
+        loop {
+            let rest = &input[pos..];
+            match self.phase {
+                Phase::Start => {
+                    let ws = ws_len(rest);
+                    self.eat(&rest[..ws]);
+                    pos += ws;
+                    let t = &rest[ws..];
+                    match lead_any(t, &[FUNC], eof) {
+                        Lead::Is(_) => {
+                            self.eat(FUNC);
+                            pos += FUNC.len();
+                            self.phase = Phase::Name;
+                        }
+                        Lead::More => return self.wait(pos, input, cx),
+                        Lead::No if t.is_empty() => {
+                            self.unfinished(t, end, cx);
+                            return (input.len(), true);
+                        }
+                        Lead::No if t.starts_with('{') => self.phase = Phase::Json,
+                        Lead::No => self.phase = Phase::Garbage,
+                    }
+                }
+                Phase::Name | Phase::Key => match rest.find(['>', '\n', '<']) {
+                    Some(i) if rest.as_bytes()[i] == b'>' && !rest[..i].trim().is_empty() => {
+                        let name = rest[..i].trim().to_owned();
+                        self.eat(&rest[..=i]);
+                        pos += i + 1;
+                        if self.phase == Phase::Name {
+                            // A bare `<function=NAME>` is reported once a
+                            // parameter or `</function>` confirms it.
+                            if self.wrapped {
+                                self.start(&name, cx);
+                            } else {
+                                self.name = name;
+                            }
+                            self.phase = Phase::Params;
+                        } else {
+                            self.key = name;
+                            self.scan = 0;
+                            self.phase = Phase::Value;
+                        }
+                    }
+                    None if rest.len() <= NAME_MAX && !eof => return self.wait(pos, input, cx),
+                    None if rest.len() <= NAME_MAX => {
+                        self.unfinished(rest, end, cx);
+                        return (input.len(), true);
+                    }
+                    _ => {
+                        if let Some(r) = self.garbage(pos, cx) {
+                            return r;
+                        }
+                    }
+                },
+                Phase::Params | Phase::After => {
+                    let ws = ws_len(rest);
+                    self.eat(&rest[..ws]);
+                    pos += ws;
+                    let t = &rest[ws..];
+                    let lits: &[&str] = if self.phase == Phase::Params {
+                        &[PARAM, FUNC_END, CLOSE]
+                    } else {
+                        &[CLOSE, FUNC]
+                    };
+                    let lead = lead_any(t, lits, eof);
+                    if let (Lead::Is(_), false) = (lead, self.open || self.phase == Phase::After) {
+                        let name = std::mem::take(&mut self.name);
+                        self.start(&name, cx);
+                    }
+                    match (self.phase, lead) {
+                        (_, Lead::More) => return self.wait(pos, input, cx),
+                        (_, Lead::No) if t.is_empty() => {
+                            self.unfinished(t, end, cx);
+                            return (input.len(), true);
+                        }
+                        (Phase::Params, Lead::Is(0)) => {
+                            self.eat(PARAM);
+                            pos += PARAM.len();
+                            self.phase = Phase::Key;
+                        }
+                        (Phase::Params, Lead::Is(1)) => {
+                            self.eat(FUNC_END);
+                            pos += FUNC_END.len();
+                            self.phase = Phase::After;
+                        }
+                        (Phase::Params, Lead::Is(_)) | (Phase::After, Lead::Is(0)) => {
+                            // `</tool_call>` (after `</function>`, or without it).
+                            self.finish(cx);
+                            return (pos + CLOSE.len(), true);
+                        }
+                        (_, Lead::Is(_)) => {
+                            // Another function in the same block.
+                            self.finish(cx);
+                            self.eat(FUNC);
+                            pos += FUNC.len();
+                            self.phase = Phase::Name;
+                        }
+                        (Phase::After, _) => {
+                            // Text after `</function>`: the call is complete,
+                            // the text is content.
+                            self.finish(cx);
+                            return (pos, true);
+                        }
+                        (_, Lead::No) => {
+                            if let Some(r) = self.garbage(pos, cx) {
+                                return r;
+                            }
+                        }
+                    }
+                }
+                Phase::Value => loop {
+                    match find_first(&rest[self.scan..], &VALUE_ENDS, eof) {
+                        Find::Found { at, idx } => {
+                            let abs = self.scan + at;
+                            let tag = VALUE_ENDS[idx];
+                            let after = &rest[abs + tag.len()..];
+                            let verdict = match tag {
+                                PARAM_END => follow(after, &[PARAM, FUNC_END, CLOSE], eof),
+                                FUNC_END => follow(after, &[CLOSE, FUNC], eof),
+                                CLOSE => follow(after, &[OPEN], eof),
+                                _ => param_at_line_start(&rest[..abs], after, eof),
+                            };
+                            match verdict {
+                                Follow::Accept => {
+                                    let value = &rest[..abs];
+                                    self.eat(value);
+                                    self.add_param(value, cx);
+                                    pos += abs;
+                                    if tag == PARAM_END {
+                                        self.eat(PARAM_END);
+                                        pos += PARAM_END.len();
+                                    }
+                                    self.phase = Phase::Params;
+                                    break;
+                                }
+                                Follow::Wait => {
+                                    self.scan = abs;
+                                    return self.wait(pos, input, cx);
+                                }
+                                Follow::Reject => self.scan = abs + 1,
+                            }
+                        }
+                        Find::Clear { safe } => {
+                            self.scan += safe;
+                            if eof {
+                                self.unfinished(rest, end, cx);
+                                return (input.len(), true);
+                            }
+                            return self.wait(pos, input, cx);
+                        }
+                    }
+                },
+                Phase::Json => match self.json.scan(rest) {
+                    Scan::Done(e) => match call_from_object(&rest[..e]) {
+                        Some((name, args)) => {
+                            self.eat(&rest[..e]);
+                            pos += e;
+                            self.start(&name, cx);
+                            self.args = json::strict_object(&args).unwrap_or_default();
+                            self.phase = Phase::After;
+                        }
+                        None => self.phase = Phase::Garbage,
+                    },
+                    Scan::Partial if !eof => return self.wait(pos, input, cx),
+                    Scan::Partial => {
+                        self.unfinished(rest, end, cx);
+                        return (input.len(), true);
+                    }
+                    Scan::Invalid => self.phase = Phase::Garbage,
+                },
+                Phase::Garbage => match find_first(rest, &[CLOSE], eof) {
+                    Find::Found { at, .. } => {
+                        let used = at + CLOSE.len();
+                        self.fail(&rest[..used], cx);
+                        return (pos + used, true);
+                    }
+                    Find::Clear { safe } => {
+                        self.eat(&rest[..safe]);
+                        pos += safe;
+                        if eof {
+                            self.unfinished(&rest[safe..], end, cx);
+                            return (input.len(), true);
+                        }
+                        return self.wait(pos, input, cx);
+                    }
+                },
+            }
+        }
+    }
+}
+
+/// Adds `key: value` to the arguments, reporting it as a fragment of the
+/// arguments text (`{` before the first, `,` before the others). A repeated
+/// key replaces the earlier value.
+pub(super) fn put_arg(
+    args: &mut Map<String, Value>,
+    streamed: &mut bool,
+    key: String,
+    value: Value,
+    cx: &mut Cx,
+) {
+    if args.contains_key(&key) {
+        args.insert(key, value);
+        return;
+    }
+    let frag =
+        format!("{}{}:{}", if *streamed { "," } else { "{" }, Value::from(key.as_str()), value);
+    cx.call_args(&frag);
+    *streamed = true;
+    args.insert(key, value);
+}
+
+/// Whether text begins with one of several literals.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Lead {
+    /// With literal number `idx`.
+    Is(usize),
+    /// It may, once more text arrives.
+    More,
+    /// With none of them.
+    No,
+}
+
+/// Checks which of `lits` `t` begins with.
+pub(super) fn lead_any(t: &str, lits: &[&str], eof: bool) -> Lead {
+    let mut more = false;
+    for (i, lit) in lits.iter().enumerate() {
+        match starts_with(t, lit, eof) {
+            Prefix::Yes => return Lead::Is(i),
+            Prefix::NeedMore => more = true,
+            Prefix::No => {}
+        }
+    }
+    if more {
+        Lead::More
+    } else {
+        Lead::No
+    }
+}
+
+/// Whether a candidate closing tag really closes, judged by what follows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Follow {
+    Accept,
+    Wait,
+    Reject,
+}
+
+/// A closing tag is structural when, after whitespace, the text ends or one
+/// of `next` follows.
+pub(super) fn follow(after: &str, next: &[&str], eof: bool) -> Follow {
+    let t = &after[ws_len(after)..];
+    if t.is_empty() {
+        return if eof { Follow::Accept } else { Follow::Wait };
+    }
+    match lead_any(t, next, eof) {
+        Lead::Is(_) => Follow::Accept,
+        Lead::More => Follow::Wait,
+        Lead::No => Follow::Reject,
+    }
+}
+
+/// A `<parameter=` inside a value starts the next parameter (the value's
+/// `</parameter>` is missing) only at a line start and with a name and `>`.
+fn param_at_line_start(before: &str, after: &str, eof: bool) -> Follow {
+    if !before.ends_with('\n') {
+        return Follow::Reject;
+    }
+    match after.find(['>', '\n', '<']) {
+        Some(i) if after.as_bytes()[i] == b'>' && !after[..i].trim().is_empty() => Follow::Accept,
+        None if after.len() <= NAME_MAX && !eof => Follow::Wait,
+        _ => Follow::Reject,
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct Qwen3Xml {
+    state: State,
+}
 
 impl Qwen3Xml {
-    pub(crate) fn new(_opts: &Options) -> Qwen3Xml {
-        Qwen3Xml(Passthrough)
+    pub(crate) fn new(opts: &Options) -> Qwen3Xml {
+        let gen = opts.generation_prompt.as_deref();
+        let state =
+            if prompt_opens(gen, THINK, UNTHINK) { State::Reasoning } else { State::Content };
+        Qwen3Xml { state }
     }
 }
 
 impl Machine for Qwen3Xml {
     fn step(&mut self, input: &str, end: Option<FinishReason>, cx: &mut Cx) -> usize {
-        self.0.step(input, end, cx)
+        let eof = end.is_some();
+        match &mut self.state {
+            State::Reasoning => match find_first(input, &REASONING_MARKERS, eof) {
+                Find::Found { at, idx } => {
+                    cx.reasoning(&input[..at]);
+                    let tag = REASONING_MARKERS[idx];
+                    let used = at + tag.len();
+                    match tag {
+                        OPEN => {
+                            let after = &input[used..];
+                            match starts_with(&after[ws_len(after)..], FUNC, eof) {
+                                Prefix::Yes => {
+                                    cx.boundary();
+                                    self.state = State::Call(Call::new(true, true, OPEN));
+                                }
+                                Prefix::NeedMore => return at,
+                                Prefix::No => cx.reasoning(OPEN),
+                            }
+                        }
+                        UNTHINK => {
+                            cx.boundary();
+                            self.state = State::Content;
+                        }
+                        _ => cx.boundary(),
+                    }
+                    used
+                }
+                Find::Clear { safe } => {
+                    cx.reasoning(&input[..safe]);
+                    safe
+                }
+            },
+            State::Content => match find_first(input, &CONTENT_MARKERS, eof) {
+                Find::Found { at, idx } => {
+                    cx.content(&input[..at]);
+                    let tag = CONTENT_MARKERS[idx];
+                    if tag != FUNC {
+                        cx.boundary();
+                    }
+                    match tag {
+                        OPEN => self.state = State::Call(Call::new(false, true, OPEN)),
+                        FUNC => {
+                            // Not markup until the call is confirmed: no boundary yet.
+                            self.state = State::Call(Call::new(false, false, FUNC));
+                            return at + tag.len();
+                        }
+                        THINK => self.state = State::Reasoning,
+                        _ => {}
+                    }
+                    at + tag.len()
+                }
+                Find::Clear { safe } => {
+                    cx.content(&input[..safe]);
+                    safe
+                }
+            },
+            State::Call(call) => {
+                let (used, done) = call.run(input, end, cx);
+                if done {
+                    self.state = if call.think { State::Reasoning } else { State::Content };
+                    if used == 0 && !input.is_empty() {
+                        // Nothing consumed, but the call is over: 0 would read
+                        // as "wait", so the text goes to the new state now.
+                        return self.step(input, end, cx);
+                    }
+                }
+                used
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{
+        parse, Accumulator, FinishReason, Format, JsonType, Options, Parser, ToolSpec, Tools,
+    };
+
+    fn opts(gen: Option<&str>) -> Options {
+        use JsonType::*;
+        let tools = Tools(vec![
+            ToolSpec::new("get_weather").param("city", &[String]).param("days", &[Integer]),
+            ToolSpec::new("write_file").param("path", &[String]).param("content", &[String]),
+            ToolSpec::new("set").param("on", &[Boolean]).param("label", &[String, Null]),
+        ]);
+        Options { generation_prompt: gen.map(str::to_owned), tools, ..Options::default() }
+    }
+
+    fn run(text: &str, gen: Option<&str>, reason: FinishReason) -> Accumulator {
+        let whole = parse(Format::Qwen3Xml, opts(gen), text, reason);
+        // Same result one char at a time.
+        let mut p = Parser::new(Format::Qwen3Xml, opts(gen));
+        let mut acc = Accumulator::default();
+        for ch in text.chars() {
+            acc.extend(p.push(&ch.to_string()));
+        }
+        acc.extend(p.finish(reason));
+        assert_eq!(acc, whole, "split changed the result for {text:?}");
+        whole
+    }
+
+    fn calls(acc: &Accumulator) -> Vec<(String, String)> {
+        acc.calls.iter().map(|c| (c.name.clone(), c.arguments.clone())).collect()
+    }
+
+    fn one(name: &str, args: &str) -> Vec<(String, String)> {
+        vec![(name.to_owned(), args.to_owned())]
+    }
+
+    const CALL: &str = "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>";
+
+    #[test]
+    fn typed_call_with_text_before() {
+        let acc = run(&format!("Let me check.\n\n{CALL}"), None, FinishReason::Stop);
+        assert_eq!(acc.content, "Let me check.");
+        assert_eq!(calls(&acc), one("get_weather", r#"{"city":"Paris","days":3}"#));
+    }
+
+    #[test]
+    fn compact_values_without_newlines() {
+        let t = "<tool_call><function=get_weather><parameter=city>Paris</parameter><parameter=days>3</parameter></function></tool_call>";
+        let acc = run(t, None, FinishReason::Stop);
+        assert_eq!(calls(&acc), one("get_weather", r#"{"city":"Paris","days":3}"#));
+    }
+
+    #[test]
+    fn missing_parameter_close_is_recovered() {
+        let t = "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n<parameter=days>\n3\n</function>\n</tool_call>";
+        let acc = run(t, None, FinishReason::Stop);
+        assert_eq!(calls(&acc), one("get_weather", r#"{"city":"Paris","days":3}"#));
+        assert_eq!(acc.content, "");
+    }
+
+    #[test]
+    fn missing_function_close_is_recovered() {
+        let t = "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</tool_call>";
+        let acc = run(t, None, FinishReason::Stop);
+        assert_eq!(calls(&acc), one("get_weather", r#"{"city":"Paris"}"#));
+    }
+
+    #[test]
+    fn tags_inside_a_value_are_data() {
+        let t = "<tool_call>\n<function=write_file>\n<parameter=path>\na\n</parameter>\n<parameter=content>\nx </parameter> y\n</function> z <tool_call>\n</parameter>\n</function>\n</tool_call>";
+        let acc = run(t, None, FinishReason::Stop);
+        assert_eq!(
+            calls(&acc),
+            one(
+                "write_file",
+                r#"{"path":"a","content":"x </parameter> y\n</function> z <tool_call>"}"#
+            )
+        );
+    }
+
+    #[test]
+    fn python_literals_and_null_follow_the_schema() {
+        let t = "<tool_call>\n<function=set>\n<parameter=on>\nFalse\n</parameter>\n<parameter=label>\nnull\n</parameter>\n</function>\n</tool_call>";
+        let acc = run(t, None, FinishReason::Stop);
+        assert_eq!(calls(&acc), one("set", r#"{"on":false,"label":null}"#));
+    }
+
+    #[test]
+    fn undeclared_parameter_stays_a_string() {
+        let t = "<tool_call>\n<function=unknown>\n<parameter=n>\n42\n</parameter>\n<parameter=o>\n{\"a\": 1}\n</parameter>\n</function>\n</tool_call>";
+        let acc = run(t, None, FinishReason::Stop);
+        assert_eq!(calls(&acc), one("unknown", r#"{"n":"42","o":{"a":1}}"#));
+    }
+
+    #[test]
+    fn truncation_inside_the_second_call_keeps_the_first() {
+        let t = format!("{CALL}\n<tool_call>\n<function=get_weather>\n<parameter=city>\nBer");
+        let acc = run(&t, None, FinishReason::Length);
+        assert_eq!(calls(&acc), one("get_weather", r#"{"city":"Paris","days":3}"#));
+        assert_eq!(acc.content, "");
+    }
+
+    #[test]
+    fn truncation_between_function_and_tool_call_close_drops() {
+        let t = "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n";
+        assert!(run(t, None, FinishReason::Length).calls.is_empty());
+        assert_eq!(run(t, None, FinishReason::Stop).calls.len(), 1);
+    }
+
+    #[test]
+    fn unclosed_value_under_stop_is_content() {
+        let t = "<tool_call>\n<function=write_file>\n<parameter=path>\n/tmp/x";
+        let acc = run(t, None, FinishReason::Stop);
+        assert!(acc.calls.is_empty());
+        assert_eq!(acc.content, t);
+    }
+
+    #[test]
+    fn two_functions_in_one_block_and_bare_function() {
+        let t = "<tool_call>\n<function=get_weather>\n<parameter=city>\nA\n</parameter>\n</function>\n<function=get_weather>\n<parameter=city>\nB\n</parameter>\n</function>\n</tool_call>";
+        assert_eq!(run(t, None, FinishReason::Stop).calls.len(), 2);
+        let t = "Sure.\n<function=get_weather>\n<parameter=city>\nA\n</parameter>\n</function>";
+        let acc = run(t, None, FinishReason::Stop);
+        assert_eq!(acc.content, "Sure.");
+        assert_eq!(calls(&acc), one("get_weather", r#"{"city":"A"}"#));
+    }
+
+    #[test]
+    fn hermes_json_body_is_accepted() {
+        let t = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>";
+        let acc = run(t, None, FinishReason::Stop);
+        assert_eq!(calls(&acc), one("get_weather", r#"{"city":"Oslo"}"#));
+    }
+
+    #[test]
+    fn reasoning_prefill_and_call_inside_reasoning() {
+        let gen = Some("<|im_start|>assistant\n<think>\n");
+        let acc = run(&format!("Think <tool_call> tags.\n{CALL}"), gen, FinishReason::Stop);
+        assert_eq!(acc.reasoning, "Think <tool_call> tags.");
+        assert_eq!(acc.calls.len(), 1);
+        let acc = run(&format!("Hmm.\n</think>\n\n{CALL}<|im_end|>"), gen, FinishReason::Stop);
+        assert_eq!(acc.reasoning, "Hmm.");
+        assert_eq!(acc.content, "");
+        assert_eq!(acc.calls.len(), 1);
+    }
+
+    #[test]
+    fn malformed_block_becomes_content() {
+        let t = "<tool_call>\nnot xml\n</tool_call> after";
+        let acc = run(t, None, FinishReason::Stop);
+        assert!(acc.calls.is_empty());
+        assert_eq!(acc.content, "<tool_call>\nnot xml\n</tool_call> after");
+        for t in ["a <function=x is not a call", "Write <function=NAME> tags, see."] {
+            let acc = run(t, None, FinishReason::Stop);
+            assert_eq!(acc.content, t);
+            let mut p = crate::Parser::new(Format::Qwen3Xml, opts(None));
+            let events = p.push(t);
+            assert!(events.iter().all(|e| matches!(e, crate::Event::Content(_))), "{events:?}");
+        }
+    }
+
+    #[test]
+    fn empty_arguments_and_long_values_stay_linear() {
+        let t = "<tool_call>\n<function=get_time>\n</function>\n</tool_call>";
+        assert_eq!(calls(&run(t, None, FinishReason::Stop)), one("get_time", "{}"));
+        let body = "x".repeat(200_000);
+        let t = format!("<tool_call>\n<function=write_file>\n<parameter=content>\n{body}\n</parameter>\n</function>\n</tool_call>");
+        let mut p = Parser::new(Format::Qwen3Xml, opts(None));
+        let mut acc = Accumulator::default();
+        for ch in t.as_bytes().chunks(1) {
+            acc.extend(p.push(std::str::from_utf8(ch).unwrap_or("")));
+        }
+        acc.extend(p.finish(FinishReason::Stop));
+        assert_eq!(acc.calls.len(), 1);
+    }
+
+    #[test]
+    fn random_markup_never_panics_and_ignores_splits() {
+        let toks = [
+            "<tool_call>",
+            "</tool_call>",
+            "<function=",
+            "</function>",
+            "<parameter=",
+            "</parameter>",
+            "<think>",
+            "</think>",
+            "<|im_end|>",
+            "get_weather>",
+            "city>",
+            "\n",
+            " ",
+            "Paris",
+            "3",
+            "{\"a\": [1]}",
+            ">",
+            "<",
+            "é🌸",
+            "\\n",
+        ];
+        let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+        let mut next = |n: usize| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed % n as u64) as usize
+        };
+        for _ in 0..400 {
+            let len = 1 + next(24);
+            let text: String = (0..len).map(|_| toks[next(toks.len())]).collect();
+            for reason in [FinishReason::Stop, FinishReason::Length] {
+                for gen in [None, Some("<think>")] {
+                    let whole = parse(Format::Qwen3Xml, opts(gen), &text, reason);
+                    let mut p = Parser::new(Format::Qwen3Xml, opts(gen));
+                    let mut acc = Accumulator::default();
+                    let mut rest = text.as_str();
+                    while !rest.is_empty() {
+                        let mut cut = (1 + next(6)).min(rest.len());
+                        while !rest.is_char_boundary(cut) {
+                            cut += 1;
+                        }
+                        acc.extend(p.push(&rest[..cut]));
+                        rest = &rest[cut..];
+                    }
+                    acc.extend(p.finish(reason));
+                    assert_eq!(acc, whole, "{text:?} {reason:?} {gen:?}");
+                    for c in &whole.calls {
+                        assert!(crate::json::strict_object(&c.arguments).is_ok(), "{c:?}");
+                    }
+                }
+            }
+        }
     }
 }

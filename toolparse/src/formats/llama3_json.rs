@@ -1,0 +1,630 @@
+//! Llama 3.1 / 3.2 / 3.3 JSON calls (vLLM `llama3_json`, SGLang `llama3`).
+//!
+//! ```text
+//! {"name": "get_weather", "parameters": {"city": "Paris"}}
+//! ```
+//!
+//! ```text
+//! Let me look that up.<|python_tag|>{"name": "search", "parameters": {"q": "x"}}; {"name": "get_time", "parameters": {}}<|eom_id|>
+//! ```
+//!
+//! ```text
+//! <|python_tag|>brave_search.call(query="weather in Paris")<|eom_id|>
+//! ```
+//!
+//! A call is a JSON object with a string `name` and a `parameters` (or
+//! `arguments`) object (a string holding a JSON object and `null` are
+//! accepted; a `"type": "function"` key is allowed). It may follow
+//! `<|python_tag|>`, stand alone, or follow text; several calls are
+//! separated by `;`, whitespace or newlines, or written as a JSON array.
+//! The end of an object is found by scanning JSON, so marker text inside an
+//! argument string does not end it. A JSON value that is not a call (no
+//! `name`/`parameters`, or a name that was not offered when tools were
+//! offered) stays content, verbatim. The built-in tool form
+//! `NAME.call(key="value", …)` after `<|python_tag|>` is a call when NAME
+//! was offered (or no tools were given). `<|eom_id|>`, `<|eot_id|>` and the
+//! other turn tokens are stripped. Truncated inside a call, nothing of it
+//! is returned.
+
+use crate::cx::Cx;
+use crate::formats::Machine;
+use crate::json::{self, Scan, ValueEnd};
+use crate::scan::{find_first, starts_with, ws_len, Find, Prefix};
+use crate::schema::Tools;
+use crate::{DropReason, FinishReason, Options};
+use serde_json::{Map, Value};
+
+const PYTHON_TAG: &str = "<|python_tag|>";
+const CALL_OPEN: &str = ".call(";
+
+/// Markers recognised in content: the python tag, the two characters that
+/// may open a JSON call, and turn tokens that are stripped.
+const CONTENT_MARKERS: [&str; 16] = [
+    PYTHON_TAG,
+    "{",
+    "[",
+    "<|eom_id|>",
+    "<|eot_id|>",
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+    "<|begin_of_text|>",
+    "<|end_of_text|>",
+    "<|finetune_right_pad_id|>",
+    "<|python_start|>",
+    "<|python_end|>",
+    "<|eot|>",
+    "<|eom|>",
+    "<|header_start|>",
+    "<|header_end|>",
+];
+
+/// The most text held after `<|python_tag|>` while deciding what follows.
+const HEAD_CAP: usize = 256;
+
+#[derive(Debug)]
+enum State {
+    Content,
+    /// After `<|python_tag|>`: the input starts with what follows it.
+    AfterTag,
+    /// A JSON value that may be a call; the input starts with it.
+    Candidate {
+        scan: ValueEnd,
+        /// It followed `<|python_tag|>` or a call: cut off, it is a call.
+        expected: bool,
+    },
+    /// `NAME.call(`; the input starts with the keyword arguments.
+    Builtin {
+        name: String,
+        scan: ParenEnd,
+    },
+    /// After a call: separator whitespace and one `;` are skipped.
+    AfterCall,
+}
+
+#[derive(Debug)]
+pub(crate) struct Llama3Json {
+    state: State,
+}
+
+impl Llama3Json {
+    pub(crate) fn new(_opts: &Options) -> Llama3Json {
+        Llama3Json { state: State::Content }
+    }
+}
+
+/// A call from a parsed JSON value: (name, arguments text).
+fn call_from_value(v: Value, tools: &Tools) -> Option<(String, String)> {
+    let Value::Object(mut obj) = v else { return None };
+    let Some(Value::String(name)) = obj.remove("name") else { return None };
+    if name.is_empty() || (!tools.0.is_empty() && tools.get(&name).is_none()) {
+        return None;
+    }
+    match obj.remove("type") {
+        None => {}
+        Some(Value::String(t)) if t == "function" => {}
+        Some(_) => return None,
+    }
+    let args = match obj.remove("parameters").or_else(|| obj.remove("arguments"))? {
+        Value::Null => "{}".to_owned(),
+        v @ Value::Object(_) => v.to_string(),
+        Value::String(s) => json::to_text(&json::strict_object(&s).ok()?),
+        _ => return None,
+    };
+    Some((name, args))
+}
+
+/// The calls a complete JSON value holds: one object, or a non-empty array
+/// of them. `None` when it is not (all) calls.
+fn calls_from_json(text: &str, tools: &Tools) -> Option<Vec<(String, String)>> {
+    match json::strict_value(text.trim()).ok()? {
+        Value::Array(items) if !items.is_empty() => {
+            items.into_iter().map(|v| call_from_value(v, tools)).collect()
+        }
+        v @ Value::Object(_) => call_from_value(v, tools).map(|c| vec![c]),
+        _ => None,
+    }
+}
+
+/// Whether an unfinished JSON value reads like the start of a call.
+fn looks_like_call(text: &str) -> bool {
+    let t = text.trim_start();
+    let t = t.strip_prefix('[').map(str::trim_start).unwrap_or(t);
+    let Some(t) = t.strip_prefix('{') else { return false };
+    let t = t.trim_start();
+    t.starts_with("\"name\"") || t.starts_with("\"type\"")
+}
+
+/// Whether a `{` or `[` at the start of `s` opens a value that may be a
+/// call: `{"…` or `[{…`. `None`: not known yet.
+fn opens_candidate(s: &str, eof: bool) -> Option<bool> {
+    let (open, want) = if s.starts_with('{') { ('{', '"') } else { ('[', '{') };
+    let rest = &s[open.len_utf8()..];
+    match rest[ws_len(rest)..].chars().next() {
+        Some(c) => Some(c == want),
+        None if eof => Some(false),
+        None => None,
+    }
+}
+
+impl Machine for Llama3Json {
+    fn step(&mut self, input: &str, end: Option<FinishReason>, cx: &mut Cx) -> usize {
+        let eof = end.is_some();
+        loop {
+            match &mut self.state {
+                State::Content => {
+                    return match find_first(input, &CONTENT_MARKERS, eof) {
+                        Find::Found { at, idx } => {
+                            cx.content(&input[..at]);
+                            let marker = CONTENT_MARKERS[idx];
+                            if marker == "{" || marker == "[" {
+                                match opens_candidate(&input[at..], eof) {
+                                    None => return at,
+                                    Some(false) => {
+                                        cx.content(marker);
+                                        return at + 1;
+                                    }
+                                    Some(true) => {
+                                        self.state = State::Candidate {
+                                            scan: ValueEnd::default(),
+                                            expected: false,
+                                        };
+                                        if at == 0 {
+                                            continue;
+                                        }
+                                        return at;
+                                    }
+                                }
+                            }
+                            cx.boundary();
+                            if marker == PYTHON_TAG {
+                                self.state = State::AfterTag;
+                            }
+                            at + marker.len()
+                        }
+                        Find::Clear { safe } => {
+                            cx.content(&input[..safe]);
+                            safe
+                        }
+                    };
+                }
+                State::AfterTag => {
+                    let w = ws_len(input);
+                    let rest = &input[w..];
+                    if rest.starts_with('{') || rest.starts_with('[') {
+                        self.state = State::Candidate { scan: ValueEnd::default(), expected: true };
+                        continue;
+                    }
+                    let ident = rest
+                        .find(|c: char| !(c.is_alphanumeric() || c == '_'))
+                        .unwrap_or(rest.len());
+                    let after = &rest[ident..];
+                    let decided = if ident == 0 {
+                        if rest.is_empty() && !eof {
+                            None
+                        } else {
+                            Some(false)
+                        }
+                    } else if after.is_empty() && !eof {
+                        None
+                    } else {
+                        match starts_with(after, CALL_OPEN, eof) {
+                            Prefix::Yes => Some(true),
+                            Prefix::NeedMore => None,
+                            Prefix::No => Some(false),
+                        }
+                    };
+                    match decided {
+                        None if input.len() <= HEAD_CAP => return 0,
+                        Some(true) => {
+                            let name = rest[..ident].to_owned();
+                            self.state = State::Builtin { name, scan: ParenEnd::default() };
+                            return w + ident + CALL_OPEN.len();
+                        }
+                        // Not a call: the text is content (the tag is gone).
+                        _ => self.state = State::Content,
+                    }
+                }
+                State::Candidate { scan, expected } => match scan.scan(input) {
+                    Scan::Done(body_end) => {
+                        let raw = &input[..body_end];
+                        match calls_from_json(raw, cx.tools()) {
+                            Some(calls) => {
+                                for (name, args) in calls {
+                                    cx.call(None, &name, args);
+                                }
+                                self.state = State::AfterCall;
+                            }
+                            None => {
+                                cx.content(raw);
+                                self.state = State::Content;
+                            }
+                        }
+                        return body_end;
+                    }
+                    Scan::Partial if !eof => {
+                        if cx.over_cap(input.len()) {
+                            cx.content(input);
+                            self.state = State::Content;
+                            return input.len();
+                        }
+                        return 0;
+                    }
+                    Scan::Partial => {
+                        let call = *expected || looks_like_call(input);
+                        if end == Some(FinishReason::Length) && call {
+                            cx.drop_call(DropReason::Truncated);
+                        } else {
+                            cx.content(input);
+                        }
+                        self.state = State::Content;
+                        return input.len();
+                    }
+                    Scan::Invalid => self.state = State::Content,
+                },
+                State::Builtin { name, scan } => match scan.scan(input) {
+                    Some(close) => {
+                        let name = std::mem::take(name);
+                        let raw = &input[..close];
+                        let tools = cx.tools();
+                        let offered = tools.0.is_empty() || tools.get(&name).is_some();
+                        match kwargs(raw, &name, tools) {
+                            Some(args) if offered => {
+                                cx.call(None, &name, args);
+                                self.state = State::AfterCall;
+                            }
+                            _ => {
+                                cx.malformed(&format!("{name}{CALL_OPEN}{raw})"));
+                                self.state = State::Content;
+                            }
+                        }
+                        return close + 1;
+                    }
+                    None if !eof => {
+                        if cx.over_cap(input.len()) {
+                            let name = std::mem::take(name);
+                            cx.malformed(&format!("{name}{CALL_OPEN}{input}"));
+                            self.state = State::Content;
+                            return input.len();
+                        }
+                        return 0;
+                    }
+                    None => {
+                        if end == Some(FinishReason::Length) {
+                            cx.drop_call(DropReason::Truncated);
+                        } else {
+                            let name = std::mem::take(name);
+                            cx.malformed(&format!("{name}{CALL_OPEN}{input}"));
+                        }
+                        self.state = State::Content;
+                        return input.len();
+                    }
+                },
+                State::AfterCall => {
+                    let w = ws_len(input);
+                    let rest = &input[w..];
+                    if let Some(sep) = rest.strip_prefix(';') {
+                        // `;` separates calls: skip it and the space around it.
+                        return w + 1 + ws_len(sep);
+                    }
+                    if rest.is_empty() {
+                        return input.len();
+                    }
+                    if rest.starts_with('{') || rest.starts_with('[') {
+                        self.state = State::Candidate { scan: ValueEnd::default(), expected: true };
+                    } else {
+                        self.state = State::Content;
+                    }
+                    if w > 0 {
+                        return w;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Finds the `)` that closes a Python call's argument list, incrementally
+/// (strings in either quote, nested brackets).
+#[derive(Debug, Default)]
+struct ParenEnd {
+    pos: usize,
+    depth: u32,
+    quote: Option<u8>,
+    esc: bool,
+}
+
+impl ParenEnd {
+    /// The offset of the closing `)`, once seen.
+    fn scan(&mut self, text: &str) -> Option<usize> {
+        let b = text.as_bytes();
+        while self.pos < b.len() {
+            let c = b[self.pos];
+            self.pos += 1;
+            if let Some(q) = self.quote {
+                if self.esc {
+                    self.esc = false;
+                } else if c == b'\\' {
+                    self.esc = true;
+                } else if c == q {
+                    self.quote = None;
+                }
+                continue;
+            }
+            match c {
+                b'"' | b'\'' => self.quote = Some(c),
+                b'(' | b'[' | b'{' => self.depth += 1,
+                b')' if self.depth == 0 => {
+                    self.pos -= 1;
+                    return Some(self.pos);
+                }
+                b')' | b']' | b'}' => self.depth = self.depth.saturating_sub(1),
+                _ => {}
+            }
+        }
+        None
+    }
+}
+
+/// Splits `s` at top-level commas (outside strings and brackets).
+fn split_top(s: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let (mut depth, mut quote, mut esc, mut start) = (0u32, None, false, 0);
+    for (i, c) in s.char_indices() {
+        if let Some(q) = quote {
+            if esc {
+                esc = false;
+            } else if c == '\\' {
+                esc = true;
+            } else if c == q {
+                quote = None;
+            }
+            continue;
+        }
+        match c {
+            '"' | '\'' => quote = Some(c),
+            '(' | '[' | '{' => depth += 1,
+            ')' | ']' | '}' => depth = depth.saturating_sub(1),
+            ',' if depth == 0 => {
+                out.push(&s[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    out.push(&s[start..]);
+    out
+}
+
+/// A Python string literal's value.
+fn py_string(lit: &str) -> Option<String> {
+    let q = lit.chars().next().filter(|c| *c == '"' || *c == '\'')?;
+    let body = lit.strip_prefix(q)?.strip_suffix(q)?;
+    if q == '"' {
+        if let Ok(Value::String(s)) = json::strict_value(lit) {
+            return Some(s);
+        }
+    }
+    let mut out = String::new();
+    let mut chars = body.chars();
+    while let Some(c) = chars.next() {
+        if c != '\\' {
+            if c == q {
+                return None;
+            }
+            out.push(c);
+            continue;
+        }
+        match chars.next()? {
+            'n' => out.push('\n'),
+            't' => out.push('\t'),
+            'r' => out.push('\r'),
+            '0' => out.push('\0'),
+            e => out.push(e),
+        }
+    }
+    Some(out)
+}
+
+/// Keyword arguments `key=value, …` as a JSON object text.
+fn kwargs(raw: &str, tool: &str, tools: &Tools) -> Option<String> {
+    let mut map = Map::new();
+    if raw.trim().is_empty() {
+        return Some("{}".to_owned());
+    }
+    for part in split_top(raw) {
+        let (key, value) = part.split_once('=')?;
+        let key = key.trim();
+        if key.is_empty() || !key.chars().all(|c| c.is_alphanumeric() || c == '_') {
+            return None;
+        }
+        let value = value.trim();
+        let v = match py_string(value) {
+            Some(s) => Value::String(s),
+            None if value.starts_with('"') || value.starts_with('\'') => return None,
+            None => match value {
+                "True" => Value::Bool(true),
+                "False" => Value::Bool(false),
+                "None" => Value::Null,
+                _ => match tools.types_of(tool, key) {
+                    [] => json::strict_value(value)
+                        .unwrap_or_else(|_| Value::String(value.to_owned())),
+                    types => json::coerce(value, types),
+                },
+            },
+        };
+        if map.insert(key.to_owned(), v).is_some() {
+            return None;
+        }
+    }
+    Some(json::to_text(&map))
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{parse, Accumulator, FinishReason, Format, Options, Parser, ToolSpec, Tools};
+
+    fn opts(tools: &[&str]) -> Options {
+        Options {
+            tools: Tools(tools.iter().map(|t| ToolSpec::new(*t)).collect()),
+            ..Options::default()
+        }
+    }
+
+    fn check_with(text: &str, reason: FinishReason, tools: &[&str]) -> Accumulator {
+        let whole = parse(Format::Llama3Json, opts(tools), text, reason);
+        let mut p = Parser::new(Format::Llama3Json, opts(tools));
+        let mut acc = Accumulator::default();
+        for c in text.chars() {
+            acc.extend(p.push(&c.to_string()));
+        }
+        acc.extend(p.finish(reason));
+        assert_eq!(acc, whole, "split changes the result of {text:?}");
+        whole
+    }
+
+    fn check(text: &str, reason: FinishReason) -> Accumulator {
+        check_with(text, reason, &[])
+    }
+
+    fn calls(acc: &Accumulator) -> Vec<(&str, &str)> {
+        acc.calls.iter().map(|c| (c.name.as_str(), c.arguments.as_str())).collect()
+    }
+
+    #[test]
+    fn bare_and_tagged_calls() {
+        let acc = check(r#"{"name": "f", "parameters": {"a": 1}}<|eom_id|>"#, FinishReason::Stop);
+        assert_eq!(calls(&acc), [("f", r#"{"a":1}"#)]);
+        assert_eq!(acc.content, "");
+        let acc = check(
+            "Let me look.<|python_tag|>{\"type\": \"function\", \"name\": \"g\", \"arguments\": {}}",
+            FinishReason::Stop,
+        );
+        assert_eq!(acc.content, "Let me look.");
+        assert_eq!(calls(&acc), [("g", "{}")]);
+    }
+
+    #[test]
+    fn parallel_separators() {
+        for sep in ["; ", ";", ";\n", "\n", " ; ", ""] {
+            let text = format!(
+                r#"{{"name": "a", "parameters": {{"q": "x;y"}}}}{sep}{{"name": "b", "parameters": {{}}}}"#
+            );
+            let acc = check(&text, FinishReason::Stop);
+            assert_eq!(calls(&acc), [("a", r#"{"q":"x;y"}"#), ("b", "{}")], "{sep:?}");
+            assert_eq!(acc.content, "", "{sep:?}");
+        }
+        let acc = check(
+            r#"[{"name": "a", "parameters": {}}, {"name": "b", "parameters": {}}]"#,
+            FinishReason::Stop,
+        );
+        assert_eq!(calls(&acc), [("a", "{}"), ("b", "{}")]);
+    }
+
+    #[test]
+    fn surrounding_text_stays_content() {
+        let acc = check(
+            r#"Here: {"name": "a", "parameters": {"s": "{x}"}} I used {a} and {"q": 1}."#,
+            FinishReason::Stop,
+        );
+        assert_eq!(calls(&acc), [("a", r#"{"s":"{x}"}"#)]);
+        assert_eq!(acc.content, r#"Here:I used {a} and {"q": 1}."#);
+    }
+
+    #[test]
+    fn not_calls_stay_content() {
+        for text in [
+            r#"{"capital": "Paris"}"#,
+            r#"{"name": "toolWithoutParams"}"#,
+            r#"{"parameters": {}}"#,
+            r#"{"name": "bad", "parameters": {invalid json}"#,
+            "[1, 2]",
+            "fn main() { println!(\"{}\", x); }",
+        ] {
+            let acc = check(text, FinishReason::Stop);
+            assert!(acc.calls.is_empty(), "{text:?}");
+            assert_eq!(acc.content, text);
+        }
+        // A name that was not offered.
+        let text = r#"{"name": "other", "parameters": {}}"#;
+        let acc = check_with(text, FinishReason::Stop, &["f"]);
+        assert!(acc.calls.is_empty());
+        assert_eq!(acc.content, text);
+    }
+
+    #[test]
+    fn markers_inside_arguments() {
+        let text = r#"<|python_tag|>{"name": "w", "parameters": {"c": "<|python_tag|>{\"name\": 1}<|eot_id|>"}}<|eot_id|>"#;
+        let acc = check(text, FinishReason::Stop);
+        assert_eq!(calls(&acc), [("w", r#"{"c":"<|python_tag|>{\"name\": 1}<|eot_id|>"}"#)]);
+        assert_eq!(acc.content, "");
+    }
+
+    #[test]
+    fn truncation() {
+        let text = r#"{"name": "a", "parameters": {}}; {"name": "b", "parameters": {"x": "#;
+        let acc = check(text, FinishReason::Length);
+        assert_eq!(calls(&acc), [("a", "{}")]);
+        assert_eq!(acc.content, "");
+        let acc = check(r#"Sure {"name": "a", "para"#, FinishReason::Length);
+        assert!(acc.calls.is_empty());
+        assert_eq!(acc.content, "Sure");
+        let acc = check(r#"{"name": "a", "para"#, FinishReason::Stop);
+        assert_eq!(acc.content, r#"{"name": "a", "para"#);
+    }
+
+    #[test]
+    fn builtin_tool_call() {
+        let acc = check(
+            "<|python_tag|>brave_search.call(query=\"weather, \\\"Paris\\\" (today)\")<|eom_id|>",
+            FinishReason::Stop,
+        );
+        assert_eq!(calls(&acc), [("brave_search", r#"{"query":"weather, \"Paris\" (today)"}"#)]);
+        assert_eq!(acc.content, "");
+        let acc = check("<|python_tag|>wolfram_alpha.call(query='2+2', n=3)", FinishReason::Stop);
+        assert_eq!(calls(&acc), [("wolfram_alpha", r#"{"query":"2+2","n":3}"#)]);
+        let acc = check("<|python_tag|>print(1)", FinishReason::Stop);
+        assert!(acc.calls.is_empty());
+        assert_eq!(acc.content, "print(1)");
+    }
+
+    #[test]
+    fn unicode_and_escapes() {
+        let text = r#"{"name": "s", "parameters": {"q": "Zürich ☕ \"x\" \\ \u00e9"}}"#;
+        let acc = check(text, FinishReason::Stop);
+        assert_eq!(calls(&acc), [("s", r#"{"q":"Zürich ☕ \"x\" \\ é"}"#)]);
+    }
+    #[test]
+    fn long_arguments_pushed_by_char_stay_linear() {
+        let body = "y".repeat(200_000);
+        let text = format!(r#"{{"name": "w", "parameters": {{"c": "{body}"}}}}"#);
+        let start = std::time::Instant::now();
+        let acc = check(&text, FinishReason::Stop);
+        assert_eq!(acc.calls.len(), 1);
+        assert!(start.elapsed().as_secs() < 20);
+    }
+
+    #[test]
+    fn every_two_way_split_gives_the_same_result() {
+        let texts = [
+            "Here: {\"name\": \"a\", \"parameters\": {\"s\": \"{x}<|eot_id|>\"}} ; {\"name\": \"b\", \"arguments\": \"{}\"}\nI used {a} [1] [{\"q\": 1}]<|eot_id|>",
+            "<|python_tag|>{\"type\": \"function\", \"name\": \"f\", \"parameters\": null};{\"name\": \"g\", \"parameters\": {\"x\": ",
+            "<|python_tag|> brave_search.call(query=\"a (b)\", n=2)<|eom_id|> after {\"capital\": \"Paris\"}",
+            "{\"name\": \"a\", \"parameters\": {}}\n[{\"name\": \"b\", \"parameters\": {}}] <|python_tag|>print('x')",
+            "text { \"name\": \"a\", \"para",
+        ];
+        for text in texts {
+            for reason in [FinishReason::Stop, FinishReason::Length] {
+                let whole = parse(Format::Llama3Json, Options::default(), text, reason);
+                let cuts = text.char_indices().map(|(i, _)| i).skip(1);
+                for cut in cuts {
+                    let mut p = Parser::new(Format::Llama3Json, Options::default());
+                    let mut acc = Accumulator::default();
+                    acc.extend(p.push(&text[..cut]));
+                    acc.extend(p.push(&text[cut..]));
+                    acc.extend(p.finish(reason));
+                    assert_eq!(acc, whole, "{text:?} cut at {cut}");
+                }
+            }
+        }
+    }
+}
