@@ -1,5 +1,28 @@
 //! The local engine: GGUF loading, tokenizer, sampling, KV and prefix cache,
 //! devices, on candle.
 //!
-//! `inference` must not depend on tokio, HTTP, SQLite, JSON wire formats or
-//! the other workspace crates (`prompts`, `toolparse`).
+//! `inference` owns running a quantized model on this machine. Its principal
+//! type is [`Engine`]: load a GGUF, tokenize, and [`Engine::generate`] into a
+//! [`Session`] whose KV cache is reused by the next request that extends it.
+//! The CPU path runs its own SIMD kernels (`kernels`) beside candle, which
+//! reads the GGUF and covers tensor types and devices the fast path lacks.
+//!
+//! It must not depend on tokio, HTTP, SQLite, JSON wire formats or the other
+//! workspace crates (`prompts`, `toolparse`).
+
+mod engine;
+mod error;
+mod gguf;
+pub mod kernels;
+mod model;
+mod pool;
+mod quant;
+mod sampler;
+mod tokenizer;
+
+pub use engine::{Device, Engine, EngineOptions, Finish, GenParams, ModelInfo, Output, Session};
+pub use error::{Error, ErrorKind, Result};
+pub use model::{Arch, Config};
+pub use pool::Pool;
+pub use sampler::Sampling;
+pub use tokenizer::Tok;

@@ -1,0 +1,490 @@
+//! The engine a caller holds: a loaded model, its tokenizer and its thread
+//! pool; sessions that keep a KV cache so a request that extends the cached
+//! tokens prefills only the new part; and generation that streams UTF-8-safe
+//! text deltas.
+
+use crate::error::{Error, ErrorKind, Result};
+use crate::gguf::Gguf;
+use crate::model::{Config, KvCache, Model, Scratch};
+use crate::pool::Pool;
+use crate::sampler::{sample, Rng, Sampling};
+use crate::tokenizer::Tok;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+/// Where the model runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Device {
+    /// The best available: CPU in this build.
+    #[default]
+    Auto,
+    /// The CPU fast path.
+    Cpu,
+    /// An NVIDIA GPU (`cuda` feature).
+    Cuda(usize),
+    /// Apple GPU (`metal` feature).
+    Metal,
+}
+
+impl std::str::FromStr for Device {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Device> {
+        let s = s.trim().to_ascii_lowercase();
+        Ok(match s.as_str() {
+            "auto" => Device::Auto,
+            "cpu" => Device::Cpu,
+            "cuda" => Device::Cuda(0),
+            "metal" => Device::Metal,
+            _ => match s.strip_prefix("cuda:").and_then(|n| n.parse().ok()) {
+                Some(n) => Device::Cuda(n),
+                None => {
+                    return Err(Error::new(
+                        ErrorKind::Input,
+                        format!("unknown device {s:?}: use auto, cpu, cuda, cuda:N or metal"),
+                    ))
+                }
+            },
+        })
+    }
+}
+
+/// How to load a model.
+#[derive(Debug, Clone, Default)]
+pub struct EngineOptions {
+    /// Compute threads (default: the CPUs available to this process).
+    pub threads: Option<usize>,
+    /// Where to run.
+    pub device: Device,
+    /// Context length to allow (default: the model's, at most 8192).
+    pub context: Option<usize>,
+}
+
+/// What a loaded model is.
+#[derive(Debug, Clone)]
+pub struct ModelInfo {
+    /// The file it came from.
+    pub path: PathBuf,
+    /// Hyper-parameters.
+    pub config: Config,
+    /// Context length in use.
+    pub context: usize,
+    /// The GGUF's chat template, if it has one.
+    pub chat_template: Option<String>,
+    /// Tokens that end a turn (EOS, EOT, `<|im_end|>`…).
+    pub stop_tokens: Vec<u32>,
+    /// BOS token text and whether the template adds it.
+    pub bos: Option<String>,
+    /// EOS token text.
+    pub eos: Option<String>,
+    /// Bytes of weights in memory.
+    pub weight_bytes: usize,
+    /// Compute threads.
+    pub threads: usize,
+}
+
+/// A loaded model, ready to generate.
+#[derive(Debug)]
+pub struct Engine {
+    model: Model,
+    tok: Tok,
+    pool: Pool,
+    info: ModelInfo,
+}
+
+/// Per-conversation state: the tokens whose keys and values are cached.
+#[derive(Debug, Default)]
+pub struct Session {
+    tokens: Vec<u32>,
+    kv: KvCache,
+    scratch: Scratch,
+}
+
+impl Session {
+    /// The logits after the last token run (for tests and diagnostics).
+    pub fn logits(&self) -> &[f32] {
+        &self.scratch.logits
+    }
+
+    /// Tokens currently cached.
+    pub fn cached(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    /// Bytes of KV cache held.
+    pub fn kv_bytes(&self) -> usize {
+        self.kv.bytes()
+    }
+}
+
+/// One generation request.
+#[derive(Debug, Clone)]
+pub struct GenParams {
+    /// Most tokens to generate.
+    pub max_tokens: usize,
+    /// How to pick tokens.
+    pub sampling: Sampling,
+    /// Extra token ids that end generation (the model's own are always on).
+    pub stop_tokens: Vec<u32>,
+    /// Strings that end generation; the text stops before them.
+    pub stop_strings: Vec<String>,
+    /// Token ids sampling may never pick.
+    pub forbid: Vec<u32>,
+    /// Prompt tokens processed per step (cancellation is checked between).
+    pub chunk: usize,
+}
+
+impl Default for GenParams {
+    fn default() -> GenParams {
+        GenParams {
+            max_tokens: 256,
+            sampling: Sampling::default(),
+            stop_tokens: Vec::new(),
+            stop_strings: Vec::new(),
+            forbid: Vec::new(),
+            chunk: 128,
+        }
+    }
+}
+
+/// Why generation ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finish {
+    /// A stop token or stop string.
+    Stop,
+    /// `max_tokens` reached, or the context is full.
+    Length,
+    /// The cancel flag was raised.
+    Cancelled,
+}
+
+impl Finish {
+    /// `stop`, `length` or `cancelled`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Finish::Stop => "stop",
+            Finish::Length => "length",
+            Finish::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// What a generation produced.
+#[derive(Debug, Clone)]
+pub struct Output {
+    /// Generated ids; the stop token that ended it is included.
+    pub ids: Vec<u32>,
+    /// The text delivered (stop strings excluded).
+    pub text: String,
+    /// Why it ended.
+    pub finish: Finish,
+    /// Prompt tokens.
+    pub prompt_tokens: usize,
+    /// Prompt tokens taken from the cache instead of computed.
+    pub reused_tokens: usize,
+    /// Time spent on the prompt.
+    pub prompt_time: Duration,
+    /// Time from the start to the first generated token.
+    pub first_token: Duration,
+    /// Time spent generating after the prompt.
+    pub gen_time: Duration,
+}
+
+impl Engine {
+    /// Loads a GGUF model.
+    pub fn load(path: &Path, opts: &EngineOptions) -> Result<Engine> {
+        match opts.device {
+            Device::Auto | Device::Cpu => {}
+            Device::Cuda(_) if cfg!(feature = "cuda") => {}
+            Device::Metal if cfg!(feature = "metal") => {}
+            d => {
+                return Err(Error::new(
+                    ErrorKind::Device,
+                    format!(
+                        "device {d:?} is not in this build: rebuild with `--features {}` on a machine that has it, or use --device cpu",
+                        if matches!(d, Device::Metal) { "metal" } else { "cuda" }
+                    ),
+                ))
+            }
+        }
+        let mut g = Gguf::open(path)?;
+        let tok = Tok::from_gguf(&g, path)?;
+        let model = Model::load(&mut g)?;
+        let cfg = model.cfg.clone();
+        if tok.len() > cfg.n_vocab {
+            return Err(crate::error::model_err(format!(
+                "tokenizer has {} tokens but the model only {}",
+                tok.len(),
+                cfg.n_vocab
+            )));
+        }
+        let threads = opts
+            .threads
+            .unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1))
+            .max(1);
+        let name = |k: &str| g.u32(k).and_then(|id| tok_name(&g, id));
+        let mut stop_tokens = Vec::new();
+        for key in ["tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"] {
+            if let Some(id) = g.u32(key) {
+                stop_tokens.push(id);
+            }
+        }
+        for t in ["<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|endoftext|>", "<end_of_turn>", "</s>"] {
+            if let Some(id) = tok.id_of(t) {
+                if tok.is_control(id) && !stop_tokens.contains(&id) {
+                    stop_tokens.push(id);
+                }
+            }
+        }
+        let info = ModelInfo {
+            path: path.to_owned(),
+            context: opts.context.unwrap_or(cfg.n_ctx_train.min(8192)).max(16),
+            chat_template: g.string("tokenizer.chat_template").map(str::to_owned),
+            stop_tokens,
+            bos: name("tokenizer.ggml.bos_token_id"),
+            eos: name("tokenizer.ggml.eos_token_id"),
+            weight_bytes: model.bytes(),
+            threads,
+            config: cfg,
+        };
+        Ok(Engine { model, tok, pool: Pool::new(threads), info })
+    }
+
+    /// What is loaded.
+    pub fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    /// The tokenizer.
+    pub fn tokenizer(&self) -> &Tok {
+        &self.tok
+    }
+
+    /// Token ids of `text` (no BOS added).
+    pub fn tokenize(&self, text: &str, parse_special: bool) -> Result<Vec<u32>> {
+        self.tok.encode(text, parse_special)
+    }
+
+    /// A fresh session.
+    pub fn session(&self) -> Session {
+        Session::default()
+    }
+
+    /// Prefills `prompt` into `session` (reusing what it already caches)
+    /// and generates, calling `on_text` with each text delta. `cancel` is
+    /// checked between tokens and between prompt chunks.
+    pub fn generate(
+        &self,
+        session: &mut Session,
+        prompt: &[u32],
+        params: &GenParams,
+        cancel: &AtomicBool,
+        on_text: &mut dyn FnMut(&str),
+    ) -> Result<Output> {
+        let t0 = Instant::now();
+        let cfg = &self.model.cfg;
+        if prompt.is_empty() {
+            return Err(Error::new(ErrorKind::Input, "the prompt is empty"));
+        }
+        if prompt.len() >= self.info.context {
+            return Err(Error::new(
+                ErrorKind::Input,
+                format!(
+                    "the prompt has {} tokens but the context holds {}: shorten the input or raise the context",
+                    prompt.len(),
+                    self.info.context
+                ),
+            ));
+        }
+        // Reuse the cached prefix; at least one token must run for logits.
+        let mut reuse = session.tokens.iter().zip(prompt).take_while(|(a, b)| a == b).count();
+        reuse = reuse.min(prompt.len() - 1).min(session.kv.len());
+        session.kv.truncate(reuse, cfg);
+        session.tokens.truncate(reuse);
+        let mut out = Output {
+            ids: Vec::new(),
+            text: String::new(),
+            finish: Finish::Stop,
+            prompt_tokens: prompt.len(),
+            reused_tokens: reuse,
+            prompt_time: Duration::ZERO,
+            first_token: Duration::ZERO,
+            gen_time: Duration::ZERO,
+        };
+        let chunk = params.chunk.max(1);
+        for part in prompt[reuse..].chunks(chunk) {
+            if cancel.load(Ordering::Relaxed) {
+                out.finish = Finish::Cancelled;
+                out.prompt_time = t0.elapsed();
+                return Ok(out);
+            }
+            self.model.forward(&self.pool, part, &mut session.kv, &mut session.scratch)?;
+            session.tokens.extend_from_slice(part);
+        }
+        out.prompt_time = t0.elapsed();
+        let t1 = Instant::now();
+        let mut banned = vec![false; cfg.n_vocab];
+        for &f in &params.forbid {
+            if let Some(b) = banned.get_mut(f as usize) {
+                *b = true;
+            }
+        }
+        let stops: Vec<u32> = self.info.stop_tokens.iter().chain(&params.stop_tokens).copied().collect();
+        let mut rng = Rng::new(params.sampling.seed);
+        let mut text = TextStream::new(&params.stop_strings);
+        loop {
+            if cancel.load(Ordering::Relaxed) {
+                out.finish = Finish::Cancelled;
+                break;
+            }
+            if out.ids.len() >= params.max_tokens {
+                out.finish = Finish::Length;
+                break;
+            }
+            let recent = &session.tokens[session.tokens.len().saturating_sub(params.sampling.repeat_last_n)..];
+            let id = sample(&mut session.scratch.logits, &params.sampling, recent, &banned, &mut rng);
+            if out.ids.is_empty() {
+                out.first_token = t0.elapsed();
+            }
+            out.ids.push(id);
+            if stops.contains(&id) {
+                out.finish = Finish::Stop;
+                break;
+            }
+            if text.push(self.tok.piece(id), on_text) {
+                out.finish = Finish::Stop;
+                break;
+            }
+            if session.kv.len() + 1 >= self.info.context {
+                out.finish = Finish::Length;
+                break;
+            }
+            self.model.forward(&self.pool, &[id], &mut session.kv, &mut session.scratch)?;
+            session.tokens.push(id);
+        }
+        text.finish(out.finish == Finish::Stop && text.stopped, on_text);
+        out.text = text.delivered;
+        out.gen_time = t1.elapsed();
+        Ok(out)
+    }
+}
+
+fn tok_name(g: &Gguf, id: u32) -> Option<String> {
+    g.strings("tokenizer.ggml.tokens").and_then(|t| t.get(id as usize).cloned())
+}
+
+/// Turns token bytes into text deltas: never splits a UTF-8 character and
+/// holds back what could be the start of a stop string.
+#[derive(Debug)]
+struct TextStream<'a> {
+    stops: &'a [String],
+    bytes: Vec<u8>,
+    text: String,
+    delivered: String,
+    stopped: bool,
+}
+
+impl<'a> TextStream<'a> {
+    fn new(stops: &'a [String]) -> TextStream<'a> {
+        TextStream { stops, bytes: Vec::new(), text: String::new(), delivered: String::new(), stopped: false }
+    }
+
+    /// Adds a token's bytes; returns true when a stop string was reached.
+    fn push(&mut self, piece: &[u8], on_text: &mut dyn FnMut(&str)) -> bool {
+        self.bytes.extend_from_slice(piece);
+        let valid = match std::str::from_utf8(&self.bytes) {
+            Ok(s) => s.len(),
+            Err(e) if e.error_len().is_none() => e.valid_up_to(),
+            Err(e) => {
+                // Invalid bytes: replace them so the stream goes on.
+                let upto = e.valid_up_to() + e.error_len().unwrap_or(1);
+                let lossy = String::from_utf8_lossy(&self.bytes[..upto]).into_owned();
+                self.text.push_str(&lossy);
+                self.bytes.drain(..upto);
+                return self.push(&[], on_text);
+            }
+        };
+        if valid > 0 {
+            let s = std::str::from_utf8(&self.bytes[..valid]).unwrap_or_default().to_owned();
+            self.text.push_str(&s);
+            self.bytes.drain(..valid);
+        }
+        let done = self.delivered.len();
+        let stop_at =
+            self.stops.iter().filter(|s| !s.is_empty()).filter_map(|s| self.text[done.saturating_sub(s.len())..].find(s.as_str()).map(|i| i + done.saturating_sub(s.len()))).min();
+        if let Some(at) = stop_at.filter(|&at| at >= done) {
+            self.emit(at, on_text);
+            self.stopped = true;
+            return true;
+        }
+        let mut hold = 0;
+        for s in self.stops {
+            for k in (1..s.len()).rev() {
+                if k <= self.text.len() - done && self.text.ends_with(&s[..k]) && s.is_char_boundary(k) {
+                    hold = hold.max(k);
+                    break;
+                }
+            }
+        }
+        self.emit(self.text.len() - hold, on_text);
+        false
+    }
+
+    fn emit(&mut self, upto: usize, on_text: &mut dyn FnMut(&str)) {
+        let done = self.delivered.len();
+        if upto > done && self.text.is_char_boundary(upto) {
+            let delta = self.text[done..upto].to_owned();
+            on_text(&delta);
+            self.delivered.push_str(&delta);
+        }
+    }
+
+    /// Releases held text (unless a stop string ended the stream).
+    fn finish(&mut self, stopped: bool, on_text: &mut dyn FnMut(&str)) {
+        if !stopped {
+            if !self.bytes.is_empty() {
+                let rest = String::from_utf8_lossy(&self.bytes).into_owned();
+                self.text.push_str(&rest);
+                self.bytes.clear();
+            }
+            self.emit(self.text.len(), on_text);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(pieces: &[&[u8]], stops: &[&str]) -> (Vec<String>, bool) {
+        let stops: Vec<String> = stops.iter().map(|s| s.to_string()).collect();
+        let mut ts = TextStream::new(&stops);
+        let mut out = Vec::new();
+        let mut stopped = false;
+        for p in pieces {
+            if ts.push(p, &mut |d| out.push(d.to_owned())) {
+                stopped = true;
+                break;
+            }
+        }
+        ts.finish(stopped, &mut |d| out.push(d.to_owned()));
+        (out, stopped)
+    }
+
+    #[test]
+    fn utf8_is_never_split() {
+        let e = "é".as_bytes();
+        let (out, _) = run(&[b"a", &e[..1], &e[1..], b"b"], &[]);
+        assert_eq!(out, ["a", "é", "b"]);
+    }
+
+    #[test]
+    fn stop_strings_are_held_back_and_cut() {
+        let (out, stopped) = run(&[b"Hello <", b"|im", b"_end|> more"], &["<|im_end|>"]);
+        assert!(stopped);
+        assert_eq!(out.concat(), "Hello ");
+        let (out, stopped) = run(&[b"a <", b"b"], &["<|x"]);
+        assert!(!stopped);
+        assert_eq!(out.concat(), "a <b");
+    }
+}

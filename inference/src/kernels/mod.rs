@@ -1,0 +1,420 @@
+//! Matrix kernels of the fast CPU path: quantized weights packed for SIMD,
+//! activations quantized per column, and the products of the two.
+//!
+//! INVARIANT: every (row, column) result is computed in one canonical order —
+//! llama.cpp's: eight lanes of four-product integer sums, each lane
+//! accumulated `acc = fma(d_w · d_a, lane, acc)` over the blocks in order, the
+//! lanes summed as `((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7))`, plus (Q4_1)
+//! `Σ fma(m, s)` in block order. The scalar and SIMD paths, decode (one
+//! column) and prompt (many columns) all give bit-identical numbers, so
+//! reusing a cached prefix cannot change greedy output.
+
+pub(crate) mod attn;
+mod scalar;
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
+use crate::quant::{quantize_q8, Q8Row, QK, Q4_1_BYTES, Q8_0_BYTES};
+
+fn u16_at(b: &[u8], at: usize) -> u16 {
+    u16::from_le_bytes([b[at], b[at + 1]])
+}
+
+/// An f16 (as bits) widened to f32.
+#[inline]
+pub(crate) fn h2f(bits: u16) -> f32 {
+    half::f16::from_bits(bits).to_f32()
+}
+use std::sync::OnceLock;
+
+/// The instruction set the kernels run on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Isa {
+    /// AVX-512 (F, BW, VL) with VNNI, FMA and F16C.
+    Avx512Vnni,
+    /// Portable Rust; the compiler vectorises what it can.
+    Scalar,
+}
+
+/// The kernels in use: the best this CPU has, unless `AGENTD_KERNELS=scalar`.
+pub fn isa() -> Isa {
+    static ISA: OnceLock<Isa> = OnceLock::new();
+    *ISA.get_or_init(|| {
+        if std::env::var("AGENTD_KERNELS").is_ok_and(|v| v == "scalar") {
+            return Isa::Scalar;
+        }
+        #[cfg(target_arch = "x86_64")]
+        if x86::available() {
+            return Isa::Avx512Vnni;
+        }
+        Isa::Scalar
+    })
+}
+
+/// A weight matrix `[rows × cols]` packed for the kernels. Rows are padded
+/// to a multiple of [`ROW_TILE`] with zeros.
+#[derive(Debug)]
+pub(crate) struct Packed {
+    pub(crate) rows: usize,
+    pub(crate) cols: usize,
+    pub(crate) kind: PackedKind,
+}
+
+/// Rows are packed in pairs (one 512-bit register holds a block of two rows)
+/// and processed four at a time.
+pub(crate) const ROW_TILE: usize = 4;
+
+#[derive(Debug)]
+pub(crate) enum PackedKind {
+    /// Per row pair and block: 32 bytes `[row0 nibbles | row1 nibbles]`;
+    /// `d[pair][block][2]`; `m[block][row]` (scales as f16 bits, as in the
+    /// file, so the packed matrix is no larger than the GGUF tensor).
+    Q4_1 { qs: Vec<u8>, d: Vec<u16>, m: Vec<u16> },
+    /// Per row pair and block: 64 bytes `[row0 q+128 | row1 q+128]`;
+    /// `d[pair][block][2]`.
+    Q8_0 { qs: Vec<u8>, d: Vec<u16> },
+    /// Plain f32 rows (norm-sized tensors and small models).
+    F32 { w: Vec<f32> },
+}
+
+fn padded(rows: usize) -> usize {
+    rows.div_ceil(ROW_TILE) * ROW_TILE
+}
+
+impl Packed {
+    /// Packs GGUF Q4_1 rows.
+    pub(crate) fn q4_1(raw: &[u8], rows: usize, cols: usize) -> Packed {
+        let nb = cols / QK;
+        let rp = padded(rows);
+        let mut qs = vec![0u8; rp / 2 * nb * 32];
+        let mut d = vec![0u16; rp / 2 * nb * 2];
+        let mut m = vec![0u16; nb * rp];
+        for r in 0..rows {
+            let (pair, half) = (r / 2, r % 2);
+            for b in 0..nb {
+                let blk = &raw[(r * nb + b) * Q4_1_BYTES..][..Q4_1_BYTES];
+                let at = (pair * nb + b) * 32 + half * 16;
+                qs[at..at + 16].copy_from_slice(&blk[4..20]);
+                d[(pair * nb + b) * 2 + half] = u16_at(blk, 0);
+                m[b * rp + r] = u16_at(blk, 2);
+            }
+        }
+        Packed { rows, cols, kind: PackedKind::Q4_1 { qs, d, m } }
+    }
+
+    /// Packs GGUF Q8_0 rows.
+    pub(crate) fn q8_0(raw: &[u8], rows: usize, cols: usize) -> Packed {
+        let nb = cols / QK;
+        let rp = padded(rows);
+        let mut qs = vec![128u8; rp / 2 * nb * 64];
+        let mut d = vec![0u16; rp / 2 * nb * 2];
+        for r in 0..rows {
+            let (pair, half) = (r / 2, r % 2);
+            for b in 0..nb {
+                let blk = &raw[(r * nb + b) * Q8_0_BYTES..][..Q8_0_BYTES];
+                let at = (pair * nb + b) * 64 + half * 32;
+                for j in 0..32 {
+                    qs[at + j] = (blk[2 + j] as i8 as i16 + 128) as u8;
+                }
+                d[(pair * nb + b) * 2 + half] = u16_at(blk, 0);
+            }
+        }
+        Packed { rows, cols, kind: PackedKind::Q8_0 { qs, d } }
+    }
+
+    /// Plain f32 rows.
+    pub(crate) fn f32(w: Vec<f32>, rows: usize, cols: usize) -> Packed {
+        Packed { rows, cols, kind: PackedKind::F32 { w } }
+    }
+
+    /// Bytes held.
+    pub(crate) fn bytes(&self) -> usize {
+        match &self.kind {
+            PackedKind::Q4_1 { qs, d, m } => qs.len() + 2 * (d.len() + m.len()),
+            PackedKind::Q8_0 { qs, d } => qs.len() + 2 * d.len(),
+            PackedKind::F32 { w } => 4 * w.len(),
+        }
+    }
+
+    /// Whether the kernels take quantized activations.
+    pub(crate) fn wants_q8(&self) -> bool {
+        !matches!(self.kind, PackedKind::F32 { .. })
+    }
+
+    /// `out[c · rows + r] = row r · column c` for the rows in
+    /// `tiles.start * ROW_TILE ..` (tiles of [`ROW_TILE`] rows), all columns.
+    ///
+    /// `out` holds `acts.n · self.rows` values; rows past `self.rows` are not
+    /// written. Threads may share `out` when their tile ranges are disjoint.
+    pub(crate) fn matmul_tiles(
+        &self,
+        acts: &Acts,
+        tiles: std::ops::Range<usize>,
+        out: &OutRows<'_>,
+    ) {
+        match isa() {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512Vnni => {
+                // SAFETY: `isa()` returned Avx512Vnni only after checking the
+                // CPU supports every feature the kernels enable.
+                unsafe { x86::matmul_tiles(self, acts, tiles, out) }
+            }
+            _ => scalar::matmul_tiles(self, acts, tiles, out),
+        }
+    }
+
+    /// Row `r` as f32 (an embedding lookup from a tied output matrix).
+    pub(crate) fn dequantize_row(&self, r: usize, out: &mut [f32]) {
+        let nb = self.cols / QK;
+        let (pair, half) = (r / 2, r % 2);
+        let rp = self.tiles() * ROW_TILE;
+        match &self.kind {
+            PackedKind::Q4_1 { qs, d, m } => {
+                for b in 0..nb {
+                    let at = (pair * nb + b) * 32 + half * 16;
+                    let (dd, mm) = (h2f(d[(pair * nb + b) * 2 + half]), h2f(m[b * rp + r]));
+                    for j in 0..16 {
+                        out[b * QK + j] = dd * (qs[at + j] & 15) as f32 + mm;
+                        out[b * QK + j + 16] = dd * (qs[at + j] >> 4) as f32 + mm;
+                    }
+                }
+            }
+            PackedKind::Q8_0 { qs, d } => {
+                for b in 0..nb {
+                    let at = (pair * nb + b) * 64 + half * 32;
+                    let dd = h2f(d[(pair * nb + b) * 2 + half]);
+                    for j in 0..32 {
+                        out[b * QK + j] = dd * (qs[at + j] as i32 - 128) as f32;
+                    }
+                }
+            }
+            PackedKind::F32 { w } => out.copy_from_slice(&w[r * self.cols..(r + 1) * self.cols]),
+        }
+    }
+
+    /// Number of row tiles.
+    pub(crate) fn tiles(&self) -> usize {
+        padded(self.rows) / ROW_TILE
+    }
+}
+
+/// Where a matmul writes: `[cols × rows]`, possibly shared between threads
+/// that each own disjoint row tiles.
+#[derive(Debug)]
+pub(crate) struct OutRows<'a> {
+    ptr: *mut f32,
+    len: usize,
+    rows: usize,
+    _life: std::marker::PhantomData<&'a mut [f32]>,
+}
+
+// SAFETY: threads write disjoint rows (INVARIANT of the callers of `set`).
+unsafe impl Send for OutRows<'_> {}
+unsafe impl Sync for OutRows<'_> {}
+
+impl<'a> OutRows<'a> {
+    pub(crate) fn new(out: &'a mut [f32], rows: usize) -> OutRows<'a> {
+        OutRows { ptr: out.as_mut_ptr(), len: out.len(), rows, _life: std::marker::PhantomData }
+    }
+
+    /// Writes row `r` of column `c`; rows at or past `rows` are ignored.
+    ///
+    /// INVARIANT: two threads never write the same `(c, r)`.
+    #[inline]
+    pub(crate) fn set(&self, c: usize, r: usize, v: f32) {
+        if r < self.rows {
+            let i = c * self.rows + r;
+            assert!(i < self.len);
+            // SAFETY: in bounds (checked), and no other thread writes index i.
+            unsafe { *self.ptr.add(i) = v }
+        }
+    }
+}
+
+/// Activations for one matmul: each column quantized (when the weights are
+/// quantized) and laid out for the kernels.
+#[derive(Debug, Default)]
+pub(crate) struct Acts {
+    pub(crate) n: usize,
+    pub(crate) k: usize,
+    /// The f32 values `[n × k]` (for f32 weights).
+    pub(crate) x: Vec<f32>,
+    /// Per column and block: scale and `d · Σq`.
+    pub(crate) d: Vec<f32>,
+    pub(crate) s: Vec<f32>,
+    /// Per column and block: the 32 quantized values.
+    pub(crate) q: Vec<i8>,
+    /// Per column and block, 64 bytes `[a0..16, a0..16, a16..32, a16..32]`:
+    /// the layout the packed 4-bit weights meet.
+    pub(crate) nib: Vec<u8>,
+    /// Per column and block, 64 bytes `[a0..32, a0..32]` for 8-bit weights.
+    pub(crate) dup: Vec<u8>,
+    /// Per column and block, 16 lanes: `128 · (a[4j]+…+a[4j+3])` (twice),
+    /// the offset the unsigned 8-bit weights add.
+    pub(crate) corr: Vec<i32>,
+    scratch: Q8Row,
+}
+
+impl Acts {
+    /// Prepares `x` (`n` columns of `k` values) for weights like `w`.
+    pub(crate) fn prepare(&mut self, x: &[f32], n: usize, k: usize, w: &Packed) {
+        self.n = n;
+        self.k = k;
+        self.x.clear();
+        self.d.clear();
+        self.s.clear();
+        self.q.clear();
+        self.nib.clear();
+        self.dup.clear();
+        self.corr.clear();
+        match w.kind {
+            PackedKind::F32 { .. } => self.x.extend_from_slice(&x[..n * k]),
+            PackedKind::Q4_1 { .. } | PackedKind::Q8_0 { .. } => {
+                let four = matches!(w.kind, PackedKind::Q4_1 { .. });
+                for c in 0..n {
+                    quantize_q8(&x[c * k..(c + 1) * k], &mut self.scratch);
+                    self.d.extend_from_slice(&self.scratch.d);
+                    self.s.extend_from_slice(&self.scratch.s);
+                    self.q.extend_from_slice(&self.scratch.q);
+                    for blk in self.scratch.q.chunks_exact(QK) {
+                        let u: [u8; 32] = std::array::from_fn(|i| blk[i] as u8);
+                        if four {
+                            self.nib.extend_from_slice(&u[..16]);
+                            self.nib.extend_from_slice(&u[..16]);
+                            self.nib.extend_from_slice(&u[16..]);
+                            self.nib.extend_from_slice(&u[16..]);
+                        } else {
+                            self.dup.extend_from_slice(&u);
+                            self.dup.extend_from_slice(&u);
+                            let lanes: [i32; 8] = std::array::from_fn(|j| {
+                                128 * blk[4 * j..4 * j + 4].iter().map(|&v| v as i32).sum::<i32>()
+                            });
+                            self.corr.extend_from_slice(&lanes);
+                            self.corr.extend_from_slice(&lanes);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    pub(crate) fn blocks(&self) -> usize {
+        self.k / QK
+    }
+}
+
+/// An f32 dot product in the kernels' fixed order.
+pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
+    match isa() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the CPU has the features (checked by `isa`).
+        Isa::Avx512Vnni => unsafe { x86::dot_f32(a, b) },
+        _ => scalar::dot_f32(a, b),
+    }
+}
+
+/// llama.cpp's horizontal sum of eight lanes.
+#[inline]
+pub(crate) fn hsum8(l: &[f32; 8]) -> f32 {
+    ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A deterministic pseudo-random generator for test data.
+    pub(crate) fn rng(seed: u64) -> impl FnMut() -> u64 {
+        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        move || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s
+        }
+    }
+
+    fn random_q4_1(rows: usize, cols: usize, seed: u64) -> Vec<u8> {
+        let mut r = rng(seed);
+        let mut raw = Vec::new();
+        for _ in 0..rows * cols / QK {
+            let d = half::f16::from_f32((r() % 1000) as f32 / 50_000.0);
+            let m = half::f16::from_f32(-((r() % 1000) as f32) / 10_000.0);
+            raw.extend_from_slice(&d.to_le_bytes());
+            raw.extend_from_slice(&m.to_le_bytes());
+            for _ in 0..16 {
+                raw.push(r() as u8);
+            }
+        }
+        raw
+    }
+
+    fn random_q8_0(rows: usize, cols: usize, seed: u64) -> Vec<u8> {
+        let mut r = rng(seed);
+        let mut raw = Vec::new();
+        for _ in 0..rows * cols / QK {
+            let d = half::f16::from_f32((r() % 1000) as f32 / 50_000.0);
+            raw.extend_from_slice(&d.to_le_bytes());
+            for _ in 0..32 {
+                raw.push(((r() % 255) as i32 - 127) as i8 as u8);
+            }
+        }
+        raw
+    }
+
+    fn random_x(n: usize, seed: u64) -> Vec<f32> {
+        let mut r = rng(seed);
+        (0..n).map(|_| ((r() % 20001) as f32 - 10000.0) / 3000.0).collect()
+    }
+
+    fn run(w: &Packed, x: &[f32], n: usize, forced: Option<Isa>) -> Vec<f32> {
+        let mut acts = Acts::default();
+        acts.prepare(x, n, w.cols, w);
+        let mut out = vec![f32::NAN; n * w.rows];
+        {
+            let o = OutRows::new(&mut out, w.rows);
+            match forced {
+                Some(Isa::Scalar) => scalar::matmul_tiles(w, &acts, 0..w.tiles(), &o),
+                _ => w.matmul_tiles(&acts, 0..w.tiles(), &o),
+            }
+        }
+        out
+    }
+
+    /// The packed kernels agree with a plain dequantized product, and the
+    /// SIMD path is bit-identical to the scalar one for every column count.
+    #[test]
+    fn kernels_match_reference_and_each_other() {
+        for (rows, cols) in [(6usize, 64usize), (13, 96), (32, 576)] {
+            for (name, raw, w) in [
+                ("q4_1", random_q4_1(rows, cols, 1), None),
+                ("q8_0", random_q8_0(rows, cols, 2), Some(())),
+            ] {
+                let packed = if w.is_none() {
+                    Packed::q4_1(&raw, rows, cols)
+                } else {
+                    Packed::q8_0(&raw, rows, cols)
+                };
+                let ty = if w.is_none() { crate::quant::QType::Q4_1 } else { crate::quant::QType::Q8_0 };
+                for n in [1usize, 3, 7] {
+                    let x = random_x(n * cols, 3);
+                    let simd = run(&packed, &x, n, None);
+                    let sc = run(&packed, &x, n, Some(Isa::Scalar));
+                    assert_eq!(simd, sc, "{name} {rows}x{cols} n={n}");
+                    // Against f32 math on dequantized weights: close, not equal.
+                    let mut row = vec![0f32; cols];
+                    for c in 0..n {
+                        for r in 0..rows {
+                            crate::quant::dequantize_row(ty, &raw[r * ty.row_bytes(cols)..(r + 1) * ty.row_bytes(cols)], &mut row);
+                            let want: f32 = row.iter().zip(&x[c * cols..]).map(|(a, b)| a * b).sum();
+                            let scale: f32 = row.iter().zip(&x[c * cols..]).map(|(a, b)| (a * b).abs()).sum();
+                            let got = sc[c * rows + r];
+                            let tol = 0.01 * scale + 1e-6;
+                            assert!((got - want).abs() < tol, "{name} r{r} c{c}: {got} vs {want}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

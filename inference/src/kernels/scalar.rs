@@ -1,0 +1,86 @@
+//! Portable kernels over the packed layouts, in the canonical order (see the
+//! module above). They define the numbers; the SIMD kernels reproduce them.
+
+use super::{h2f, hsum8, Acts, OutRows, Packed, PackedKind, ROW_TILE};
+use std::ops::Range;
+
+pub(super) fn matmul_tiles(w: &Packed, acts: &Acts, tiles: Range<usize>, out: &OutRows<'_>) {
+    let nb = acts.blocks();
+    let rp = w.tiles() * ROW_TILE;
+    for r in tiles.start * ROW_TILE..tiles.end * ROW_TILE {
+        if r >= w.rows {
+            break;
+        }
+        let (pair, half) = (r / 2, r % 2);
+        for c in 0..acts.n {
+            let v = match &w.kind {
+                PackedKind::Q4_1 { qs, d, m } => {
+                    let mut lanes = [0f32; 8];
+                    let mut summs = 0f32;
+                    for b in 0..nb {
+                        let at = (pair * nb + b) * 32 + half * 16;
+                        let nib = &qs[at..at + 16];
+                        let a = &acts.q[(c * nb + b) * 32..][..32];
+                        let dd = h2f(d[(pair * nb + b) * 2 + half]) * acts.d[c * nb + b];
+                        summs = h2f(m[b * rp + r]).mul_add(acts.s[c * nb + b], summs);
+                        for (j, lane) in lanes.iter_mut().enumerate() {
+                            let mut s = 0i32;
+                            for k in 4 * j..4 * j + 4 {
+                                let q = if k < 16 { nib[k] & 15 } else { nib[k - 16] >> 4 };
+                                s += q as i32 * a[k] as i32;
+                            }
+                            *lane = dd.mul_add(s as f32, *lane);
+                        }
+                    }
+                    hsum8(&lanes) + summs
+                }
+                PackedKind::Q8_0 { qs, d } => {
+                    let mut lanes = [0f32; 8];
+                    for b in 0..nb {
+                        let at = (pair * nb + b) * 64 + half * 32;
+                        let wq = &qs[at..at + 32];
+                        let a = &acts.q[(c * nb + b) * 32..][..32];
+                        let dd = h2f(d[(pair * nb + b) * 2 + half]) * acts.d[c * nb + b];
+                        for (j, lane) in lanes.iter_mut().enumerate() {
+                            let mut s = 0i32;
+                            for k in 4 * j..4 * j + 4 {
+                                s += (wq[k] as i32 - 128) * a[k] as i32;
+                            }
+                            *lane = dd.mul_add(s as f32, *lane);
+                        }
+                    }
+                    hsum8(&lanes)
+                }
+                PackedKind::F32 { w: wf } => {
+                    let k = acts.k;
+                    dot_f32(&wf[r * k..(r + 1) * k], &acts.x[c * k..(c + 1) * k])
+                }
+            };
+            out.set(c, r, v);
+        }
+    }
+}
+
+/// f32 dot product in a fixed order (16 partial sums, then pairwise).
+#[inline(always)]
+pub(crate) fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 16];
+    let chunks = a.len() / 16;
+    for i in 0..chunks {
+        for j in 0..16 {
+            acc[j] = a[i * 16 + j].mul_add(b[i * 16 + j], acc[j]);
+        }
+    }
+    let mut tail = 0f32;
+    for i in chunks * 16..a.len() {
+        tail = a[i].mul_add(b[i], tail);
+    }
+    let mut w = 16;
+    while w > 1 {
+        w /= 2;
+        for j in 0..w {
+            acc[j] += acc[j + w];
+        }
+    }
+    acc[0] + tail
+}

@@ -1,0 +1,301 @@
+//! AVX-512 VNNI kernels over the packed layouts. Two rows share a 512-bit
+//! register per block; `vpdpbusd` forms the eight four-product lanes of each
+//! row exactly as llama.cpp's `mul_sum_us8_pairs_float` does, and every lane
+//! is accumulated with its own fused multiply-add in block order, so results
+//! are bit-identical to `scalar.rs`.
+
+use super::{hsum8, scalar, Acts, OutRows, Packed, PackedKind, ROW_TILE};
+use std::arch::x86_64::*;
+use std::ops::Range;
+
+/// Whether this CPU runs these kernels.
+pub(super) fn available() -> bool {
+    is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512bw")
+        && is_x86_feature_detected!("avx512vl")
+        && is_x86_feature_detected!("avx512vnni")
+        && is_x86_feature_detected!("fma")
+        && is_x86_feature_detected!("f16c")
+}
+
+/// Columns processed together: each weight block is loaded once per group.
+const COLS: usize = 6;
+
+/// See `Packed::matmul_tiles`.
+///
+/// # Safety
+/// The CPU must support avx512f, avx512bw, avx512vl, avx512vnni and fma
+/// (`available()`).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
+pub(super) unsafe fn matmul_tiles(w: &Packed, acts: &Acts, tiles: Range<usize>, out: &OutRows<'_>) {
+    match &w.kind {
+        PackedKind::Q4_1 { qs, d, m } => {
+            for t in tiles {
+                let mut c = 0;
+                while c < acts.n {
+                    let n = (acts.n - c).min(COLS);
+                    // SAFETY: features checked by the caller; indices derive
+                    // from the packed sizes (asserted inside).
+                    unsafe {
+                        match n {
+                            6 => q4_1_tile::<6>(w, qs, d, m, acts, t, c, out),
+                            5 => q4_1_tile::<5>(w, qs, d, m, acts, t, c, out),
+                            4 => q4_1_tile::<4>(w, qs, d, m, acts, t, c, out),
+                            3 => q4_1_tile::<3>(w, qs, d, m, acts, t, c, out),
+                            2 => q4_1_tile::<2>(w, qs, d, m, acts, t, c, out),
+                            _ => q4_1_tile::<1>(w, qs, d, m, acts, t, c, out),
+                        }
+                    }
+                    c += n;
+                }
+            }
+        }
+        PackedKind::Q8_0 { qs, d } => {
+            for t in tiles {
+                let mut c = 0;
+                while c < acts.n {
+                    let n = (acts.n - c).min(COLS);
+                    // SAFETY: as above.
+                    unsafe {
+                        match n {
+                            6 => q8_0_tile::<6>(w, qs, d, acts, t, c, out),
+                            5 => q8_0_tile::<5>(w, qs, d, acts, t, c, out),
+                            4 => q8_0_tile::<4>(w, qs, d, acts, t, c, out),
+                            3 => q8_0_tile::<3>(w, qs, d, acts, t, c, out),
+                            2 => q8_0_tile::<2>(w, qs, d, acts, t, c, out),
+                            _ => q8_0_tile::<1>(w, qs, d, acts, t, c, out),
+                        }
+                    }
+                    c += n;
+                }
+            }
+        }
+        PackedKind::F32 { w: wf } => {
+            let k = acts.k;
+            for r in tiles.start * ROW_TILE..(tiles.end * ROW_TILE).min(w.rows) {
+                for c in 0..acts.n {
+                    out.set(c, r, dot_f32(&wf[r * k..(r + 1) * k], &acts.x[c * k..(c + 1) * k]));
+                }
+            }
+        }
+    }
+}
+
+#[target_feature(enable = "avx512f,fma")]
+pub(super) fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+    scalar::dot_f32(a, b)
+}
+
+/// Lane pattern of a Q4_1 pair register: lanes 0-3 and 8-11 belong to the
+/// first row, 4-7 and 12-15 to the second.
+const Q4_PATTERN: [i32; 16] = [0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1];
+/// Lane pattern of a Q8_0 pair register: lanes 0-7 first row, 8-15 second.
+const Q8_PATTERN: [i32; 16] = [0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1];
+
+/// Loads two f16 scales (a row pair's, for one block) as f32 into lanes 0, 1.
+#[inline(always)]
+unsafe fn load2(p: *const u16) -> __m512 {
+    // SAFETY: caller guarantees two readable u16 at p.
+    unsafe {
+        let bits = _mm_cvtsi32_si128((p as *const i32).read_unaligned());
+        _mm512_castps128_ps512(_mm_cvtph_ps(bits))
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn q4_1_tile<const N: usize>(
+    w: &Packed,
+    qs: &[u8],
+    d: &[u16],
+    m: &[u16],
+    acts: &Acts,
+    tile: usize,
+    c0: usize,
+    out: &OutRows<'_>,
+) {
+    let nb = acts.blocks();
+    let rp = w.tiles() * ROW_TILE;
+    let pairs = [tile * 2, tile * 2 + 1];
+    assert!((pairs[1] * nb + nb) * 32 <= qs.len() && (pairs[1] * nb + nb) * 2 <= d.len());
+    assert!((c0 + N) * nb * 64 <= acts.nib.len() && (c0 + N) * nb <= acts.d.len());
+    assert!(nb * rp <= m.len() && (c0 + N) * nb <= acts.s.len());
+    // SAFETY: all loads below are within the slices (asserted above).
+    unsafe {
+        let low = _mm256_set1_epi8(0x0F);
+        let pat = _mm512_loadu_si512(Q4_PATTERN.as_ptr() as *const _);
+        let zero = _mm512_setzero_si512();
+        let mut acc = [[_mm512_setzero_ps(); N]; 2];
+        for b in 0..nb {
+            let mut wz = [zero; 2];
+            let mut dw = [_mm512_setzero_ps(); 2];
+            for (i, &p) in pairs.iter().enumerate() {
+                let raw = _mm256_loadu_si256(qs.as_ptr().add((p * nb + b) * 32) as *const __m256i);
+                let lo = _mm256_and_si256(raw, low);
+                let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(raw), low);
+                wz[i] = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
+                dw[i] = _mm512_permutexvar_ps(pat, load2(d.as_ptr().add((p * nb + b) * 2)));
+            }
+            for j in 0..N {
+                let c = c0 + j;
+                let az = _mm512_loadu_si512(acts.nib.as_ptr().add((c * nb + b) * 64) as *const _);
+                let da = _mm512_set1_ps(*acts.d.get_unchecked(c * nb + b));
+                for i in 0..2 {
+                    let lanes = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(zero, wz[i], az));
+                    acc[i][j] = _mm512_fmadd_ps(_mm512_mul_ps(dw[i], da), lanes, acc[i][j]);
+                }
+            }
+        }
+        for j in 0..N {
+            let c = c0 + j;
+            // Σ_b fma(m, s) for the four rows of the tile, in block order.
+            let mut summs = _mm_setzero_ps();
+            for b in 0..nb {
+                let bits = _mm_loadl_epi64(m.as_ptr().add(b * rp + tile * ROW_TILE) as *const __m128i);
+                let mv = _mm_cvtph_ps(bits);
+                summs = _mm_fmadd_ps(mv, _mm_set1_ps(*acts.s.get_unchecked(c * nb + b)), summs);
+            }
+            let mut sm = [0f32; 4];
+            _mm_storeu_ps(sm.as_mut_ptr(), summs);
+            for i in 0..2 {
+                let mut z = [0f32; 16];
+                _mm512_storeu_ps(z.as_mut_ptr(), acc[i][j]);
+                let r0 = [z[0], z[1], z[2], z[3], z[8], z[9], z[10], z[11]];
+                let r1 = [z[4], z[5], z[6], z[7], z[12], z[13], z[14], z[15]];
+                let row = tile * ROW_TILE + 2 * i;
+                out.set(c, row, hsum8(&r0) + sm[2 * i]);
+                out.set(c, row + 1, hsum8(&r1) + sm[2 * i + 1]);
+            }
+        }
+    }
+}
+
+#[inline(always)]
+unsafe fn q8_0_tile<const N: usize>(
+    _w: &Packed,
+    qs: &[u8],
+    d: &[u16],
+    acts: &Acts,
+    tile: usize,
+    c0: usize,
+    out: &OutRows<'_>,
+) {
+    let nb = acts.blocks();
+    let pairs = [tile * 2, tile * 2 + 1];
+    assert!((pairs[1] * nb + nb) * 64 <= qs.len() && (pairs[1] * nb + nb) * 2 <= d.len());
+    assert!((c0 + N) * nb * 64 <= acts.dup.len() && (c0 + N) * nb * 16 <= acts.corr.len());
+    // SAFETY: all loads below are within the slices (asserted above).
+    unsafe {
+        let pat = _mm512_loadu_si512(Q8_PATTERN.as_ptr() as *const _);
+        let zero = _mm512_setzero_si512();
+        let mut acc = [[_mm512_setzero_ps(); N]; 2];
+        for b in 0..nb {
+            let mut wz = [zero; 2];
+            let mut dw = [_mm512_setzero_ps(); 2];
+            for (i, &p) in pairs.iter().enumerate() {
+                wz[i] = _mm512_loadu_si512(qs.as_ptr().add((p * nb + b) * 64) as *const _);
+                dw[i] = _mm512_permutexvar_ps(pat, load2(d.as_ptr().add((p * nb + b) * 2)));
+            }
+            for j in 0..N {
+                let c = c0 + j;
+                let az = _mm512_loadu_si512(acts.dup.as_ptr().add((c * nb + b) * 64) as *const _);
+                let corr = _mm512_loadu_si512(acts.corr.as_ptr().add((c * nb + b) * 16) as *const _);
+                let da = _mm512_set1_ps(*acts.d.get_unchecked(c * nb + b));
+                for i in 0..2 {
+                    let isum = _mm512_sub_epi32(_mm512_dpbusd_epi32(zero, wz[i], az), corr);
+                    let lanes = _mm512_cvtepi32_ps(isum);
+                    acc[i][j] = _mm512_fmadd_ps(_mm512_mul_ps(dw[i], da), lanes, acc[i][j]);
+                }
+            }
+        }
+        for j in 0..N {
+            let c = c0 + j;
+            for i in 0..2 {
+                let mut z = [0f32; 16];
+                _mm512_storeu_ps(z.as_mut_ptr(), acc[i][j]);
+                let r0: [f32; 8] = std::array::from_fn(|k| z[k]);
+                let r1: [f32; 8] = std::array::from_fn(|k| z[8 + k]);
+                let row = tile * ROW_TILE + 2 * i;
+                out.set(c, row, hsum8(&r0));
+                out.set(c, row + 1, hsum8(&r1));
+            }
+        }
+    }
+}
+
+/// See `attn::attend_scalar`: the same arithmetic on 512-bit registers.
+///
+/// # Safety
+/// The CPU must support avx512f and f16c; `q.len()` is a multiple of 64.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
+pub(super) unsafe fn attend(
+    q: &[f32],
+    kc: &[half::f16],
+    vc: &[half::f16],
+    lane: super::attn::Lane,
+    upto: usize,
+    scale: f32,
+    vkq: &mut [half::f16],
+    out: &mut [f32],
+) {
+    let hd = q.len();
+    let chunks = hd / 16;
+    assert!(vkq.len() == hd && out.len() == hd && chunks <= 16);
+    assert!(upto == 0 || (upto - 1) * lane.stride + lane.offset + hd <= kc.len().min(vc.len()));
+    // SAFETY: every pointer below stays within the slices asserted above.
+    unsafe {
+        let mut qv = [_mm512_setzero_ps(); 16];
+        for (c, v) in qv.iter_mut().take(chunks).enumerate() {
+            // Round the query to f16 and back, as llama.cpp converts it.
+            let x = _mm512_loadu_ps(q.as_ptr().add(16 * c));
+            *v = _mm512_cvtph_ps(_mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x));
+        }
+        let mut acc = [_mm256_setzero_si256(); 16];
+        let (mut s_sum, mut m) = (0f32, f32::NEG_INFINITY);
+        for t in 0..upto {
+            let at = t * lane.stride + lane.offset;
+            let kp = kc.as_ptr().add(at) as *const __m256i;
+            // Four 16-lane partial sums per 64 elements.
+            let mut sum = [_mm512_setzero_ps(); 4];
+            for i in (0..chunks).step_by(4) {
+                for (j, sj) in sum.iter_mut().enumerate() {
+                    let k = _mm512_cvtph_ps(_mm256_loadu_si256(kp.add(i + j)));
+                    *sj = _mm512_fmadd_ps(qv[i + j], k, *sj);
+                }
+            }
+            let x0 = _mm512_add_ps(_mm512_add_ps(sum[0], sum[2]), _mm512_add_ps(sum[1], sum[3]));
+            let mut l = [0f32; 16];
+            _mm512_storeu_ps(l.as_mut_ptr(), x0);
+            let a: [f32; 8] = std::array::from_fn(|i| l[i + 8] + l[i]);
+            let b: [f32; 4] = std::array::from_fn(|i| a[i + 4] + a[i]);
+            let s = ((b[0] + b[2]) + (b[1] + b[3])) * scale;
+            let (mut ms, mut vs) = (1f32, 1f32);
+            if s > m {
+                let old = m;
+                m = s;
+                ms = (old - m).exp();
+                let msv = _mm512_set1_ps(ms);
+                for a in acc.iter_mut().take(chunks) {
+                    let x = _mm512_mul_ps(_mm512_cvtph_ps(*a), msv);
+                    *a = _mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x);
+                }
+            } else {
+                vs = (s - m).exp();
+            }
+            let vsv = _mm512_set1_ps(vs);
+            let vp = vc.as_ptr().add(at) as *const __m256i;
+            for (c, a) in acc.iter_mut().take(chunks).enumerate() {
+                let v = _mm512_cvtph_ps(_mm256_loadu_si256(vp.add(c)));
+                let x = _mm512_fmadd_ps(v, vsv, _mm512_cvtph_ps(*a));
+                *a = _mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x);
+            }
+            s_sum = s_sum.mul_add(ms, vs);
+        }
+        let inv = _mm512_set1_ps(if s_sum == 0.0 { 0.0 } else { 1.0 / s_sum });
+        for (c, a) in acc.iter().take(chunks).enumerate() {
+            _mm512_storeu_ps(out.as_mut_ptr().add(16 * c), _mm512_mul_ps(_mm512_cvtph_ps(*a), inv));
+            _mm256_storeu_si256(vkq.as_mut_ptr().add(16 * c) as *mut __m256i, *a);
+        }
+    }
+}
