@@ -3,11 +3,20 @@
 //! tokio; it converts from the types of `inference`, `prompts` and
 //! `toolparse`, which know nothing of it.
 
+mod ask;
+mod engine_cmd;
+mod home;
+mod provider;
+mod pull;
+mod registry;
 mod replay;
 
 use clap::{Parser, Subcommand};
+use engine_cmd::EngineArgs;
 use std::io::Read;
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use toolparse::{FinishReason, Format, Options};
 
 #[derive(Parser, Debug)]
@@ -19,6 +28,66 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Answer QUESTION with the local model, streaming the answer to stdout
+    Ask {
+        #[command(flatten)]
+        engine: EngineArgs,
+        /// Tool-call format of the model (default: from models.toml)
+        #[arg(long)]
+        tool_format: Option<String>,
+        question: String,
+    },
+    /// Download a registry model (the default when NAME is omitted)
+    Pull {
+        /// Registry name (see `agentd models`)
+        name: Option<String>,
+    },
+    /// List registry models and whether each is present locally
+    Models {
+        /// Print JSON
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print the token ids of TEXT as a JSON array
+    Tokenize {
+        /// Registry name or .gguf path
+        #[arg(long)]
+        model: Option<String>,
+        /// Parse control tokens written in TEXT (e.g. <|im_start|>)
+        #[arg(long)]
+        special: bool,
+        text: String,
+    },
+    /// Raw completion of PROMPT (no chat template; control tokens parsed)
+    Generate {
+        #[command(flatten)]
+        engine: EngineArgs,
+        #[arg(long, default_value_t = 128)]
+        max_tokens: usize,
+        /// 0 is greedy
+        #[arg(long, default_value_t = 0.0)]
+        temperature: f32,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Print {"prompt_ids", "ids", "text", "finish_reason"}
+        #[arg(long)]
+        json: bool,
+        prompt: String,
+    },
+    /// Measure prompt processing and decode speed (like llama-bench)
+    Bench {
+        #[command(flatten)]
+        engine: EngineArgs,
+        #[arg(long, default_value_t = 512)]
+        prompt_tokens: usize,
+        #[arg(long, default_value_t = 128)]
+        gen_tokens: usize,
+        #[arg(long, default_value_t = 3)]
+        reps: usize,
+        /// Print {"model", "threads", "pp_tok_s", "tg_tok_s", "peak_rss_mb"}
+        #[arg(long)]
+        json: bool,
+    },
     /// Tool-call parser utilities
     Toolparse {
         #[command(subcommand)]
@@ -51,7 +120,17 @@ enum ToolparseCommand {
 }
 
 fn main() -> ExitCode {
-    match run(Cli::parse()) {
+    let cancel = Arc::new(AtomicBool::new(false));
+    {
+        let c = Arc::clone(&cancel);
+        // A second Ctrl-C exits at once.
+        let _ = ctrlc::set_handler(move || {
+            if c.swap(true, Ordering::SeqCst) {
+                std::process::exit(130);
+            }
+        });
+    }
+    match run(Cli::parse(), &cancel) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("agentd: {e:#}");
@@ -60,14 +139,31 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+fn run(cli: Cli, cancel: &AtomicBool) -> anyhow::Result<ExitCode> {
     match cli.command {
+        Command::Ask { engine, tool_format, question } => {
+            return ask::run(&engine, tool_format.as_deref(), &question, cancel)
+        }
+        Command::Pull { name } => engine_cmd::pull(name.as_deref())?,
+        Command::Models { json } => engine_cmd::models(json)?,
+        Command::Tokenize { model, special, text } => engine_cmd::tokenize(model.as_deref(), special, &text)?,
+        Command::Generate { engine, max_tokens, temperature, seed, json, prompt } => {
+            let finish = engine_cmd::generate(
+                engine_cmd::GenerateArgs { engine: &engine, max_tokens, temperature, seed, json, prompt: &prompt },
+                cancel,
+            )?;
+            if finish == inference::Finish::Cancelled {
+                return Ok(ExitCode::from(130));
+            }
+        }
+        Command::Bench { engine, prompt_tokens, gen_tokens, reps, json } => {
+            engine_cmd::bench(&engine, prompt_tokens, gen_tokens, reps, json)?
+        }
         Command::Toolparse { command: ToolparseCommand::Replay } => {
             replay::run(std::io::stdin().lock(), std::io::stdout().lock())?;
         }
         Command::Toolparse {
-            command:
-                ToolparseCommand::Parse { format, generation_prompt, truncated, suppress, file },
+            command: ToolparseCommand::Parse { format, generation_prompt, truncated, suppress, file },
         } => {
             let format = Format::from_name(&format)?;
             let mut text = String::new();

@@ -265,6 +265,25 @@ impl Engine {
         self.tok.encode(text, parse_special)
     }
 
+    /// Runs `tokens` through the model after what `session` caches (no
+    /// sampling): for benchmarks and warm-ups. Leaves the last logits.
+    pub fn eval(&self, session: &mut Session, tokens: &[u32]) -> Result<()> {
+        if session.kv.len() + tokens.len() >= self.info.context {
+            return Err(Error::new(
+                ErrorKind::Input,
+                format!(
+                    "{} more tokens do not fit: {} are cached and the context holds {}",
+                    tokens.len(),
+                    session.kv.len(),
+                    self.info.context
+                ),
+            ));
+        }
+        self.model.forward(&self.pool, tokens, &mut session.kv, &mut session.scratch)?;
+        session.tokens.extend_from_slice(tokens);
+        Ok(())
+    }
+
     /// A fresh session.
     pub fn session(&self) -> Session {
         Session::default()
@@ -410,19 +429,26 @@ impl<'a> TextStream<'a> {
             self.bytes.drain(..valid);
         }
         let done = self.delivered.len();
-        let stop_at =
-            self.stops.iter().filter(|s| !s.is_empty()).filter_map(|s| self.text[done.saturating_sub(s.len())..].find(s.as_str()).map(|i| i + done.saturating_sub(s.len()))).min();
-        if let Some(at) = stop_at.filter(|&at| at >= done) {
+        // A stop string may begin in held text (before `done` is not
+        // possible: held text is never delivered).
+        let mut stop_at: Option<usize> = None;
+        for s in self.stops.iter().filter(|s| !s.is_empty()) {
+            if let Some(i) = self.text[done..].find(s.as_str()) {
+                stop_at = Some(stop_at.map_or(done + i, |a| a.min(done + i)));
+            }
+        }
+        if let Some(at) = stop_at {
             self.emit(at, on_text);
             self.stopped = true;
             return true;
         }
+        // Hold back the longest tail that could still grow into a stop string.
         let mut hold = 0;
+        let pending = &self.text[done..];
         for s in self.stops {
-            for k in (1..s.len()).rev() {
-                if k <= self.text.len() - done && self.text.ends_with(&s[..k]) && s.is_char_boundary(k) {
+            for (k, _) in s.char_indices().skip(1) {
+                if k <= pending.len() && pending.ends_with(&s[..k]) {
                     hold = hold.max(k);
-                    break;
                 }
             }
         }
@@ -486,5 +512,12 @@ mod tests {
         let (out, stopped) = run(&[b"a <", b"b"], &["<|x"]);
         assert!(!stopped);
         assert_eq!(out.concat(), "a <b");
+        let e = "É".as_bytes();
+        let (out, stopped) = run(&[b"L'", &e[..1], &e[1..], b"toile \xc3", b"\xa9"], &["\u{e9}t\u{e9}", "<|im_end|>"]);
+        assert!(!stopped);
+        assert_eq!(out.concat(), "L'Étoile é");
+        let (out, stopped) = run(&[b"ab\xc3\xa9", b"t\xc3\xa9 z"], &["\u{e9}t\u{e9}"]);
+        assert!(stopped);
+        assert_eq!(out.concat(), "ab");
     }
 }

@@ -70,6 +70,12 @@ fn byte_decoder() -> std::collections::HashMap<char, u8> {
 }
 
 impl Tok {
+    /// Reads only the tokenizer of the GGUF at `path` (no weights).
+    pub fn load(path: &Path) -> Result<Tok> {
+        let g = Gguf::open(path)?;
+        Tok::from_gguf(&g, path)
+    }
+
     /// Builds the tokenizer of the GGUF `g`; `tokenizer.json` beside
     /// `model_path` wins when present.
     pub(crate) fn from_gguf(g: &Gguf, model_path: &Path) -> Result<Tok> {

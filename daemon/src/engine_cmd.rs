@@ -1,0 +1,231 @@
+//! The engine commands: `pull`, `models`, `tokenize`, `generate`, `bench`,
+//! and the model resolution every engine-using command shares.
+
+use crate::registry::{Entry, Registry};
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use inference::{Engine, EngineOptions, GenParams, Sampling};
+use serde_json::json;
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::time::Instant;
+
+/// Options shared by commands that run a model (CONTRACTS.md "ENGINE").
+#[derive(Args, Debug, Clone, Default)]
+pub(crate) struct EngineArgs {
+    /// Registry name or path to a .gguf file (default: the registry's default)
+    #[arg(long)]
+    pub(crate) model: Option<String>,
+    /// Where to run: auto, cpu, cuda[:N], metal
+    #[arg(long, default_value = "auto")]
+    pub(crate) device: String,
+    /// Compute threads (default: all available CPUs)
+    #[arg(long)]
+    pub(crate) threads: Option<usize>,
+}
+
+/// A model to run: its file and, for registry models, the entry.
+#[derive(Debug, Clone)]
+pub(crate) struct Resolved {
+    pub(crate) path: PathBuf,
+    pub(crate) entry: Option<Entry>,
+    pub(crate) name: String,
+}
+
+/// Finds (and pulls when missing) the model named by `--model`.
+pub(crate) fn resolve(model: Option<&str>) -> Result<Resolved> {
+    let reg = Registry::load()?;
+    let name = model.unwrap_or(&reg.default);
+    let as_path = PathBuf::from(name);
+    if reg.entries.get(name).is_none() && (as_path.is_file() || name.ends_with(".gguf") || name.contains('/')) {
+        if !as_path.is_file() {
+            bail!("model file {} does not exist", as_path.display());
+        }
+        return Ok(Resolved { path: as_path, entry: None, name: name.to_owned() });
+    }
+    let entry = reg.get(name)?.clone();
+    let path = crate::pull::ensure(&entry)?;
+    Ok(Resolved { path, name: entry.name.clone(), entry: Some(entry) })
+}
+
+impl EngineArgs {
+    pub(crate) fn load(&self) -> Result<(Resolved, Engine)> {
+        let r = resolve(self.model.as_deref())?;
+        let device = self.device.parse()?;
+        let context = r.entry.as_ref().and_then(|e| e.context);
+        let t = Instant::now();
+        let engine = Engine::load(&r.path, &EngineOptions { threads: self.threads, device, context })
+            .with_context(|| format!("cannot load {}", r.path.display()))?;
+        tracing_note(&format!("loaded {} in {:.2}s", r.name, t.elapsed().as_secs_f64()));
+        Ok((r, engine))
+    }
+}
+
+fn tracing_note(msg: &str) {
+    if std::env::var_os("AGENTD_VERBOSE").is_some() {
+        eprintln!("agentd: {msg}");
+    }
+}
+
+pub(crate) fn pull(name: Option<&str>) -> Result<()> {
+    let reg = Registry::load()?;
+    let entry = reg.get(name.unwrap_or(&reg.default))?;
+    let path = crate::pull::pull(entry)?;
+    println!("{}", path.display());
+    Ok(())
+}
+
+pub(crate) fn models(json_out: bool) -> Result<()> {
+    let reg = Registry::load()?;
+    let mut rows = Vec::new();
+    for (name, e) in &reg.entries {
+        let path = e.local_path();
+        let state = if !path.is_file() {
+            "missing"
+        } else if crate::pull::verified(&path, &e.sha256)? {
+            "present"
+        } else {
+            "corrupt"
+        };
+        rows.push(json!({
+            "name": name, "default": *name == reg.default, "state": state,
+            "path": path, "repo": e.repo, "file": e.file, "sha256": e.sha256,
+            "tool_format": e.tool_format, "mirrors": e.mirrors,
+        }));
+    }
+    if json_out {
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+    } else {
+        for r in rows {
+            println!(
+                "{}{}  {}  {}/{}  {}",
+                r["name"].as_str().unwrap_or_default(),
+                if r["default"] == true { " (default)" } else { "" },
+                r["state"].as_str().unwrap_or_default(),
+                r["repo"].as_str().unwrap_or_default(),
+                r["file"].as_str().unwrap_or_default(),
+                r["path"].as_str().unwrap_or_default(),
+            );
+        }
+    }
+    Ok(())
+}
+
+pub(crate) fn tokenize(model: Option<&str>, special: bool, text: &str) -> Result<()> {
+    let r = resolve(model)?;
+    let tok = inference::Tok::load(&r.path)?;
+    let ids = tok.encode(text, special)?;
+    println!("{}", serde_json::to_string(&ids)?);
+    Ok(())
+}
+
+pub(crate) struct GenerateArgs<'a> {
+    pub(crate) engine: &'a EngineArgs,
+    pub(crate) max_tokens: usize,
+    pub(crate) temperature: f32,
+    pub(crate) seed: u64,
+    pub(crate) json: bool,
+    pub(crate) prompt: &'a str,
+}
+
+pub(crate) fn generate(a: GenerateArgs<'_>, cancel: &AtomicBool) -> Result<inference::Finish> {
+    let (_, engine) = a.engine.load()?;
+    let prompt = engine.tokenize(a.prompt, true)?;
+    let params = GenParams {
+        max_tokens: a.max_tokens,
+        sampling: Sampling { temperature: a.temperature, seed: a.seed, ..Sampling::default() },
+        ..GenParams::default()
+    };
+    let mut s = engine.session();
+    let stdout = std::io::stdout();
+    let json_out = a.json;
+    let out = engine.generate(&mut s, &prompt, &params, cancel, &mut |d| {
+        if !json_out {
+            let mut o = stdout.lock();
+            let _ = o.write_all(d.as_bytes());
+            let _ = o.flush();
+        }
+    })?;
+    if json_out {
+        println!(
+            "{}",
+            json!({"prompt_ids": prompt, "ids": out.ids, "text": out.text, "finish_reason": out.finish.as_str()})
+        );
+    } else {
+        println!();
+    }
+    Ok(out.finish)
+}
+
+/// Peak resident set size of this process in MB (VmHWM).
+pub(crate) fn peak_rss_mb() -> Option<f64> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb / 1024.0)
+}
+
+pub(crate) fn bench(engine_args: &EngineArgs, pp: usize, tg: usize, reps: usize, json_out: bool) -> Result<()> {
+    let (r, engine) = engine_args.load()?;
+    let vocab = engine.info().config.n_vocab as u32;
+    let tok = engine.tokenizer();
+    // Ordinary tokens in a fixed pseudo-random order, like llama-bench.
+    let mut x = 0x2545_F491_4F6C_DD1Du64;
+    let mut ids = Vec::new();
+    while ids.len() < pp.max(tg) + 1 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let id = (x % vocab as u64) as u32;
+        if !tok.is_control(id) {
+            ids.push(id);
+        }
+    }
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let mut pps = Vec::new();
+    let mut tgs = Vec::new();
+    for rep in 0..=reps.max(1) {
+        if pp > 0 {
+            let mut s = engine.session();
+            let t = Instant::now();
+            engine.eval(&mut s, &ids[..pp])?;
+            let v = pp as f64 / t.elapsed().as_secs_f64();
+            if rep > 0 {
+                pps.push(v);
+            }
+        }
+        if tg > 0 {
+            let mut s = engine.session();
+            let t = Instant::now();
+            for &id in &ids[..tg] {
+                engine.eval(&mut s, &[id])?;
+            }
+            let v = tg as f64 / t.elapsed().as_secs_f64();
+            if rep > 0 {
+                tgs.push(v);
+            }
+        }
+    }
+    let pp_s = if pps.is_empty() { 0.0 } else { median(pps) };
+    let tg_s = if tgs.is_empty() { 0.0 } else { median(tgs) };
+    let rss = peak_rss_mb().unwrap_or(0.0);
+    if json_out {
+        println!(
+            "{}",
+            json!({"model": r.name, "threads": engine.info().threads, "pp_tok_s": pp_s, "tg_tok_s": tg_s,
+                   "peak_rss_mb": rss, "prompt_tokens": pp, "gen_tokens": tg, "reps": reps,
+                   "kernels": format!("{:?}", inference::kernels::isa())})
+        );
+    } else {
+        println!(
+            "model {}  threads {}  pp{pp} {pp_s:.1} tok/s  tg{tg} {tg_s:.1} tok/s  peak RSS {rss:.0} MB",
+            r.name,
+            engine.info().threads
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,22 @@
+//! Where state lives: `$AGENTD_HOME`, else `$XDG_DATA_HOME/agentd`, else
+//! `~/.local/share/agentd`. Every command honours it, so a test can isolate
+//! itself.
+
+use std::path::PathBuf;
+
+/// The state folder (not created here).
+pub(crate) fn home() -> PathBuf {
+    if let Some(h) = std::env::var_os("AGENTD_HOME").filter(|v| !v.is_empty()) {
+        return PathBuf::from(h);
+    }
+    if let Some(x) = std::env::var_os("XDG_DATA_HOME").filter(|v| !v.is_empty()) {
+        return PathBuf::from(x).join("agentd");
+    }
+    let base = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("."));
+    base.join(".local/share/agentd")
+}
+
+/// Downloaded models.
+pub(crate) fn models_dir() -> PathBuf {
+    home().join("models")
+}
