@@ -141,7 +141,7 @@ impl Linear {
         out.resize(n * rows, 0.0);
         match self {
             Linear::Packed(p) => {
-                acts.prepare(x, n, p.cols, p);
+                acts.prepare(x, n, p.cols, p, pool);
                 let tiles = p.tiles();
                 // Enough chunks to balance, few enough to keep dispatch cheap.
                 let per = (tiles / (pool.threads() * 8)).max(1);
@@ -430,8 +430,20 @@ fn rope(x: &mut [f32], pos: usize, cfg: &Config) {
             let (s, c) = theta.sin_cos();
             let (a, b) = if cfg.rope_neox { (i, i + dims / 2) } else { (2 * i, 2 * i + 1) };
             let (x0, x1) = (head[a], head[b]);
-            head[a] = x0 * c - x1 * s;
-            head[b] = x0 * s + x1 * c;
+            match std::env::var("X_ROPE").as_deref() {
+                Ok("1") => {
+                    head[a] = x0.mul_add(c, -(x1 * s));
+                    head[b] = x0.mul_add(s, x1 * c);
+                }
+                Ok("2") => {
+                    head[a] = (-x1).mul_add(s, x0 * c);
+                    head[b] = x1.mul_add(c, x0 * s);
+                }
+                _ => {
+                    head[a] = x0 * c - x1 * s;
+                    head[b] = x0 * s + x1 * c;
+                }
+            }
             theta *= scale;
         }
     }

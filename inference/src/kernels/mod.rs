@@ -252,49 +252,55 @@ pub(crate) struct Acts {
     /// Per column and block, 16 lanes: `128 · (a[4j]+…+a[4j+3])` (twice),
     /// the offset the unsigned 8-bit weights add.
     pub(crate) corr: Vec<i32>,
-    scratch: Q8Row,
 }
 
 impl Acts {
-    /// Prepares `x` (`n` columns of `k` values) for weights like `w`.
-    pub(crate) fn prepare(&mut self, x: &[f32], n: usize, k: usize, w: &Packed) {
+    /// Prepares `x` (`n` columns of `k` values) for weights like `w`,
+    /// quantizing columns in parallel on `pool` when there are many.
+    pub(crate) fn prepare(&mut self, x: &[f32], n: usize, k: usize, w: &Packed, pool: &crate::pool::Pool) {
         self.n = n;
         self.k = k;
         self.x.clear();
-        self.d.clear();
-        self.s.clear();
-        self.q.clear();
-        self.nib.clear();
-        self.dup.clear();
-        self.corr.clear();
-        match w.kind {
-            PackedKind::F32 { .. } => self.x.extend_from_slice(&x[..n * k]),
-            PackedKind::Q4_1 { .. } | PackedKind::Q8_0 { .. } => {
-                let four = matches!(w.kind, PackedKind::Q4_1 { .. });
-                for c in 0..n {
-                    quantize_q8(&x[c * k..(c + 1) * k], &mut self.scratch);
-                    self.d.extend_from_slice(&self.scratch.d);
-                    self.s.extend_from_slice(&self.scratch.s);
-                    self.q.extend_from_slice(&self.scratch.q);
-                    for blk in self.scratch.q.chunks_exact(QK) {
-                        let u: [u8; 32] = std::array::from_fn(|i| blk[i] as u8);
-                        if four {
-                            self.nib.extend_from_slice(&u[..16]);
-                            self.nib.extend_from_slice(&u[..16]);
-                            self.nib.extend_from_slice(&u[16..]);
-                            self.nib.extend_from_slice(&u[16..]);
-                        } else {
-                            self.dup.extend_from_slice(&u);
-                            self.dup.extend_from_slice(&u);
-                            let lanes: [i32; 8] = std::array::from_fn(|j| {
-                                128 * blk[4 * j..4 * j + 4].iter().map(|&v| v as i32).sum::<i32>()
-                            });
-                            self.corr.extend_from_slice(&lanes);
-                            self.corr.extend_from_slice(&lanes);
-                        }
-                    }
-                }
+        let four = matches!(w.kind, PackedKind::Q4_1 { .. });
+        if matches!(w.kind, PackedKind::F32 { .. }) {
+            self.x.extend_from_slice(&x[..n * k]);
+            return;
+        }
+        let nb = k / QK;
+        self.d.resize(n * nb, 0.0);
+        self.s.resize(n * nb, 0.0);
+        self.q.resize(n * nb * QK, 0);
+        if four {
+            self.nib.resize(n * nb * 64, 0);
+            self.dup.clear();
+            self.corr.clear();
+        } else {
+            self.nib.clear();
+            self.dup.resize(n * nb * 64, 0);
+            self.corr.resize(n * nb * 16, 0);
+        }
+        let cols = ColWriter {
+            d: self.d.as_mut_ptr(),
+            s: self.s.as_mut_ptr(),
+            q: self.q.as_mut_ptr(),
+            lay: if four { self.nib.as_mut_ptr() } else { self.dup.as_mut_ptr() },
+            corr: self.corr.as_mut_ptr(),
+            nb,
+            four,
+        };
+        let per = 8;
+        let chunks = n.div_ceil(per);
+        let job = |i: usize| {
+            for c in i * per..((i + 1) * per).min(n) {
+                // SAFETY: every column writes only its own disjoint ranges of
+                // the buffers sized above; `c < n`.
+                unsafe { cols.column(&x[c * k..(c + 1) * k], c) };
             }
+        };
+        if chunks > 1 {
+            pool.run(chunks, &job);
+        } else {
+            (0..chunks).for_each(job);
         }
     }
 
@@ -310,6 +316,81 @@ pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
         // SAFETY: the CPU has the features (checked by `isa`).
         Isa::Avx512Vnni => unsafe { x86::dot_f32(a, b) },
         _ => scalar::dot_f32(a, b),
+    }
+}
+
+/// Raw views of an [`Acts`]'s buffers, written one column at a time.
+#[derive(Clone, Copy)]
+struct ColWriter {
+    d: *mut f32,
+    s: *mut f32,
+    q: *mut i8,
+    lay: *mut u8,
+    corr: *mut i32,
+    nb: usize,
+    four: bool,
+}
+
+// SAFETY: columns write disjoint ranges (see `column`).
+unsafe impl Send for ColWriter {}
+unsafe impl Sync for ColWriter {}
+
+impl ColWriter {
+    /// Quantizes column `c` (`x`, `nb · 32` values) into its ranges.
+    ///
+    /// # Safety
+    /// The buffers hold at least `c + 1` columns, and no other thread writes
+    /// column `c`.
+    unsafe fn column(&self, x: &[f32], c: usize) {
+        let nb = self.nb;
+        // SAFETY: ranges of column c, in bounds by the caller's contract.
+        let (d, s, q, lay) = unsafe {
+            (
+                std::slice::from_raw_parts_mut(self.d.add(c * nb), nb),
+                std::slice::from_raw_parts_mut(self.s.add(c * nb), nb),
+                std::slice::from_raw_parts_mut(self.q.add(c * nb * QK), nb * QK),
+                std::slice::from_raw_parts_mut(self.lay.add(c * nb * 64), nb * 64),
+            )
+        };
+        let corr = if self.four {
+            &mut [][..]
+        } else {
+            // SAFETY: as above.
+            unsafe { std::slice::from_raw_parts_mut(self.corr.add(c * nb * 16), nb * 16) }
+        };
+        match isa() {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: the CPU has the features (`isa`).
+            Isa::Avx512Vnni => unsafe { x86::quantize_column(x, d, s, q, lay, corr, self.four) },
+            _ => quantize_column_scalar(x, d, s, q, lay, corr, self.four),
+        }
+    }
+}
+
+/// Portable twin of `x86::quantize_column`.
+fn quantize_column_scalar(x: &[f32], d: &mut [f32], s: &mut [f32], q: &mut [i8], lay: &mut [u8], corr: &mut [i32], four: bool) {
+    let mut row = Q8Row::default();
+    quantize_q8(x, &mut row);
+    d.copy_from_slice(&row.d);
+    s.copy_from_slice(&row.s);
+    q.copy_from_slice(&row.q);
+    for (b, blk) in row.q.chunks_exact(QK).enumerate() {
+        let u: [u8; 32] = std::array::from_fn(|i| blk[i] as u8);
+        let out = &mut lay[b * 64..(b + 1) * 64];
+        if four {
+            out[..16].copy_from_slice(&u[..16]);
+            out[16..32].copy_from_slice(&u[..16]);
+            out[32..48].copy_from_slice(&u[16..]);
+            out[48..].copy_from_slice(&u[16..]);
+        } else {
+            out[..32].copy_from_slice(&u);
+            out[32..].copy_from_slice(&u);
+            for j in 0..8 {
+                let v = 128 * blk[4 * j..4 * j + 4].iter().map(|&v| v as i32).sum::<i32>();
+                corr[b * 16 + j] = v;
+                corr[b * 16 + 8 + j] = v;
+            }
+        }
     }
 }
 
@@ -369,7 +450,7 @@ mod tests {
 
     fn run(w: &Packed, x: &[f32], n: usize, forced: Option<Isa>) -> Vec<f32> {
         let mut acts = Acts::default();
-        acts.prepare(x, n, w.cols, w);
+        acts.prepare(x, n, w.cols, w, &crate::pool::Pool::new(2));
         let mut out = vec![f32::NAN; n * w.rows];
         {
             let o = OutRows::new(&mut out, w.rows);
@@ -379,6 +460,31 @@ mod tests {
             }
         }
         out
+    }
+
+    /// Column quantization: the SIMD path equals the scalar one bit for bit,
+    /// ties included.
+    #[test]
+    fn quantization_paths_agree() {
+        let mut x = random_x(32 * 9, 5);
+        // Exact ties: a block whose max is 127 scales by 1.
+        x[0] = 127.0;
+        for (i, v) in x[1..32].iter_mut().enumerate() {
+            *v = i as f32 - 15.5;
+        }
+        x[32..64].fill(0.0);
+        for four in [true, false] {
+            let nb = x.len() / 32;
+            let mut a = (vec![0f32; nb], vec![0f32; nb], vec![0i8; nb * 32], vec![0u8; nb * 64], vec![0i32; nb * 16]);
+            let mut b = a.clone();
+            quantize_column_scalar(&x, &mut a.0, &mut a.1, &mut a.2, &mut a.3, &mut a.4, four);
+            #[cfg(target_arch = "x86_64")]
+            if isa() == Isa::Avx512Vnni {
+                // SAFETY: checked by isa().
+                unsafe { x86::quantize_column(&x, &mut b.0, &mut b.1, &mut b.2, &mut b.3, &mut b.4, four) };
+                assert_eq!(a, b, "four={four}");
+            }
+        }
     }
 
     /// The packed kernels agree with a plain dequantized product, and the

@@ -299,3 +299,65 @@ pub(super) unsafe fn attend(
         }
     }
 }
+
+/// Quantizes one column as `quant::quantize_q8` does (bit for bit) and
+/// writes the kernels' layouts (`Acts`): 4-bit layout, or 8-bit layout and
+/// lane corrections.
+///
+/// # Safety
+/// The CPU must support avx512f, avx512bw, avx512vl, avx512vnni; `x` holds
+/// `d.len() · 32` values and the outputs are sized for that many blocks.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
+pub(super) unsafe fn quantize_column(
+    x: &[f32],
+    d: &mut [f32],
+    s: &mut [f32],
+    q: &mut [i8],
+    lay: &mut [u8],
+    corr: &mut [i32],
+    four: bool,
+) {
+    let nb = d.len();
+    assert!(x.len() >= nb * 32 && s.len() >= nb && q.len() >= nb * 32 && lay.len() >= nb * 64);
+    assert!(four || corr.len() >= nb * 16);
+    // SAFETY: in bounds (asserted above).
+    unsafe {
+        let sign = _mm512_set1_epi32(0x7FFF_FFFF);
+        let nib_idx = _mm512_setr_epi64(0, 1, 0, 1, 2, 3, 2, 3);
+        let dup_idx = _mm512_setr_epi64(0, 1, 2, 3, 0, 1, 2, 3);
+        let ones = _mm512_set1_epi8(1);
+        for b in 0..nb {
+            let p = x.as_ptr().add(b * 32);
+            let v0 = _mm512_loadu_ps(p);
+            let v1 = _mm512_loadu_ps(p.add(16));
+            let a0 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(v0), sign));
+            let a1 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(v1), sign));
+            let amax = _mm512_reduce_max_ps(_mm512_max_ps(a0, a1));
+            let dd = amax / 127.0;
+            let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+            let m = _mm512_set1_ps(id);
+            let r0 = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm512_mul_ps(v0, m));
+            let r1 = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm512_mul_ps(v1, m));
+            let i0 = _mm512_cvtps_epi32(r0);
+            let i1 = _mm512_cvtps_epi32(r1);
+            let sum = _mm512_reduce_add_epi32(_mm512_add_epi32(i0, i1));
+            d[b] = half::f16::from_f32(dd).to_f32();
+            s[b] = half::f16::from_f32(dd * sum as f32).to_f32();
+            let q0 = _mm512_cvtsepi32_epi8(i0);
+            let q1 = _mm512_cvtsepi32_epi8(i1);
+            let q256 = _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(q0), q1);
+            _mm256_storeu_si256(q.as_mut_ptr().add(b * 32) as *mut __m256i, q256);
+            let wide = _mm512_castsi256_si512(q256);
+            let out = lay.as_mut_ptr().add(b * 64) as *mut __m512i;
+            if four {
+                _mm512_storeu_si512(out as *mut _, _mm512_permutexvar_epi64(nib_idx, wide));
+            } else {
+                let dupv = _mm512_permutexvar_epi64(dup_idx, wide);
+                _mm512_storeu_si512(out as *mut _, dupv);
+                // Lane sums of four signed bytes (unsigned 1 × signed a), × 128.
+                let lanes = _mm512_slli_epi32::<7>(_mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, dupv));
+                _mm512_storeu_si512(corr.as_mut_ptr().add(b * 16) as *mut _, lanes);
+            }
+        }
+    }
+}

@@ -1,0 +1,153 @@
+//! A tiny GGUF written by the tests themselves: a two-layer llama with
+//! random weights, a small byte-level vocabulary with merges and control
+//! tokens, and a ChatML template. Unit tests need no download.
+
+#![allow(dead_code, unreachable_pub)]
+
+use candle_core::quantized::gguf_file::{self, Value};
+use candle_core::quantized::{GgmlDType, QTensor};
+use candle_core::{Device, Tensor};
+use std::path::{Path, PathBuf};
+
+pub const CHATML: &str = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+
+/// GPT-2's byte → printable char table.
+pub fn byte_chars() -> Vec<char> {
+    let mut bs: Vec<u32> = (b'!' as u32..=b'~' as u32).chain(0xA1..=0xAC).chain(0xAE..=0xFF).collect();
+    let mut cs = bs.clone();
+    let mut n = 0;
+    for b in 0..256u32 {
+        if !bs.contains(&b) {
+            bs.push(b);
+            cs.push(256 + n);
+            n += 1;
+        }
+    }
+    let mut table = vec![' '; 256];
+    for (b, c) in bs.into_iter().zip(cs) {
+        table[b as usize] = char::from_u32(c).unwrap();
+    }
+    table
+}
+
+pub struct Tiny {
+    pub path: PathBuf,
+    pub vocab: usize,
+    _dir: tempfile::TempDir,
+}
+
+fn rand_tensor(shape: (usize, usize), seed: u64, scale: f32) -> Tensor {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let v: Vec<f32> = (0..shape.0 * shape.1)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s % 20001) as f32 / 10000.0 - 1.0) * scale
+        })
+        .collect();
+    Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
+}
+
+fn ones(n: usize) -> Tensor {
+    Tensor::ones(n, candle_core::DType::F32, &Device::Cpu).unwrap()
+}
+
+/// Writes the tiny model. `kquant_layer`: quantize that layer's ffn_down as
+/// Q4_K (a type the fast path leaves to candle).
+pub fn write_tiny(kquant_layer: Option<usize>) -> Tiny {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tiny.gguf");
+    write_at(&path, kquant_layer);
+    Tiny { path, vocab: vocab_tokens().0.len(), _dir: dir }
+}
+
+fn vocab_tokens() -> (Vec<String>, Vec<i32>, Vec<String>) {
+    let bc = byte_chars();
+    let mut tokens: Vec<String> = vec!["<|endoftext|>".into(), "<|im_start|>".into(), "<|im_end|>".into()];
+    let mut types = vec![3, 3, 3];
+    for &c in &bc {
+        tokens.push(c.to_string());
+        types.push(1);
+    }
+    let sp = bc[b' ' as usize];
+    let nl = bc[b'\n' as usize];
+    let merges_src: Vec<(String, String)> = vec![
+        (format!("{sp}"), "t".into()),
+        ("h".into(), "e".into()),
+        (format!("{sp}t"), "he".into()),
+        ("i".into(), "n".into()),
+        ("a".into(), "n".into()),
+        (format!("{nl}"), format!("{nl}")),
+        ("u".into(), "s".into()),
+        ("us".into(), "er".into()),
+        ("e".into(), "r".into()),
+    ];
+    let mut merges = Vec::new();
+    for (a, b) in merges_src {
+        let m = format!("{a}{b}");
+        if !tokens.contains(&m) {
+            tokens.push(m);
+            types.push(1);
+        }
+        merges.push(format!("{a} {b}"));
+    }
+    // Pad to a multiple of 4 rows.
+    while tokens.len() % 4 != 0 {
+        tokens.push(format!("<pad{}>", tokens.len()));
+        types.push(5);
+    }
+    (tokens, types, merges)
+}
+
+fn write_at(path: &Path, kquant_layer: Option<usize>) {
+    let (tokens, types, merges) = vocab_tokens();
+    let (d, ff, layers, heads, kv) = (128usize, 256usize, 2usize, 2usize, 1usize);
+    let hd = d / heads;
+    let vocab = tokens.len();
+    let mut md: Vec<(String, Value)> = vec![
+        ("general.architecture".into(), Value::String("llama".into())),
+        ("general.name".into(), Value::String("tiny-test".into())),
+        ("llama.block_count".into(), Value::U32(layers as u32)),
+        ("llama.context_length".into(), Value::U32(512)),
+        ("llama.embedding_length".into(), Value::U32(d as u32)),
+        ("llama.feed_forward_length".into(), Value::U32(ff as u32)),
+        ("llama.attention.head_count".into(), Value::U32(heads as u32)),
+        ("llama.attention.head_count_kv".into(), Value::U32(kv as u32)),
+        ("llama.rope.freq_base".into(), Value::F32(10000.0)),
+        ("llama.rope.dimension_count".into(), Value::U32(hd as u32)),
+        ("llama.attention.layer_norm_rms_epsilon".into(), Value::F32(1e-5)),
+        ("tokenizer.ggml.model".into(), Value::String("gpt2".into())),
+        ("tokenizer.ggml.pre".into(), Value::String("smollm".into())),
+        ("tokenizer.ggml.tokens".into(), Value::Array(tokens.iter().map(|t| Value::String(t.clone())).collect())),
+        ("tokenizer.ggml.token_type".into(), Value::Array(types.iter().map(|&t| Value::I32(t)).collect())),
+        ("tokenizer.ggml.merges".into(), Value::Array(merges.iter().map(|m| Value::String(m.clone())).collect())),
+        ("tokenizer.ggml.bos_token_id".into(), Value::U32(1)),
+        ("tokenizer.ggml.eos_token_id".into(), Value::U32(2)),
+        ("tokenizer.ggml.add_bos_token".into(), Value::Bool(false)),
+        ("tokenizer.chat_template".into(), Value::String(CHATML.into())),
+    ];
+    md.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut ts: Vec<(String, QTensor)> = Vec::new();
+    let q = |t: &Tensor, ty| QTensor::quantize(t, ty).unwrap();
+    ts.push(("token_embd.weight".into(), q(&rand_tensor((vocab, d), 1, 1.0), GgmlDType::Q8_0)));
+    ts.push(("output_norm.weight".into(), q(&ones(d), GgmlDType::F32)));
+    for l in 0..layers {
+        let s = 100 * (l as u64 + 1);
+        let n = |x: &str| format!("blk.{l}.{x}");
+        ts.push((n("attn_norm.weight"), q(&ones(d), GgmlDType::F32)));
+        ts.push((n("ffn_norm.weight"), q(&ones(d), GgmlDType::F32)));
+        ts.push((n("attn_q.weight"), q(&rand_tensor((d, d), s + 1, 0.2), GgmlDType::Q4_1)));
+        ts.push((n("attn_k.weight"), q(&rand_tensor((kv * hd, d), s + 2, 0.2), GgmlDType::Q4_1)));
+        ts.push((n("attn_v.weight"), q(&rand_tensor((kv * hd, d), s + 3, 0.2), GgmlDType::Q4_1)));
+        ts.push((n("attn_output.weight"), q(&rand_tensor((d, d), s + 4, 0.2), GgmlDType::Q8_0)));
+        ts.push((n("ffn_gate.weight"), q(&rand_tensor((ff, d), s + 5, 0.2), GgmlDType::Q4_1)));
+        ts.push((n("ffn_up.weight"), q(&rand_tensor((ff, d), s + 6, 0.2), GgmlDType::Q4_1)));
+        let down_ty = if kquant_layer == Some(l) { GgmlDType::Q4K } else { GgmlDType::Q4_1 };
+        ts.push((n("ffn_down.weight"), q(&rand_tensor((d, ff), s + 7, 0.2), down_ty)));
+    }
+    let mdr: Vec<(&str, &Value)> = md.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    let tsr: Vec<(&str, &QTensor)> = ts.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    let mut f = std::fs::File::create(path).unwrap();
+    gguf_file::write(&mut f, &mdr, &tsr).unwrap();
+}

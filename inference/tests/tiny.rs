@@ -1,0 +1,159 @@
+//! The engine on a tiny GGUF the test writes itself (no download): loading,
+//! tokenizer round trips, generation controls, cancellation, prefix-reuse
+//! exactness, and our forward pass against candle's `quantized_llama`.
+
+mod common;
+
+use inference::{Engine, EngineOptions, ErrorKind, Finish, GenParams, Sampling};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+fn engine(kq: Option<usize>, threads: usize) -> (common::Tiny, Engine) {
+    let t = common::write_tiny(kq);
+    let e = Engine::load(&t.path, &EngineOptions { threads: Some(threads), ..Default::default() }).expect("tiny model loads");
+    (t, e)
+}
+
+fn go(e: &Engine, prompt: &[u32], p: &GenParams) -> inference::Output {
+    let mut s = e.session();
+    e.generate(&mut s, prompt, p, &AtomicBool::new(false), &mut |_| {}).expect("generates")
+}
+
+#[test]
+fn loads_and_reports_its_shape() {
+    let (t, e) = engine(None, 1);
+    let info = e.info();
+    assert_eq!(info.config.n_layer, 2);
+    assert_eq!(info.config.n_vocab, t.vocab);
+    assert!(info.chat_template.as_deref().is_some_and(|c| c.contains("im_start")));
+    assert!(info.stop_tokens.contains(&2));
+}
+
+#[test]
+fn tokenizer_round_trips_and_parses_control_tokens_only_when_asked() {
+    let (_t, e) = engine(None, 1);
+    for text in ["hello there user", "Zürich 12345 ✓\n\n", "", "  spaces  "] {
+        let ids = e.tokenize(text, false).unwrap();
+        assert_eq!(e.tokenizer().decode(&ids), text);
+    }
+    assert_eq!(e.tokenize("<|im_start|>", true).unwrap(), vec![1]);
+    assert!(e.tokenize("<|im_start|>", false).unwrap().len() > 1);
+    // Digits are split one by one (the `smollm` pre-tokenizer).
+    assert_eq!(e.tokenize("123", false).unwrap().len(), 3);
+}
+
+#[test]
+fn greedy_is_deterministic_and_seeded_sampling_repeats() {
+    let (_t, e) = engine(None, 2);
+    let prompt = e.tokenize("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n", true).unwrap();
+    let p = GenParams { max_tokens: 24, ..GenParams::default() };
+    assert_eq!(go(&e, &prompt, &p).ids, go(&e, &prompt, &p).ids);
+    let s = |seed| GenParams {
+        max_tokens: 24,
+        sampling: Sampling { temperature: 1.0, top_k: 0, top_p: 1.0, min_p: 0.0, seed, ..Sampling::default() },
+        ..GenParams::default()
+    };
+    assert_eq!(go(&e, &prompt, &s(7)).ids, go(&e, &prompt, &s(7)).ids);
+    assert_ne!(go(&e, &prompt, &s(7)).ids, go(&e, &prompt, &s(8)).ids);
+}
+
+#[test]
+fn limits_bans_and_stops_are_obeyed() {
+    let (_t, e) = engine(None, 1);
+    let prompt = e.tokenize("the user", false).unwrap();
+    let out = go(&e, &prompt, &GenParams { max_tokens: 5, stop_tokens: vec![], ..GenParams::default() });
+    assert!(out.ids.len() <= 5);
+    let free = go(&e, &prompt, &GenParams { max_tokens: 20, ..GenParams::default() });
+    let banned: Vec<u32> = free.ids.iter().copied().take(3).collect();
+    let out = go(&e, &prompt, &GenParams { max_tokens: 20, forbid: banned.clone(), ..GenParams::default() });
+    assert!(out.ids.iter().all(|i| !banned.contains(i)), "{:?} contains one of {banned:?}", out.ids);
+    // A stop string cuts the text before it.
+    if free.text.chars().count() > 4 {
+        let stop: String = free.text.chars().skip(2).take(2).collect();
+        let out = go(&e, &prompt, &GenParams { max_tokens: 20, stop_strings: vec![stop.clone()], ..GenParams::default() });
+        assert_eq!(out.finish, Finish::Stop);
+        assert!(!out.text.contains(&stop));
+        assert!(free.text.starts_with(&out.text));
+    }
+}
+
+#[test]
+fn a_prompt_beyond_the_context_names_both_sizes() {
+    let t = common::write_tiny(None);
+    let e = Engine::load(&t.path, &EngineOptions { threads: Some(1), context: Some(64), ..Default::default() }).unwrap();
+    let prompt = vec![100u32; 80];
+    let err = e.generate(&mut e.session(), &prompt, &GenParams::default(), &AtomicBool::new(false), &mut |_| {}).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Input);
+    let msg = err.to_string();
+    assert!(msg.contains("80") && msg.contains("64"), "{msg}");
+}
+
+#[test]
+fn cancellation_stops_generation() {
+    let (_t, e) = engine(None, 1);
+    let cancel = AtomicBool::new(false);
+    let prompt = e.tokenize("the user", false).unwrap();
+    let mut n = 0;
+    let mut s = e.session();
+    let out = e
+        .generate(&mut s, &prompt, &GenParams { max_tokens: 200, stop_tokens: vec![], ..GenParams::default() }, &cancel, &mut |_| {
+            n += 1;
+            if n == 3 {
+                cancel.store(true, Ordering::Relaxed);
+            }
+        })
+        .unwrap();
+    assert_eq!(out.finish, Finish::Cancelled);
+    assert!(out.ids.len() < 200);
+}
+
+#[test]
+fn reusing_a_cached_prefix_gives_the_same_greedy_output() {
+    let (_t, e) = engine(None, 2);
+    let turn1 = e.tokenize("<|im_start|>user\nhi there<|im_end|>\n<|im_start|>assistant\n", true).unwrap();
+    let p = GenParams { max_tokens: 16, chunk: 5, ..GenParams::default() };
+    let mut s = e.session();
+    let first = e.generate(&mut s, &turn1, &p, &AtomicBool::new(false), &mut |_| {}).unwrap();
+    let mut turn2 = turn1.clone();
+    turn2.extend(first.ids.iter().copied().filter(|&i| i != 2));
+    turn2.extend(e.tokenize("<|im_end|>\n<|im_start|>user\nand then?<|im_end|>\n<|im_start|>assistant\n", true).unwrap());
+    let reused = e.generate(&mut s, &turn2, &p, &AtomicBool::new(false), &mut |_| {}).unwrap();
+    assert!(reused.reused_tokens > 0, "nothing was reused");
+    let cold = go(&e, &turn2, &GenParams { chunk: 512, ..p.clone() });
+    assert_eq!(reused.ids, cold.ids);
+    assert_eq!(reused.text, cold.text);
+}
+
+#[test]
+fn threads_and_chunking_do_not_change_numbers() {
+    let (_t, e1) = engine(None, 1);
+    let (_t2, e2) = engine(None, 2);
+    let prompt = e1.tokenize("the user hi there in an answer", false).unwrap();
+    let a = go(&e1, &prompt, &GenParams { max_tokens: 12, chunk: 512, ..GenParams::default() });
+    let b = go(&e2, &prompt, &GenParams { max_tokens: 12, chunk: 3, ..GenParams::default() });
+    assert_eq!(a.ids, b.ids);
+}
+
+/// Our forward pass against candle's reference `quantized_llama` on the same
+/// file: the last-token logits agree closely (both quantize activations, in
+/// different ways, so not bit for bit).
+#[test]
+fn forward_pass_agrees_with_candle_quantized_llama() {
+    for kq in [None, Some(1)] {
+        let (t, e) = engine(kq, 1);
+        let prompt = e.tokenize("the user hi there", false).unwrap();
+        let mut s = e.session();
+        e.eval(&mut s, &prompt).unwrap();
+        let ours = s.logits().to_vec();
+        let mut f = std::fs::File::open(&t.path).unwrap();
+        let content = candle_core::quantized::gguf_file::Content::read(&mut f).unwrap();
+        let mut m = candle_transformers::models::quantized_llama::ModelWeights::from_gguf(content, &mut f, &candle_core::Device::Cpu).unwrap();
+        let input = candle_core::Tensor::new(prompt.as_slice(), &candle_core::Device::Cpu).unwrap().unsqueeze(0).unwrap();
+        let theirs: Vec<f32> = m.forward(&input, 0).unwrap().squeeze(0).unwrap().to_vec1().unwrap();
+        assert_eq!(ours.len(), theirs.len());
+        let scale = theirs.iter().map(|v| v.abs()).fold(0f32, f32::max);
+        let worst = ours.iter().zip(&theirs).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+        assert!(worst < 0.05 * scale, "kq={kq:?}: max |diff| {worst} vs logit scale {scale}");
+        let argmax = |v: &[f32]| v.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).map(|x| x.0);
+        assert_eq!(argmax(&ours), argmax(&theirs), "kq={kq:?}");
+    }
+}
