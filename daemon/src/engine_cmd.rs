@@ -23,6 +23,21 @@ pub(crate) struct EngineArgs {
     /// Compute threads (default: all available CPUs)
     #[arg(long)]
     pub(crate) threads: Option<usize>,
+    /// Who runs the model: local, openai (an OpenAI-compatible server), scripted (tests)
+    #[arg(long, default_value = "local")]
+    pub(crate) provider: String,
+    /// Base URL of the OpenAI-compatible server (e.g. http://127.0.0.1:8080/v1)
+    #[arg(long)]
+    pub(crate) base_url: Option<String>,
+    /// Environment variable that holds the API key for --provider openai
+    #[arg(long)]
+    pub(crate) api_key_env: Option<String>,
+    /// Tool-call format of the model's text (default: from models.toml, else hermes)
+    #[arg(long)]
+    pub(crate) tool_format: Option<String>,
+    /// Turns file for --provider scripted
+    #[arg(long)]
+    pub(crate) script: Option<PathBuf>,
 }
 
 /// A model to run: its file and, for registry models, the entry.

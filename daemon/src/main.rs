@@ -5,11 +5,17 @@
 
 mod ask;
 mod engine_cmd;
+mod events;
 mod home;
 mod provider;
+mod provider_build;
 mod pull;
 mod registry;
 mod replay;
+mod research;
+mod settings;
+mod store;
+mod tools;
 
 use clap::{Parser, Subcommand};
 use engine_cmd::EngineArgs;
@@ -28,14 +34,31 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Answer QUESTION with the local model, streaming the answer to stdout
+    /// Answer QUESTION by researching the corpus, streaming the answer to stdout
     Ask {
         #[command(flatten)]
         engine: EngineArgs,
-        /// Tool-call format of the model (default: from models.toml)
+        /// Folder of sources to search and read (repeatable)
         #[arg(long)]
-        tool_format: Option<String>,
+        corpus: Vec<std::path::PathBuf>,
+        /// Folder where save_note writes
+        #[arg(long)]
+        notes: Option<std::path::PathBuf>,
+        /// Print one JSON event per line instead of text
+        #[arg(long)]
+        events: bool,
+        /// A voice front-end asks: fallbacks are short spoken sentences
+        #[arg(long)]
+        voice: bool,
+        /// Continue this chat (its earlier questions and answers are context)
+        #[arg(long)]
+        chat: Option<String>,
         question: String,
+    },
+    /// Show and change settings
+    Settings {
+        #[command(subcommand)]
+        command: SettingsCommand,
     },
     /// Download a registry model (the default when NAME is omitted)
     Pull {
@@ -96,6 +119,18 @@ enum Command {
 }
 
 #[derive(Subcommand, Debug)]
+enum SettingsCommand {
+    /// Every setting with its metadata (JSON lines)
+    List,
+    /// The bare value of KEY
+    Get { key: String },
+    /// Store VALUE for KEY (refused outside the bounds)
+    Set { key: String, value: String },
+    /// Forget the stored value of KEY
+    Reset { key: String },
+}
+
+#[derive(Subcommand, Debug)]
 enum ToolparseCommand {
     /// Conformance replay: JSON lines on stdin, one reply line each on stdout
     Replay,
@@ -141,8 +176,27 @@ fn main() -> ExitCode {
 
 fn run(cli: Cli, cancel: &AtomicBool) -> anyhow::Result<ExitCode> {
     match cli.command {
-        Command::Ask { engine, tool_format, question } => {
-            return ask::run(&engine, tool_format.as_deref(), &question, cancel)
+        Command::Ask { engine, corpus, notes, events, voice, chat, question } => {
+            return ask::run(&ask::AskArgs { engine, corpus, notes, events, voice, chat, question }, cancel)
+        }
+        Command::Settings { command } => {
+            let store = store::Store::open()?;
+            match command {
+                SettingsCommand::List => {
+                    for e in settings::list(&store)? {
+                        println!("{}", e.to_json());
+                    }
+                }
+                SettingsCommand::Get { key } => println!("{}", settings::get(&store, &key)?.value),
+                SettingsCommand::Set { key, value } => {
+                    let e = settings::set(&store, &key, &value)?;
+                    if e.source == settings::Source::Env {
+                        eprintln!("agentd: stored {key} = {value}, but {} overrides it (now {})", e.def.env, e.value);
+                    }
+                    println!("{}", e.value);
+                }
+                SettingsCommand::Reset { key } => println!("{}", settings::reset(&store, &key)?.value),
+            }
         }
         Command::Pull { name } => engine_cmd::pull(name.as_deref())?,
         Command::Models { json } => engine_cmd::models(json)?,

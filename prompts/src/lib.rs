@@ -12,6 +12,9 @@
 //! crates; the types it shares with them (such as a chat [`Message`]) live
 //! here, the lowest crate that needs them.
 
+pub mod fallback;
+pub mod fit;
 mod template;
+pub mod texts;
 
-pub use template::{ChatTemplate, Message, ToolCallMsg, ToolDef, ToolStyle, TemplateError};
+pub use template::{ChatTemplate, FunctionCall, Message, TemplateError, ToolCallMsg, ToolDef, ToolStyle};

@@ -1,4 +1,140 @@
-//! Model providers: one interface for the research loop, whatever runs the
-//! model. `local` runs a GGUF on this machine through `inference`.
+//! Model providers behind one interface: `local` (a GGUF through
+//! `inference`), `openai` (any OpenAI-compatible server) and `scripted`
+//! (turns from a file, for tests). The research loop sees one stream of
+//! events whatever runs the model.
 
 pub(crate) mod local;
+pub(crate) mod openai;
+pub(crate) mod scripted;
+
+use prompts::{Message, ToolDef};
+use std::sync::atomic::AtomicBool;
+
+/// What kind of request a turn is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Phase {
+    Research,
+    Final,
+    Correction,
+}
+
+impl Phase {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Phase::Research => "research",
+            Phase::Final => "final",
+            Phase::Correction => "correction",
+        }
+    }
+}
+
+/// One model request.
+#[derive(Debug, Clone)]
+pub(crate) struct TurnRequest<'a> {
+    pub(crate) messages: &'a [Message],
+    /// Tools offered; empty means none may be called (suppress mode).
+    pub(crate) tools: &'a [ToolDef],
+    pub(crate) phase: Phase,
+    pub(crate) max_tokens: usize,
+}
+
+/// A complete call the model proposed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Call {
+    pub(crate) id: String,
+    pub(crate) name: String,
+    /// A JSON object, as text.
+    pub(crate) arguments: String,
+}
+
+/// What a turn streams while it runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum TurnEvent {
+    Content(String),
+    Reasoning(String),
+    /// A call proposed where none may run.
+    Discarded(Call),
+}
+
+/// How a turn ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TurnFinish {
+    Stop,
+    Length,
+    Cancelled,
+}
+
+/// What a turn produced.
+#[derive(Debug, Clone)]
+pub(crate) struct TurnReply {
+    pub(crate) content: String,
+    pub(crate) calls: Vec<Call>,
+    pub(crate) discarded: Vec<Call>,
+    pub(crate) finish: TurnFinish,
+}
+
+/// Why a turn failed, by owner.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum ProviderError {
+    /// The request does not fit the model's context.
+    Context { need: usize, limit: usize },
+    /// The upstream's quota or budget is exhausted (not retried).
+    Quota(String),
+    /// A transient failure (429, 5xx, timeout) that outlived the retries.
+    Transient(String),
+    /// The upstream cannot be reached.
+    Unavailable(String),
+    /// Anything else (bad response, local engine failure).
+    Failed(String),
+}
+
+impl std::fmt::Display for ProviderError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ProviderError::Context { need, limit } => {
+                write!(f, "the request needs {need} tokens but the context allows {limit}")
+            }
+            ProviderError::Quota(m) => write!(f, "upstream quota exhausted: {m}"),
+            ProviderError::Transient(m) => write!(f, "upstream failed after retries: {m}"),
+            ProviderError::Unavailable(m) => write!(f, "provider unavailable: {m}"),
+            ProviderError::Failed(m) => write!(f, "{m}"),
+        }
+    }
+}
+
+impl ProviderError {
+    /// `(code, classification)` for events and the ledger.
+    pub(crate) fn code(&self) -> (&'static str, &'static str) {
+        match self {
+            ProviderError::Context { .. } => ("CONTEXT_LIMIT", "context_limit"),
+            ProviderError::Quota(_) => ("UPSTREAM_QUOTA_EXHAUSTED", "upstream_quota_exhausted"),
+            ProviderError::Transient(_) => ("PROVIDER_TRANSIENT", "transient"),
+            ProviderError::Unavailable(_) => ("PROVIDER_UNAVAILABLE", "provider_unavailable"),
+            ProviderError::Failed(_) => ("PROVIDER_ERROR", "provider_error"),
+        }
+    }
+}
+
+/// Something that runs model turns.
+pub(crate) trait Provider {
+    /// Runs one turn, streaming its text through `on`. `attempt` is called
+    /// before every HTTP attempt (first try and each retry) so the caller
+    /// can account for it; returning `false` forbids the attempt.
+    fn turn(
+        &mut self,
+        req: &TurnRequest<'_>,
+        cancel: &AtomicBool,
+        attempt: &mut dyn FnMut(u32) -> bool,
+        on: &mut dyn FnMut(TurnEvent),
+    ) -> Result<TurnReply, ProviderError>;
+
+    /// Tokens `messages` with `tools` take, when the provider can tell.
+    fn count(&mut self, messages: &[Message], tools: &[ToolDef]) -> Option<usize>;
+
+    /// The context the provider allows (tokens), when known, less the room
+    /// a reply needs.
+    fn context(&self) -> Option<usize>;
+
+    /// A short name for logs (`local:smollm2…`, `openai:model`).
+    fn describe(&self) -> String;
+}

@@ -1,0 +1,116 @@
+//! The research events (CONTRACTS.md "Research events"): one closed enum,
+//! turned into JSON objects only here.
+
+use serde_json::{json, Value};
+
+/// Why research ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Stop {
+    Answer,
+    RoundLimit,
+    RepeatedBatches,
+    ContextLimit,
+    Deadline,
+    Budget,
+    Cancelled,
+    Error,
+}
+
+impl Stop {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Stop::Answer => "answer",
+            Stop::RoundLimit => "round_limit",
+            Stop::RepeatedBatches => "repeated_batches",
+            Stop::ContextLimit => "context_limit",
+            Stop::Deadline => "deadline",
+            Stop::Budget => "budget",
+            Stop::Cancelled => "cancelled",
+            Stop::Error => "error",
+        }
+    }
+}
+
+/// How the reply completed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    Answered,
+    Excerpt,
+    SpokenFallback,
+    Cancelled,
+    Error,
+}
+
+impl Outcome {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Answered => "answered",
+            Outcome::Excerpt => "excerpt",
+            Outcome::SpokenFallback => "spoken_fallback",
+            Outcome::Cancelled => "cancelled",
+            Outcome::Error => "error",
+        }
+    }
+}
+
+/// An error with its owner.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct RunError {
+    pub(crate) code: String,
+    pub(crate) classification: String,
+    pub(crate) message: String,
+}
+
+/// The last event of a run.
+#[derive(Debug, Clone)]
+pub(crate) struct Done {
+    pub(crate) outcome: Outcome,
+    pub(crate) stop: Stop,
+    pub(crate) rounds: usize,
+    pub(crate) model_requests: usize,
+    pub(crate) answer: String,
+    pub(crate) error: Option<RunError>,
+    /// Citations marked invalid after a failed correction.
+    pub(crate) invalid_citations: Vec<String>,
+}
+
+/// One research event.
+#[derive(Debug, Clone)]
+pub(crate) enum Ev {
+    Run { run_id: String, chat_id: String, max_tool_iters: usize },
+    Request { n: usize, phase: &'static str },
+    Reasoning(String),
+    Content(String),
+    ToolCall { round: usize, id: String, name: String, arguments: Value },
+    ToolResult { round: usize, id: String, name: String, ok: bool, content: String },
+    Notice { kind: &'static str, text: String },
+    Discarded { name: String, arguments: Value },
+    Done(Done),
+}
+
+impl Ev {
+    pub(crate) fn to_json(&self) -> Value {
+        match self {
+            Ev::Run { run_id, chat_id, max_tool_iters } => {
+                json!({"type": "run", "run_id": run_id, "chat_id": chat_id, "max_tool_iters": max_tool_iters})
+            }
+            Ev::Request { n, phase } => json!({"type": "request", "n": n, "phase": phase}),
+            Ev::Reasoning(d) => json!({"type": "reasoning", "delta": d}),
+            Ev::Content(d) => json!({"type": "content", "delta": d}),
+            Ev::ToolCall { round, id, name, arguments } => {
+                json!({"type": "tool_call", "round": round, "id": id, "name": name, "arguments": arguments})
+            }
+            Ev::ToolResult { round, id, name, ok, content } => {
+                json!({"type": "tool_result", "round": round, "id": id, "name": name, "ok": ok, "content": content})
+            }
+            Ev::Notice { kind, text } => json!({"type": "notice", "kind": kind, "text": text}),
+            Ev::Discarded { name, arguments } => json!({"type": "discarded_call", "name": name, "arguments": arguments}),
+            Ev::Done(d) => json!({
+                "type": "done", "outcome": d.outcome.as_str(), "stop": d.stop.as_str(), "rounds": d.rounds,
+                "model_requests": d.model_requests, "answer": d.answer,
+                "error": d.error.as_ref().map(|e| json!({"code": e.code, "classification": e.classification, "message": e.message})),
+                "invalid_citations": d.invalid_citations,
+            }),
+        }
+    }
+}

@@ -1,0 +1,322 @@
+//! The `openai` provider: any OpenAI-compatible `/chat/completions` server
+//! (llama-server, Ollama, vLLM, another agentd), the OpenAI way. Research
+//! turns stream with `tools` and use the upstream's structured `tool_calls`
+//! (and toolparse on content, should the upstream leave markup in it); the
+//! final turn carries no `tools` and no `tool_choice`, and its text goes
+//! through toolparse's suppress mode. Transient failures (429, 5xx,
+//! timeouts) are retried here, with bounded backoff, and only here; a 429
+//! that says the quota or budget is exhausted is not.
+
+use super::{Call, Provider, ProviderError, TurnEvent, TurnFinish, TurnReply, TurnRequest};
+use prompts::{Message, ToolDef};
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+use toolparse::{Event, FinishReason, Format, Mode, Options, Parser, ToolSpec, Tools};
+
+/// Retry settings of the provider layer.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Retry {
+    /// Retries after the first attempt.
+    pub(crate) retries: u32,
+    /// First backoff; doubled each retry.
+    pub(crate) backoff: Duration,
+    /// Per-request timeout (connect and each read).
+    pub(crate) timeout: Duration,
+}
+
+impl Default for Retry {
+    fn default() -> Retry {
+        Retry { retries: 2, backoff: Duration::from_millis(250), timeout: Duration::from_secs(120) }
+    }
+}
+
+/// An OpenAI-compatible upstream.
+#[derive(Debug)]
+pub(crate) struct OpenAi {
+    base: String,
+    api_key: Option<String>,
+    model: String,
+    format: Format,
+    agent: ureq::Agent,
+    retry: Retry,
+}
+
+impl OpenAi {
+    pub(crate) fn new(base_url: &str, api_key: Option<String>, model: &str, format: Format, retry: Retry) -> OpenAi {
+        let agent = ureq::AgentBuilder::new()
+            .timeout_connect(Duration::from_secs(10).min(retry.timeout))
+            .timeout_read(retry.timeout)
+            .build();
+        OpenAi { base: base_url.trim_end_matches('/').to_owned(), api_key, model: model.to_owned(), format, agent, retry }
+    }
+
+    fn body(&self, req: &TurnRequest<'_>) -> Value {
+        let messages: Vec<Value> = req.messages.iter().map(wire_message).collect();
+        let mut b = json!({"model": self.model, "messages": messages, "stream": true, "max_tokens": req.max_tokens});
+        if !req.tools.is_empty() {
+            b["tools"] = Value::Array(req.tools.iter().map(wire_tool).collect());
+        }
+        b
+    }
+
+    fn once(&self, body: &str, req: &TurnRequest<'_>, cancel: &AtomicBool, on: &mut dyn FnMut(TurnEvent)) -> Result<TurnReply, Attempt> {
+        let mut r = self.agent.post(&format!("{}/chat/completions", self.base)).set("Content-Type", "application/json");
+        if let Some(k) = &self.api_key {
+            r = r.set("Authorization", &format!("Bearer {k}"));
+        }
+        let resp = match r.send_string(body) {
+            Ok(resp) => resp,
+            Err(ureq::Error::Status(code, resp)) => {
+                let text = resp.into_string().unwrap_or_default();
+                return Err(classify_status(code, &text));
+            }
+            Err(ureq::Error::Transport(t)) => return Err(classify_transport(&t)),
+        };
+        let tools_mode = if req.tools.is_empty() { Mode::Suppress } else { Mode::Tools };
+        let specs = Tools(req.tools.iter().map(|t| ToolSpec::from_json_schema(&t.name, &t.parameters)).collect());
+        let mut parser = Parser::new(self.format, Options { tools: specs, mode: tools_mode, ..Options::default() });
+        let mut reply = TurnReply { content: String::new(), calls: Vec::new(), discarded: Vec::new(), finish: TurnFinish::Stop };
+        let mut structured: BTreeMap<u64, (String, String, String)> = BTreeMap::new();
+        let mut finish_reason = String::new();
+        let streamed = resp.content_type().contains("event-stream");
+        if streamed {
+            let reader = BufReader::new(resp.into_reader());
+            for line in reader.lines() {
+                if cancel.load(Ordering::Relaxed) {
+                    reply.finish = TurnFinish::Cancelled;
+                    break;
+                }
+                let line = line.map_err(|e| Attempt::Transient(format!("the stream broke: {e}")))?;
+                let Some(data) = line.strip_prefix("data:") else { continue };
+                let data = data.trim();
+                if data == "[DONE]" {
+                    break;
+                }
+                let Ok(v) = serde_json::from_str::<Value>(data) else { continue };
+                if let Some(err) = v.get("error") {
+                    return Err(Attempt::Failed(format!("the upstream reported an error mid-stream: {err}")));
+                }
+                let Some(choice) = v["choices"].get(0) else { continue };
+                let delta = &choice["delta"];
+                if let Some(r) = delta.get("reasoning_content").or_else(|| delta.get("reasoning")).and_then(Value::as_str) {
+                    if !r.is_empty() {
+                        on(TurnEvent::Reasoning(r.to_owned()));
+                    }
+                }
+                if let Some(c) = delta["content"].as_str() {
+                    for e in parser.push(c) {
+                        feed(e, &mut reply, on);
+                    }
+                }
+                for tc in delta["tool_calls"].as_array().into_iter().flatten() {
+                    let idx = tc["index"].as_u64().unwrap_or(structured.len() as u64);
+                    let slot = structured.entry(idx).or_default();
+                    if let Some(id) = tc["id"].as_str() {
+                        slot.0 = id.to_owned();
+                    }
+                    if let Some(n) = tc["function"]["name"].as_str() {
+                        slot.1.push_str(n);
+                    }
+                    if let Some(a) = tc["function"]["arguments"].as_str() {
+                        slot.2.push_str(a);
+                    }
+                }
+                if let Some(f) = choice["finish_reason"].as_str() {
+                    finish_reason = f.to_owned();
+                }
+            }
+        } else {
+            let text = resp.into_string().map_err(|e| Attempt::Transient(format!("cannot read the response: {e}")))?;
+            let v: Value = serde_json::from_str(&text).map_err(|e| Attempt::Failed(format!("the response is not JSON: {e}")))?;
+            let msg = &v["choices"][0]["message"];
+            if let Some(r) = msg.get("reasoning_content").and_then(Value::as_str) {
+                on(TurnEvent::Reasoning(r.to_owned()));
+            }
+            if let Some(c) = msg["content"].as_str() {
+                for e in parser.push(c) {
+                    feed(e, &mut reply, on);
+                }
+            }
+            for (i, tc) in msg["tool_calls"].as_array().into_iter().flatten().enumerate() {
+                structured.insert(
+                    i as u64,
+                    (
+                        tc["id"].as_str().unwrap_or_default().to_owned(),
+                        tc["function"]["name"].as_str().unwrap_or_default().to_owned(),
+                        match &tc["function"]["arguments"] {
+                            Value::String(s) => s.clone(),
+                            other => other.to_string(),
+                        },
+                    ),
+                );
+            }
+            finish_reason = v["choices"][0]["finish_reason"].as_str().unwrap_or("stop").to_owned();
+        }
+        let reason = if finish_reason == "length" { FinishReason::Length } else { FinishReason::Stop };
+        for e in parser.finish(reason) {
+            feed(e, &mut reply, on);
+        }
+        if reply.finish != TurnFinish::Cancelled && finish_reason == "length" {
+            reply.finish = TurnFinish::Length;
+        }
+        for (_, (id, name, args)) in structured {
+            if name.is_empty() {
+                continue;
+            }
+            let args = if args.trim().is_empty() { "{}".to_owned() } else { args };
+            let arguments = match serde_json::from_str::<Value>(&args) {
+                Ok(v @ Value::Object(_)) => v.to_string(),
+                _ => json!({"_raw": args}).to_string(),
+            };
+            let call = Call { id: if id.is_empty() { crate::store::new_id("call") } else { id }, name, arguments };
+            if req.tools.is_empty() {
+                reply.discarded.push(call.clone());
+                on(TurnEvent::Discarded(call));
+            } else {
+                reply.calls.push(call);
+            }
+        }
+        Ok(reply)
+    }
+}
+
+/// Routes one parser event into the reply and the stream.
+fn feed(e: Event, reply: &mut TurnReply, on: &mut dyn FnMut(TurnEvent)) {
+    match e {
+        Event::Content(s) => {
+            reply.content.push_str(&s);
+            on(TurnEvent::Content(s));
+        }
+        Event::Reasoning(s) => on(TurnEvent::Reasoning(s)),
+        Event::CallEnd { call, .. } => reply.calls.push(Call {
+            id: call.id.unwrap_or_else(|| crate::store::new_id("call")),
+            name: call.name,
+            arguments: call.arguments,
+        }),
+        Event::Discarded(call) => {
+            let c = Call { id: call.id.unwrap_or_else(|| crate::store::new_id("call")), name: call.name, arguments: call.arguments };
+            reply.discarded.push(c.clone());
+            on(TurnEvent::Discarded(c));
+        }
+        _ => {}
+    }
+}
+
+/// The outcome of one HTTP attempt.
+#[derive(Debug)]
+enum Attempt {
+    Transient(String),
+    Quota(String),
+    Unavailable(String),
+    Context(String),
+    Failed(String),
+}
+
+fn classify_status(code: u16, body: &str) -> Attempt {
+    let snippet: String = body.chars().take(300).collect();
+    let lower = body.to_ascii_lowercase();
+    if code == 429 && (lower.contains("insufficient_quota") || lower.contains("budget_exceeded")) {
+        return Attempt::Quota(format!("HTTP 429: {snippet}"));
+    }
+    if code == 429 || code >= 500 || code == 408 {
+        return Attempt::Transient(format!("HTTP {code}: {snippet}"));
+    }
+    if code == 400 && (lower.contains("context") && (lower.contains("length") || lower.contains("exceed"))) {
+        return Attempt::Context(format!("HTTP 400: {snippet}"));
+    }
+    Attempt::Failed(format!("HTTP {code}: {snippet}"))
+}
+
+fn classify_transport(t: &ureq::Transport) -> Attempt {
+    let msg = t.to_string();
+    let lower = msg.to_ascii_lowercase();
+    match t.kind() {
+        ureq::ErrorKind::ConnectionFailed | ureq::ErrorKind::Dns if !lower.contains("timed out") => {
+            Attempt::Unavailable(msg)
+        }
+        _ => Attempt::Transient(msg),
+    }
+}
+
+fn wire_message(m: &Message) -> Value {
+    let mut v = json!({"role": m.role, "content": m.content});
+    if !m.tool_calls.is_empty() {
+        v["tool_calls"] = Value::Array(
+            m.tool_calls
+                .iter()
+                .map(|c| json!({"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": c.function.arguments.to_string()}}))
+                .collect(),
+        );
+        if m.content.is_empty() {
+            v["content"] = Value::Null;
+        }
+    }
+    if let Some(id) = &m.tool_call_id {
+        v["tool_call_id"] = json!(id);
+    }
+    if m.role == "tool" {
+        if let Some(n) = &m.name {
+            v["name"] = json!(n);
+        }
+    }
+    v
+}
+
+fn wire_tool(t: &ToolDef) -> Value {
+    json!({"type": "function", "function": {"name": t.name, "description": t.description, "parameters": t.parameters}})
+}
+
+impl Provider for OpenAi {
+    fn turn(
+        &mut self,
+        req: &TurnRequest<'_>,
+        cancel: &AtomicBool,
+        attempt: &mut dyn FnMut(u32) -> bool,
+        on: &mut dyn FnMut(TurnEvent),
+    ) -> Result<TurnReply, ProviderError> {
+        let body = self.body(req).to_string();
+        let mut last = String::new();
+        for k in 0..=self.retry.retries {
+            if cancel.load(Ordering::Relaxed) {
+                return Ok(TurnReply { content: String::new(), calls: Vec::new(), discarded: Vec::new(), finish: TurnFinish::Cancelled });
+            }
+            if !attempt(k + 1) {
+                return Err(ProviderError::Transient(if last.is_empty() {
+                    "the request was not admitted".into()
+                } else {
+                    format!("{last} (no allowance left for a retry)")
+                }));
+            }
+            match self.once(&body, req, cancel, on) {
+                Ok(r) => return Ok(r),
+                Err(Attempt::Transient(m)) => {
+                    last = m;
+                    if k < self.retry.retries {
+                        let wait = self.retry.backoff.saturating_mul(1 << k.min(6));
+                        std::thread::sleep(wait.min(Duration::from_secs(8)));
+                    }
+                }
+                Err(Attempt::Quota(m)) => return Err(ProviderError::Quota(m)),
+                Err(Attempt::Unavailable(m)) => return Err(ProviderError::Unavailable(m)),
+                Err(Attempt::Context(_)) => return Err(ProviderError::Context { need: 0, limit: 0 }),
+                Err(Attempt::Failed(m)) => return Err(ProviderError::Failed(m)),
+            }
+        }
+        Err(ProviderError::Transient(last))
+    }
+
+    fn count(&mut self, _messages: &[Message], _tools: &[ToolDef]) -> Option<usize> {
+        None
+    }
+
+    fn context(&self) -> Option<usize> {
+        None
+    }
+
+    fn describe(&self) -> String {
+        format!("openai:{}@{}", self.model, self.base)
+    }
+}

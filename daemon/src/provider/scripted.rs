@@ -1,0 +1,201 @@
+//! The `scripted` provider, for tests: model turns read from a JSON-lines
+//! file. Each line is one turn:
+//!
+//! ```text
+//! {"content": "text", "reasoning": "…", "tool_calls": [{"name": "search_sources", "arguments": {"query": "x"}}]}
+//! {"raw": "<tool_call>\n{…}\n</tool_call>"}      native markup, parsed like a local model's text
+//! {"error": "transient" | "quota" | "unavailable" | "context" | "failed"}
+//! {"when": "final", …}                            used only for final/correction turns ("research": only research)
+//! {"delay_ms": 50, …}                             pause before each streamed piece (cancellation tests)
+//! ```
+//!
+//! A turn takes the next line whose `when` fits its phase; when none is
+//! left, the last fitting line repeats.
+
+use super::{Call, Phase, Provider, ProviderError, TurnEvent, TurnFinish, TurnReply, TurnRequest};
+use anyhow::{Context, Result};
+use prompts::{Message, ToolDef};
+use serde_json::Value;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+use toolparse::{Event, FinishReason, Format, Mode, Options, Parser, ToolSpec, Tools};
+
+#[derive(Debug)]
+pub(crate) struct Scripted {
+    lines: Vec<Value>,
+    used: Vec<bool>,
+    format: Format,
+    context: Option<usize>,
+}
+
+impl Scripted {
+    pub(crate) fn load(path: &Path, format: Format) -> Result<Scripted> {
+        let text = std::fs::read_to_string(path).with_context(|| format!("cannot read script {}", path.display()))?;
+        let mut lines = Vec::new();
+        for (i, l) in text.lines().enumerate() {
+            if l.trim().is_empty() || l.trim_start().starts_with("//") {
+                continue;
+            }
+            let v: Value = serde_json::from_str(l).with_context(|| format!("{} line {}: not JSON", path.display(), i + 1))?;
+            lines.push(v);
+        }
+        if lines.is_empty() {
+            anyhow::bail!("script {} has no turns", path.display());
+        }
+        // A `{"context": N}` first line sets the context size (tokens ≈ chars / 4).
+        let context = lines[0].get("context").and_then(Value::as_u64).map(|n| n as usize);
+        if context.is_some() {
+            lines.remove(0);
+        }
+        let used = vec![false; lines.len()];
+        Ok(Scripted { lines, used, format, context })
+    }
+
+    fn pick(&mut self, phase: Phase) -> Value {
+        let fits = |v: &Value| match v.get("when").and_then(Value::as_str) {
+            Some("final") => phase != Phase::Research,
+            Some("research") => phase == Phase::Research,
+            _ => true,
+        };
+        if let Some(i) = (0..self.lines.len()).find(|&i| !self.used[i] && fits(&self.lines[i])) {
+            self.used[i] = true;
+            return self.lines[i].clone();
+        }
+        self.lines.iter().rev().find(|v| fits(v)).cloned().unwrap_or(Value::Null)
+    }
+}
+
+fn pause(ms: u64, cancel: &AtomicBool) -> bool {
+    let mut left = ms;
+    while left > 0 {
+        if cancel.load(Ordering::Relaxed) {
+            return false;
+        }
+        let step = left.min(10);
+        std::thread::sleep(Duration::from_millis(step));
+        left -= step;
+    }
+    !cancel.load(Ordering::Relaxed)
+}
+
+impl Provider for Scripted {
+    fn turn(
+        &mut self,
+        req: &TurnRequest<'_>,
+        cancel: &AtomicBool,
+        attempt: &mut dyn FnMut(u32) -> bool,
+        on: &mut dyn FnMut(TurnEvent),
+    ) -> Result<TurnReply, ProviderError> {
+        if let Some(limit) = self.context {
+            let need = self.count(req.messages, req.tools).unwrap_or(0);
+            if need > limit {
+                return Err(ProviderError::Context { need, limit });
+            }
+        }
+        let line = self.pick(req.phase);
+        // Errors named `transient` are retried like the openai provider's.
+        let retries = line.get("retries").and_then(Value::as_u64).unwrap_or(0) as u32;
+        for k in 0..=retries {
+            if !attempt(k + 1) {
+                return Err(ProviderError::Transient("no allowance left for a retry".into()));
+            }
+            match line.get("error").and_then(Value::as_str) {
+                Some("transient") if k < retries => continue,
+                Some("transient") => return Err(ProviderError::Transient("scripted transient failure".into())),
+                Some("quota") => return Err(ProviderError::Quota("scripted: insufficient_quota".into())),
+                Some("unavailable") => return Err(ProviderError::Unavailable("scripted: connection refused".into())),
+                Some("context") => return Err(ProviderError::Context { need: 0, limit: 0 }),
+                Some(other) => return Err(ProviderError::Failed(format!("scripted failure: {other}"))),
+                None => break,
+            }
+        }
+        let delay = line.get("delay_ms").and_then(Value::as_u64).unwrap_or(0);
+        let mut reply = TurnReply { content: String::new(), calls: Vec::new(), discarded: Vec::new(), finish: TurnFinish::Stop };
+        if let Some(r) = line.get("reasoning").and_then(Value::as_str) {
+            on(TurnEvent::Reasoning(r.to_owned()));
+        }
+        let mode = if req.tools.is_empty() { Mode::Suppress } else { Mode::Tools };
+        let specs = Tools(req.tools.iter().map(|t| ToolSpec::from_json_schema(&t.name, &t.parameters)).collect());
+        let mut parser = Parser::new(self.format, Options { tools: specs, mode, ..Options::default() });
+        let text = line
+            .get("raw")
+            .or_else(|| line.get("content"))
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned();
+        let chars: Vec<char> = text.chars().collect();
+        for piece in chars.chunks(8) {
+            if !pause(delay, cancel) {
+                reply.finish = TurnFinish::Cancelled;
+                return Ok(reply);
+            }
+            let s: String = piece.iter().collect();
+            for e in parser.push(&s) {
+                match e {
+                    Event::Content(s) => {
+                        reply.content.push_str(&s);
+                        on(TurnEvent::Content(s));
+                    }
+                    Event::Reasoning(s) => on(TurnEvent::Reasoning(s)),
+                    Event::CallEnd { call, .. } => reply.calls.push(Call {
+                        id: call.id.unwrap_or_else(|| crate::store::new_id("call")),
+                        name: call.name,
+                        arguments: call.arguments,
+                    }),
+                    Event::Discarded(call) => {
+                        let c = Call { id: crate::store::new_id("call"), name: call.name, arguments: call.arguments };
+                        reply.discarded.push(c.clone());
+                        on(TurnEvent::Discarded(c));
+                    }
+                    _ => {}
+                }
+            }
+        }
+        for e in parser.finish(FinishReason::Stop) {
+            match e {
+                Event::Content(s) => {
+                    reply.content.push_str(&s);
+                    on(TurnEvent::Content(s));
+                }
+                Event::CallEnd { call, .. } => {
+                    reply.calls.push(Call { id: crate::store::new_id("call"), name: call.name, arguments: call.arguments })
+                }
+                Event::Discarded(call) => {
+                    let c = Call { id: crate::store::new_id("call"), name: call.name, arguments: call.arguments };
+                    reply.discarded.push(c.clone());
+                    on(TurnEvent::Discarded(c));
+                }
+                _ => {}
+            }
+        }
+        for c in line.get("tool_calls").and_then(Value::as_array).into_iter().flatten() {
+            let call = Call {
+                id: c.get("id").and_then(Value::as_str).map(str::to_owned).unwrap_or_else(|| crate::store::new_id("call")),
+                name: c.get("name").and_then(Value::as_str).unwrap_or_default().to_owned(),
+                arguments: c.get("arguments").cloned().unwrap_or(Value::Object(Default::default())).to_string(),
+            };
+            if req.tools.is_empty() {
+                reply.discarded.push(call.clone());
+                on(TurnEvent::Discarded(call));
+            } else {
+                reply.calls.push(call);
+            }
+        }
+        Ok(reply)
+    }
+
+    fn count(&mut self, messages: &[Message], tools: &[ToolDef]) -> Option<usize> {
+        let chars: usize = messages.iter().map(|m| m.content.chars().count() + 8).sum::<usize>()
+            + tools.iter().map(|t| t.description.len() + t.parameters.to_string().len()).sum::<usize>();
+        Some(chars / 4)
+    }
+
+    fn context(&self) -> Option<usize> {
+        self.context
+    }
+
+    fn describe(&self) -> String {
+        "scripted".into()
+    }
+}

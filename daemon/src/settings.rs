@@ -1,0 +1,145 @@
+//! User settings: declared with their metadata, stored in SQLite, overridden
+//! by environment variables, reset to their defaults.
+
+use crate::store::Store;
+use anyhow::{bail, Result};
+use serde_json::{json, Value};
+
+/// A setting's declaration.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Def {
+    pub(crate) key: &'static str,
+    pub(crate) label: &'static str,
+    pub(crate) description: &'static str,
+    pub(crate) default: i64,
+    pub(crate) min: i64,
+    pub(crate) max: i64,
+    pub(crate) env: &'static str,
+}
+
+/// Every setting.
+pub(crate) const DEFS: &[Def] = &[Def {
+    key: "chat.max_tool_iters",
+    label: "Tool research rounds",
+    description: "Model turns that call tools before the reserved final answer (not individual calls)",
+    default: 12,
+    min: 1,
+    max: 64,
+    env: "AGENTD_CHAT_MAX_TOOL_ITERS",
+}];
+
+/// Where a value came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Source {
+    Default,
+    Stored,
+    Env,
+}
+
+impl Source {
+    fn as_str(self) -> &'static str {
+        match self {
+            Source::Default => "default",
+            Source::Stored => "stored",
+            Source::Env => "env",
+        }
+    }
+}
+
+/// A setting's value in force.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Effective {
+    pub(crate) def: Def,
+    pub(crate) value: i64,
+    pub(crate) source: Source,
+}
+
+impl Effective {
+    pub(crate) fn to_json(self) -> Value {
+        json!({
+            "key": self.def.key, "label": self.def.label, "description": self.def.description,
+            "type": "integer", "default": self.def.default, "min": self.def.min, "max": self.def.max,
+            "value": self.value, "source": self.source.as_str(), "env": self.def.env,
+        })
+    }
+}
+
+/// The declaration of `key`, or an error listing the known keys.
+pub(crate) fn def(key: &str) -> Result<Def> {
+    DEFS.iter().copied().find(|d| d.key == key).ok_or_else(|| {
+        anyhow::anyhow!(
+            "unknown setting {key:?}; known settings: {}",
+            DEFS.iter().map(|d| d.key).collect::<Vec<_>>().join(", ")
+        )
+    })
+}
+
+/// Parses `raw` as a value of `d`, checking its bounds.
+pub(crate) fn parse(d: Def, raw: &str) -> Result<i64> {
+    let v: i64 = match raw.trim().parse() {
+        Ok(v) => v,
+        Err(_) => bail!("{} ({}) must be an integer from {} to {}, got {raw:?}", d.key, d.label, d.min, d.max),
+    };
+    if v < d.min || v > d.max {
+        bail!("{} ({}) must be between {} and {}, got {v}", d.key, d.label, d.min, d.max);
+    }
+    Ok(v)
+}
+
+/// The value in force: the environment, else the stored value, else the
+/// default.
+pub(crate) fn get(store: &Store, key: &str) -> Result<Effective> {
+    let d = def(key)?;
+    if let Ok(raw) = std::env::var(d.env) {
+        let value = parse(d, &raw).map_err(|e| anyhow::anyhow!("environment variable {}: {e}", d.env))?;
+        return Ok(Effective { def: d, value, source: Source::Env });
+    }
+    if let Some(raw) = store.setting(key)? {
+        if let Ok(value) = parse(d, &raw) {
+            return Ok(Effective { def: d, value, source: Source::Stored });
+        }
+    }
+    Ok(Effective { def: d, value: d.default, source: Source::Default })
+}
+
+/// Stores a value after checking it; nothing is stored when it is refused.
+pub(crate) fn set(store: &Store, key: &str, raw: &str) -> Result<Effective> {
+    let d = def(key)?;
+    let v = parse(d, raw)?;
+    store.set_setting(key, &v.to_string())?;
+    get(store, key)
+}
+
+/// Forgets the stored value.
+pub(crate) fn reset(store: &Store, key: &str) -> Result<Effective> {
+    def(key)?;
+    store.reset_setting(key)?;
+    get(store, key)
+}
+
+/// Every setting's value in force.
+pub(crate) fn list(store: &Store) -> Result<Vec<Effective>> {
+    DEFS.iter().map(|d| get(store, d.key)).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bounds_are_enforced_and_nothing_is_stored_when_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Store::open_at(dir.path().join("s.db")).unwrap();
+        let k = "chat.max_tool_iters";
+        assert_eq!(get(&s, k).unwrap().value, 12);
+        for bad in ["0", "65", "x", "-1"] {
+            let e = set(&s, k, bad).unwrap_err().to_string();
+            assert!(e.contains('1') && e.contains("64"), "{e}");
+            assert_eq!(s.setting(k).unwrap(), None);
+        }
+        assert_eq!(set(&s, k, "6").unwrap().value, 6);
+        assert_eq!(get(&s, k).unwrap().source, Source::Stored);
+        assert_eq!(reset(&s, k).unwrap().value, 12);
+        assert!(def("nope").is_err());
+    }
+}

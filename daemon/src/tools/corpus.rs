@@ -1,0 +1,311 @@
+//! The searchable corpus: the `--corpus` folders' markdown, text and source
+//! files, split into segments and indexed with tantivy under
+//! `$AGENTD_HOME/index/`. The index is rebuilt when any file changes (size
+//! or modification time), when files come or go, or when the segment size
+//! changes.
+
+use anyhow::{Context, Result};
+use sha2::{Digest, Sha256};
+use std::path::{Path, PathBuf};
+use tantivy::collector::TopDocs;
+use tantivy::query::QueryParser;
+use tantivy::schema::{Field, Schema, Value, STORED, STRING, TEXT};
+use tantivy::snippet::SnippetGenerator;
+use tantivy::{doc, Index, IndexReader, TantivyDocument};
+
+const EXTENSIONS: &[&str] = &[
+    "md", "markdown", "txt", "text", "rst", "adoc", "org", "rs", "py", "js", "ts", "tsx", "jsx", "go", "java",
+    "kt", "c", "h", "cc", "cpp", "hpp", "cs", "rb", "php", "swift", "scala", "sh", "bash", "zsh", "toml", "yaml",
+    "yml", "json", "ini", "cfg", "conf", "sql", "html", "css", "tex", "csv", "lua", "pl", "r", "jl", "hs", "ml",
+    "ex", "exs", "erl", "clj", "vim", "dockerfile", "makefile",
+];
+const SKIP_DIRS: &[&str] = &[".git", "target", "node_modules", ".venv", "__pycache__", ".hg", ".svn"];
+/// Files larger than this are not indexed (bytes).
+const MAX_FILE: u64 = 4 << 20;
+const SCHEMA_VERSION: u32 = 1;
+
+/// One indexed piece of a file.
+#[derive(Debug, Clone)]
+pub(crate) struct Segment {
+    pub(crate) path: String,
+    pub(crate) title: String,
+    pub(crate) segment: usize,
+    pub(crate) segments: usize,
+    pub(crate) text: String,
+}
+
+/// A search hit.
+#[derive(Debug, Clone)]
+pub(crate) struct Hit {
+    pub(crate) path: String,
+    pub(crate) segment: usize,
+    pub(crate) title: String,
+    pub(crate) snippet: String,
+}
+
+/// The indexed corpus.
+pub(crate) struct Corpus {
+    roots: Vec<PathBuf>,
+    index: Index,
+    reader: IndexReader,
+    f_title: Field,
+    f_body: Field,
+    f_path: Field,
+    f_seg: Field,
+    segment_chars: usize,
+}
+
+impl std::fmt::Debug for Corpus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Corpus").field("roots", &self.roots).finish()
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+struct FileStamp {
+    rel: String,
+    abs: PathBuf,
+    size: u64,
+    mtime: u128,
+}
+
+fn wanted(p: &Path) -> bool {
+    let name = p.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_ascii_lowercase();
+    if name.starts_with('.') {
+        return false;
+    }
+    let ext = p.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase);
+    match ext {
+        Some(e) => EXTENSIONS.contains(&e.as_str()),
+        None => matches!(name.as_str(), "readme" | "license" | "makefile" | "dockerfile" | "changelog"),
+    }
+}
+
+fn walk(root: &Path, dir: &Path, out: &mut Vec<FileStamp>) {
+    let Ok(rd) = std::fs::read_dir(dir) else { return };
+    let mut entries: Vec<_> = rd.filter_map(|e| e.ok()).collect();
+    entries.sort_by_key(|e| e.file_name());
+    for e in entries {
+        let p = e.path();
+        let Ok(ft) = e.file_type() else { continue };
+        if ft.is_dir() {
+            let name = e.file_name().to_string_lossy().to_string();
+            if !name.starts_with('.') && !SKIP_DIRS.contains(&name.as_str()) {
+                walk(root, &p, out);
+            }
+        } else if ft.is_file() && wanted(&p) {
+            if let Ok(m) = e.metadata() {
+                if m.len() > MAX_FILE {
+                    continue;
+                }
+                let mtime = m
+                    .modified()
+                    .ok()
+                    .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                    .map(|d| d.as_nanos())
+                    .unwrap_or(0);
+                let rel = p.strip_prefix(root).unwrap_or(&p).to_string_lossy().replace('\\', "/");
+                let top = root.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
+                let rel = if top.is_empty() { rel } else { format!("{top}/{rel}") };
+                out.push(FileStamp { rel, abs: p.clone(), size: m.len(), mtime });
+            }
+        }
+    }
+}
+
+/// Splits `text` into segments of about `max` characters, at paragraph
+/// breaks where it can, else at line breaks, else anywhere.
+pub(crate) fn split_segments(text: &str, max: usize) -> Vec<String> {
+    let max = max.max(64);
+    let mut out = Vec::new();
+    let mut cur = String::new();
+    for para in text.split_inclusive("\n\n") {
+        if cur.chars().count() + para.chars().count() <= max {
+            cur.push_str(para);
+            continue;
+        }
+        if !cur.trim().is_empty() {
+            out.push(std::mem::take(&mut cur));
+        }
+        cur.clear();
+        if para.chars().count() <= max {
+            cur.push_str(para);
+            continue;
+        }
+        // A long paragraph: break at lines, then at characters.
+        for line in para.split_inclusive('\n') {
+            if cur.chars().count() + line.chars().count() > max && !cur.is_empty() {
+                out.push(std::mem::take(&mut cur));
+            }
+            let mut l = line;
+            while l.chars().count() > max {
+                let cut = l.char_indices().nth(max).map(|(i, _)| i).unwrap_or(l.len());
+                out.push(l[..cut].to_owned());
+                l = &l[cut..];
+            }
+            cur.push_str(l);
+        }
+    }
+    if !cur.trim().is_empty() {
+        out.push(cur);
+    }
+    if out.is_empty() {
+        out.push(String::new());
+    }
+    out
+}
+
+fn title_of(rel: &str, text: &str) -> String {
+    for line in text.lines().take(40) {
+        let t = line.trim();
+        if let Some(h) = t.strip_prefix('#') {
+            let h = h.trim_start_matches('#').trim();
+            if !h.is_empty() {
+                return h.chars().take(120).collect();
+            }
+        }
+    }
+    rel.rsplit('/').next().unwrap_or(rel).to_owned()
+}
+
+impl Corpus {
+    /// Opens (building or refreshing as needed) the index of `roots`.
+    pub(crate) fn open(roots: &[PathBuf], segment_chars: usize) -> Result<Corpus> {
+        let mut canon = Vec::new();
+        for r in roots {
+            let c = r.canonicalize().with_context(|| format!("corpus folder {} does not exist", r.display()))?;
+            if !c.is_dir() {
+                anyhow::bail!("corpus {} is not a folder", r.display());
+            }
+            canon.push(c);
+        }
+        let mut files = Vec::new();
+        for r in &canon {
+            walk(r, r, &mut files);
+        }
+        let mut h = Sha256::new();
+        for r in &canon {
+            h.update(r.to_string_lossy().as_bytes());
+            h.update([0]);
+        }
+        let key: String = h.finalize().iter().take(8).map(|b| format!("{b:02x}")).collect();
+        let dir = crate::home::home().join("index").join(key);
+        let manifest: String = std::iter::once(format!("v{SCHEMA_VERSION} seg{segment_chars}"))
+            .chain(files.iter().map(|f| format!("{}\t{}\t{}", f.rel, f.size, f.mtime)))
+            .collect::<Vec<_>>()
+            .join("\n");
+        let mut sb = Schema::builder();
+        let f_title = sb.add_text_field("title", TEXT | STORED);
+        let f_body = sb.add_text_field("body", TEXT | STORED);
+        let f_path = sb.add_text_field("path", STRING | STORED);
+        let f_seg = sb.add_u64_field("segment", STORED);
+        let schema = sb.build();
+        let fresh = std::fs::read_to_string(dir.join("manifest.txt")).ok().as_deref() == Some(manifest.as_str());
+        let index = if fresh {
+            Index::open_in_dir(&dir).ok()
+        } else {
+            None
+        };
+        let index = match index {
+            Some(i) => i,
+            None => {
+                std::fs::remove_dir_all(&dir).ok();
+                std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+                let index = Index::create_in_dir(&dir, schema.clone())
+                    .or_else(|_| Ok::<_, tantivy::TantivyError>(Index::create_in_ram(schema.clone())))?;
+                let mut w = index.writer_with_num_threads(1, 15_000_000).context("cannot open the index writer")?;
+                for f in &files {
+                    let Ok(bytes) = std::fs::read(&f.abs) else { continue };
+                    let Ok(text) = String::from_utf8(bytes) else { continue };
+                    let title = title_of(&f.rel, &text);
+                    let segs = split_segments(&text, segment_chars);
+                    for (i, seg) in segs.iter().enumerate() {
+                        w.add_document(doc!(f_title => title.clone(), f_body => seg.clone(), f_path => f.rel.clone(), f_seg => (i + 1) as u64))?;
+                    }
+                }
+                w.commit().context("cannot write the index")?;
+                std::fs::write(dir.join("manifest.txt"), &manifest).ok();
+                index
+            }
+        };
+        let reader = index.reader().context("cannot read the index")?;
+        reader.reload().ok();
+        Ok(Corpus { roots: canon, index, reader, f_title, f_body, f_path, f_seg, segment_chars })
+    }
+
+    /// Full-text search; each query term is matched on its own (OR).
+    pub(crate) fn search(&self, query: &str, limit: usize) -> Result<Vec<Hit>> {
+        let searcher = self.reader.searcher();
+        let qp = QueryParser::for_index(&self.index, vec![self.f_title, self.f_body]);
+        // Punctuation that is query syntax is meaningless in a model's query.
+        let cleaned: String = query.chars().map(|c| if c.is_alphanumeric() || c.is_whitespace() || c == '_' || c == '-' { c } else { ' ' }).collect();
+        let (q, _errors) = qp.parse_query_lenient(&cleaned);
+        let top = searcher.search(&q, &TopDocs::with_limit(limit.max(1)))?;
+        let mut gen = SnippetGenerator::create(&searcher, &*q, self.f_body)?;
+        gen.set_max_num_chars(220);
+        let mut hits = Vec::new();
+        for (_score, addr) in top {
+            let d: TantivyDocument = searcher.doc(addr)?;
+            let s = |f: Field| d.get_first(f).and_then(|v| v.as_str()).unwrap_or_default().to_owned();
+            let mut snippet = gen.snippet_from_doc(&d).fragment().trim().to_owned();
+            if snippet.is_empty() {
+                snippet = s(self.f_body).chars().take(200).collect::<String>().trim().to_owned();
+            }
+            hits.push(Hit {
+                path: s(self.f_path),
+                segment: d.get_first(self.f_seg).and_then(|v| v.as_u64()).unwrap_or(1) as usize,
+                title: s(self.f_title),
+                snippet,
+            });
+        }
+        Ok(hits)
+    }
+
+    /// Segment `segment` (1-based) of the file at `rel`, read from disk now.
+    pub(crate) fn read(&self, rel: &str, segment: usize) -> Result<Option<Segment>> {
+        let Some(abs) = self.abs_path(rel) else { return Ok(None) };
+        let text = std::fs::read_to_string(&abs).with_context(|| format!("cannot read {rel}"))?;
+        let segs = split_segments(&text, self.segment_chars);
+        if segment == 0 || segment > segs.len() {
+            return Ok(Some(Segment { path: rel.into(), title: title_of(rel, &text), segment, segments: segs.len(), text: String::new() }));
+        }
+        Ok(Some(Segment {
+            path: rel.into(),
+            title: title_of(rel, &text),
+            segment,
+            segments: segs.len(),
+            text: segs[segment - 1].clone(),
+        }))
+    }
+
+    fn abs_path(&self, rel: &str) -> Option<PathBuf> {
+        let (top, rest) = rel.split_once('/')?;
+        let root = self.roots.iter().find(|r| r.file_name().is_some_and(|n| n.to_string_lossy() == top))?;
+        let p = root.join(rest);
+        // Never leave the corpus folder.
+        let c = p.canonicalize().ok()?;
+        c.starts_with(root).then_some(c)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn segments_respect_the_size_and_keep_all_text() {
+        let text = "# T\n\npara one is here.\n\npara two is here too.\n\n".repeat(20);
+        let segs = split_segments(&text, 100);
+        assert!(segs.len() > 5);
+        assert!(segs.iter().all(|s| s.chars().count() <= 100));
+        assert_eq!(segs.concat(), text);
+        let long = "x".repeat(1000);
+        assert_eq!(split_segments(&long, 100).concat(), long);
+    }
+
+    #[test]
+    fn titles_come_from_the_first_heading() {
+        assert_eq!(title_of("a/b.md", "intro\n## Budget rules\n"), "Budget rules");
+        assert_eq!(title_of("a/b.rs", "fn main() {}"), "b.rs");
+    }
+}
