@@ -1,7 +1,14 @@
-//! Helpers for the end-to-end tests: where the built `agentd` and the shared
-//! fixtures are.
+//! Helpers for the end-to-end tests: the built `agentd`, isolated state
+//! folders, event parsing, and a mock OpenAI-compatible server.
 
-use std::path::PathBuf;
+#![allow(clippy::missing_panics_doc)]
+
+use serde_json::Value;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::{Arc, Mutex};
 
 /// The workspace root.
 pub fn workspace_root() -> PathBuf {
@@ -14,8 +21,7 @@ pub fn agentd_bin() -> PathBuf {
         return PathBuf::from(p);
     }
     let root = workspace_root();
-    let target =
-        std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or(root.join("target"));
+    let target = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or(root.join("target"));
     for profile in ["release", "debug"] {
         let p = target.join(profile).join("agentd");
         if p.exists() {
@@ -23,4 +29,194 @@ pub fn agentd_bin() -> PathBuf {
         }
     }
     target.join("debug").join("agentd")
+}
+
+/// An isolated state folder and the command to run agentd in it.
+pub struct Home {
+    pub dir: tempfile::TempDir,
+}
+
+impl Home {
+    pub fn new() -> Home {
+        Home { dir: tempfile::tempdir().expect("temp dir") }
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// `agentd ARGS` with AGENTD_HOME set and the Hub switched off.
+    pub fn cmd(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(agentd_bin());
+        c.args(args)
+            .env("AGENTD_HOME", self.path())
+            .env("AGENTD_NO_HUB", "1")
+            .env_remove("AGENTD_CHAT_MAX_TOOL_ITERS");
+        c
+    }
+
+    pub fn run(&self, args: &[&str]) -> Output {
+        self.cmd(args).output().expect("agentd runs")
+    }
+
+    /// Writes a file under the home folder and returns its path.
+    pub fn write(&self, rel: &str, text: &str) -> PathBuf {
+        let p = self.path().join(rel);
+        std::fs::create_dir_all(p.parent().expect("parent")).expect("mkdir");
+        std::fs::write(&p, text).expect("write");
+        p
+    }
+
+    /// A small corpus of markdown sources.
+    pub fn corpus(&self) -> PathBuf {
+        self.write("corpus/budget.md", "# Budget rules\n\nThe run reserves two requests for the final answer.\n\nResearch may spend the rest.\n");
+        self.write("corpus/sockets.md", "# Sockets\n\nThe daemon listens on a Unix socket created with mode 0600.\n");
+        self.write("corpus/voice.md", "# Voice\n\nVoice front-ends get one or two plain sentences.\n");
+        self.path().join("corpus")
+    }
+}
+
+impl Default for Home {
+    fn default() -> Home {
+        Home::new()
+    }
+}
+
+/// Events printed by `ask --events`.
+pub fn events(out: &Output) -> Vec<Value> {
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not a JSON event ({e}): {l}")))
+        .collect()
+}
+
+/// The events of one type.
+pub fn of<'a>(evs: &'a [Value], ty: &str) -> Vec<&'a Value> {
+    evs.iter().filter(|e| e["type"] == ty).collect()
+}
+
+/// The `done` event (the last one).
+pub fn done(evs: &[Value]) -> &Value {
+    let last = evs.last().expect("events");
+    assert_eq!(last["type"], "done", "last event is not done: {last}");
+    last
+}
+
+/// One HTTP request the mock received.
+#[derive(Debug, Clone)]
+pub struct Seen {
+    pub path: String,
+    pub headers: Vec<(String, String)>,
+    pub body: Value,
+}
+
+/// What the mock answers.
+pub enum Reply {
+    /// A streamed completion: content, then tool calls (name, arguments JSON).
+    Stream { content: String, calls: Vec<(String, String)> },
+    /// A plain HTTP status with a body.
+    Status(u16, String),
+}
+
+type Behave = dyn Fn(usize, &Value) -> Reply + Send + Sync;
+
+/// A mock OpenAI-compatible server on 127.0.0.1.
+pub struct MockOpenAi {
+    pub port: u16,
+    pub seen: Arc<Mutex<Vec<Seen>>>,
+}
+
+impl MockOpenAi {
+    pub fn start(behave: impl Fn(usize, &Value) -> Reply + Send + Sync + 'static) -> MockOpenAi {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
+        let behave: Arc<Behave> = Arc::new(behave);
+        let s2 = Arc::clone(&seen);
+        std::thread::spawn(move || {
+            for stream in listener.incoming().flatten() {
+                let seen = Arc::clone(&s2);
+                let behave = Arc::clone(&behave);
+                std::thread::spawn(move || serve(stream, &seen, &*behave));
+            }
+        });
+        MockOpenAi { port, seen }
+    }
+
+    pub fn base(&self) -> String {
+        format!("http://127.0.0.1:{}/v1", self.port)
+    }
+
+    pub fn requests(&self) -> Vec<Seen> {
+        self.seen.lock().expect("lock").clone()
+    }
+}
+
+fn serve(stream: TcpStream, seen: &Mutex<Vec<Seen>>, behave: &Behave) {
+    let mut r = BufReader::new(stream.try_clone().expect("clone"));
+    let mut w = stream;
+    loop {
+        let mut line = String::new();
+        if r.read_line(&mut line).unwrap_or(0) == 0 {
+            return;
+        }
+        let path = line.split_whitespace().nth(1).unwrap_or("").to_owned();
+        let mut headers = Vec::new();
+        let mut len = 0usize;
+        loop {
+            let mut h = String::new();
+            if r.read_line(&mut h).unwrap_or(0) == 0 {
+                return;
+            }
+            let h = h.trim_end();
+            if h.is_empty() {
+                break;
+            }
+            if let Some((k, v)) = h.split_once(':') {
+                if k.eq_ignore_ascii_case("content-length") {
+                    len = v.trim().parse().unwrap_or(0);
+                }
+                headers.push((k.trim().to_ascii_lowercase(), v.trim().to_owned()));
+            }
+        }
+        let mut body = vec![0u8; len];
+        if r.read_exact(&mut body).is_err() {
+            return;
+        }
+        let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+        let n = {
+            let mut s = seen.lock().expect("lock");
+            s.push(Seen { path, headers, body: body.clone() });
+            s.len()
+        };
+        let reply = behave(n, &body);
+        let ok = match reply {
+            Reply::Status(code, text) => write!(
+                w,
+                "HTTP/1.1 {code} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{text}",
+                text.len()
+            ),
+            Reply::Stream { content, calls } => {
+                let mut sse = String::new();
+                let chunk = |delta: Value| format!("data: {}\n\n", serde_json::json!({"choices": [{"index": 0, "delta": delta, "finish_reason": null}]}));
+                for piece in content.as_bytes().chunks(7) {
+                    sse.push_str(&chunk(serde_json::json!({"content": String::from_utf8_lossy(piece)})));
+                }
+                for (i, (name, args)) in calls.iter().enumerate() {
+                    sse.push_str(&chunk(serde_json::json!({"tool_calls": [{"index": i, "id": format!("call_{n}_{i}"), "type": "function", "function": {"name": name, "arguments": ""}}]})));
+                    for piece in args.as_bytes().chunks(5) {
+                        sse.push_str(&chunk(serde_json::json!({"tool_calls": [{"index": i, "function": {"arguments": String::from_utf8_lossy(piece)}}]})));
+                    }
+                }
+                let finish = if calls.is_empty() { "stop" } else { "tool_calls" };
+                sse.push_str(&format!("data: {}\n\n", serde_json::json!({"choices": [{"index": 0, "delta": {}, "finish_reason": finish}]})));
+                sse.push_str("data: [DONE]\n\n");
+                write!(w, "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: {}\r\n\r\n{sse}", sse.len())
+            }
+        };
+        if ok.is_err() || w.flush().is_err() {
+            return;
+        }
+    }
 }

@@ -434,11 +434,32 @@ fn collect_evidence(cx: &mut Ctx<'_>, tool: &str, content: &str) {
 }
 
 /// Fits a view into the provider's context (when it has one).
-fn fit(provider: &mut dyn Provider, view: &[Message], tools: &[prompts::ToolDef], max_tokens: usize) -> Result<Vec<Message>, prompts::fit::Overflow> {
+/// A view that cannot fit, with the sizes involved.
+#[derive(Debug)]
+struct Overflowed {
+    need: usize,
+    limit: usize,
+    context: usize,
+}
+
+impl std::fmt::Display for Overflowed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "the request needs {} tokens but the context holds {} ({} after keeping {} for the reply)",
+            self.need,
+            self.context,
+            self.limit,
+            self.context - self.limit
+        )
+    }
+}
+
+fn fit(provider: &mut dyn Provider, view: &[Message], tools: &[prompts::ToolDef], max_tokens: usize) -> Result<Vec<Message>, Overflowed> {
     let Some(ctx) = provider.context() else { return Ok(view.to_vec()) };
     let limit = ctx.saturating_sub(max_tokens.min(ctx / 2)).max(1);
     let mut count = |m: &[Message]| provider.count(m, tools).unwrap_or(0);
-    prompts::fit::fit(view, limit, &mut count).map(|(v, _)| v)
+    prompts::fit::fit(view, limit, &mut count).map(|(v, _)| v).map_err(|o| Overflowed { need: o.need, limit, context: ctx })
 }
 
 /// The reserved final turn: no tools offered, the research strategy

@@ -1,0 +1,325 @@
+//! The research loop end to end (ADR 0101's test sentence), driving the
+//! built `agentd ask --events` with the scripted provider and a mock
+//! OpenAI-compatible server.
+
+use agentd_tests::{done, events, of, Home, MockOpenAi, Reply};
+use serde_json::Value;
+use std::io::Read;
+
+fn script(h: &Home, lines: &[&str]) -> String {
+    h.write("script.jsonl", &lines.join("\n")).display().to_string()
+}
+
+fn ask(h: &Home, script_path: &str, extra: &[&str], question: &str) -> (std::process::Output, Vec<Value>) {
+    let corpus = h.corpus();
+    let mut args = vec!["ask", "--provider", "scripted", "--script", script_path, "--corpus", corpus.to_str().unwrap(), "--events"];
+    args.extend_from_slice(extra);
+    args.push(question);
+    let out = h.run(&args);
+    let evs = events(&out);
+    (out, evs)
+}
+
+const SEARCH: &str = r#"{"when": "research", "tool_calls": [{"name": "search_sources", "arguments": {"query": "budget"}}]}"#;
+const ANSWER: &str = r#"{"when": "final", "content": "Two requests are reserved [S1]."}"#;
+
+#[test]
+fn final_synthesis_after_the_last_results_beyond_six_rounds() {
+    let h = Home::new();
+    // Every research turn calls a different search, so only the bound stops it.
+    let mut lines: Vec<String> = (0..20)
+        .map(|i| format!(r#"{{"when": "research", "tool_calls": [{{"name": "search_sources", "arguments": {{"query": "budget {i}"}}}}]}}"#))
+        .collect();
+    lines.push(ANSWER.into());
+    let refs: Vec<&str> = lines.iter().map(String::as_str).collect();
+    let (out, evs) = ask(&h, &script(&h, &refs), &[], "How many requests are reserved?");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let reqs = of(&evs, "request");
+    assert_eq!(reqs.len(), 13);
+    assert!(reqs[..12].iter().all(|r| r["phase"] == "research"));
+    assert_eq!(reqs[12]["phase"], "final");
+    let n: Vec<u64> = reqs.iter().map(|r| r["n"].as_u64().unwrap()).collect();
+    assert_eq!(n, (1..=13).collect::<Vec<_>>());
+    assert_eq!(of(&evs, "tool_result").len(), 12);
+    let notice = of(&evs, "notice");
+    assert!(notice.iter().any(|e| e["kind"] == "finishing" && e["text"] == "Finishing the answer"));
+    // The notice comes after the last result and before the final request.
+    let pos = |p: &dyn Fn(&Value) -> bool| evs.iter().position(p).unwrap();
+    let last_result = evs.iter().rposition(|e| e["type"] == "tool_result").unwrap();
+    assert!(pos(&|e| e["kind"] == "finishing") > last_result);
+    assert!(pos(&|e| e["type"] == "request" && e["phase"] == "final") > pos(&|e| e["kind"] == "finishing"));
+    let d = done(&evs);
+    assert_eq!(d["outcome"], "answered");
+    assert_eq!(d["stop"], "round_limit");
+    assert_eq!(d["rounds"], 12);
+    assert_eq!(d["model_requests"], 13);
+    assert_eq!(d["answer"], "Two requests are reserved [S1].");
+    assert_eq!(evs[0]["type"], "run");
+    assert_eq!(evs[0]["max_tool_iters"], 12);
+}
+
+#[test]
+fn the_setting_bounds_rounds_and_six_stays_effective() {
+    let h = Home::new();
+    assert!(h.run(&["settings", "set", "chat.max_tool_iters", "6"]).status.success());
+    let lines: Vec<String> = (0..10)
+        .map(|i| format!(r#"{{"when": "research", "tool_calls": [{{"name": "search_sources", "arguments": {{"query": "q{i}"}}}}]}}"#))
+        .chain([ANSWER.to_string()])
+        .collect();
+    let refs: Vec<&str> = lines.iter().map(String::as_str).collect();
+    let (_, evs) = ask(&h, &script(&h, &refs), &[], "q");
+    assert_eq!(of(&evs, "request").len(), 7);
+    assert_eq!(done(&evs)["stop"], "round_limit");
+    assert_eq!(evs[0]["max_tool_iters"], 6);
+}
+
+#[test]
+fn several_calls_in_one_round_run_in_order_and_count_as_one_round() {
+    let h = Home::new();
+    let s = script(
+        &h,
+        &[
+            r#"{"tool_calls": [{"name": "search_sources", "arguments": {"query": "budget"}}, {"name": "search_sources", "arguments": {"query": "socket"}}, {"name": "read_source", "arguments": {"handle": "S1"}}]}"#,
+            r#"{"content": "Two requests [S1]."}"#,
+        ],
+    );
+    let (_, evs) = ask(&h, &s, &[], "q");
+    let calls = of(&evs, "tool_call");
+    assert_eq!(calls.len(), 3);
+    assert!(calls.iter().all(|c| c["round"] == 1));
+    let results = of(&evs, "tool_result");
+    assert_eq!(results.iter().map(|r| r["id"].clone()).collect::<Vec<_>>(), calls.iter().map(|c| c["id"].clone()).collect::<Vec<_>>());
+    assert!(results.iter().all(|r| r["ok"] == true));
+    let d = done(&evs);
+    assert_eq!(d["rounds"], 1);
+    assert_eq!(d["stop"], "answer");
+}
+
+#[test]
+fn three_identical_read_batches_end_research_early() {
+    let h = Home::new();
+    let (_, evs) = ask(&h, &script(&h, &[SEARCH, ANSWER]), &[], "q");
+    let d = done(&evs);
+    assert_eq!(d["stop"], "repeated_batches");
+    assert_eq!(d["rounds"], 3);
+    assert_eq!(d["outcome"], "answered");
+    assert_eq!(of(&evs, "request").len(), 4);
+}
+
+#[test]
+fn different_results_reset_the_repeat_count() {
+    let h = Home::new();
+    let a = r#"{"when": "research", "tool_calls": [{"name": "search_sources", "arguments": {"query": "budget"}}]}"#;
+    let b = r#"{"when": "research", "tool_calls": [{"name": "search_sources", "arguments": {"query": "socket"}}]}"#;
+    let (_, evs) = ask(&h, &script(&h, &[a, a, b, a, a, b, a, a, a, ANSWER]), &[], "q");
+    let d = done(&evs);
+    assert_eq!(d["stop"], "repeated_batches");
+    assert_eq!(d["rounds"], 9);
+}
+
+#[test]
+fn batches_with_a_write_are_never_counted_as_repeats() {
+    let h = Home::new();
+    let notes = h.path().join("notes");
+    let w = r#"{"when": "research", "tool_calls": [{"name": "search_sources", "arguments": {"query": "budget"}}, {"name": "save_note", "arguments": {"title": "Budget", "text": "two"}}]}"#;
+    let (_, evs) = ask(&h, &script(&h, &[w, ANSWER]), &["--notes", notes.to_str().unwrap()], "q");
+    let d = done(&evs);
+    assert_eq!(d["stop"], "round_limit", "{d}");
+    assert_eq!(d["rounds"], 12);
+    // Every write ran: twelve notes.
+    assert_eq!(std::fs::read_dir(&notes).unwrap().count(), 12);
+}
+
+#[test]
+fn calls_proposed_in_the_final_turn_never_run() {
+    let h = Home::new();
+    let notes = h.path().join("notes");
+    let fin = r#"{"when": "final", "raw": "Budget: two requests [S1].\n<tool_call>\n{\"name\": \"save_note\", \"arguments\": {\"title\": \"x\", \"text\": \"y\"}}\n</tool_call>", "tool_calls": [{"name": "save_note", "arguments": {"title": "z", "text": "w"}}]}"#;
+    let (_, evs) = ask(&h, &script(&h, &[SEARCH, fin]), &["--notes", notes.to_str().unwrap()], "q");
+    let discarded = of(&evs, "discarded_call");
+    assert_eq!(discarded.len(), 2);
+    assert!(discarded.iter().all(|e| e["name"] == "save_note"));
+    assert!(!notes.exists() || std::fs::read_dir(&notes).unwrap().count() == 0, "a final-turn call wrote a note");
+    let d = done(&evs);
+    assert_eq!(d["outcome"], "answered");
+    assert_eq!(d["answer"], "Budget: two requests [S1].");
+    let content: String = of(&evs, "content").iter().map(|e| e["delta"].as_str().unwrap()).collect();
+    assert!(!content.contains("tool_call"), "{content}");
+}
+
+#[test]
+fn a_final_turn_with_only_calls_completes_with_an_excerpt() {
+    let h = Home::new();
+    let fin = r#"{"when": "final", "raw": "<tool_call>\n{\"name\": \"search_sources\", \"arguments\": {\"query\": \"x\"}}\n</tool_call>"}"#;
+    let read = r#"{"when": "research", "tool_calls": [{"name": "read_source", "arguments": {"handle": "S1"}}]}"#;
+    let (out, evs) = ask(&h, &script(&h, &[SEARCH, read, read, read, fin]), &[], "q");
+    assert!(out.status.success());
+    let d = done(&evs);
+    assert_eq!(d["outcome"], "excerpt");
+    let answer = d["answer"].as_str().unwrap();
+    assert!(answer.lines().next().unwrap().contains("excerpt"), "{answer}");
+    assert!(answer.contains("[S1]") && answer.chars().count() <= 1500, "{answer}");
+}
+
+#[test]
+fn final_provider_failure_gives_an_excerpt_and_voice_a_spoken_fallback() {
+    let h = Home::new();
+    let fail = r#"{"when": "final", "error": "failed"}"#;
+    let (out, evs) = ask(&h, &script(&h, &[SEARCH, fail]), &[], "q");
+    assert_eq!(out.status.code(), Some(0));
+    let d = done(&evs);
+    assert_eq!(d["outcome"], "excerpt");
+    assert!(d["answer"].as_str().unwrap().contains("excerpt"));
+    let (out, evs) = ask(&h, &script(&h, &[SEARCH, fail]), &["--voice"], "q");
+    assert_eq!(out.status.code(), Some(0));
+    let d = done(&evs);
+    assert_eq!(d["outcome"], "spoken_fallback");
+    let a = d["answer"].as_str().unwrap();
+    assert!(a.split_whitespace().count() <= 40 && !a.contains('[') && !a.contains("http") && !a.contains('<'), "{a}");
+}
+
+#[test]
+fn context_exhaustion_after_tools_ran_goes_to_the_final_turn() {
+    let h = Home::new();
+    h.write("corpus/big.md", &format!("# Big budget notes\n\n{}", "budget words fill this segment. ".repeat(200)));
+    // A context of 1300 tokens (≈ chars / 4): each round reads a 1500-character
+    // segment; shortening older results cannot keep up for long.
+    let mut lines = vec![
+        r#"{"context": 1300}"#.to_string(),
+        r#"{"when": "research", "tool_calls": [{"name": "search_sources", "arguments": {"query": "fill"}}]}"#.to_string(),
+    ];
+    for k in 0..14 {
+        lines.push(format!(r#"{{"when": "research", "tool_calls": [{{"name": "read_source", "arguments": {{"handle": "S1", "segment": {}}}}}]}}"#, k % 3 + 1));
+    }
+    lines.push(ANSWER.into());
+    let refs: Vec<&str> = lines.iter().map(String::as_str).collect();
+    let (_, evs) = ask(&h, &script(&h, &refs), &[], "q");
+    let d = done(&evs);
+    assert_eq!(d["stop"], "context_limit", "{d}");
+    assert!(d["rounds"].as_u64().unwrap() >= 2 && d["rounds"].as_u64().unwrap() < 12, "{d}");
+    assert!(matches!(d["outcome"].as_str(), Some("answered" | "excerpt")), "{d}");
+    assert_eq!(of(&evs, "request").last().unwrap()["phase"], "final");
+    // Before any tool ran, an input that cannot fit is an error naming both sizes.
+    let h2 = Home::new();
+    let long = "word ".repeat(4000);
+    let (out, evs) = ask(&h2, &script(&h2, &[r#"{"context": 1200}"#, SEARCH]), &[], &long);
+    assert_eq!(out.status.code(), Some(1));
+    let d = done(&evs);
+    assert_eq!(d["outcome"], "error");
+    let msg = d["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("1200") && msg.contains("needs"), "{msg}");
+}
+
+#[test]
+fn cancellation_stops_everything_and_keeps_the_streamed_text() {
+    let h = Home::new();
+    let slow = r#"{"content": "Partial answer that streams slowly and is cut by Ctrl-C before it ends.", "delay_ms": 150}"#;
+    let s = script(&h, &[slow]);
+    let corpus = h.corpus();
+    let mut child = h
+        .cmd(&["ask", "--provider", "scripted", "--script", &s, "--corpus", corpus.to_str().unwrap(), "--events", "--chat", "chat_cancel", "q"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(900));
+    // SIGINT, as Ctrl-C would send.
+    let _ = std::process::Command::new("kill").args(["-INT", &child.id().to_string()]).status();
+    let status = child.wait().unwrap();
+    let mut out = String::new();
+    child.stdout.take().unwrap().read_to_string(&mut out).unwrap();
+    assert_eq!(status.code(), Some(130), "{out}");
+    let evs: Vec<Value> = out.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let d = done(&evs);
+    assert_eq!(d["outcome"], "cancelled");
+    assert_eq!(d["stop"], "cancelled");
+    let streamed = d["answer"].as_str().unwrap().to_owned();
+    assert!(!streamed.is_empty() && streamed.len() < 70, "{streamed:?}");
+    let db = rusqlite::Connection::open(h.path().join("agentd.db")).unwrap();
+    let (content, status): (String, String) = db
+        .query_row("SELECT content, status FROM messages WHERE chat_id = 'chat_cancel' AND role = 'assistant'", [], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap();
+    assert_eq!(content, streamed);
+    assert_eq!(status, "cancelled");
+}
+
+#[test]
+fn chats_persist_and_continue() {
+    let h = Home::new();
+    let s = script(&h, &[r#"{"content": "First answer."}"#]);
+    let (_, evs) = ask(&h, &s, &["--chat", "chat_1"], "first question");
+    assert_eq!(evs[0]["chat_id"], "chat_1");
+    let s = script(&h, &[r#"{"content": "Second answer."}"#]);
+    let (_, evs) = ask(&h, &s, &["--chat", "chat_1"], "second question");
+    assert_eq!(done(&evs)["answer"], "Second answer.");
+    let db = rusqlite::Connection::open(h.path().join("agentd.db")).unwrap();
+    let mut st = db.prepare("SELECT role, content, status FROM messages WHERE chat_id = 'chat_1' ORDER BY id").unwrap();
+    let rows: Vec<(String, String, String)> = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?))).unwrap().map(Result::unwrap).collect();
+    assert_eq!(
+        rows,
+        vec![
+            ("user".into(), "first question".into(), "complete".into()),
+            ("assistant".into(), "First answer.".into(), "complete".into()),
+            ("user".into(), "second question".into(), "complete".into()),
+            ("assistant".into(), "Second answer.".into(), "complete".into()),
+        ]
+    );
+}
+
+/// Against an OpenAI-compatible mock that always calls tools: exactly 12
+/// research requests with tools, then one final request with neither
+/// `tools` nor `tool_choice` (7 in all with the setting at 6).
+#[test]
+fn openai_mock_that_always_calls_tools() {
+    for (setting, want_research) in [(None, 12usize), (Some("6"), 6)] {
+        let mock = MockOpenAi::start(|n, body| {
+            if body.get("tools").is_some() {
+                Reply::Stream { content: String::new(), calls: vec![("search_sources".into(), format!(r#"{{"query": "budget {n}"}}"#))] }
+            } else {
+                Reply::Stream {
+                    content: "Two requests are reserved [S1].<tool_call>\n{\"name\": \"save_note\", \"arguments\": {}}\n</tool_call>".into(),
+                    calls: vec![],
+                }
+            }
+        });
+        let h = Home::new();
+        if let Some(v) = setting {
+            assert!(h.run(&["settings", "set", "chat.max_tool_iters", v]).status.success());
+        }
+        let corpus = h.corpus();
+        let out = h.run(&[
+            "ask", "--provider", "openai", "--base-url", &mock.base(), "--model", "mock-model", "--corpus",
+            corpus.to_str().unwrap(), "--events", "How many requests are reserved?",
+        ]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let evs = events(&out);
+        let seen = mock.requests();
+        assert_eq!(seen.len(), want_research + 1);
+        for (i, r) in seen.iter().enumerate() {
+            assert_eq!(r.path, "/v1/chat/completions");
+            assert_eq!(r.body["model"], "mock-model");
+            assert_eq!(r.body["stream"], true);
+            if i < want_research {
+                assert!(r.body["tools"].is_array(), "request {i} lacks tools");
+                // Results go back the OpenAI way: a tool message with the call id.
+                if i > 0 {
+                    let msgs = r.body["messages"].as_array().unwrap();
+                    let tool = msgs.iter().rev().find(|m| m["role"] == "tool").unwrap();
+                    assert!(tool["tool_call_id"].as_str().unwrap().starts_with("call_"));
+                    let result: Value = serde_json::from_str(tool["content"].as_str().unwrap()).unwrap();
+                    assert!(result["results"].is_array());
+                    let asst = msgs.iter().rev().find(|m| m["role"] == "assistant").unwrap();
+                    assert_eq!(asst["tool_calls"][0]["function"]["name"], "search_sources");
+                }
+            } else {
+                assert!(r.body.get("tools").is_none(), "final request offers tools");
+                assert!(r.body.get("tool_choice").is_none(), "final request sets tool_choice");
+            }
+        }
+        let d = done(&evs);
+        assert_eq!(d["outcome"], "answered");
+        assert_eq!(d["stop"], "round_limit");
+        assert_eq!(d["model_requests"], want_research as u64 + 1);
+        assert_eq!(d["answer"], "Two requests are reserved [S1].");
+        assert_eq!(of(&evs, "discarded_call").len(), 1);
+    }
+}
