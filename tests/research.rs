@@ -21,7 +21,7 @@ fn ask(h: &Home, script_path: &str, extra: &[&str], question: &str) -> (std::pro
 }
 
 const SEARCH: &str = r#"{"when": "research", "tool_calls": [{"name": "search_sources", "arguments": {"query": "budget"}}]}"#;
-const ANSWER: &str = r#"{"when": "final", "content": "Two requests are reserved [S1]."}"#;
+const ANSWER: &str = r#"{"when": "final", "content": "Two requests are reserved."}"#;
 
 #[test]
 fn final_synthesis_after_the_last_results_beyond_six_rounds() {
@@ -53,7 +53,7 @@ fn final_synthesis_after_the_last_results_beyond_six_rounds() {
     assert_eq!(d["stop"], "round_limit");
     assert_eq!(d["rounds"], 12);
     assert_eq!(d["model_requests"], 13);
-    assert_eq!(d["answer"], "Two requests are reserved [S1].");
+    assert_eq!(d["answer"], "Two requests are reserved.");
     assert_eq!(evs[0]["type"], "run");
     assert_eq!(evs[0]["max_tool_iters"], 12);
 }
@@ -134,7 +134,7 @@ fn batches_with_a_write_are_never_counted_as_repeats() {
 fn calls_proposed_in_the_final_turn_never_run() {
     let h = Home::new();
     let notes = h.path().join("notes");
-    let fin = r#"{"when": "final", "raw": "Budget: two requests [S1].\n<tool_call>\n{\"name\": \"save_note\", \"arguments\": {\"title\": \"x\", \"text\": \"y\"}}\n</tool_call>", "tool_calls": [{"name": "save_note", "arguments": {"title": "z", "text": "w"}}]}"#;
+    let fin = r#"{"when": "final", "raw": "Budget: two requests.\n<tool_call>\n{\"name\": \"save_note\", \"arguments\": {\"title\": \"x\", \"text\": \"y\"}}\n</tool_call>", "tool_calls": [{"name": "save_note", "arguments": {"title": "z", "text": "w"}}]}"#;
     let (_, evs) = ask(&h, &script(&h, &[SEARCH, fin]), &["--notes", notes.to_str().unwrap()], "q");
     let discarded = of(&evs, "discarded_call");
     assert_eq!(discarded.len(), 2);
@@ -142,7 +142,7 @@ fn calls_proposed_in_the_final_turn_never_run() {
     assert!(!notes.exists() || std::fs::read_dir(&notes).unwrap().count() == 0, "a final-turn call wrote a note");
     let d = done(&evs);
     assert_eq!(d["outcome"], "answered");
-    assert_eq!(d["answer"], "Budget: two requests [S1].");
+    assert_eq!(d["answer"], "Budget: two requests.");
     let content: String = of(&evs, "content").iter().map(|e| e["delta"].as_str().unwrap()).collect();
     assert!(!content.contains("tool_call"), "{content}");
 }
@@ -276,7 +276,7 @@ fn openai_mock_that_always_calls_tools() {
                 Reply::Stream { content: String::new(), calls: vec![("search_sources".into(), format!(r#"{{"query": "budget {n}"}}"#))] }
             } else {
                 Reply::Stream {
-                    content: "Two requests are reserved [S1].<tool_call>\n{\"name\": \"save_note\", \"arguments\": {}}\n</tool_call>".into(),
+                    content: "Two requests are reserved.<tool_call>\n{\"name\": \"save_note\", \"arguments\": {}}\n</tool_call>".into(),
                     calls: vec![],
                 }
             }
@@ -319,7 +319,7 @@ fn openai_mock_that_always_calls_tools() {
         assert_eq!(d["outcome"], "answered");
         assert_eq!(d["stop"], "round_limit");
         assert_eq!(d["model_requests"], want_research as u64 + 1);
-        assert_eq!(d["answer"], "Two requests are reserved [S1].");
+        assert_eq!(d["answer"], "Two requests are reserved.");
         assert_eq!(of(&evs, "discarded_call").len(), 1);
     }
 }

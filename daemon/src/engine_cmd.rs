@@ -66,9 +66,20 @@ pub(crate) fn resolve(model: Option<&str>) -> Result<Resolved> {
 
 impl EngineArgs {
     pub(crate) fn load(&self) -> Result<(Resolved, Engine)> {
+        self.load_with(None)
+    }
+
+    /// Loads the model with its context bounded by `cap` tokens.
+    pub(crate) fn load_with(&self, cap: Option<usize>) -> Result<(Resolved, Engine)> {
+        if self.provider != "local" {
+            anyhow::bail!("this command runs the local engine; --provider {} is for `ask` and `serve`", self.provider);
+        }
         let r = resolve(self.model.as_deref())?;
         let device = self.device.parse()?;
-        let context = r.entry.as_ref().and_then(|e| e.context);
+        let context = match (r.entry.as_ref().and_then(|e| e.context), cap) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
         let t = Instant::now();
         let engine = Engine::load(&r.path, &EngineOptions { threads: self.threads, device, context })
             .with_context(|| format!("cannot load {}", r.path.display()))?;

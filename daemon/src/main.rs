@@ -12,7 +12,9 @@ mod provider_build;
 mod pull;
 mod registry;
 mod replay;
+mod policy;
 mod research;
+mod runs;
 mod settings;
 mod store;
 mod tools;
@@ -54,6 +56,11 @@ enum Command {
         #[arg(long)]
         chat: Option<String>,
         question: String,
+    },
+    /// List, audit, cancel and resume research runs
+    Runs {
+        #[command(subcommand)]
+        command: RunsCommand,
     },
     /// Show and change settings
     Settings {
@@ -119,6 +126,23 @@ enum Command {
 }
 
 #[derive(Subcommand, Debug)]
+enum RunsCommand {
+    /// Runs, newest first (JSON lines)
+    List,
+    /// A run's admission snapshot and ledger
+    Show { id: String },
+    /// Continue an interrupted run under its own snapshot and ledger
+    Resume {
+        id: String,
+        /// Print one JSON event per line
+        #[arg(long)]
+        events: bool,
+    },
+    /// Cancel a running or interrupted run
+    Cancel { id: String },
+}
+
+#[derive(Subcommand, Debug)]
 enum SettingsCommand {
     /// Every setting with its metadata (JSON lines)
     List,
@@ -178,6 +202,19 @@ fn run(cli: Cli, cancel: &AtomicBool) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Ask { engine, corpus, notes, events, voice, chat, question } => {
             return ask::run(&ask::AskArgs { engine, corpus, notes, events, voice, chat, question }, cancel)
+        }
+        Command::Runs { command } => {
+            let store = store::Store::open()?;
+            match command {
+                RunsCommand::List => runs::list(&store)?,
+                RunsCommand::Show { id } => runs::show(&store, &id)?,
+                RunsCommand::Cancel { id } => println!("{}", runs::cancel(&store, &id)?),
+                RunsCommand::Resume { id, events } => {
+                    let mut printer = ask::Printer::new(events);
+                    let done = runs::resume(&store, &id, cancel, &mut |e| printer.emit(e))?;
+                    return Ok(printer.finish(&done));
+                }
+            }
         }
         Command::Settings { command } => {
             let store = store::Store::open()?;

@@ -9,9 +9,10 @@ use anyhow::{bail, Context, Result};
 use toolparse::Format;
 
 /// The provider for `args`.
-pub(crate) fn build(args: &EngineArgs, retry: Retry) -> Result<Box<dyn Provider>> {
+/// `context_cap` bounds the context a local model is given (tokens).
+pub(crate) fn build(args: &EngineArgs, retry: Retry, context_cap: Option<usize>) -> Result<Box<dyn Provider>> {
     match args.provider.as_str() {
-        "local" => Ok(Box::new(Local::load(args, args.tool_format.as_deref())?)),
+        "local" => Ok(Box::new(Local::load(args, args.tool_format.as_deref(), context_cap)?)),
         "openai" => {
             let base = args.base_url.as_deref().context("--provider openai needs --base-url (e.g. http://127.0.0.1:8080/v1)")?;
             let key = match &args.api_key_env {

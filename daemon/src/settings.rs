@@ -18,15 +18,35 @@ pub(crate) struct Def {
 }
 
 /// Every setting.
-pub(crate) const DEFS: &[Def] = &[Def {
-    key: "chat.max_tool_iters",
-    label: "Tool research rounds",
-    description: "Model turns that call tools before the reserved final answer (not individual calls)",
-    default: 12,
-    min: 1,
-    max: 64,
-    env: "AGENTD_CHAT_MAX_TOOL_ITERS",
-}];
+pub(crate) const DEFS: &[Def] = &[
+    Def {
+        key: "chat.max_tool_iters",
+        label: "Tool research rounds",
+        description: "Model turns that call tools before the reserved final answer (not individual calls)",
+        default: 12,
+        min: 1,
+        max: 64,
+        env: "AGENTD_CHAT_MAX_TOOL_ITERS",
+    },
+    Def {
+        key: "chat.run_deadline_secs",
+        label: "Run deadline (seconds)",
+        description: "Wall time a reply may take; research stops at its share so the answer still fits",
+        default: 1800,
+        min: 30,
+        max: 86_400,
+        env: "AGENTD_CHAT_RUN_DEADLINE_SECS",
+    },
+    Def {
+        key: "tools.max_searches",
+        label: "Searches per reply",
+        description: "search_sources calls one reply may make; reading stays available after",
+        default: 32,
+        min: 1,
+        max: 256,
+        env: "AGENTD_TOOLS_MAX_SEARCHES",
+    },
+];
 
 /// Where a value came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -25,12 +25,16 @@ CREATE INDEX IF NOT EXISTS messages_chat ON messages(chat_id, id);
 CREATE TABLE IF NOT EXISTS runs (
   id TEXT PRIMARY KEY, chat_id TEXT NOT NULL, question TEXT NOT NULL, status TEXT NOT NULL,
   snapshot TEXT NOT NULL, outcome TEXT, stop TEXT, error TEXT, pid INTEGER,
+  elapsed_ms INTEGER NOT NULL DEFAULT 0, cancel_requested INTEGER NOT NULL DEFAULT 0,
   created TEXT NOT NULL, updated TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS ledger (
   id INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT NOT NULL REFERENCES runs(id), n INTEGER NOT NULL,
   phase TEXT NOT NULL, outcome TEXT NOT NULL, classification TEXT, detail TEXT,
   created TEXT NOT NULL, updated TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS ledger_run ON ledger(run_id, n);
+CREATE TABLE IF NOT EXISTS run_handles (
+  run_id TEXT NOT NULL REFERENCES runs(id), handle TEXT NOT NULL, path TEXT NOT NULL, segment INTEGER NOT NULL,
+  title TEXT NOT NULL, issued INTEGER NOT NULL, read_ok INTEGER NOT NULL, PRIMARY KEY (run_id, handle));
 ";
 
 /// The current time as RFC 3339 UTC (seconds).
@@ -77,6 +81,18 @@ impl Store {
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(None, "synchronous", "NORMAL")?;
         conn.execute_batch(SCHEMA).context("cannot create the schema")?;
+        // Columns added after the first schema.
+        for (table, col, decl) in [
+            ("runs", "elapsed_ms", "INTEGER NOT NULL DEFAULT 0"),
+            ("runs", "cancel_requested", "INTEGER NOT NULL DEFAULT 0"),
+        ] {
+            let has: bool = conn
+                .prepare(&format!("SELECT 1 FROM pragma_table_info('{table}') WHERE name = ?1"))?
+                .exists([col])?;
+            if !has {
+                conn.execute_batch(&format!("ALTER TABLE {table} ADD COLUMN {col} {decl}"))?;
+            }
+        }
         Ok(Store { conn })
     }
 

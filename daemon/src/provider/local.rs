@@ -26,8 +26,8 @@ pub(crate) struct Local {
 }
 
 impl Local {
-    pub(crate) fn load(args: &EngineArgs, tool_format: Option<&str>) -> Result<Local> {
-        let (resolved, engine) = args.load()?;
+    pub(crate) fn load(args: &EngineArgs, tool_format: Option<&str>, context_cap: Option<usize>) -> Result<Local> {
+        let (resolved, engine) = args.load_with(context_cap)?;
         let info = engine.info();
         let source = info
             .chat_template

@@ -6,7 +6,7 @@
 //! {"raw": "<tool_call>\n{…}\n</tool_call>"}      native markup, parsed like a local model's text
 //! {"error": "transient" | "quota" | "unavailable" | "context" | "failed"}
 //! {"when": "final", …}                            used only for final/correction turns ("research": only research)
-//! {"delay_ms": 50, …}                             pause before each streamed piece (cancellation tests)
+//! {"delay_ms": 50, …}                             pause before the turn and each streamed piece
 //! ```
 //!
 //! A turn takes the next line whose `when` fits its phase; when none is
@@ -111,6 +111,10 @@ impl Provider for Scripted {
             }
         }
         let delay = line.get("delay_ms").and_then(Value::as_u64).unwrap_or(0);
+        // The turn itself takes `delay` before anything streams.
+        if !pause(delay, cancel) {
+            return Ok(TurnReply { content: String::new(), calls: Vec::new(), discarded: Vec::new(), finish: TurnFinish::Cancelled });
+        }
         let mut reply = TurnReply { content: String::new(), calls: Vec::new(), discarded: Vec::new(), finish: TurnFinish::Stop };
         if let Some(r) = line.get("reasoning").and_then(Value::as_str) {
             on(TurnEvent::Reasoning(r.to_owned()));

@@ -1,0 +1,350 @@
+//! Budget policies (DESIGN.md "Budget governance", seed 003): every limit
+//! is declared once by the module that enforces it — id, owner, version,
+//! unit, default, hard maximum — and runtime code reads policies instead of
+//! keeping shadow constants. Two different declarations of one id refuse to
+//! start; so does a composition of limits that cannot support one complete
+//! path (search → read → answer). Model output, user text and tool payloads
+//! never reach this module: only configuration can set values, and never
+//! above a hard maximum.
+
+use anyhow::{bail, Context, Result};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+
+/// What a policy counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum Unit {
+    Requests,
+    Rounds,
+    Seconds,
+    Milliseconds,
+    Tokens,
+    Handles,
+    Calls,
+    Results,
+    Characters,
+}
+
+impl Unit {
+    fn as_str(self) -> &'static str {
+        match self {
+            Unit::Requests => "requests",
+            Unit::Rounds => "rounds",
+            Unit::Seconds => "seconds",
+            Unit::Milliseconds => "milliseconds",
+            Unit::Tokens => "tokens",
+            Unit::Handles => "handles",
+            Unit::Calls => "calls",
+            Unit::Results => "results",
+            Unit::Characters => "characters",
+        }
+    }
+}
+
+/// A declared limit.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub(crate) struct Policy {
+    pub(crate) id: String,
+    pub(crate) owner: String,
+    pub(crate) version: String,
+    pub(crate) unit: Unit,
+    pub(crate) default: i64,
+    pub(crate) hard_max: i64,
+    /// The user setting that sets it, when it is user-facing.
+    #[serde(default)]
+    pub(crate) setting: Option<String>,
+}
+
+fn p(id: &str, owner: &str, version: &str, unit: Unit, default: i64, hard_max: i64, setting: Option<&str>) -> Policy {
+    Policy { id: id.into(), owner: owner.into(), version: version.into(), unit, default, hard_max, setting: setting.map(Into::into) }
+}
+
+pub(crate) const ROUNDS: &str = "research-runtime/tool-research-rounds";
+pub(crate) const TOTAL_REQUESTS: &str = "research-runtime/total-model-requests";
+pub(crate) const RESERVE: &str = "research-runtime/finalization-request-reserve";
+pub(crate) const DEADLINE: &str = "research-runtime/run-deadline";
+pub(crate) const RESEARCH_SHARE: &str = "research-runtime/research-deadline-share-percent";
+pub(crate) const SEARCHES: &str = "tools/searches-per-run";
+pub(crate) const RESULTS: &str = "tools/results-per-search";
+pub(crate) const READS: &str = "tools/reads-per-run";
+pub(crate) const HANDLE_LIFETIME: &str = "tools/source-handle-lifetime";
+pub(crate) const HANDLE_CAPACITY: &str = "tools/handle-registry-capacity";
+pub(crate) const SEGMENT: &str = "tools/segment-size";
+pub(crate) const RETRIES: &str = "provider/transient-retries";
+pub(crate) const BACKOFF: &str = "provider/retry-backoff";
+pub(crate) const TIMEOUT: &str = "provider/request-timeout";
+pub(crate) const CONTEXT: &str = "prompts/context-budget";
+pub(crate) const TURN_TOKENS: &str = "prompts/turn-output-tokens";
+
+/// The research runtime's declarations.
+fn research_runtime() -> Vec<Policy> {
+    let o = "research-runtime";
+    let v = "research-runtime-policy@1";
+    vec![
+        p(ROUNDS, o, v, Unit::Rounds, 12, 64, Some("chat.max_tool_iters")),
+        // Never binds before 64 rounds, the final turn and its correction.
+        p(TOTAL_REQUESTS, o, v, Unit::Requests, 200, 1000, None),
+        p(RESERVE, o, v, Unit::Requests, 2, 2, None),
+        p(DEADLINE, o, v, Unit::Seconds, 1800, 86_400, Some("chat.run_deadline_secs")),
+        p(RESEARCH_SHARE, o, v, Unit::Seconds, 80, 95, None),
+    ]
+}
+
+/// The tools' declarations.
+fn tools() -> Vec<Policy> {
+    let o = "tools";
+    let v = "tools-policy@1";
+    vec![
+        p(SEARCHES, o, v, Unit::Calls, 32, 256, Some("tools.max_searches")),
+        p(RESULTS, o, v, Unit::Results, 5, 20, None),
+        p(READS, o, v, Unit::Calls, 64, 512, None),
+        p(HANDLE_LIFETIME, o, v, Unit::Seconds, 7200, 604_800, None),
+        p(HANDLE_CAPACITY, o, v, Unit::Handles, 256, 4096, None),
+        p(SEGMENT, o, v, Unit::Characters, 1500, 16_000, None),
+    ]
+}
+
+/// The provider layer's declarations.
+fn provider() -> Vec<Policy> {
+    let o = "provider";
+    let v = "provider-policy@1";
+    vec![
+        p(RETRIES, o, v, Unit::Requests, 2, 5, None),
+        p(BACKOFF, o, v, Unit::Milliseconds, 250, 10_000, None),
+        p(TIMEOUT, o, v, Unit::Seconds, 120, 3600, None),
+    ]
+}
+
+/// The prompts layer's declarations.
+fn prompts() -> Vec<Policy> {
+    let o = "prompts";
+    let v = "prompts-policy@1";
+    vec![p(CONTEXT, o, v, Unit::Tokens, 8192, 131_072, None), p(TURN_TOKENS, o, v, Unit::Tokens, 512, 8192, None)]
+}
+
+/// Declared policies and the values in force.
+#[derive(Debug, Clone)]
+pub(crate) struct Policies {
+    pub(crate) decls: BTreeMap<String, Policy>,
+    pub(crate) values: BTreeMap<String, i64>,
+}
+
+/// The optional configuration file (`$AGENTD_HOME/policies.toml`, or
+/// `AGENTD_POLICIES`).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct File {
+    /// Values for declared policies (within their hard maximum).
+    #[serde(default)]
+    values: BTreeMap<String, i64>,
+    /// Further declarations (a module's own, or a deployment's).
+    #[serde(default)]
+    declare: Vec<Policy>,
+}
+
+impl Policies {
+    /// Declares `p`; a different declaration of the same id is refused,
+    /// naming both.
+    fn declare(&mut self, p: Policy, origin: &str) -> Result<()> {
+        if p.default > p.hard_max || p.default < 0 {
+            bail!("{origin}: policy {} declares default {} outside 0..={}", p.id, p.default, p.hard_max);
+        }
+        if let Some(old) = self.decls.get(&p.id) {
+            if *old != p {
+                bail!(
+                    "conflicting declarations of policy {}: owner {} {} ({}, default {}, max {}) and owner {} {} ({}, default {}, max {}) from {origin}; refusing to start",
+                    p.id, old.owner, old.version, old.unit.as_str(), old.default, old.hard_max,
+                    p.owner, p.version, p.unit.as_str(), p.default, p.hard_max
+                );
+            }
+            return Ok(());
+        }
+        self.values.insert(p.id.clone(), p.default);
+        self.decls.insert(p.id.clone(), p);
+        Ok(())
+    }
+
+    /// Every module's declarations, the configuration file, the user
+    /// settings; then the composition checks.
+    pub(crate) fn load(store: &crate::store::Store) -> Result<Policies> {
+        let mut ps = Policies { decls: BTreeMap::new(), values: BTreeMap::new() };
+        for (origin, list) in [("research-runtime", research_runtime()), ("tools", tools()), ("provider", provider()), ("prompts", prompts())] {
+            for p in list {
+                ps.declare(p, origin)?;
+            }
+        }
+        let path = std::env::var_os("AGENTD_POLICIES")
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(|| crate::home::home().join("policies.toml"));
+        if path.is_file() {
+            let origin = path.display().to_string();
+            let text = std::fs::read_to_string(&path).with_context(|| format!("cannot read {origin}"))?;
+            let f: File = toml::from_str(&text).with_context(|| format!("{origin} is not a valid policy file"))?;
+            for d in f.declare {
+                ps.declare(d, &origin)?;
+            }
+            for (id, v) in f.values {
+                ps.set(&id, v, &origin)?;
+            }
+        }
+        for d in crate::settings::DEFS {
+            if let Some(p) = ps.decls.values().find(|p| p.setting.as_deref() == Some(d.key)).cloned() {
+                let e = crate::settings::get(store, d.key)?;
+                // A setting left at its default does not override the file.
+                if e.source != crate::settings::Source::Default {
+                    ps.set(&p.id, e.value, &format!("setting {}", d.key))?;
+                }
+            }
+        }
+        ps.check()?;
+        Ok(ps)
+    }
+
+    fn set(&mut self, id: &str, v: i64, origin: &str) -> Result<()> {
+        let Some(p) = self.decls.get(id) else {
+            bail!("{origin}: no policy {id} is declared (known: {})", self.decls.keys().cloned().collect::<Vec<_>>().join(", "));
+        };
+        if v < 0 || v > p.hard_max {
+            bail!("{origin}: policy {id} = {v} is outside 0..={} ({})", p.hard_max, p.unit.as_str());
+        }
+        self.values.insert(id.into(), v);
+        Ok(())
+    }
+
+    /// The value in force of a declared policy.
+    pub(crate) fn get(&self, id: &str) -> i64 {
+        // INVARIANT: only ids declared in this module are read.
+        self.values.get(id).copied().unwrap_or_else(|| panic!("policy {id} is read but not declared"))
+    }
+
+    /// Composition checks: each failure names both limits.
+    pub(crate) fn check(&self) -> Result<()> {
+        let g = |id| self.get(id);
+        if g(HANDLE_LIFETIME) < g(DEADLINE) {
+            bail!(
+                "{HANDLE_LIFETIME} = {} s is shorter than {DEADLINE} = {} s: handles found early in a run would expire before it ends",
+                g(HANDLE_LIFETIME), g(DEADLINE)
+            );
+        }
+        if g(HANDLE_CAPACITY) < g(SEARCHES) * g(RESULTS) {
+            bail!(
+                "{HANDLE_CAPACITY} = {} is less than {SEARCHES} × {RESULTS} = {} × {} = {}: permitted searches could return sources that cannot be registered",
+                g(HANDLE_CAPACITY), g(SEARCHES), g(RESULTS), g(SEARCHES) * g(RESULTS)
+            );
+        }
+        let reserve_max = self.decls[RESERVE].hard_max;
+        if g(RESERVE) > reserve_max {
+            bail!("{RESERVE} = {} exceeds its hard maximum {reserve_max}", g(RESERVE));
+        }
+        if g(RESERVE) >= g(TOTAL_REQUESTS) {
+            bail!(
+                "{RESERVE} = {} leaves no research allowance within {TOTAL_REQUESTS} = {}",
+                g(RESERVE), g(TOTAL_REQUESTS)
+            );
+        }
+        if g(RESERVE) < 1 {
+            bail!("{RESERVE} = 0 reserves no final answer turn");
+        }
+        if g(TIMEOUT) * (g(RETRIES) + 1) > g(DEADLINE) {
+            bail!(
+                "{TIMEOUT} × ({RETRIES} + 1) = {} × {} = {} s exceeds {DEADLINE} = {} s: one request with its retries could outlive the run",
+                g(TIMEOUT), g(RETRIES) + 1, g(TIMEOUT) * (g(RETRIES) + 1), g(DEADLINE)
+            );
+        }
+        if g(SEARCHES) < 1 || g(READS) < 1 || g(RESULTS) < 1 {
+            bail!("{SEARCHES}, {READS} and {RESULTS} must each be at least 1 for a search → read → answer path");
+        }
+        if g(TOTAL_REQUESTS) - g(RESERVE) < 2 {
+            bail!(
+                "{TOTAL_REQUESTS} = {} less {RESERVE} = {} leaves fewer than the 2 research requests a search and a read need",
+                g(TOTAL_REQUESTS), g(RESERVE)
+            );
+        }
+        Ok(())
+    }
+
+    /// The values in force, for a run's admission snapshot.
+    pub(crate) fn snapshot(&self) -> Value {
+        let mut m = serde_json::Map::new();
+        for (id, v) in &self.values {
+            m.insert(id.clone(), json!(v));
+        }
+        Value::Object(m)
+    }
+
+    /// Every declaration with its value, for listings.
+    pub(crate) fn describe(&self) -> Vec<Value> {
+        self.decls
+            .values()
+            .map(|p| {
+                json!({"id": p.id, "owner": p.owner, "version": p.version, "unit": p.unit.as_str(),
+                       "default": p.default, "hard_max": p.hard_max, "value": self.get(&p.id), "setting": p.setting})
+            })
+            .collect()
+    }
+
+    /// Policies restored from an admission snapshot (values outside the
+    /// snapshot keep their declared defaults, never newer settings).
+    pub(crate) fn from_snapshot(snapshot: &Value) -> Result<Policies> {
+        let mut ps = Policies { decls: BTreeMap::new(), values: BTreeMap::new() };
+        for list in [research_runtime(), tools(), provider(), prompts()] {
+            for p in list {
+                ps.declare(p, "built-in")?;
+            }
+        }
+        for (id, v) in snapshot.as_object().into_iter().flatten() {
+            if let (Some(v), true) = (v.as_i64(), ps.decls.contains_key(id)) {
+                ps.values.insert(id.clone(), v);
+            }
+        }
+        Ok(ps)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn defaults() -> Policies {
+        Policies::from_snapshot(&json!({})).unwrap()
+    }
+
+    #[test]
+    fn defaults_compose() {
+        defaults().check().unwrap();
+    }
+
+    #[test]
+    fn conflicting_declarations_are_refused_naming_both() {
+        let mut ps = defaults();
+        let mut other = research_runtime().into_iter().find(|p| p.id == RESERVE).unwrap();
+        other.owner = "tools".into();
+        let e = ps.declare(other, "policies.toml").unwrap_err().to_string();
+        assert!(e.contains("research-runtime") && e.contains("tools") && e.contains(RESERVE), "{e}");
+        // The same declaration again is fine.
+        let same = research_runtime().into_iter().find(|p| p.id == RESERVE).unwrap();
+        ps.declare(same, "again").unwrap();
+    }
+
+    #[test]
+    fn compositions_that_cannot_finish_are_refused_naming_both_limits() {
+        let cases: Vec<(&str, i64, &[&str])> = vec![
+            (HANDLE_LIFETIME, 60, &[HANDLE_LIFETIME, DEADLINE]),
+            (HANDLE_CAPACITY, 50, &[HANDLE_CAPACITY, SEARCHES, RESULTS]),
+            (TOTAL_REQUESTS, 2, &[RESERVE, TOTAL_REQUESTS]),
+            (TIMEOUT, 1000, &[TIMEOUT, RETRIES, DEADLINE]),
+        ];
+        for (id, v, names) in cases {
+            let mut ps = defaults();
+            ps.set(id, v, "test").unwrap();
+            let e = ps.check().unwrap_err().to_string();
+            for n in names {
+                assert!(e.contains(n), "{id}={v}: {e}");
+            }
+        }
+        let mut ps = defaults();
+        assert!(ps.set(RESERVE, 3, "test").is_err(), "above the hard maximum");
+    }
+}
