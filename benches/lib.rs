@@ -67,15 +67,16 @@ pub fn recorded_by_family() -> Vec<(String, Vec<Recorded>)> {
                     .and_then(|a| a.iter().find(|r| r["repo"] == model).cloned());
                 let gen = fx["generation_prompt"]
                     .as_str()
-                    .or_else(|| reference.as_ref().and_then(|r| r["default_generation_prompt"].as_str()))
+                    .or_else(|| {
+                        reference.as_ref().and_then(|r| r["default_generation_prompt"].as_str())
+                    })
                     .map(str::to_owned);
                 let tools = fx["tools"]
                     .as_array()
                     .map(|a| a.iter().filter_map(ToolSpec::from_openai).collect())
                     .unwrap_or_default();
-                let truncated = fx["tags"]
-                    .as_array()
-                    .is_some_and(|t| t.iter().any(|x| x == "truncated"));
+                let truncated =
+                    fx["tags"].as_array().is_some_and(|t| t.iter().any(|x| x == "truncated"));
                 items.push(Recorded {
                     format,
                     options: Options {

@@ -10,7 +10,16 @@ use std::time::{Duration, Instant};
 fn ask_scripted(h: &Home, lines: &[&str], extra: &[&str]) -> (std::process::Output, Vec<Value>) {
     let s = h.write("script.jsonl", &lines.join("\n")).display().to_string();
     let corpus = h.corpus();
-    let mut args = vec!["ask", "--provider", "scripted", "--script", &s, "--corpus", corpus.to_str().unwrap(), "--events"];
+    let mut args = vec![
+        "ask",
+        "--provider",
+        "scripted",
+        "--script",
+        &s,
+        "--corpus",
+        corpus.to_str().unwrap(),
+        "--events",
+    ];
     args.extend_from_slice(extra);
     args.push("How many requests are reserved?");
     let out = h.run(&args);
@@ -20,8 +29,13 @@ fn ask_scripted(h: &Home, lines: &[&str], extra: &[&str]) -> (std::process::Outp
 
 fn ledger(h: &Home, run: &str) -> Vec<(String, String, Option<String>)> {
     let db = rusqlite::Connection::open(h.path().join("agentd.db")).unwrap();
-    let mut st = db.prepare("SELECT phase, outcome, classification FROM ledger WHERE run_id = ?1 ORDER BY id").unwrap();
-    st.query_map([run], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?))).unwrap().map(Result::unwrap).collect()
+    let mut st = db
+        .prepare("SELECT phase, outcome, classification FROM ledger WHERE run_id = ?1 ORDER BY id")
+        .unwrap();
+    st.query_map([run], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect()
 }
 
 const SEARCH_READ: &str = r#"{"when": "research", "tool_calls": [{"name": "search_sources", "arguments": {"query": "budget"}}, {"name": "read_source", "arguments": {"handle": "S1"}}]}"#;
@@ -36,16 +50,44 @@ fn conflicting_policy_declarations_refuse_to_start_naming_both() {
     let (out, _) = ask_scripted(&h, &[SEARCH_READ], &[]);
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("conflicting declarations") && err.contains("research-runtime") && err.contains("tools-policy@9"), "{err}");
+    assert!(
+        err.contains("conflicting declarations")
+            && err.contains("research-runtime")
+            && err.contains("tools-policy@9"),
+        "{err}"
+    );
 }
 
 #[test]
 fn compositions_that_cannot_finish_refuse_to_start_naming_both_limits() {
     for (values, names) in [
-        ("\"tools/handle-registry-capacity\" = 10\n\"tools/searches-per-run\" = 5\n", vec!["tools/handle-registry-capacity", "tools/searches-per-run", "tools/results-per-search"]),
-        ("\"tools/source-handle-lifetime\" = 60\n", vec!["tools/source-handle-lifetime", "research-runtime/run-deadline"]),
-        ("\"research-runtime/total-model-requests\" = 2\n", vec!["research-runtime/finalization-request-reserve", "research-runtime/total-model-requests"]),
-        ("\"provider/request-timeout\" = 900\n", vec!["provider/request-timeout", "provider/transient-retries", "research-runtime/run-deadline"]),
+        (
+            "\"tools/handle-registry-capacity\" = 10\n\"tools/searches-per-run\" = 5\n",
+            vec![
+                "tools/handle-registry-capacity",
+                "tools/searches-per-run",
+                "tools/results-per-search",
+            ],
+        ),
+        (
+            "\"tools/source-handle-lifetime\" = 60\n",
+            vec!["tools/source-handle-lifetime", "research-runtime/run-deadline"],
+        ),
+        (
+            "\"research-runtime/total-model-requests\" = 2\n",
+            vec![
+                "research-runtime/finalization-request-reserve",
+                "research-runtime/total-model-requests",
+            ],
+        ),
+        (
+            "\"provider/request-timeout\" = 900\n",
+            vec![
+                "provider/request-timeout",
+                "provider/transient-retries",
+                "research-runtime/run-deadline",
+            ],
+        ),
     ] {
         let h = Home::new();
         h.write("policies.toml", &format!("[values]\n{values}"));
@@ -63,17 +105,32 @@ fn research_spends_only_the_allowance_less_the_reserve_and_the_answer_still_come
     let h = Home::new();
     h.write("policies.toml", "[values]\n\"research-runtime/total-model-requests\" = 5\n");
     let other = r#"{"when": "research", "tool_calls": [{"name": "search_sources", "arguments": {"query": "sockets"}}]}"#;
-    let (out, evs) = ask_scripted(&h, &[SEARCH_READ, other, SEARCH_READ, other, r#"{"when": "final", "content": "Two requests [S1]."}"#], &[]);
+    let (out, evs) = ask_scripted(
+        &h,
+        &[
+            SEARCH_READ,
+            other,
+            SEARCH_READ,
+            other,
+            r#"{"when": "final", "content": "Two requests [S1]."}"#,
+        ],
+        &[],
+    );
     assert!(out.status.success());
     let d = done(&evs);
     assert_eq!(d["stop"], "budget");
     assert_eq!(d["outcome"], "answered");
-    let phases: Vec<String> = of(&evs, "request").iter().map(|r| r["phase"].as_str().unwrap().to_owned()).collect();
+    let phases: Vec<String> =
+        of(&evs, "request").iter().map(|r| r["phase"].as_str().unwrap().to_owned()).collect();
     assert_eq!(phases, ["research", "research", "research", "final"]);
     let run = evs[0]["run_id"].as_str().unwrap();
     let l = ledger(&h, run);
     let phases: Vec<&str> = l.iter().map(|e| e.0.as_str()).collect();
-    assert_eq!(phases, ["research", "research", "research", "final"], "research never spends the reserve");
+    assert_eq!(
+        phases,
+        ["research", "research", "research", "final"],
+        "research never spends the reserve"
+    );
 }
 
 #[test]
@@ -99,9 +156,12 @@ fn an_unread_citation_is_corrected_once() {
     let answer = r#"{"when": "research", "content": "Two requests [S1]; sockets use 0600 [S2]."}"#;
     let fixed = r#"{"when": "final", "content": "Two requests are reserved [S1]."}"#;
     let (_, evs) = ask_scripted(&h, &[search, answer, fixed], &[]);
-    let reqs: Vec<&str> = of(&evs, "request").iter().map(|r| r["phase"].as_str().unwrap()).collect();
+    let reqs: Vec<&str> =
+        of(&evs, "request").iter().map(|r| r["phase"].as_str().unwrap()).collect();
     assert_eq!(reqs, ["research", "research", "correction"]);
-    assert!(of(&evs, "notice").iter().any(|n| n["kind"] == "citation_rejected" && n["text"].as_str().unwrap().contains("S2")));
+    assert!(of(&evs, "notice")
+        .iter()
+        .any(|n| n["kind"] == "citation_rejected" && n["text"].as_str().unwrap().contains("S2")));
     let d = done(&evs);
     assert_eq!(d["outcome"], "answered");
     assert_eq!(d["answer"], "Two requests are reserved [S1].");
@@ -123,7 +183,10 @@ fn spent_searches_are_hidden_from_the_next_request_while_reading_stays() {
             let calls = if n <= 3 {
                 vec![("search_sources".to_string(), format!(r#"{{"query": "budget {n}"}}"#))]
             } else {
-                vec![("search_sources".to_string(), r#"{"query": "again"}"#.to_string()), ("read_source".to_string(), r#"{"handle": "S1"}"#.to_string())]
+                vec![
+                    ("search_sources".to_string(), r#"{"query": "again"}"#.to_string()),
+                    ("read_source".to_string(), r#"{"handle": "S1"}"#.to_string()),
+                ]
             };
             Reply::Stream { content: String::new(), calls }
         } else {
@@ -134,29 +197,51 @@ fn spent_searches_are_hidden_from_the_next_request_while_reading_stays() {
     h.write("policies.toml", "[values]\n\"tools/searches-per-run\" = 2\n");
     let corpus = h.corpus();
     let out = h
-        .cmd(&["ask", "--provider", "openai", "--base-url", &mock.base(), "--corpus", corpus.to_str().unwrap(), "--events", "q"])
+        .cmd(&[
+            "ask",
+            "--provider",
+            "openai",
+            "--base-url",
+            &mock.base(),
+            "--corpus",
+            corpus.to_str().unwrap(),
+            "--events",
+            "q",
+        ])
         .env("AGENTD_CHAT_MAX_TOOL_ITERS", "4")
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let names = |b: &Value| -> Vec<String> {
-        b["tools"].as_array().map(|t| t.iter().map(|t| t["function"]["name"].as_str().unwrap().to_owned()).collect()).unwrap_or_default()
+        b["tools"]
+            .as_array()
+            .map(|t| t.iter().map(|t| t["function"]["name"].as_str().unwrap().to_owned()).collect())
+            .unwrap_or_default()
     };
     let seen = mock.requests();
     assert_eq!(names(&seen[0].body), ["search_sources", "read_source"]);
     assert_eq!(names(&seen[1].body), ["search_sources", "read_source"]);
-    assert_eq!(names(&seen[2].body), ["read_source"], "searches spent: search hidden, reading stays");
+    assert_eq!(
+        names(&seen[2].body),
+        ["read_source"],
+        "searches spent: search hidden, reading stays"
+    );
     assert_eq!(names(&seen[3].body), ["read_source"]);
     let evs = events(&out);
     // The host still refuses a search the model calls anyway.
-    let refused = of(&evs, "tool_result").into_iter().filter(|r| r["name"] == "search_sources" && r["ok"] == false).count();
+    let refused = of(&evs, "tool_result")
+        .into_iter()
+        .filter(|r| r["name"] == "search_sources" && r["ok"] == false)
+        .count();
     assert!(refused >= 2);
     assert!(of(&evs, "tool_result").iter().any(|r| r["name"] == "read_source" && r["ok"] == true));
 }
 
 #[test]
 fn insufficient_quota_is_sent_exactly_once_and_keeps_its_owner() {
-    let mock = MockOpenAi::start(|_, _| Reply::Status(429, r#"{"error": {"message": "You exceeded your current quota", "type": "insufficient_quota", "code": "insufficient_quota"}}"#.into()));
+    let mock = MockOpenAi::start(|_, _| {
+        Reply::Status(429, r#"{"error": {"message": "You exceeded your current quota", "type": "insufficient_quota", "code": "insufficient_quota"}}"#.into())
+    });
     let h = Home::new();
     let out = h.run(&["ask", "--provider", "openai", "--base-url", &mock.base(), "--events", "q"]);
     assert_eq!(out.status.code(), Some(1));
@@ -200,7 +285,15 @@ fn a_transient_503_is_retried_and_counted_in_the_ledger() {
 fn connection_refused_is_provider_unavailable() {
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let h = Home::new();
-    let out = h.run(&["ask", "--provider", "openai", "--base-url", &format!("http://127.0.0.1:{port}/v1"), "--events", "q"]);
+    let out = h.run(&[
+        "ask",
+        "--provider",
+        "openai",
+        "--base-url",
+        &format!("http://127.0.0.1:{port}/v1"),
+        "--events",
+        "q",
+    ]);
     assert_eq!(out.status.code(), Some(1));
     let d = done(&events(&out)).clone();
     assert_eq!(d["error"]["code"], "PROVIDER_UNAVAILABLE");
@@ -240,7 +333,19 @@ fn kill_9_then_resume_under_larger_defaults_never_exceeds_the_allowance() {
     let script = h.write("script.jsonl", &lines.join("\n")).display().to_string();
     let corpus = h.corpus();
     let mut child = h
-        .cmd(&["ask", "--provider", "scripted", "--script", &script, "--corpus", corpus.to_str().unwrap(), "--events", "--chat", "chat_k", "q"])
+        .cmd(&[
+            "ask",
+            "--provider",
+            "scripted",
+            "--script",
+            &script,
+            "--corpus",
+            corpus.to_str().unwrap(),
+            "--events",
+            "--chat",
+            "chat_k",
+            "q",
+        ])
         .env("AGENTD_CHAT_MAX_TOOL_ITERS", "10")
         .stdout(std::process::Stdio::null())
         .spawn()
@@ -251,7 +356,9 @@ fn kill_9_then_resume_under_larger_defaults_never_exceeds_the_allowance() {
         std::thread::sleep(Duration::from_millis(50));
         if let Ok(db) = rusqlite::Connection::open(&db_path) {
             let r: Option<(String, i64)> = db
-                .query_row("SELECT run_id, count(*) FROM ledger GROUP BY run_id", [], |r| Ok((r.get(0)?, r.get(1)?)))
+                .query_row("SELECT run_id, count(*) FROM ledger GROUP BY run_id", [], |r| {
+                    Ok((r.get(0)?, r.get(1)?))
+                })
                 .ok();
             if let Some((run, n)) = r {
                 if n >= 4 {
@@ -264,7 +371,11 @@ fn kill_9_then_resume_under_larger_defaults_never_exceeds_the_allowance() {
     child.kill().unwrap(); // SIGKILL
     child.wait().unwrap();
     let listed = String::from_utf8(h.run(&["runs", "list"]).stdout).unwrap();
-    let row: Value = listed.lines().map(|l| serde_json::from_str::<Value>(l).unwrap()).find(|r| r["run_id"] == run).unwrap();
+    let row: Value = listed
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .find(|r| r["run_id"] == run)
+        .unwrap();
     assert_eq!(row["status"], "interrupted");
     // The streamed text of the killed process is still in the chat, marked.
     let db = rusqlite::Connection::open(&db_path).unwrap();
@@ -274,7 +385,11 @@ fn kill_9_then_resume_under_larger_defaults_never_exceeds_the_allowance() {
     assert_eq!(st, "interrupted");
     // Larger defaults now: 20 rounds, 50 requests.
     h.write("policies.toml", "[values]\n\"research-runtime/total-model-requests\" = 50\n");
-    let out = h.cmd(&["runs", "resume", &run, "--events"]).env("AGENTD_CHAT_MAX_TOOL_ITERS", "20").output().unwrap();
+    let out = h
+        .cmd(&["runs", "resume", &run, "--events"])
+        .env("AGENTD_CHAT_MAX_TOOL_ITERS", "20")
+        .output()
+        .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let evs = events(&out);
     assert_eq!(evs[0]["run_id"], run);

@@ -10,9 +10,23 @@ fn script(h: &Home, lines: &[&str]) -> String {
     h.write("script.jsonl", &lines.join("\n")).display().to_string()
 }
 
-fn ask(h: &Home, script_path: &str, extra: &[&str], question: &str) -> (std::process::Output, Vec<Value>) {
+fn ask(
+    h: &Home,
+    script_path: &str,
+    extra: &[&str],
+    question: &str,
+) -> (std::process::Output, Vec<Value>) {
     let corpus = h.corpus();
-    let mut args = vec!["ask", "--provider", "scripted", "--script", script_path, "--corpus", corpus.to_str().unwrap(), "--events"];
+    let mut args = vec![
+        "ask",
+        "--provider",
+        "scripted",
+        "--script",
+        script_path,
+        "--corpus",
+        corpus.to_str().unwrap(),
+        "--events",
+    ];
     args.extend_from_slice(extra);
     args.push(question);
     let out = h.run(&args);
@@ -47,7 +61,10 @@ fn final_synthesis_after_the_last_results_beyond_six_rounds() {
     let pos = |p: &dyn Fn(&Value) -> bool| evs.iter().position(p).unwrap();
     let last_result = evs.iter().rposition(|e| e["type"] == "tool_result").unwrap();
     assert!(pos(&|e| e["kind"] == "finishing") > last_result);
-    assert!(pos(&|e| e["type"] == "request" && e["phase"] == "final") > pos(&|e| e["kind"] == "finishing"));
+    assert!(
+        pos(&|e| e["type"] == "request" && e["phase"] == "final")
+            > pos(&|e| e["kind"] == "finishing")
+    );
     let d = done(&evs);
     assert_eq!(d["outcome"], "answered");
     assert_eq!(d["stop"], "round_limit");
@@ -88,7 +105,10 @@ fn several_calls_in_one_round_run_in_order_and_count_as_one_round() {
     assert_eq!(calls.len(), 3);
     assert!(calls.iter().all(|c| c["round"] == 1));
     let results = of(&evs, "tool_result");
-    assert_eq!(results.iter().map(|r| r["id"].clone()).collect::<Vec<_>>(), calls.iter().map(|c| c["id"].clone()).collect::<Vec<_>>());
+    assert_eq!(
+        results.iter().map(|r| r["id"].clone()).collect::<Vec<_>>(),
+        calls.iter().map(|c| c["id"].clone()).collect::<Vec<_>>()
+    );
     assert!(results.iter().all(|r| r["ok"] == true));
     let d = done(&evs);
     assert_eq!(d["rounds"], 1);
@@ -139,11 +159,15 @@ fn calls_proposed_in_the_final_turn_never_run() {
     let discarded = of(&evs, "discarded_call");
     assert_eq!(discarded.len(), 2);
     assert!(discarded.iter().all(|e| e["name"] == "save_note"));
-    assert!(!notes.exists() || std::fs::read_dir(&notes).unwrap().count() == 0, "a final-turn call wrote a note");
+    assert!(
+        !notes.exists() || std::fs::read_dir(&notes).unwrap().count() == 0,
+        "a final-turn call wrote a note"
+    );
     let d = done(&evs);
     assert_eq!(d["outcome"], "answered");
     assert_eq!(d["answer"], "Budget: two requests.");
-    let content: String = of(&evs, "content").iter().map(|e| e["delta"].as_str().unwrap()).collect();
+    let content: String =
+        of(&evs, "content").iter().map(|e| e["delta"].as_str().unwrap()).collect();
     assert!(!content.contains("tool_call"), "{content}");
 }
 
@@ -175,13 +199,22 @@ fn final_provider_failure_gives_an_excerpt_and_voice_a_spoken_fallback() {
     let d = done(&evs);
     assert_eq!(d["outcome"], "spoken_fallback");
     let a = d["answer"].as_str().unwrap();
-    assert!(a.split_whitespace().count() <= 40 && !a.contains('[') && !a.contains("http") && !a.contains('<'), "{a}");
+    assert!(
+        a.split_whitespace().count() <= 40
+            && !a.contains('[')
+            && !a.contains("http")
+            && !a.contains('<'),
+        "{a}"
+    );
 }
 
 #[test]
 fn context_exhaustion_after_tools_ran_goes_to_the_final_turn() {
     let h = Home::new();
-    h.write("corpus/big.md", &format!("# Big budget notes\n\n{}", "budget words fill this segment. ".repeat(200)));
+    h.write(
+        "corpus/big.md",
+        &format!("# Big budget notes\n\n{}", "budget words fill this segment. ".repeat(200)),
+    );
     // A context of 1300 tokens (≈ chars / 4): each round reads a 1500-character
     // segment; shortening older results cannot keep up for long.
     let mut lines = vec![
@@ -217,7 +250,19 @@ fn cancellation_stops_everything_and_keeps_the_streamed_text() {
     let s = script(&h, &[slow]);
     let corpus = h.corpus();
     let mut child = h
-        .cmd(&["ask", "--provider", "scripted", "--script", &s, "--corpus", corpus.to_str().unwrap(), "--events", "--chat", "chat_cancel", "q"])
+        .cmd(&[
+            "ask",
+            "--provider",
+            "scripted",
+            "--script",
+            &s,
+            "--corpus",
+            corpus.to_str().unwrap(),
+            "--events",
+            "--chat",
+            "chat_cancel",
+            "q",
+        ])
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
@@ -252,8 +297,14 @@ fn chats_persist_and_continue() {
     let (_, evs) = ask(&h, &s, &["--chat", "chat_1"], "second question");
     assert_eq!(done(&evs)["answer"], "Second answer.");
     let db = rusqlite::Connection::open(h.path().join("agentd.db")).unwrap();
-    let mut st = db.prepare("SELECT role, content, status FROM messages WHERE chat_id = 'chat_1' ORDER BY id").unwrap();
-    let rows: Vec<(String, String, String)> = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?))).unwrap().map(Result::unwrap).collect();
+    let mut st = db
+        .prepare("SELECT role, content, status FROM messages WHERE chat_id = 'chat_1' ORDER BY id")
+        .unwrap();
+    let rows: Vec<(String, String, String)> = st
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
     assert_eq!(
         rows,
         vec![
@@ -273,7 +324,10 @@ fn openai_mock_that_always_calls_tools() {
     for (setting, want_research) in [(None, 12usize), (Some("6"), 6)] {
         let mock = MockOpenAi::start(|n, body| {
             if body.get("tools").is_some() {
-                Reply::Stream { content: String::new(), calls: vec![("search_sources".into(), format!(r#"{{"query": "budget {n}"}}"#))] }
+                Reply::Stream {
+                    content: String::new(),
+                    calls: vec![("search_sources".into(), format!(r#"{{"query": "budget {n}"}}"#))],
+                }
             } else {
                 Reply::Stream {
                     content: "Two requests are reserved.<tool_call>\n{\"name\": \"save_note\", \"arguments\": {}}\n</tool_call>".into(),
@@ -287,8 +341,17 @@ fn openai_mock_that_always_calls_tools() {
         }
         let corpus = h.corpus();
         let out = h.run(&[
-            "ask", "--provider", "openai", "--base-url", &mock.base(), "--model", "mock-model", "--corpus",
-            corpus.to_str().unwrap(), "--events", "How many requests are reserved?",
+            "ask",
+            "--provider",
+            "openai",
+            "--base-url",
+            &mock.base(),
+            "--model",
+            "mock-model",
+            "--corpus",
+            corpus.to_str().unwrap(),
+            "--events",
+            "How many requests are reserved?",
         ]);
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         let evs = events(&out);
@@ -305,7 +368,8 @@ fn openai_mock_that_always_calls_tools() {
                     let msgs = r.body["messages"].as_array().unwrap();
                     let tool = msgs.iter().rev().find(|m| m["role"] == "tool").unwrap();
                     assert!(tool["tool_call_id"].as_str().unwrap().starts_with("call_"));
-                    let result: Value = serde_json::from_str(tool["content"].as_str().unwrap()).unwrap();
+                    let result: Value =
+                        serde_json::from_str(tool["content"].as_str().unwrap()).unwrap();
                     assert!(result["results"].is_array());
                     let asst = msgs.iter().rev().find(|m| m["role"] == "assistant").unwrap();
                     assert_eq!(asst["tool_calls"][0]["function"]["name"], "search_sources");

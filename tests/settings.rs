@@ -43,14 +43,17 @@ fn stored_values_persist_env_overrides_and_reset_returns_the_default() {
     let h = Home::new();
     assert!(h.run(&["settings", "set", KEY, "6"]).status.success());
     assert_eq!(stdout(&h.run(&["settings", "get", KEY])), "6");
-    let env = h.cmd(&["settings", "get", KEY]).env("AGENTD_CHAT_MAX_TOOL_ITERS", "20").output().unwrap();
+    let env =
+        h.cmd(&["settings", "get", KEY]).env("AGENTD_CHAT_MAX_TOOL_ITERS", "20").output().unwrap();
     assert_eq!(stdout(&env), "20");
-    let listed = h.cmd(&["settings", "list"]).env("AGENTD_CHAT_MAX_TOOL_ITERS", "20").output().unwrap();
+    let listed =
+        h.cmd(&["settings", "list"]).env("AGENTD_CHAT_MAX_TOOL_ITERS", "20").output().unwrap();
     assert!(stdout(&listed).contains("\"source\":\"env\""));
     // The stored value is still there underneath the override.
     assert_eq!(stdout(&h.run(&["settings", "get", KEY])), "6");
     assert!(h.run(&["settings", "reset", KEY]).status.success());
     assert_eq!(stdout(&h.run(&["settings", "get", KEY])), "12");
-    let bad_env = h.cmd(&["settings", "get", KEY]).env("AGENTD_CHAT_MAX_TOOL_ITERS", "99").output().unwrap();
+    let bad_env =
+        h.cmd(&["settings", "get", KEY]).env("AGENTD_CHAT_MAX_TOOL_ITERS", "99").output().unwrap();
     assert_eq!(bad_env.status.code(), Some(1));
 }

@@ -21,7 +21,8 @@ pub fn agentd_bin() -> PathBuf {
         return PathBuf::from(p);
     }
     let root = workspace_root();
-    let target = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or(root.join("target"));
+    let target =
+        std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or(root.join("target"));
     for profile in ["release", "debug"] {
         let p = target.join(profile).join("agentd");
         if p.exists() {
@@ -32,6 +33,7 @@ pub fn agentd_bin() -> PathBuf {
 }
 
 /// An isolated state folder and the command to run agentd in it.
+#[derive(Debug)]
 pub struct Home {
     pub dir: tempfile::TempDir,
 }
@@ -70,8 +72,14 @@ impl Home {
     /// A small corpus of markdown sources.
     pub fn corpus(&self) -> PathBuf {
         self.write("corpus/budget.md", "# Budget rules\n\nThe run reserves two requests for the final answer.\n\nResearch may spend the rest.\n");
-        self.write("corpus/sockets.md", "# Sockets\n\nThe daemon listens on a Unix socket created with mode 0600.\n");
-        self.write("corpus/voice.md", "# Voice\n\nVoice front-ends get one or two plain sentences.\n");
+        self.write(
+            "corpus/sockets.md",
+            "# Sockets\n\nThe daemon listens on a Unix socket created with mode 0600.\n",
+        );
+        self.write(
+            "corpus/voice.md",
+            "# Voice\n\nVoice front-ends get one or two plain sentences.\n",
+        );
         self.path().join("corpus")
     }
 }
@@ -112,6 +120,7 @@ pub struct Seen {
 }
 
 /// What the mock answers.
+#[derive(Debug)]
 pub enum Reply {
     /// A streamed completion: content, then tool calls (name, arguments JSON).
     Stream { content: String, calls: Vec<(String, String)> },
@@ -122,6 +131,7 @@ pub enum Reply {
 type Behave = dyn Fn(usize, &Value) -> Reply + Send + Sync;
 
 /// A mock OpenAI-compatible server on 127.0.0.1.
+#[derive(Debug)]
 pub struct MockOpenAi {
     pub port: u16,
     pub seen: Arc<Mutex<Vec<Seen>>>,

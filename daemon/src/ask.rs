@@ -41,8 +41,13 @@ pub(crate) fn run(a: &AskArgs, cancel: &AtomicBool) -> Result<ExitCode> {
         Some(Corpus::open(&a.corpus, policies.get(policy::SEGMENT) as usize)?)
     };
     let mut host = Host::new(corpus, a.notes.clone(), crate::runs::tool_limits(&policies));
-    let mut provider = crate::provider_build::build(&a.engine, crate::runs::retry(&policies), Some(policies.get(policy::CONTEXT) as usize))?;
-    let abs = |p: &PathBuf| std::fs::canonicalize(p).unwrap_or_else(|_| p.clone()).display().to_string();
+    let mut provider = crate::provider_build::build(
+        &a.engine,
+        crate::runs::retry(&policies),
+        Some(policies.get(policy::CONTEXT) as usize),
+    )?;
+    let abs =
+        |p: &PathBuf| std::fs::canonicalize(p).unwrap_or_else(|_| p.clone()).display().to_string();
     let opts = RunOptions {
         question: a.question.clone(),
         chat_id: a.chat.clone(),
@@ -55,7 +60,10 @@ pub(crate) fn run(a: &AskArgs, cancel: &AtomicBool) -> Result<ExitCode> {
         }),
     };
     let mut printer = Printer::new(a.events);
-    let done = research::run(provider.as_mut(), &mut host, &store, &policies, &opts, cancel, &mut |e| printer.emit(e));
+    let done =
+        research::run(provider.as_mut(), &mut host, &store, &policies, &opts, cancel, &mut |e| {
+            printer.emit(e)
+        });
     Ok(printer.finish(&done))
 }
 
@@ -87,7 +95,9 @@ impl Printer {
             }
             Ev::Notice { text, .. } => eprintln!("agentd: {text}"),
             Ev::ToolCall { name, arguments, .. } => eprintln!("agentd: → {name} {arguments}"),
-            Ev::Discarded { name, .. } => eprintln!("agentd: discarded a call to {name} proposed in the final turn"),
+            Ev::Discarded { name, .. } => {
+                eprintln!("agentd: discarded a call to {name} proposed in the final turn")
+            }
             _ => {}
         }
     }
@@ -99,19 +109,19 @@ impl Printer {
             println!();
         }
         match done.outcome {
-        Outcome::Answered | Outcome::Excerpt | Outcome::SpokenFallback => ExitCode::SUCCESS,
-        Outcome::Cancelled => {
-            if !events {
-                eprintln!("agentd: cancelled");
+            Outcome::Answered | Outcome::Excerpt | Outcome::SpokenFallback => ExitCode::SUCCESS,
+            Outcome::Cancelled => {
+                if !events {
+                    eprintln!("agentd: cancelled");
+                }
+                ExitCode::from(130)
             }
-            ExitCode::from(130)
-        }
-        Outcome::Error => {
-            if let Some(e) = &done.error {
-                eprintln!("agentd: {} ({}): {}", e.code, e.classification, e.message);
+            Outcome::Error => {
+                if let Some(e) = &done.error {
+                    eprintln!("agentd: {} ({}): {}", e.code, e.classification, e.message);
+                }
+                ExitCode::from(1)
             }
-            ExitCode::from(1)
-        }
         }
     }
 }

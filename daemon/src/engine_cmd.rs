@@ -53,7 +53,9 @@ pub(crate) fn resolve(model: Option<&str>) -> Result<Resolved> {
     let reg = Registry::load()?;
     let name = model.unwrap_or(&reg.default);
     let as_path = PathBuf::from(name);
-    if reg.entries.get(name).is_none() && (as_path.is_file() || name.ends_with(".gguf") || name.contains('/')) {
+    if !reg.entries.contains_key(name)
+        && (as_path.is_file() || name.ends_with(".gguf") || name.contains('/'))
+    {
         if !as_path.is_file() {
             bail!("model file {} does not exist", as_path.display());
         }
@@ -72,7 +74,10 @@ impl EngineArgs {
     /// Loads the model with its context bounded by `cap` tokens.
     pub(crate) fn load_with(&self, cap: Option<usize>) -> Result<(Resolved, Engine)> {
         if self.provider != "local" {
-            anyhow::bail!("this command runs the local engine; --provider {} is for `ask` and `serve`", self.provider);
+            anyhow::bail!(
+                "this command runs the local engine; --provider {} is for `ask` and `serve`",
+                self.provider
+            );
         }
         let r = resolve(self.model.as_deref())?;
         let device = self.device.parse()?;
@@ -81,8 +86,9 @@ impl EngineArgs {
             (a, b) => a.or(b),
         };
         let t = Instant::now();
-        let engine = Engine::load(&r.path, &EngineOptions { threads: self.threads, device, context })
-            .with_context(|| format!("cannot load {}", r.path.display()))?;
+        let engine =
+            Engine::load(&r.path, &EngineOptions { threads: self.threads, device, context })
+                .with_context(|| format!("cannot load {}", r.path.display()))?;
         tracing_note(&format!("loaded {} in {:.2}s", r.name, t.elapsed().as_secs_f64()));
         Ok((r, engine))
     }
@@ -117,7 +123,8 @@ pub(crate) fn models(json_out: bool) -> Result<()> {
         rows.push(json!({
             "name": name, "default": *name == reg.default, "state": state,
             "path": path, "repo": e.repo, "file": e.file, "sha256": e.sha256,
-            "tool_format": e.tool_format, "mirrors": e.mirrors,
+            "tool_format": e.tool_format, "mirrors": e.mirrors, "size": e.size,
+            "architecture": e.architecture, "chat_template": e.chat_template,
         }));
     }
     if json_out {
@@ -192,7 +199,13 @@ pub(crate) fn peak_rss_mb() -> Option<f64> {
     Some(kb / 1024.0)
 }
 
-pub(crate) fn bench(engine_args: &EngineArgs, pp: usize, tg: usize, reps: usize, json_out: bool) -> Result<()> {
+pub(crate) fn bench(
+    engine_args: &EngineArgs,
+    pp: usize,
+    tg: usize,
+    reps: usize,
+    json_out: bool,
+) -> Result<()> {
     let (r, engine) = engine_args.load()?;
     let vocab = engine.info().config.n_vocab as u32;
     let tok = engine.tokenizer();

@@ -104,7 +104,9 @@ impl Ev {
                 json!({"type": "tool_result", "round": round, "id": id, "name": name, "ok": ok, "content": content})
             }
             Ev::Notice { kind, text } => json!({"type": "notice", "kind": kind, "text": text}),
-            Ev::Discarded { name, arguments } => json!({"type": "discarded_call", "name": name, "arguments": arguments}),
+            Ev::Discarded { name, arguments } => {
+                json!({"type": "discarded_call", "name": name, "arguments": arguments})
+            }
             Ev::Done(d) => json!({
                 "type": "done", "outcome": d.outcome.as_str(), "stop": d.stop.as_str(), "rounds": d.rounds,
                 "model_requests": d.model_requests, "answer": d.answer,

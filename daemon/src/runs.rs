@@ -100,7 +100,12 @@ pub(crate) fn record(store: &Store, id: &str) -> Result<Value> {
         .collect::<Result<_, _>>()?;
     let mut out = row;
     out["ledger"] = json!(ledger);
-    out["handles"] = json!(handles(store, id)?.into_iter().map(|h| json!({"handle": h.handle, "path": h.path, "segment": h.segment, "read": h.read_ok})).collect::<Vec<_>>());
+    out["handles"] = json!(handles(store, id)?
+        .into_iter()
+        .map(
+            |h| json!({"handle": h.handle, "path": h.path, "segment": h.segment, "read": h.read_ok})
+        )
+        .collect::<Vec<_>>());
     Ok(out)
 }
 
@@ -119,7 +124,10 @@ pub(crate) fn cancel(store: &Store, id: &str) -> Result<&'static str> {
     let t = crate::store::now();
     Ok(match status.as_str() {
         "running" => {
-            store.conn.execute("UPDATE runs SET cancel_requested = 1, updated = ?2 WHERE id = ?1", rusqlite::params![id, t])?;
+            store.conn.execute(
+                "UPDATE runs SET cancel_requested = 1, updated = ?2 WHERE id = ?1",
+                rusqlite::params![id, t],
+            )?;
             "cancel requested"
         }
         "interrupted" => {
@@ -131,7 +139,9 @@ pub(crate) fn cancel(store: &Store, id: &str) -> Result<&'static str> {
 }
 
 fn handles(store: &Store, id: &str) -> Result<Vec<HandleRec>> {
-    let mut st = store.conn.prepare("SELECT handle, path, segment, title, issued, read_ok FROM run_handles WHERE run_id = ?1")?;
+    let mut st = store.conn.prepare(
+        "SELECT handle, path, segment, title, issued, read_ok FROM run_handles WHERE run_id = ?1",
+    )?;
     let v = st
         .query_map([id], |r| {
             Ok(HandleRec {
@@ -148,7 +158,12 @@ fn handles(store: &Store, id: &str) -> Result<Vec<HandleRec>> {
 }
 
 /// Continues an interrupted run under its snapshot and ledger.
-pub(crate) fn resume(store: &Store, id: &str, cancel: &AtomicBool, emit: &mut dyn FnMut(&Ev)) -> Result<crate::events::Done> {
+pub(crate) fn resume(
+    store: &Store,
+    id: &str,
+    cancel: &AtomicBool,
+    emit: &mut dyn FnMut(&Ev),
+) -> Result<crate::events::Done> {
     store.mark_interrupted()?;
     let rec = record(store, id)?;
     let status = rec["status"].as_str().unwrap_or_default();
@@ -159,7 +174,13 @@ pub(crate) fn resume(store: &Store, id: &str, cancel: &AtomicBool, emit: &mut dy
     let policies = Policies::from_snapshot(&snap["policies"]).context("the run's snapshot")?;
     let config = &snap["config"];
     let engine = engine_from(&config["engine"]);
-    let corpus: Vec<PathBuf> = config["corpus"].as_array().into_iter().flatten().filter_map(Value::as_str).map(PathBuf::from).collect();
+    let corpus: Vec<PathBuf> = config["corpus"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .map(PathBuf::from)
+        .collect();
     let notes = config["notes"].as_str().map(PathBuf::from);
     let corpus = if corpus.is_empty() {
         None
@@ -196,7 +217,13 @@ pub(crate) fn resume(store: &Store, id: &str, cancel: &AtomicBool, emit: &mut dy
                 let mut a = Message::new("assistant", m.content.clone());
                 a.tool_calls = calls
                     .iter()
-                    .map(|c| ToolCallMsg::new(c["id"].as_str().unwrap_or_default(), c["name"].as_str().unwrap_or_default(), &c["arguments"].to_string()))
+                    .map(|c| {
+                        ToolCallMsg::new(
+                            c["id"].as_str().unwrap_or_default(),
+                            c["name"].as_str().unwrap_or_default(),
+                            &c["arguments"].to_string(),
+                        )
+                    })
                     .collect();
                 p.exchanges.push(a);
             }
@@ -213,10 +240,16 @@ pub(crate) fn resume(store: &Store, id: &str, cancel: &AtomicBool, emit: &mut dy
                 let args = p
                     .exchanges
                     .last()
-                    .and_then(|a| a.tool_calls.iter().find(|c| Some(&c.id) == m.tool_call_id.as_ref()))
+                    .and_then(|a| {
+                        a.tool_calls.iter().find(|c| Some(&c.id) == m.tool_call_id.as_ref())
+                    })
                     .map(|c| c.function.arguments.to_string())
                     .unwrap_or_default();
-                batch.push((name.clone(), research::canonical(&args), research::digest(&m.content)));
+                batch.push((
+                    name.clone(),
+                    research::canonical(&args),
+                    research::digest(&m.content),
+                ));
                 let mut t = Message::new("tool", m.content.clone());
                 t.tool_call_id = m.tool_call_id.clone();
                 t.name = Some(name);
@@ -241,10 +274,17 @@ pub(crate) fn resume(store: &Store, id: &str, cancel: &AtomicBool, emit: &mut dy
         .messages(&chat_id)?
         .into_iter()
         .take_while(|m| m.run_id.as_deref() != Some(id))
-        .filter(|m| (m.role == "user" || (m.role == "assistant" && m.tool_calls.is_none())) && !m.content.trim().is_empty())
+        .filter(|m| {
+            (m.role == "user" || (m.role == "assistant" && m.tool_calls.is_none()))
+                && !m.content.trim().is_empty()
+        })
         .map(|m| Message::new(&m.role, m.content))
         .collect();
-    let mut provider = crate::provider_build::build(&engine, retry(&policies), Some(policies.get(policy::CONTEXT) as usize))?;
+    let mut provider = crate::provider_build::build(
+        &engine,
+        retry(&policies),
+        Some(policies.get(policy::CONTEXT) as usize),
+    )?;
     store.conn.execute(
         "UPDATE runs SET status = 'running', pid = ?2, updated = ?3 WHERE id = ?1",
         rusqlite::params![id, std::process::id() as i64, crate::store::now()],
@@ -256,6 +296,17 @@ pub(crate) fn resume(store: &Store, id: &str, cancel: &AtomicBool, emit: &mut dy
         provider: provider.describe(),
         config: config.clone(),
     };
-    Ok(research::drive(provider.as_mut(), &mut host, store, budget, p, id, &chat_id, &history, &opts, cancel, emit))
+    Ok(research::drive(
+        provider.as_mut(),
+        &mut host,
+        store,
+        budget,
+        p,
+        id,
+        &chat_id,
+        &history,
+        &opts,
+        cancel,
+        emit,
+    ))
 }
-

@@ -22,7 +22,8 @@ pub(crate) const DEFS: &[Def] = &[
     Def {
         key: "chat.max_tool_iters",
         label: "Tool research rounds",
-        description: "Model turns that call tools before the reserved final answer (not individual calls)",
+        description:
+            "Model turns that call tools before the reserved final answer (not individual calls)",
         default: 12,
         min: 1,
         max: 64,
@@ -31,7 +32,8 @@ pub(crate) const DEFS: &[Def] = &[
     Def {
         key: "chat.run_deadline_secs",
         label: "Run deadline (seconds)",
-        description: "Wall time a reply may take; research stops at its share so the answer still fits",
+        description:
+            "Wall time a reply may take; research stops at its share so the answer still fits",
         default: 1800,
         min: 30,
         max: 86_400,
@@ -98,7 +100,13 @@ pub(crate) fn def(key: &str) -> Result<Def> {
 pub(crate) fn parse(d: Def, raw: &str) -> Result<i64> {
     let v: i64 = match raw.trim().parse() {
         Ok(v) => v,
-        Err(_) => bail!("{} ({}) must be an integer from {} to {}, got {raw:?}", d.key, d.label, d.min, d.max),
+        Err(_) => bail!(
+            "{} ({}) must be an integer from {} to {}, got {raw:?}",
+            d.key,
+            d.label,
+            d.min,
+            d.max
+        ),
     };
     if v < d.min || v > d.max {
         bail!("{} ({}) must be between {} and {}, got {v}", d.key, d.label, d.min, d.max);
@@ -111,7 +119,8 @@ pub(crate) fn parse(d: Def, raw: &str) -> Result<i64> {
 pub(crate) fn get(store: &Store, key: &str) -> Result<Effective> {
     let d = def(key)?;
     if let Ok(raw) = std::env::var(d.env) {
-        let value = parse(d, &raw).map_err(|e| anyhow::anyhow!("environment variable {}: {e}", d.env))?;
+        let value =
+            parse(d, &raw).map_err(|e| anyhow::anyhow!("environment variable {}: {e}", d.env))?;
         return Ok(Effective { def: d, value, source: Source::Env });
     }
     if let Some(raw) = store.setting(key)? {

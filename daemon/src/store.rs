@@ -61,7 +61,8 @@ pub(crate) fn now() -> String {
 pub(crate) fn new_id(prefix: &str) -> String {
     let mut b = [0u8; 8];
     if getrandom::fill(&mut b).is_err() {
-        let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        let t =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
         b = (t.as_nanos() as u64 ^ u64::from(std::process::id())).to_le_bytes();
     }
     format!("{prefix}_{}", b.iter().map(|x| format!("{x:02x}")).collect::<String>())
@@ -71,12 +72,14 @@ impl Store {
     /// Opens (and creates) the store under the state folder.
     pub(crate) fn open() -> Result<Store> {
         let home = crate::home::home();
-        std::fs::create_dir_all(&home).with_context(|| format!("cannot create {}", home.display()))?;
+        std::fs::create_dir_all(&home)
+            .with_context(|| format!("cannot create {}", home.display()))?;
         Store::open_at(home.join("agentd.db"))
     }
 
     pub(crate) fn open_at(path: PathBuf) -> Result<Store> {
-        let conn = Connection::open(&path).with_context(|| format!("cannot open {}", path.display()))?;
+        let conn =
+            Connection::open(&path).with_context(|| format!("cannot open {}", path.display()))?;
         conn.busy_timeout(std::time::Duration::from_secs(10))?;
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(None, "synchronous", "NORMAL")?;
@@ -97,7 +100,10 @@ impl Store {
     }
 
     pub(crate) fn setting(&self, key: &str) -> Result<Option<String>> {
-        Ok(self.conn.query_row("SELECT value FROM settings WHERE key = ?1", [key], |r| r.get(0)).optional()?)
+        Ok(self
+            .conn
+            .query_row("SELECT value FROM settings WHERE key = ?1", [key], |r| r.get(0))
+            .optional()?)
     }
 
     pub(crate) fn set_setting(&self, key: &str, value: &str) -> Result<()> {
@@ -169,13 +175,6 @@ impl Store {
         Ok(rows.collect::<Result<Vec<_>, _>>()?)
     }
 
-    /// Chats, newest first.
-    pub(crate) fn chats(&self) -> Result<Vec<(String, String, String, String)>> {
-        let mut st = self.conn.prepare("SELECT id, title, created, updated FROM chats ORDER BY updated DESC")?;
-        let rows = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?;
-        Ok(rows.collect::<Result<Vec<_>, _>>()?)
-    }
-
     /// Marks messages and runs left `streaming`/`running` by a process that
     /// is gone as interrupted.
     pub(crate) fn mark_interrupted(&self) -> Result<usize> {
@@ -188,7 +187,10 @@ impl Store {
                 continue;
             }
             let t = now();
-            n += self.conn.execute("UPDATE runs SET status = 'interrupted', updated = ?2 WHERE id = ?1", params![id, t])?;
+            n += self.conn.execute(
+                "UPDATE runs SET status = 'interrupted', updated = ?2 WHERE id = ?1",
+                params![id, t],
+            )?;
             self.conn.execute(
                 "UPDATE messages SET status = 'interrupted', updated = ?2 WHERE run_id = ?1 AND status = 'streaming'",
                 params![id, t],
@@ -205,6 +207,7 @@ fn pid_alive(pid: u32) -> bool {
 /// A message row.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct StoredMessage {
+    #[allow(dead_code)] // read by the HTTP chats routes
     pub(crate) id: i64,
     pub(crate) chat_id: String,
     pub(crate) run_id: Option<String>,
@@ -214,6 +217,7 @@ pub(crate) struct StoredMessage {
     pub(crate) tool_call_id: Option<String>,
     pub(crate) name: Option<String>,
     pub(crate) status: String,
+    #[allow(dead_code)] // read by the HTTP chats routes
     pub(crate) created: String,
 }
 
@@ -233,7 +237,12 @@ mod tests {
         assert_eq!(s.setting("k").unwrap(), None);
         s.ensure_chat("c1", "hello").unwrap();
         let id = s
-            .add_message(&StoredMessage { chat_id: "c1".into(), role: "assistant".into(), status: "streaming".into(), ..Default::default() })
+            .add_message(&StoredMessage {
+                chat_id: "c1".into(),
+                role: "assistant".into(),
+                status: "streaming".into(),
+                ..Default::default()
+            })
             .unwrap();
         s.update_message(id, "partial text", "cancelled").unwrap();
         let m = s.messages("c1").unwrap();

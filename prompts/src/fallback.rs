@@ -74,7 +74,11 @@ mod tests {
     #[test]
     fn excerpts_are_labelled_bounded_and_cite_handles() {
         let ev: Vec<Evidence> = (1..=9)
-            .map(|i| Evidence { handle: format!("S{i}"), title: format!("Doc {i}"), text: "word ".repeat(400) })
+            .map(|i| Evidence {
+                handle: format!("S{i}"),
+                title: format!("Doc {i}"),
+                text: "word ".repeat(400),
+            })
             .collect();
         let x = excerpt(&ev, EXCERPT_MAX);
         assert!(x.chars().count() <= EXCERPT_MAX);
@@ -89,7 +93,9 @@ mod tests {
         for n in [0, 1, 5] {
             let s = spoken(n);
             assert!(s.split_whitespace().count() <= 40);
-            assert!(!s.contains('[') && !s.contains("http") && !s.contains('<') && !s.contains('*'));
+            assert!(
+                !s.contains('[') && !s.contains("http") && !s.contains('<') && !s.contains('*')
+            );
         }
     }
 }

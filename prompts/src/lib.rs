@@ -17,4 +17,6 @@ pub mod fit;
 mod template;
 pub mod texts;
 
-pub use template::{ChatTemplate, FunctionCall, Message, TemplateError, ToolCallMsg, ToolDef, ToolStyle};
+pub use template::{
+    ChatTemplate, FunctionCall, Message, TemplateError, ToolCallMsg, ToolDef, ToolStyle,
+};

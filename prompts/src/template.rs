@@ -25,7 +25,13 @@ pub struct Message {
 impl Message {
     /// A message with a role and text.
     pub fn new(role: &str, content: impl Into<String>) -> Message {
-        Message { role: role.into(), content: content.into(), tool_calls: Vec::new(), tool_call_id: None, name: None }
+        Message {
+            role: role.into(),
+            content: content.into(),
+            tool_calls: Vec::new(),
+            tool_call_id: None,
+            name: None,
+        }
     }
 }
 
@@ -135,8 +141,20 @@ fn strftime_now(fmt: String) -> String {
     let d = doy - (153 * mp + 2) / 5 + 1;
     let m = if mp < 10 { mp + 3 } else { mp - 9 };
     let y = yoe + era * 400 + if m <= 2 { 1 } else { 0 };
-    const MONTHS: [&str; 12] =
-        ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October", "November", "December"];
+    const MONTHS: [&str; 12] = [
+        "January",
+        "February",
+        "March",
+        "April",
+        "May",
+        "June",
+        "July",
+        "August",
+        "September",
+        "October",
+        "November",
+        "December",
+    ];
     let month = MONTHS[(m - 1) as usize];
     fmt.replace("%Y", &format!("{y:04}"))
         .replace("%m", &format!("{m:02}"))
@@ -149,7 +167,12 @@ const PROBE: &str = "zz_probe_tool_4711";
 
 impl ChatTemplate {
     /// Compiles `source`; `bos`/`eos` are the model's token texts.
-    pub fn new(source: &str, bos: Option<&str>, eos: Option<&str>, style: ToolStyle) -> Result<ChatTemplate, TemplateError> {
+    pub fn new(
+        source: &str,
+        bos: Option<&str>,
+        eos: Option<&str>,
+        style: ToolStyle,
+    ) -> Result<ChatTemplate, TemplateError> {
         let mut env = Environment::new();
         minijinja_contrib::add_to_environment(&mut env);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
@@ -167,11 +190,17 @@ impl ChatTemplate {
             shows_calls: false,
             style,
         };
-        let probe = ToolDef { name: PROBE.into(), description: String::new(), parameters: serde_json::json!({}) };
-        t.shows_tools = t.raw(&[Message::new("user", "x")], &[probe], true).is_ok_and(|s| s.contains(PROBE));
+        let probe = ToolDef {
+            name: PROBE.into(),
+            description: String::new(),
+            parameters: serde_json::json!({}),
+        };
+        t.shows_tools =
+            t.raw(&[Message::new("user", "x")], &[probe], true).is_ok_and(|s| s.contains(PROBE));
         let mut m = Message::new("assistant", "");
         m.tool_calls.push(ToolCallMsg::new("c1", PROBE, "{}"));
-        t.shows_calls = t.raw(&[Message::new("user", "x"), m], &[], false).is_ok_and(|s| s.contains(PROBE));
+        t.shows_calls =
+            t.raw(&[Message::new("user", "x"), m], &[], false).is_ok_and(|s| s.contains(PROBE));
         Ok(t)
     }
 
@@ -180,7 +209,12 @@ impl ChatTemplate {
         self.shows_tools
     }
 
-    fn raw(&self, messages: &[Message], tools: &[ToolDef], add_generation_prompt: bool) -> Result<String, TemplateError> {
+    fn raw(
+        &self,
+        messages: &[Message],
+        tools: &[ToolDef],
+        add_generation_prompt: bool,
+    ) -> Result<String, TemplateError> {
         let tmpl = self.env.get_template("chat").map_err(|e| TemplateError(e.to_string()))?;
         let tools_v: Vec<serde_json::Value> = tools.iter().map(ToolDef::openai).collect();
         let ctx = context! {
@@ -204,7 +238,12 @@ impl ChatTemplate {
     /// Renders a conversation. When the template cannot show the tools or
     /// the calls, the family's tool instructions go into the system message
     /// and calls/results are written in the family's markup.
-    pub fn render(&self, messages: &[Message], tools: &[ToolDef], add_generation_prompt: bool) -> Result<String, TemplateError> {
+    pub fn render(
+        &self,
+        messages: &[Message],
+        tools: &[ToolDef],
+        add_generation_prompt: bool,
+    ) -> Result<String, TemplateError> {
         if self.shows_tools && self.shows_calls {
             return self.raw(messages, tools, add_generation_prompt);
         }
@@ -276,7 +315,8 @@ mod tests {
     #[test]
     fn smollm2_template_renders_like_llama_cpp() {
         let t = ChatTemplate::new(SMOLLM2, None, None, ToolStyle::Hermes).unwrap();
-        let s = t.render(&[Message::new("user", "What is the capital of France?")], &[], true).unwrap();
+        let s =
+            t.render(&[Message::new("user", "What is the capital of France?")], &[], true).unwrap();
         assert_eq!(
             s,
             "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
@@ -287,27 +327,59 @@ mod tests {
     #[test]
     fn tools_go_into_the_system_message_when_the_template_cannot_show_them() {
         let t = ChatTemplate::new(SMOLLM2, None, None, ToolStyle::Hermes).unwrap();
-        let tool = ToolDef { name: "search_sources".into(), description: "Search".into(), parameters: serde_json::json!({"type": "object"}) };
+        let tool = ToolDef {
+            name: "search_sources".into(),
+            description: "Search".into(),
+            parameters: serde_json::json!({"type": "object"}),
+        };
         let mut call = Message::new("assistant", "");
         call.tool_calls.push(ToolCallMsg::new("c1", "search_sources", r#"{"query": "x"}"#));
         let mut result = Message::new("tool", r#"{"results": []}"#);
         result.tool_call_id = Some("c1".into());
         let s = t
-            .render(&[Message::new("system", "Be brief."), Message::new("user", "q"), call, result], &[tool], true)
+            .render(
+                &[Message::new("system", "Be brief."), Message::new("user", "q"), call, result],
+                &[tool],
+                true,
+            )
             .unwrap();
-        assert!(s.starts_with("<|im_start|>system\nBe brief.\n\nYou are a function calling AI model."), "{s}");
+        assert!(
+            s.starts_with("<|im_start|>system\nBe brief.\n\nYou are a function calling AI model."),
+            "{s}"
+        );
         assert!(s.contains("<tools>\n{\"type\":\"function\""), "{s}");
         assert!(s.contains("<|im_start|>assistant\n<tool_call>\n{\"name\":\"search_sources\",\"arguments\":{\"query\":\"x\"}}\n</tool_call><|im_end|>"), "{s}");
-        assert!(s.contains("<|im_start|>tool\n<tool_response>\n{\"results\": []}\n</tool_response><|im_end|>"), "{s}");
+        assert!(
+            s.contains(
+                "<|im_start|>tool\n<tool_response>\n{\"results\": []}\n</tool_response><|im_end|>"
+            ),
+            "{s}"
+        );
     }
 
     #[test]
     fn hugging_face_extensions_work() {
         let src = "{% set ns = namespace(n=0) %}{% for m in messages %}{% if m.role == 'skip' %}{% continue %}{% endif %}{% set ns.n = ns.n + 1 %}{{ m.content.strip() | upper }}{% endfor %}{{ ns.n }}{{ tools | tojson if tools else '' }}{{ strftime_now('%Y')[:2] }}";
         let t = ChatTemplate::new(src, None, None, ToolStyle::Hermes).unwrap();
-        let out = t.raw(&[Message::new("user", " a "), Message::new("skip", "b"), Message::new("user", "c")], &[], false).unwrap();
+        let out = t
+            .raw(
+                &[
+                    Message::new("user", " a "),
+                    Message::new("skip", "b"),
+                    Message::new("user", "c"),
+                ],
+                &[],
+                false,
+            )
+            .unwrap();
         assert_eq!(out, "AC220");
-        let bad = ChatTemplate::new("{{ raise_exception('no system role') }}", None, None, ToolStyle::Hermes).unwrap();
+        let bad = ChatTemplate::new(
+            "{{ raise_exception('no system role') }}",
+            None,
+            None,
+            ToolStyle::Hermes,
+        )
+        .unwrap();
         let e = bad.raw(&[], &[], false).unwrap_err();
         assert!(e.to_string().contains("no system role"), "{e}");
     }

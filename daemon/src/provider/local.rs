@@ -26,28 +26,60 @@ pub(crate) struct Local {
 }
 
 impl Local {
-    pub(crate) fn load(args: &EngineArgs, tool_format: Option<&str>, context_cap: Option<usize>) -> Result<Local> {
+    pub(crate) fn load(
+        args: &EngineArgs,
+        tool_format: Option<&str>,
+        context_cap: Option<usize>,
+    ) -> Result<Local> {
         let (resolved, engine) = args.load_with(context_cap)?;
         let info = engine.info();
-        let source = info
-            .chat_template
-            .clone()
-            .with_context(|| format!("{} has no chat template in its metadata", resolved.path.display()))?;
-        let template = ChatTemplate::new(&source, info.bos.as_deref(), info.eos.as_deref(), ToolStyle::Hermes)
-            .with_context(|| format!("the chat template of {}", resolved.path.display()))?;
-        let format = match tool_format.or(resolved.entry.as_ref().and_then(|e| e.tool_format.as_deref())) {
-            Some(f) => Format::from_name(f)?,
-            None => Format::Hermes,
+        let entry = resolved.entry.as_ref();
+        if let Some(want) = entry.and_then(|e| e.architecture.as_deref()) {
+            if want != info.config.arch_name {
+                anyhow::bail!(
+                    "models.toml says {} is `{want}` but the file says `{}`; fix the registry entry",
+                    resolved.name,
+                    info.config.arch_name
+                );
+            }
+        }
+        let source = match entry.and_then(|e| e.chat_template.as_deref()).filter(|t| *t != "gguf") {
+            Some(path) => std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read chat template {path}"))?,
+            None => info.chat_template.clone().with_context(|| {
+                format!("{} has no chat template in its metadata", resolved.path.display())
+            })?,
         };
+        let template =
+            ChatTemplate::new(&source, info.bos.as_deref(), info.eos.as_deref(), ToolStyle::Hermes)
+                .with_context(|| format!("the chat template of {}", resolved.path.display()))?;
+        let format =
+            match tool_format.or(resolved.entry.as_ref().and_then(|e| e.tool_format.as_deref())) {
+                Some(f) => Format::from_name(f)?,
+                None => Format::Hermes,
+            };
         let stop_strings = resolved.entry.as_ref().map(|e| e.stop.clone()).unwrap_or_default();
         let session = engine.session();
-        let sampling = Sampling { temperature: 0.0, repeat_penalty: 1.1, repeat_last_n: 64, ..Sampling::default() };
+        let sampling = Sampling {
+            temperature: 0.0,
+            repeat_penalty: 1.1,
+            repeat_last_n: 64,
+            ..Sampling::default()
+        };
         Ok(Local { engine, template, format, resolved, session, stop_strings, sampling })
     }
 
-    fn prompt(&self, messages: &[Message], tools: &[ToolDef]) -> Result<(String, Vec<u32>), ProviderError> {
-        let text = self.template.render(messages, tools, true).map_err(|e| ProviderError::Failed(e.to_string()))?;
-        let ids = self.engine.tokenize(&text, true).map_err(|e| ProviderError::Failed(e.to_string()))?;
+    fn prompt(
+        &self,
+        messages: &[Message],
+        tools: &[ToolDef],
+    ) -> Result<(String, Vec<u32>), ProviderError> {
+        let text = self
+            .template
+            .render(messages, tools, true)
+            .map_err(|e| ProviderError::Failed(e.to_string()))?;
+        let ids =
+            self.engine.tokenize(&text, true).map_err(|e| ProviderError::Failed(e.to_string()))?;
         Ok((text, ids))
     }
 }
@@ -68,11 +100,16 @@ impl Provider for Local {
         if !attempt(1) {
             return Err(ProviderError::Failed("the request was not admitted".into()));
         }
-        let tail: String = text.chars().rev().take(64).collect::<Vec<_>>().into_iter().rev().collect();
+        let tail: String =
+            text.chars().rev().take(64).collect::<Vec<_>>().into_iter().rev().collect();
         let mode = if req.tools.is_empty() { Mode::Suppress } else { Mode::Tools };
-        let specs = Tools(req.tools.iter().map(|t| ToolSpec::from_json_schema(&t.name, &t.parameters)).collect());
-        let mut parser =
-            Parser::new(self.format, Options { generation_prompt: Some(tail), tools: specs, mode, ..Options::default() });
+        let specs = Tools(
+            req.tools.iter().map(|t| ToolSpec::from_json_schema(&t.name, &t.parameters)).collect(),
+        );
+        let mut parser = Parser::new(
+            self.format,
+            Options { generation_prompt: Some(tail), tools: specs, mode, ..Options::default() },
+        );
         let mut forbid = Vec::new();
         if mode == Mode::Suppress {
             if let Some(id) = self.engine.tokenizer().id_of(call_token(self.format)) {
@@ -86,7 +123,12 @@ impl Provider for Local {
             forbid,
             ..GenParams::default()
         };
-        let mut reply = TurnReply { content: String::new(), calls: Vec::new(), discarded: Vec::new(), finish: TurnFinish::Stop };
+        let mut reply = TurnReply {
+            content: String::new(),
+            calls: Vec::new(),
+            discarded: Vec::new(),
+            finish: TurnFinish::Stop,
+        };
         let mut n = 0usize;
         let mut handle = |e: Event, reply: &mut TurnReply| match e {
             Event::Content(s) => {
@@ -96,10 +138,18 @@ impl Provider for Local {
             Event::Reasoning(s) => on(TurnEvent::Reasoning(s)),
             Event::CallEnd { call, .. } => {
                 n += 1;
-                reply.calls.push(Call { id: call.id.unwrap_or_else(|| crate::store::new_id("call")), name: call.name, arguments: call.arguments });
+                reply.calls.push(Call {
+                    id: call.id.unwrap_or_else(|| crate::store::new_id("call")),
+                    name: call.name,
+                    arguments: call.arguments,
+                });
             }
             Event::Discarded(call) => {
-                let c = Call { id: call.id.unwrap_or_else(|| crate::store::new_id("call")), name: call.name, arguments: call.arguments };
+                let c = Call {
+                    id: call.id.unwrap_or_else(|| crate::store::new_id("call")),
+                    name: call.name,
+                    arguments: call.arguments,
+                };
                 reply.discarded.push(c.clone());
                 on(TurnEvent::Discarded(c));
             }
@@ -116,7 +166,8 @@ impl Provider for Local {
                 ErrorKind::Input => ProviderError::Context { need: prompt.len() + 1, limit },
                 _ => ProviderError::Failed(e.to_string()),
             })?;
-        let reason = if out.finish == Finish::Length { FinishReason::Length } else { FinishReason::Stop };
+        let reason =
+            if out.finish == Finish::Length { FinishReason::Length } else { FinishReason::Stop };
         for e in parser.finish(reason) {
             handle(e, &mut reply);
         }

@@ -45,12 +45,25 @@ pub(crate) struct OpenAi {
 }
 
 impl OpenAi {
-    pub(crate) fn new(base_url: &str, api_key: Option<String>, model: &str, format: Format, retry: Retry) -> OpenAi {
+    pub(crate) fn new(
+        base_url: &str,
+        api_key: Option<String>,
+        model: &str,
+        format: Format,
+        retry: Retry,
+    ) -> OpenAi {
         let agent = ureq::AgentBuilder::new()
             .timeout_connect(Duration::from_secs(10).min(retry.timeout))
             .timeout_read(retry.timeout)
             .build();
-        OpenAi { base: base_url.trim_end_matches('/').to_owned(), api_key, model: model.to_owned(), format, agent, retry }
+        OpenAi {
+            base: base_url.trim_end_matches('/').to_owned(),
+            api_key,
+            model: model.to_owned(),
+            format,
+            agent,
+            retry,
+        }
     }
 
     fn body(&self, req: &TurnRequest<'_>) -> Value {
@@ -62,8 +75,17 @@ impl OpenAi {
         b
     }
 
-    fn once(&self, body: &str, req: &TurnRequest<'_>, cancel: &AtomicBool, on: &mut dyn FnMut(TurnEvent)) -> Result<TurnReply, Attempt> {
-        let mut r = self.agent.post(&format!("{}/chat/completions", self.base)).set("Content-Type", "application/json");
+    fn once(
+        &self,
+        body: &str,
+        req: &TurnRequest<'_>,
+        cancel: &AtomicBool,
+        on: &mut dyn FnMut(TurnEvent),
+    ) -> Result<TurnReply, Attempt> {
+        let mut r = self
+            .agent
+            .post(&format!("{}/chat/completions", self.base))
+            .set("Content-Type", "application/json");
         if let Some(k) = &self.api_key {
             r = r.set("Authorization", &format!("Bearer {k}"));
         }
@@ -76,9 +98,19 @@ impl OpenAi {
             Err(ureq::Error::Transport(t)) => return Err(classify_transport(&t)),
         };
         let tools_mode = if req.tools.is_empty() { Mode::Suppress } else { Mode::Tools };
-        let specs = Tools(req.tools.iter().map(|t| ToolSpec::from_json_schema(&t.name, &t.parameters)).collect());
-        let mut parser = Parser::new(self.format, Options { tools: specs, mode: tools_mode, ..Options::default() });
-        let mut reply = TurnReply { content: String::new(), calls: Vec::new(), discarded: Vec::new(), finish: TurnFinish::Stop };
+        let specs = Tools(
+            req.tools.iter().map(|t| ToolSpec::from_json_schema(&t.name, &t.parameters)).collect(),
+        );
+        let mut parser = Parser::new(
+            self.format,
+            Options { tools: specs, mode: tools_mode, ..Options::default() },
+        );
+        let mut reply = TurnReply {
+            content: String::new(),
+            calls: Vec::new(),
+            discarded: Vec::new(),
+            finish: TurnFinish::Stop,
+        };
         let mut structured: BTreeMap<u64, (String, String, String)> = BTreeMap::new();
         let mut finish_reason = String::new();
         let streamed = resp.content_type().contains("event-stream");
@@ -89,7 +121,8 @@ impl OpenAi {
                     reply.finish = TurnFinish::Cancelled;
                     break;
                 }
-                let line = line.map_err(|e| Attempt::Transient(format!("the stream broke: {e}")))?;
+                let line =
+                    line.map_err(|e| Attempt::Transient(format!("the stream broke: {e}")))?;
                 let Some(data) = line.strip_prefix("data:") else { continue };
                 let data = data.trim();
                 if data == "[DONE]" {
@@ -97,11 +130,17 @@ impl OpenAi {
                 }
                 let Ok(v) = serde_json::from_str::<Value>(data) else { continue };
                 if let Some(err) = v.get("error") {
-                    return Err(Attempt::Failed(format!("the upstream reported an error mid-stream: {err}")));
+                    return Err(Attempt::Failed(format!(
+                        "the upstream reported an error mid-stream: {err}"
+                    )));
                 }
                 let Some(choice) = v["choices"].get(0) else { continue };
                 let delta = &choice["delta"];
-                if let Some(r) = delta.get("reasoning_content").or_else(|| delta.get("reasoning")).and_then(Value::as_str) {
+                if let Some(r) = delta
+                    .get("reasoning_content")
+                    .or_else(|| delta.get("reasoning"))
+                    .and_then(Value::as_str)
+                {
                     if !r.is_empty() {
                         on(TurnEvent::Reasoning(r.to_owned()));
                     }
@@ -129,8 +168,11 @@ impl OpenAi {
                 }
             }
         } else {
-            let text = resp.into_string().map_err(|e| Attempt::Transient(format!("cannot read the response: {e}")))?;
-            let v: Value = serde_json::from_str(&text).map_err(|e| Attempt::Failed(format!("the response is not JSON: {e}")))?;
+            let text = resp
+                .into_string()
+                .map_err(|e| Attempt::Transient(format!("cannot read the response: {e}")))?;
+            let v: Value = serde_json::from_str(&text)
+                .map_err(|e| Attempt::Failed(format!("the response is not JSON: {e}")))?;
             let msg = &v["choices"][0]["message"];
             if let Some(r) = msg.get("reasoning_content").and_then(Value::as_str) {
                 on(TurnEvent::Reasoning(r.to_owned()));
@@ -155,7 +197,8 @@ impl OpenAi {
             }
             finish_reason = v["choices"][0]["finish_reason"].as_str().unwrap_or("stop").to_owned();
         }
-        let reason = if finish_reason == "length" { FinishReason::Length } else { FinishReason::Stop };
+        let reason =
+            if finish_reason == "length" { FinishReason::Length } else { FinishReason::Stop };
         for e in parser.finish(reason) {
             feed(e, &mut reply, on);
         }
@@ -171,7 +214,11 @@ impl OpenAi {
                 Ok(v @ Value::Object(_)) => v.to_string(),
                 _ => json!({"_raw": args}).to_string(),
             };
-            let call = Call { id: if id.is_empty() { crate::store::new_id("call") } else { id }, name, arguments };
+            let call = Call {
+                id: if id.is_empty() { crate::store::new_id("call") } else { id },
+                name,
+                arguments,
+            };
             if req.tools.is_empty() {
                 reply.discarded.push(call.clone());
                 on(TurnEvent::Discarded(call));
@@ -197,7 +244,11 @@ fn feed(e: Event, reply: &mut TurnReply, on: &mut dyn FnMut(TurnEvent)) {
             arguments: call.arguments,
         }),
         Event::Discarded(call) => {
-            let c = Call { id: call.id.unwrap_or_else(|| crate::store::new_id("call")), name: call.name, arguments: call.arguments };
+            let c = Call {
+                id: call.id.unwrap_or_else(|| crate::store::new_id("call")),
+                name: call.name,
+                arguments: call.arguments,
+            };
             reply.discarded.push(c.clone());
             on(TurnEvent::Discarded(c));
         }
@@ -211,7 +262,7 @@ enum Attempt {
     Transient(String),
     Quota(String),
     Unavailable(String),
-    Context(String),
+    Context,
     Failed(String),
 }
 
@@ -224,8 +275,10 @@ fn classify_status(code: u16, body: &str) -> Attempt {
     if code == 429 || code >= 500 || code == 408 {
         return Attempt::Transient(format!("HTTP {code}: {snippet}"));
     }
-    if code == 400 && (lower.contains("context") && (lower.contains("length") || lower.contains("exceed"))) {
-        return Attempt::Context(format!("HTTP 400: {snippet}"));
+    if code == 400
+        && (lower.contains("context") && (lower.contains("length") || lower.contains("exceed")))
+    {
+        return Attempt::Context;
     }
     Attempt::Failed(format!("HTTP {code}: {snippet}"))
 }
@@ -234,7 +287,9 @@ fn classify_transport(t: &ureq::Transport) -> Attempt {
     let msg = t.to_string();
     let lower = msg.to_ascii_lowercase();
     match t.kind() {
-        ureq::ErrorKind::ConnectionFailed | ureq::ErrorKind::Dns if !lower.contains("timed out") => {
+        ureq::ErrorKind::ConnectionFailed | ureq::ErrorKind::Dns
+            if !lower.contains("timed out") =>
+        {
             Attempt::Unavailable(msg)
         }
         _ => Attempt::Transient(msg),
@@ -281,7 +336,12 @@ impl Provider for OpenAi {
         let mut last = String::new();
         for k in 0..=self.retry.retries {
             if cancel.load(Ordering::Relaxed) {
-                return Ok(TurnReply { content: String::new(), calls: Vec::new(), discarded: Vec::new(), finish: TurnFinish::Cancelled });
+                return Ok(TurnReply {
+                    content: String::new(),
+                    calls: Vec::new(),
+                    discarded: Vec::new(),
+                    finish: TurnFinish::Cancelled,
+                });
             }
             if !attempt(k + 1) {
                 return Err(ProviderError::Transient(if last.is_empty() {
@@ -301,7 +361,7 @@ impl Provider for OpenAi {
                 }
                 Err(Attempt::Quota(m)) => return Err(ProviderError::Quota(m)),
                 Err(Attempt::Unavailable(m)) => return Err(ProviderError::Unavailable(m)),
-                Err(Attempt::Context(_)) => return Err(ProviderError::Context { need: 0, limit: 0 }),
+                Err(Attempt::Context) => return Err(ProviderError::Context { need: 0, limit: 0 }),
                 Err(Attempt::Failed(m)) => return Err(ProviderError::Failed(m)),
             }
         }

@@ -31,13 +31,15 @@ pub(crate) struct Scripted {
 
 impl Scripted {
     pub(crate) fn load(path: &Path, format: Format) -> Result<Scripted> {
-        let text = std::fs::read_to_string(path).with_context(|| format!("cannot read script {}", path.display()))?;
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read script {}", path.display()))?;
         let mut lines = Vec::new();
         for (i, l) in text.lines().enumerate() {
             if l.trim().is_empty() || l.trim_start().starts_with("//") {
                 continue;
             }
-            let v: Value = serde_json::from_str(l).with_context(|| format!("{} line {}: not JSON", path.display(), i + 1))?;
+            let v: Value = serde_json::from_str(l)
+                .with_context(|| format!("{} line {}: not JSON", path.display(), i + 1))?;
             lines.push(v);
         }
         if lines.is_empty() {
@@ -102,26 +104,47 @@ impl Provider for Scripted {
             }
             match line.get("error").and_then(Value::as_str) {
                 Some("transient") if k < retries => continue,
-                Some("transient") => return Err(ProviderError::Transient("scripted transient failure".into())),
-                Some("quota") => return Err(ProviderError::Quota("scripted: insufficient_quota".into())),
-                Some("unavailable") => return Err(ProviderError::Unavailable("scripted: connection refused".into())),
+                Some("transient") => {
+                    return Err(ProviderError::Transient("scripted transient failure".into()))
+                }
+                Some("quota") => {
+                    return Err(ProviderError::Quota("scripted: insufficient_quota".into()))
+                }
+                Some("unavailable") => {
+                    return Err(ProviderError::Unavailable("scripted: connection refused".into()))
+                }
                 Some("context") => return Err(ProviderError::Context { need: 0, limit: 0 }),
-                Some(other) => return Err(ProviderError::Failed(format!("scripted failure: {other}"))),
+                Some(other) => {
+                    return Err(ProviderError::Failed(format!("scripted failure: {other}")))
+                }
                 None => break,
             }
         }
         let delay = line.get("delay_ms").and_then(Value::as_u64).unwrap_or(0);
         // The turn itself takes `delay` before anything streams.
         if !pause(delay, cancel) {
-            return Ok(TurnReply { content: String::new(), calls: Vec::new(), discarded: Vec::new(), finish: TurnFinish::Cancelled });
+            return Ok(TurnReply {
+                content: String::new(),
+                calls: Vec::new(),
+                discarded: Vec::new(),
+                finish: TurnFinish::Cancelled,
+            });
         }
-        let mut reply = TurnReply { content: String::new(), calls: Vec::new(), discarded: Vec::new(), finish: TurnFinish::Stop };
+        let mut reply = TurnReply {
+            content: String::new(),
+            calls: Vec::new(),
+            discarded: Vec::new(),
+            finish: TurnFinish::Stop,
+        };
         if let Some(r) = line.get("reasoning").and_then(Value::as_str) {
             on(TurnEvent::Reasoning(r.to_owned()));
         }
         let mode = if req.tools.is_empty() { Mode::Suppress } else { Mode::Tools };
-        let specs = Tools(req.tools.iter().map(|t| ToolSpec::from_json_schema(&t.name, &t.parameters)).collect());
-        let mut parser = Parser::new(self.format, Options { tools: specs, mode, ..Options::default() });
+        let specs = Tools(
+            req.tools.iter().map(|t| ToolSpec::from_json_schema(&t.name, &t.parameters)).collect(),
+        );
+        let mut parser =
+            Parser::new(self.format, Options { tools: specs, mode, ..Options::default() });
         let text = line
             .get("raw")
             .or_else(|| line.get("content"))
@@ -148,7 +171,11 @@ impl Provider for Scripted {
                         arguments: call.arguments,
                     }),
                     Event::Discarded(call) => {
-                        let c = Call { id: crate::store::new_id("call"), name: call.name, arguments: call.arguments };
+                        let c = Call {
+                            id: crate::store::new_id("call"),
+                            name: call.name,
+                            arguments: call.arguments,
+                        };
                         reply.discarded.push(c.clone());
                         on(TurnEvent::Discarded(c));
                     }
@@ -162,11 +189,17 @@ impl Provider for Scripted {
                     reply.content.push_str(&s);
                     on(TurnEvent::Content(s));
                 }
-                Event::CallEnd { call, .. } => {
-                    reply.calls.push(Call { id: crate::store::new_id("call"), name: call.name, arguments: call.arguments })
-                }
+                Event::CallEnd { call, .. } => reply.calls.push(Call {
+                    id: crate::store::new_id("call"),
+                    name: call.name,
+                    arguments: call.arguments,
+                }),
                 Event::Discarded(call) => {
-                    let c = Call { id: crate::store::new_id("call"), name: call.name, arguments: call.arguments };
+                    let c = Call {
+                        id: crate::store::new_id("call"),
+                        name: call.name,
+                        arguments: call.arguments,
+                    };
                     reply.discarded.push(c.clone());
                     on(TurnEvent::Discarded(c));
                 }
@@ -175,9 +208,17 @@ impl Provider for Scripted {
         }
         for c in line.get("tool_calls").and_then(Value::as_array).into_iter().flatten() {
             let call = Call {
-                id: c.get("id").and_then(Value::as_str).map(str::to_owned).unwrap_or_else(|| crate::store::new_id("call")),
+                id: c
+                    .get("id")
+                    .and_then(Value::as_str)
+                    .map(str::to_owned)
+                    .unwrap_or_else(|| crate::store::new_id("call")),
                 name: c.get("name").and_then(Value::as_str).unwrap_or_default().to_owned(),
-                arguments: c.get("arguments").cloned().unwrap_or(Value::Object(Default::default())).to_string(),
+                arguments: c
+                    .get("arguments")
+                    .cloned()
+                    .unwrap_or(Value::Object(Default::default()))
+                    .to_string(),
             };
             if req.tools.is_empty() {
                 reply.discarded.push(call.clone());
@@ -191,7 +232,10 @@ impl Provider for Scripted {
 
     fn count(&mut self, messages: &[Message], tools: &[ToolDef]) -> Option<usize> {
         let chars: usize = messages.iter().map(|m| m.content.chars().count() + 8).sum::<usize>()
-            + tools.iter().map(|t| t.description.len() + t.parameters.to_string().len()).sum::<usize>();
+            + tools
+                .iter()
+                .map(|t| t.description.len() + t.parameters.to_string().len())
+                .sum::<usize>();
         Some(chars / 4)
     }
 

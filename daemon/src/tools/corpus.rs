@@ -14,12 +14,63 @@ use tantivy::snippet::SnippetGenerator;
 use tantivy::{doc, Index, IndexReader, TantivyDocument};
 
 const EXTENSIONS: &[&str] = &[
-    "md", "markdown", "txt", "text", "rst", "adoc", "org", "rs", "py", "js", "ts", "tsx", "jsx", "go", "java",
-    "kt", "c", "h", "cc", "cpp", "hpp", "cs", "rb", "php", "swift", "scala", "sh", "bash", "zsh", "toml", "yaml",
-    "yml", "json", "ini", "cfg", "conf", "sql", "html", "css", "tex", "csv", "lua", "pl", "r", "jl", "hs", "ml",
-    "ex", "exs", "erl", "clj", "vim", "dockerfile", "makefile",
+    "md",
+    "markdown",
+    "txt",
+    "text",
+    "rst",
+    "adoc",
+    "org",
+    "rs",
+    "py",
+    "js",
+    "ts",
+    "tsx",
+    "jsx",
+    "go",
+    "java",
+    "kt",
+    "c",
+    "h",
+    "cc",
+    "cpp",
+    "hpp",
+    "cs",
+    "rb",
+    "php",
+    "swift",
+    "scala",
+    "sh",
+    "bash",
+    "zsh",
+    "toml",
+    "yaml",
+    "yml",
+    "json",
+    "ini",
+    "cfg",
+    "conf",
+    "sql",
+    "html",
+    "css",
+    "tex",
+    "csv",
+    "lua",
+    "pl",
+    "r",
+    "jl",
+    "hs",
+    "ml",
+    "ex",
+    "exs",
+    "erl",
+    "clj",
+    "vim",
+    "dockerfile",
+    "makefile",
 ];
-const SKIP_DIRS: &[&str] = &[".git", "target", "node_modules", ".venv", "__pycache__", ".hg", ".svn"];
+const SKIP_DIRS: &[&str] =
+    &[".git", "target", "node_modules", ".venv", "__pycache__", ".hg", ".svn"];
 /// Files larger than this are not indexed (bytes).
 const MAX_FILE: u64 = 4 << 20;
 const SCHEMA_VERSION: u32 = 1;
@@ -27,6 +78,7 @@ const SCHEMA_VERSION: u32 = 1;
 /// One indexed piece of a file.
 #[derive(Debug, Clone)]
 pub(crate) struct Segment {
+    #[allow(dead_code)] // kept for diagnostics
     pub(crate) path: String,
     pub(crate) title: String,
     pub(crate) segment: usize,
@@ -77,7 +129,9 @@ fn wanted(p: &Path) -> bool {
     let ext = p.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase);
     match ext {
         Some(e) => EXTENSIONS.contains(&e.as_str()),
-        None => matches!(name.as_str(), "readme" | "license" | "makefile" | "dockerfile" | "changelog"),
+        None => {
+            matches!(name.as_str(), "readme" | "license" | "makefile" | "dockerfile" | "changelog")
+        }
     }
 }
 
@@ -105,7 +159,8 @@ fn walk(root: &Path, dir: &Path, out: &mut Vec<FileStamp>) {
                     .map(|d| d.as_nanos())
                     .unwrap_or(0);
                 let rel = p.strip_prefix(root).unwrap_or(&p).to_string_lossy().replace('\\', "/");
-                let top = root.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
+                let top =
+                    root.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
                 let rel = if top.is_empty() { rel } else { format!("{top}/{rel}") };
                 out.push(FileStamp { rel, abs: p.clone(), size: m.len(), mtime });
             }
@@ -173,7 +228,9 @@ impl Corpus {
     pub(crate) fn open(roots: &[PathBuf], segment_chars: usize) -> Result<Corpus> {
         let mut canon = Vec::new();
         for r in roots {
-            let c = r.canonicalize().with_context(|| format!("corpus folder {} does not exist", r.display()))?;
+            let c = r
+                .canonicalize()
+                .with_context(|| format!("corpus folder {} does not exist", r.display()))?;
             if !c.is_dir() {
                 anyhow::bail!("corpus {} is not a folder", r.display());
             }
@@ -200,20 +257,21 @@ impl Corpus {
         let f_path = sb.add_text_field("path", STRING | STORED);
         let f_seg = sb.add_u64_field("segment", STORED);
         let schema = sb.build();
-        let fresh = std::fs::read_to_string(dir.join("manifest.txt")).ok().as_deref() == Some(manifest.as_str());
-        let index = if fresh {
-            Index::open_in_dir(&dir).ok()
-        } else {
-            None
-        };
+        let fresh = std::fs::read_to_string(dir.join("manifest.txt")).ok().as_deref()
+            == Some(manifest.as_str());
+        let index = if fresh { Index::open_in_dir(&dir).ok() } else { None };
         let index = match index {
             Some(i) => i,
             None => {
                 std::fs::remove_dir_all(&dir).ok();
-                std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
-                let index = Index::create_in_dir(&dir, schema.clone())
-                    .or_else(|_| Ok::<_, tantivy::TantivyError>(Index::create_in_ram(schema.clone())))?;
-                let mut w = index.writer_with_num_threads(1, 15_000_000).context("cannot open the index writer")?;
+                std::fs::create_dir_all(&dir)
+                    .with_context(|| format!("cannot create {}", dir.display()))?;
+                let index = Index::create_in_dir(&dir, schema.clone()).or_else(|_| {
+                    Ok::<_, tantivy::TantivyError>(Index::create_in_ram(schema.clone()))
+                })?;
+                let mut w = index
+                    .writer_with_num_threads(1, 15_000_000)
+                    .context("cannot open the index writer")?;
                 for f in &files {
                     let Ok(bytes) = std::fs::read(&f.abs) else { continue };
                     let Ok(text) = String::from_utf8(bytes) else { continue };
@@ -238,7 +296,16 @@ impl Corpus {
         let searcher = self.reader.searcher();
         let qp = QueryParser::for_index(&self.index, vec![self.f_title, self.f_body]);
         // Punctuation that is query syntax is meaningless in a model's query.
-        let cleaned: String = query.chars().map(|c| if c.is_alphanumeric() || c.is_whitespace() || c == '_' || c == '-' { c } else { ' ' }).collect();
+        let cleaned: String = query
+            .chars()
+            .map(|c| {
+                if c.is_alphanumeric() || c.is_whitespace() || c == '_' || c == '-' {
+                    c
+                } else {
+                    ' '
+                }
+            })
+            .collect();
         let (q, _errors) = qp.parse_query_lenient(&cleaned);
         let top = searcher.search(&q, &TopDocs::with_limit(limit.max(1)))?;
         let mut gen = SnippetGenerator::create(&searcher, &*q, self.f_body)?;
@@ -246,7 +313,8 @@ impl Corpus {
         let mut hits = Vec::new();
         for (_score, addr) in top {
             let d: TantivyDocument = searcher.doc(addr)?;
-            let s = |f: Field| d.get_first(f).and_then(|v| v.as_str()).unwrap_or_default().to_owned();
+            let s =
+                |f: Field| d.get_first(f).and_then(|v| v.as_str()).unwrap_or_default().to_owned();
             let mut snippet = gen.snippet_from_doc(&d).fragment().trim().to_owned();
             if snippet.is_empty() {
                 snippet = s(self.f_body).chars().take(200).collect::<String>().trim().to_owned();
@@ -267,7 +335,13 @@ impl Corpus {
         let text = std::fs::read_to_string(&abs).with_context(|| format!("cannot read {rel}"))?;
         let segs = split_segments(&text, self.segment_chars);
         if segment == 0 || segment > segs.len() {
-            return Ok(Some(Segment { path: rel.into(), title: title_of(rel, &text), segment, segments: segs.len(), text: String::new() }));
+            return Ok(Some(Segment {
+                path: rel.into(),
+                title: title_of(rel, &text),
+                segment,
+                segments: segs.len(),
+                text: String::new(),
+            }));
         }
         Ok(Some(Segment {
             path: rel.into(),
@@ -280,7 +354,10 @@ impl Corpus {
 
     fn abs_path(&self, rel: &str) -> Option<PathBuf> {
         let (top, rest) = rel.split_once('/')?;
-        let root = self.roots.iter().find(|r| r.file_name().is_some_and(|n| n.to_string_lossy() == top))?;
+        let root = self
+            .roots
+            .iter()
+            .find(|r| r.file_name().is_some_and(|n| n.to_string_lossy() == top))?;
         let p = root.join(rest);
         // Never leave the corpus folder.
         let c = p.canonicalize().ok()?;

@@ -27,7 +27,10 @@ pub(crate) struct ToolResult {
 }
 
 fn error(code: &str, message: impl Into<String>) -> ToolResult {
-    ToolResult { ok: false, content: json!({"error": {"code": code, "message": message.into()}}).to_string() }
+    ToolResult {
+        ok: false,
+        content: json!({"error": {"code": code, "message": message.into()}}).to_string(),
+    }
 }
 
 /// One registered handle, as stored with the run (for recovery).
@@ -43,7 +46,10 @@ pub(crate) struct HandleRec {
 }
 
 fn epoch() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
 }
 
 /// Run-scoped source handles: a source (file and segment) keeps the handle
@@ -78,14 +84,24 @@ impl Handles {
         self.next += 1;
         let h = format!("S{}", self.next);
         self.by_source.insert((path.to_owned(), segment), h.clone());
-        let rec = HandleRec { handle: h.clone(), path: path.into(), segment, title: title.into(), issued: epoch(), read_ok: false };
+        let rec = HandleRec {
+            handle: h.clone(),
+            path: path.into(),
+            segment,
+            title: title.into(),
+            issued: epoch(),
+            read_ok: false,
+        };
         self.recs.insert(h.clone(), rec);
         self.changed.push(h.clone());
         Some(h)
     }
 
     fn lookup(&self, h: &str) -> Result<&HandleRec, String> {
-        let r = self.recs.get(h).ok_or_else(|| format!("{h:?} is not a handle from search_sources in this run"))?;
+        let r = self
+            .recs
+            .get(h)
+            .ok_or_else(|| format!("{h:?} is not a handle from search_sources in this run"))?;
         if epoch().saturating_sub(r.issued) > self.lifetime {
             return Err(format!("{h} expired ({} s after it was issued)", self.lifetime));
         }
@@ -144,7 +160,13 @@ pub(crate) struct Limits {
 
 impl Default for Limits {
     fn default() -> Limits {
-        Limits { results_per_search: 5, searches: 32, reads: 64, handle_capacity: 256, handle_lifetime: 7200 }
+        Limits {
+            results_per_search: 5,
+            searches: 32,
+            reads: 64,
+            handle_capacity: 256,
+            handle_lifetime: 7200,
+        }
     }
 }
 
@@ -183,10 +205,13 @@ impl Host {
     /// Why `name` cannot run now (quota spent), if it cannot.
     pub(crate) fn spent(&self, name: &str) -> Option<String> {
         match name {
-            SEARCH if self.searches >= self.limits.searches => {
-                Some(format!("the search quota of {} per reply is spent; read the sources already found", self.limits.searches))
+            SEARCH if self.searches >= self.limits.searches => Some(format!(
+                "the search quota of {} per reply is spent; read the sources already found",
+                self.limits.searches
+            )),
+            READ if self.reads >= self.limits.reads => {
+                Some(format!("the read quota of {} per reply is spent", self.limits.reads))
             }
-            READ if self.reads >= self.limits.reads => Some(format!("the read quota of {} per reply is spent", self.limits.reads)),
             _ => None,
         }
     }
@@ -237,7 +262,12 @@ impl Host {
     pub(crate) fn execute(&mut self, name: &str, arguments: &str) -> ToolResult {
         let args: Value = match serde_json::from_str(arguments) {
             Ok(v @ Value::Object(_)) => v,
-            _ => return error("INVALID_ARGUMENTS", format!("arguments must be a JSON object, got {arguments:?}")),
+            _ => {
+                return error(
+                    "INVALID_ARGUMENTS",
+                    format!("arguments must be a JSON object, got {arguments:?}"),
+                )
+            }
         };
         if let Some(why) = self.spent(name) {
             return unavailable(name, &why);
@@ -252,7 +282,13 @@ impl Host {
                 self.read(&args)
             }
             NOTE => self.save_note(&args),
-            _ => error("UNKNOWN_TOOL", format!("no tool named {name:?}; available: {}", self.tools().iter().map(|t| t.name.clone()).collect::<Vec<_>>().join(", "))),
+            _ => error(
+                "UNKNOWN_TOOL",
+                format!(
+                    "no tool named {name:?}; available: {}",
+                    self.tools().iter().map(|t| t.name.clone()).collect::<Vec<_>>().join(", ")
+                ),
+            ),
         }
     }
 
@@ -260,11 +296,18 @@ impl Host {
         let Some(corpus) = &self.corpus else {
             return error("NOT_AVAILABLE", "no corpus was given (--corpus DIR)");
         };
-        let Some(query) = args.get("query").and_then(Value::as_str).filter(|q| !q.trim().is_empty()) else {
+        let Some(query) =
+            args.get("query").and_then(Value::as_str).filter(|q| !q.trim().is_empty())
+        else {
             return error("INVALID_ARGUMENTS", "`query` must be a non-empty string");
         };
         let max = self.limits.results_per_search.max(1);
-        let limit = args.get("limit").and_then(Value::as_u64).map(|l| l as usize).unwrap_or(max).clamp(1, max);
+        let limit = args
+            .get("limit")
+            .and_then(Value::as_u64)
+            .map(|l| l as usize)
+            .unwrap_or(max)
+            .clamp(1, max);
         let hits = match corpus.search(query, limit) {
             Ok(h) => h,
             Err(e) => return error("SEARCH_FAILED", format!("{e:#}")),
@@ -281,7 +324,8 @@ impl Host {
                 }
             })
             .collect();
-        let mut out = json!({"results": results, "coverage": if partial { "partial" } else { "complete" }});
+        let mut out =
+            json!({"results": results, "coverage": if partial { "partial" } else { "complete" }});
         if partial {
             out["note"] = json!(format!(
                 "the handle registry is full ({} handles); only sources that could be registered are listed",
@@ -326,8 +370,14 @@ impl Host {
                     content: json!({"handle": h, "title": s.title, "segment": s.segment, "segments": s.segments, "text": s.text}).to_string(),
                 }
             }
-            Ok(Some(s)) => error("INVALID_SEGMENT", format!("{handle} has segments 1 to {}, not {want}", s.segments)),
-            Ok(None) => error("INVALID_SOURCE", format!("the file behind {handle} is no longer in the corpus")),
+            Ok(Some(s)) => error(
+                "INVALID_SEGMENT",
+                format!("{handle} has segments 1 to {}, not {want}", s.segments),
+            ),
+            Ok(None) => error(
+                "INVALID_SOURCE",
+                format!("the file behind {handle} is no longer in the corpus"),
+            ),
             Err(e) => error("READ_FAILED", format!("{e:#}")),
         }
     }
@@ -336,7 +386,9 @@ impl Host {
         let Some(dir) = &self.notes else {
             return error("NOT_AVAILABLE", "no notes folder was given (--notes DIR)");
         };
-        let (Some(title), Some(text)) = (args.get("title").and_then(Value::as_str), args.get("text").and_then(Value::as_str)) else {
+        let (Some(title), Some(text)) =
+            (args.get("title").and_then(Value::as_str), args.get("text").and_then(Value::as_str))
+        else {
             return error("INVALID_ARGUMENTS", "`title` and `text` must be strings");
         };
         let mut slug: String = title
