@@ -5,6 +5,7 @@
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::gguf::Gguf;
+use crate::kernels::attn::{Mode, UBATCH};
 use crate::model::{Config, KvCache, Model, Scratch};
 use crate::pool::Pool;
 use crate::sampler::{sample, Rng, Sampling};
@@ -93,9 +94,19 @@ pub struct Engine {
 }
 
 /// Per-conversation state: the tokens whose keys and values are cached.
+///
+/// INVARIANT: `modes[p]` is the attention path (llama.cpp's, see
+/// `kernels::attn`) that computed cached position `p`: a prompt's positions
+/// take the path llama.cpp takes for that prompt, generated tokens the
+/// one-query path. The paths give different numbers, so a position is
+/// reused only if a fresh run of the new prompt would compute it the same
+/// way; positions from decoding (or from a shorter prompt) are recomputed
+/// when the new prompt's path differs. That keeps greedy output with reuse
+/// equal to output without it.
 #[derive(Debug, Default)]
 pub struct Session {
     tokens: Vec<u32>,
+    modes: Vec<Mode>,
     kv: KvCache,
     scratch: Scratch,
 }
@@ -224,12 +235,23 @@ impl Engine {
             .max(1);
         let name = |k: &str| g.u32(k).and_then(|id| tok_name(&g, id));
         let mut stop_tokens = Vec::new();
-        for key in ["tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"] {
+        for key in [
+            "tokenizer.ggml.eos_token_id",
+            "tokenizer.ggml.eot_token_id",
+            "tokenizer.ggml.eom_token_id",
+        ] {
             if let Some(id) = g.u32(key) {
                 stop_tokens.push(id);
             }
         }
-        for t in ["<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|endoftext|>", "<end_of_turn>", "</s>"] {
+        for t in [
+            "<|im_end|>",
+            "<|eot_id|>",
+            "<|end_of_text|>",
+            "<|endoftext|>",
+            "<end_of_turn>",
+            "</s>",
+        ] {
             if let Some(id) = tok.id_of(t) {
                 if tok.is_control(id) && !stop_tokens.contains(&id) {
                     stop_tokens.push(id);
@@ -279,8 +301,13 @@ impl Engine {
                 ),
             ));
         }
-        self.model.forward(&self.pool, tokens, &mut session.kv, &mut session.scratch)?;
-        session.tokens.extend_from_slice(tokens);
+        // As one llama.cpp decode call: physical batches of `UBATCH`.
+        for part in tokens.chunks(UBATCH) {
+            let mode = Mode::for_batch(part.len());
+            self.model.forward(&self.pool, part, mode, &mut session.kv, &mut session.scratch)?;
+            session.tokens.extend_from_slice(part);
+            session.modes.extend(std::iter::repeat_n(mode, part.len()));
+        }
         Ok(())
     }
 
@@ -315,11 +342,18 @@ impl Engine {
                 ),
             ));
         }
-        // Reuse the cached prefix; at least one token must run for logits.
-        let mut reuse = session.tokens.iter().zip(prompt).take_while(|(a, b)| a == b).count();
+        // Reuse the cached prefix that a fresh run of `prompt` would compute
+        // alike: same tokens, each by the attention path the prompt gives its
+        // position (Session's INVARIANT). At least one token must run for
+        // logits.
+        let plan = |p: usize| Mode::in_prompt(p, prompt.len());
+        let mut reuse = (session.tokens.iter().zip(&session.modes).zip(prompt).enumerate())
+            .take_while(|&(p, ((a, m), b))| a == b && *m == plan(p))
+            .count();
         reuse = reuse.min(prompt.len() - 1).min(session.kv.len());
         session.kv.truncate(reuse, cfg);
         session.tokens.truncate(reuse);
+        session.modes.truncate(reuse);
         let mut out = Output {
             ids: Vec::new(),
             text: String::new(),
@@ -330,15 +364,23 @@ impl Engine {
             first_token: Duration::ZERO,
             gen_time: Duration::ZERO,
         };
+        // The path changes at most once, where the prompt's last short
+        // physical batch starts; chunks do not straddle it.
+        let full = prompt.len() / UBATCH * UBATCH;
         let chunk = params.chunk.max(1);
-        for part in prompt[reuse..].chunks(chunk) {
+        let mut at = reuse;
+        while at < prompt.len() {
             if cancel.load(Ordering::Relaxed) {
                 out.finish = Finish::Cancelled;
                 out.prompt_time = t0.elapsed();
                 return Ok(out);
             }
-            self.model.forward(&self.pool, part, &mut session.kv, &mut session.scratch)?;
+            let end = if at < full { full.min(at + chunk) } else { prompt.len().min(at + chunk) };
+            let (part, mode) = (&prompt[at..end], plan(at));
+            self.model.forward(&self.pool, part, mode, &mut session.kv, &mut session.scratch)?;
             session.tokens.extend_from_slice(part);
+            session.modes.extend(std::iter::repeat_n(mode, part.len()));
+            at = end;
         }
         out.prompt_time = t0.elapsed();
         let t1 = Instant::now();
@@ -348,7 +390,8 @@ impl Engine {
                 *b = true;
             }
         }
-        let stops: Vec<u32> = self.info.stop_tokens.iter().chain(&params.stop_tokens).copied().collect();
+        let stops: Vec<u32> =
+            self.info.stop_tokens.iter().chain(&params.stop_tokens).copied().collect();
         let mut rng = Rng::new(params.sampling.seed);
         let mut text = TextStream::new(&params.stop_strings);
         loop {
@@ -360,8 +403,10 @@ impl Engine {
                 out.finish = Finish::Length;
                 break;
             }
-            let recent = &session.tokens[session.tokens.len().saturating_sub(params.sampling.repeat_last_n)..];
-            let id = sample(&mut session.scratch.logits, &params.sampling, recent, &banned, &mut rng);
+            let recent = &session.tokens
+                [session.tokens.len().saturating_sub(params.sampling.repeat_last_n)..];
+            let id =
+                sample(&mut session.scratch.logits, &params.sampling, recent, &banned, &mut rng);
             if out.ids.is_empty() {
                 out.first_token = t0.elapsed();
             }
@@ -378,8 +423,15 @@ impl Engine {
                 out.finish = Finish::Length;
                 break;
             }
-            self.model.forward(&self.pool, &[id], &mut session.kv, &mut session.scratch)?;
+            self.model.forward(
+                &self.pool,
+                &[id],
+                Mode::Vec,
+                &mut session.kv,
+                &mut session.scratch,
+            )?;
             session.tokens.push(id);
+            session.modes.push(Mode::Vec);
         }
         text.finish(out.finish == Finish::Stop && text.stopped, on_text);
         out.text = text.delivered;
@@ -405,7 +457,13 @@ struct TextStream<'a> {
 
 impl<'a> TextStream<'a> {
     fn new(stops: &'a [String]) -> TextStream<'a> {
-        TextStream { stops, bytes: Vec::new(), text: String::new(), delivered: String::new(), stopped: false }
+        TextStream {
+            stops,
+            bytes: Vec::new(),
+            text: String::new(),
+            delivered: String::new(),
+            stopped: false,
+        }
     }
 
     /// Adds a token's bytes; returns true when a stop string was reached.
@@ -513,7 +571,10 @@ mod tests {
         assert!(!stopped);
         assert_eq!(out.concat(), "a <b");
         let e = "É".as_bytes();
-        let (out, stopped) = run(&[b"L'", &e[..1], &e[1..], b"toile \xc3", b"\xa9"], &["\u{e9}t\u{e9}", "<|im_end|>"]);
+        let (out, stopped) = run(
+            &[b"L'", &e[..1], &e[1..], b"toile \xc3", b"\xa9"],
+            &["\u{e9}t\u{e9}", "<|im_end|>"],
+        );
         assert!(!stopped);
         assert_eq!(out.concat(), "L'Étoile é");
         let (out, stopped) = run(&[b"ab\xc3\xa9", b"t\xc3\xa9 z"], &["\u{e9}t\u{e9}"]);

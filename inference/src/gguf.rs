@@ -51,7 +51,10 @@ impl Gguf {
 
     pub(crate) fn need_u32(&self, key: &str) -> Result<u32> {
         self.u32(key).ok_or_else(|| {
-            model_err(format!("{}: metadata `{key}` is missing or not a number", self.path.display()))
+            model_err(format!(
+                "{}: metadata `{key}` is missing or not a number",
+                self.path.display()
+            ))
         })
     }
 
@@ -66,13 +69,6 @@ impl Gguf {
     pub(crate) fn string(&self, key: &str) -> Option<&str> {
         match self.get(key)? {
             Value::String(s) => Some(s),
-            _ => None,
-        }
-    }
-
-    pub(crate) fn bool(&self, key: &str) -> Option<bool> {
-        match self.get(key)? {
-            Value::Bool(b) => Some(*b),
             _ => None,
         }
     }
@@ -121,7 +117,11 @@ impl Gguf {
         let (rows, cols) = match dims {
             [n] => (1, *n),
             [r, c] => (*r, *c),
-            _ => return Err(model_err(format!("tensor `{name}` has shape {dims:?}, want 1-D or 2-D"))),
+            _ => {
+                return Err(model_err(format!(
+                    "tensor `{name}` has shape {dims:?}, want 1-D or 2-D"
+                )))
+            }
         };
         Ok((info.ggml_dtype, rows, cols))
     }
@@ -134,7 +134,9 @@ impl Gguf {
         let elems = info.shape.elem_count();
         let bs = info.ggml_dtype.block_size();
         if elems % bs != 0 {
-            return Err(model_err(format!("tensor `{name}`: {elems} elements, not a multiple of {bs}")));
+            return Err(model_err(format!(
+                "tensor `{name}`: {elems} elements, not a multiple of {bs}"
+            )));
         }
         let size = elems / bs * info.ggml_dtype.type_size();
         let start = self.content.tensor_data_offset + info.offset;

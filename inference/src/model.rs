@@ -3,13 +3,17 @@
 //! and a forward pass over a chunk of tokens that returns the last logits.
 //!
 //! INVARIANT: every number a token's forward pass produces depends only on
-//! the tokens before it, never on how the prompt was split into chunks
+//! the tokens up to it and the attention path (`kernels::attn::Mode`) each
+//! of them was run with, never on how the prompt was split into chunks
 //! (per-column matmuls, per-row norms, per-query attention), so a cached
-//! prefix continues bit-identically.
+//! prefix continues bit-identically when its paths are the ones a fresh
+//! run would take (`Session` checks).
 
 use crate::error::{model_err, Result};
 use crate::gguf::Gguf;
-use crate::kernels::attn::{attend, swiglu, Lane};
+use crate::kernels::attn::{
+    attend_tiled, attend_vec, swiglu, Lane, Mode, TiledRow, TiledScratch, MAX_HEAD,
+};
 use crate::kernels::{Acts, OutRows, Packed};
 use crate::pool::Pool;
 use crate::quant::{dequantize_row, QType};
@@ -68,18 +72,16 @@ impl Config {
             "qwen3" => Arch::Qwen3,
             other => {
                 return Err(model_err(format!(
-                    "architecture `{other}` is not supported (supported: llama, mistral, qwen2, qwen3)"
-                )))
+                "architecture `{other}` is not supported (supported: llama, mistral, qwen2, qwen3)"
+            )))
             }
         };
         let k = |s: &str| format!("{arch_name}.{s}");
         let n_embd = g.need_u32(&k("embedding_length"))? as usize;
         let n_head = g.need_u32(&k("attention.head_count"))? as usize;
         let n_kv = g.u32(&k("attention.head_count_kv")).map(|v| v as usize).unwrap_or(n_head);
-        let head_dim = g
-            .u32(&k("attention.key_length"))
-            .map(|v| v as usize)
-            .unwrap_or(n_embd / n_head.max(1));
+        let head_dim =
+            g.u32(&k("attention.key_length")).map(|v| v as usize).unwrap_or(n_embd / n_head.max(1));
         let (_, n_vocab, _) = g.shape("token_embd.weight")?;
         let cfg = Config {
             arch,
@@ -97,7 +99,11 @@ impl Config {
             rope_neox: arch != Arch::Llama,
             eps: g.f32(&k("attention.layer_norm_rms_epsilon")).unwrap_or(1e-5),
         };
-        if cfg.n_head == 0 || cfg.n_kv == 0 || cfg.n_head % cfg.n_kv != 0 || cfg.head_dim % 2 != 0 {
+        if cfg.n_head == 0
+            || cfg.n_kv == 0
+            || !cfg.n_head.is_multiple_of(cfg.n_kv)
+            || !cfg.head_dim.is_multiple_of(2)
+        {
             return Err(model_err(format!(
                 "inconsistent attention shape: {} heads, {} kv heads, head size {}",
                 cfg.n_head, cfg.n_kv, cfg.head_dim
@@ -112,7 +118,11 @@ impl Config {
 #[derive(Debug)]
 pub(crate) enum Linear {
     Packed(Packed),
-    Candle { mm: QMatMul, rows: usize, cols: usize },
+    Candle {
+        mm: QMatMul,
+        rows: usize,
+        cols: usize,
+    },
     /// Several layers applied to the same input, outputs side by side.
     Stack(Vec<Linear>),
 }
@@ -135,7 +145,14 @@ impl Linear {
     }
 
     /// `out[c · rows + r]` for the `n` columns of `x` (`[n × cols]`).
-    pub(crate) fn forward(&self, pool: &Pool, x: &[f32], n: usize, acts: &mut Acts, out: &mut Vec<f32>) -> Result<()> {
+    pub(crate) fn forward(
+        &self,
+        pool: &Pool,
+        x: &[f32],
+        n: usize,
+        acts: &mut Acts,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
         let rows = self.rows();
         out.clear();
         out.resize(n * rows, 0.0);
@@ -155,7 +172,11 @@ impl Linear {
             }
             Linear::Candle { mm, cols, .. } => {
                 use candle_core::Module;
-                let t = candle_core::Tensor::from_slice(&x[..n * cols], (n, *cols), &candle_core::Device::Cpu)?;
+                let t = candle_core::Tensor::from_slice(
+                    &x[..n * cols],
+                    (n, *cols),
+                    &candle_core::Device::Cpu,
+                )?;
                 let y = mm.forward(&t)?.flatten_all()?.to_vec1::<f32>()?;
                 out.copy_from_slice(&y);
             }
@@ -166,7 +187,8 @@ impl Linear {
                     let pr = part.rows();
                     part.forward(pool, x, n, acts, &mut tmp)?;
                     for c in 0..n {
-                        out[c * rows + off..c * rows + off + pr].copy_from_slice(&tmp[c * pr..(c + 1) * pr]);
+                        out[c * rows + off..c * rows + off + pr]
+                            .copy_from_slice(&tmp[c * pr..(c + 1) * pr]);
                     }
                     off += pr;
                 }
@@ -185,7 +207,10 @@ impl Linear {
         let cols = shapes[0].2;
         let ty = shapes[0].0;
         let same = shapes.iter().all(|s| s.0 == ty && s.2 == cols);
-        if same && matches!(ty, GgmlDType::Q4_1 | GgmlDType::Q8_0 | GgmlDType::F32 | GgmlDType::F16) && cols % 32 == 0 {
+        if same
+            && matches!(ty, GgmlDType::Q4_1 | GgmlDType::Q8_0 | GgmlDType::F32 | GgmlDType::F16)
+            && cols % 32 == 0
+        {
             let rows: usize = shapes.iter().map(|s| s.1).sum();
             let mut raw = Vec::new();
             for n in names {
@@ -318,14 +343,24 @@ impl Model {
             let output = Linear::load(g, &["output.weight"])?;
             let emb = match qtype(emb_ty) {
                 Some(ty) => Embedding::Raw { ty, data: g.bytes("token_embd.weight")? },
-                None => Embedding::F32(g.qtensor("token_embd.weight")?.dequantize(&candle_core::Device::Cpu)?.flatten_all()?.to_vec1()?),
+                None => Embedding::F32(
+                    g.qtensor("token_embd.weight")?
+                        .dequantize(&candle_core::Device::Cpu)?
+                        .flatten_all()?
+                        .to_vec1()?,
+                ),
             };
             (output, emb)
         } else {
             let output = Linear::load(g, &["token_embd.weight"])?;
             let emb = match &output {
                 Linear::Packed(_) => Embedding::Tied,
-                _ => Embedding::F32(g.qtensor("token_embd.weight")?.dequantize(&candle_core::Device::Cpu)?.flatten_all()?.to_vec1()?),
+                _ => Embedding::F32(
+                    g.qtensor("token_embd.weight")?
+                        .dequantize(&candle_core::Device::Cpu)?
+                        .flatten_all()?
+                        .to_vec1()?,
+                ),
             };
             (output, emb)
         };
@@ -408,52 +443,87 @@ pub(crate) struct Scratch {
     gu: Vec<f32>,
     act: Vec<f32>,
     acts: Acts,
+    /// RoPE cos/sin pairs of the positions being run.
+    rope: Vec<f32>,
     pub(crate) logits: Vec<f32>,
 }
 
 fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
-    // As llama.cpp: squares summed in f64, scale applied, then the weight.
-    let sum: f64 = x.iter().map(|v| (v * v) as f64).sum();
-    let mean = (sum / x.len() as f64) as f32;
-    let scale = 1.0 / (mean + eps).sqrt();
+    let scale = rms_scale(x, eps);
     for ((o, v), g) in out.iter_mut().zip(x).zip(w) {
         *o = (v * scale) * g;
     }
 }
 
-fn rope(x: &mut [f32], pos: usize, cfg: &Config) {
+/// [`rms_norm`] in place (the per-head q/k norms).
+fn rms_norm_in_place(x: &mut [f32], w: &[f32], eps: f32) {
+    let scale = rms_scale(x, eps);
+    for (v, g) in x.iter_mut().zip(w) {
+        *v = (*v * scale) * g;
+    }
+}
+
+/// As llama.cpp's `ggml_compute_forward_rms_norm_f32` (fused with the
+/// weight's MUL: `x · scale · w`): squares summed in order in f64, the mean
+/// rounded to f32.
+fn rms_scale(x: &[f32], eps: f32) -> f32 {
+    let sum: f64 = x.iter().map(|v| (v * v) as f64).sum();
+    let mean = (sum / x.len() as f64) as f32;
+    1.0 / (mean + eps).sqrt()
+}
+
+/// llama.cpp's RoPE cache for one position (`ggml_rope_cache_init`,
+/// no YaRN): `θ = pos · base^(-2i/dims)` by repeated multiplication, then
+/// `cos θ`, `sin θ` per rotated pair.
+fn rope_cache(pos: usize, cfg: &Config, out: &mut [f32]) {
     let dims = cfg.rope_dims.min(cfg.head_dim);
     let scale = cfg.rope_base.powf(-2.0 / dims as f32);
+    let mut theta = pos as f32;
+    for pair in out[..dims].chunks_exact_mut(2) {
+        pair[0] = theta.cos();
+        pair[1] = theta.sin();
+        theta *= scale;
+    }
+}
+
+/// Rotates every head of `x` by a position's [`rope_cache`]: llama.cpp's
+/// `rotate_pairs`, whose `x0·cos − x1·sin` and `x0·sin + x1·cos` GCC
+/// contracts (`-ffp-contract=fast`) into one fma on the first product.
+fn rope(x: &mut [f32], cache: &[f32], cfg: &Config) {
+    let dims = cfg.rope_dims.min(cfg.head_dim);
     for head in x.chunks_exact_mut(cfg.head_dim) {
-        let mut theta = pos as f32;
-        for i in 0..dims / 2 {
-            let (s, c) = theta.sin_cos();
+        for (i, cs) in cache[..dims].chunks_exact(2).enumerate() {
+            let (c, s) = (cs[0], cs[1]);
             let (a, b) = if cfg.rope_neox { (i, i + dims / 2) } else { (2 * i, 2 * i + 1) };
             let (x0, x1) = (head[a], head[b]);
-            match std::env::var("X_ROPE").as_deref() {
-                Ok("1") => {
-                    head[a] = x0.mul_add(c, -(x1 * s));
-                    head[b] = x0.mul_add(s, x1 * c);
-                }
-                Ok("2") => {
-                    head[a] = (-x1).mul_add(s, x0 * c);
-                    head[b] = x1.mul_add(c, x0 * s);
-                }
-                _ => {
-                    head[a] = x0 * c - x1 * s;
-                    head[b] = x0 * s + x1 * c;
-                }
-            }
-            theta *= scale;
+            head[a] = x0.mul_add(c, -(x1 * s));
+            head[b] = x0.mul_add(s, x1 * c);
         }
     }
+}
+
+/// Query positions per tiled-attention task.
+const TILED_ROWS: usize = 16;
+
+thread_local! {
+    /// Each pool thread's buffers for the tiled attention path.
+    static TILED: std::cell::RefCell<(TiledScratch, Vec<f32>)> = Default::default();
 }
 
 impl Model {
     /// Runs `tokens` (at positions `kv.len()..`) through the model, appends
     /// their keys and values, and leaves the logits of the last token in
-    /// `scratch.logits`.
-    pub(crate) fn forward(&self, pool: &Pool, tokens: &[u32], kv: &mut KvCache, s: &mut Scratch) -> Result<()> {
+    /// `scratch.logits`. Attention takes llama.cpp's path `mode` for every
+    /// token (see `kernels::attn`); nothing else depends on how tokens are
+    /// grouped into calls.
+    pub(crate) fn forward(
+        &self,
+        pool: &Pool,
+        tokens: &[u32],
+        mode: Mode,
+        kv: &mut KvCache,
+        s: &mut Scratch,
+    ) -> Result<()> {
         let cfg = &self.cfg;
         let (n, d) = (tokens.len(), cfg.n_embd);
         if n == 0 {
@@ -471,9 +541,19 @@ impl Model {
         }
         s.h.resize(n * d, 0.0);
         s.att.resize(n * qd, 0.0);
+        let rd = cfg.rope_dims.min(cfg.head_dim);
+        s.rope.resize(n * rd, 0.0);
+        for i in 0..n {
+            rope_cache(start + i, cfg, &mut s.rope[i * rd..(i + 1) * rd]);
+        }
         for (li, layer) in self.layers.iter().enumerate() {
             for i in 0..n {
-                rms_norm(&s.x[i * d..(i + 1) * d], &layer.attn_norm, cfg.eps, &mut s.h[i * d..(i + 1) * d]);
+                rms_norm(
+                    &s.x[i * d..(i + 1) * d],
+                    &layer.attn_norm,
+                    cfg.eps,
+                    &mut s.h[i * d..(i + 1) * d],
+                );
             }
             layer.qkv.forward(pool, &s.h, n, &mut s.acts, &mut s.qkv)?;
             let w = qd + 2 * kd;
@@ -484,26 +564,30 @@ impl Model {
                 }
                 if let Some(qn) = &layer.q_norm {
                     for h in row[..qd].chunks_exact_mut(cfg.head_dim) {
-                        let tmp = h.to_vec();
-                        rms_norm(&tmp, qn, cfg.eps, h);
+                        rms_norm_in_place(h, qn, cfg.eps);
                     }
                 }
                 if let Some(kn) = &layer.k_norm {
                     for h in row[qd..qd + kd].chunks_exact_mut(cfg.head_dim) {
-                        let tmp = h.to_vec();
-                        rms_norm(&tmp, kn, cfg.eps, h);
+                        rms_norm_in_place(h, kn, cfg.eps);
                     }
                 }
-                rope(&mut row[..qd], start + i, cfg);
-                rope(&mut row[qd..qd + kd], start + i, cfg);
+                let cache = &s.rope[i * rd..(i + 1) * rd];
+                rope(&mut row[..qd], cache, cfg);
+                rope(&mut row[qd..qd + kd], cache, cfg);
                 kv.k[li].extend(row[qd..qd + kd].iter().map(|&v| f16::from_f32(v)));
                 kv.v[li].extend(row[qd + kd..].iter().map(|&v| f16::from_f32(v)));
             }
-            self.attention(pool, li, n, start, kv, s);
+            self.attention(pool, li, n, start, mode, kv, s);
             layer.wo.forward(pool, &s.att, n, &mut s.acts, &mut s.proj)?;
             s.x.iter_mut().zip(&s.proj).for_each(|(x, p)| *x += p);
             for i in 0..n {
-                rms_norm(&s.x[i * d..(i + 1) * d], &layer.ffn_norm, cfg.eps, &mut s.h[i * d..(i + 1) * d]);
+                rms_norm(
+                    &s.x[i * d..(i + 1) * d],
+                    &layer.ffn_norm,
+                    cfg.eps,
+                    &mut s.h[i * d..(i + 1) * d],
+                );
             }
             layer.gate_up.forward(pool, &s.h, n, &mut s.acts, &mut s.gu)?;
             let ff = cfg.n_ff;
@@ -522,9 +606,21 @@ impl Model {
         Ok(())
     }
 
-    fn attention(&self, pool: &Pool, li: usize, n: usize, start: usize, kv: &KvCache, s: &mut Scratch) {
+    /// Attention of the `n` new positions (from `start`) over the cache.
+    #[allow(clippy::too_many_arguments)]
+    fn attention(
+        &self,
+        pool: &Pool,
+        li: usize,
+        n: usize,
+        start: usize,
+        mode: Mode,
+        kv: &KvCache,
+        s: &mut Scratch,
+    ) {
         let cfg = &self.cfg;
         let hd = cfg.head_dim;
+        assert!(hd <= MAX_HEAD, "head size {hd} is over {MAX_HEAD}");
         let (qd, kd) = (cfg.n_head * hd, cfg.n_kv * hd);
         let w = qd + 2 * kd;
         let group = cfg.n_head / cfg.n_kv;
@@ -532,16 +628,46 @@ impl Model {
         let (kc, vc) = (&kv.k[li], &kv.v[li]);
         let qkv = &s.qkv;
         let out = OutRows::new(&mut s.att, qd);
-        pool.run(n * cfg.n_head, &|task| {
-            let (i, h) = (task / cfg.n_head, task % cfg.n_head);
-            let lane = Lane { stride: kd, offset: (h / group) * hd };
-            let q = &qkv[i * w + h * hd..i * w + (h + 1) * hd];
-            let mut vkq = vec![f16::ZERO; hd];
-            let mut o = vec![0f32; hd];
-            attend(q, kc, vc, lane, start + i + 1, scale, &mut vkq, &mut o);
-            for (j, v) in o.iter().enumerate() {
-                out.set(i, h * hd + j, *v);
+        let q = |i: usize, h: usize| &qkv[i * w + h * hd..i * w + (h + 1) * hd];
+        match mode {
+            Mode::Vec => pool.run(n * cfg.n_head, &|task| {
+                let (i, h) = (task / cfg.n_head, task % cfg.n_head);
+                let lane = Lane { stride: kd, offset: (h / group) * hd };
+                let mut o = [0f32; MAX_HEAD];
+                attend_vec(q(i, h), kc, vc, lane, start + i + 1, scale, &mut o[..hd]);
+                for (j, v) in o[..hd].iter().enumerate() {
+                    out.set(i, h * hd + j, *v);
+                }
+            }),
+            Mode::Tiled => {
+                // Per task: a run of positions and the query heads of one KV
+                // head, so each key tile is converted once for all of them.
+                let blocks = n.div_ceil(TILED_ROWS);
+                pool.run(blocks * cfg.n_kv, &|task| {
+                    let (b, g) = (task / cfg.n_kv, task % cfg.n_kv);
+                    let lane = Lane { stride: kd, offset: g * hd };
+                    let pos = b * TILED_ROWS..n.min((b + 1) * TILED_ROWS);
+                    let heads = g * group..(g + 1) * group;
+                    let rows: Vec<TiledRow<'_>> = pos
+                        .clone()
+                        .flat_map(|i| heads.clone().map(move |h| (i, h)))
+                        .map(|(i, h)| TiledRow { q: q(i, h), upto: start + i + 1 })
+                        .collect();
+                    TILED.with_borrow_mut(|(tile, o)| {
+                        o.resize(rows.len() * hd, 0.0);
+                        attend_tiled(&rows, kc, vc, lane, scale, tile, o);
+                        let mut at = 0;
+                        for i in pos {
+                            for h in heads.clone() {
+                                for (j, v) in o[at..at + hd].iter().enumerate() {
+                                    out.set(i, h * hd + j, *v);
+                                }
+                                at += hd;
+                            }
+                        }
+                    });
+                });
             }
-        });
+        }
     }
 }

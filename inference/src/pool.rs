@@ -95,7 +95,7 @@ impl Pool {
         let mut spins = 0u32;
         while s.done.load(Ordering::Acquire) < workers {
             spins = spins.wrapping_add(1);
-            if spins % 1024 == 0 {
+            if spins.is_multiple_of(1024) {
                 std::thread::yield_now();
             } else {
                 std::hint::spin_loop();

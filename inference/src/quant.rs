@@ -35,12 +35,6 @@ pub(crate) struct Q8Row {
     pub(crate) s: Vec<f32>,
 }
 
-impl Q8Row {
-    pub(crate) fn blocks(&self) -> usize {
-        self.d.len()
-    }
-}
-
 /// Quantizes `x` (a multiple of 32 long) into `out`.
 pub(crate) fn quantize_q8(x: &[f32], out: &mut Q8Row) {
     let nb = x.len() / QK;

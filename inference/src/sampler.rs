@@ -60,7 +60,13 @@ impl Rng {
 
 /// Picks the next token. `recent` are the latest tokens (for the penalty);
 /// `banned[id]` tokens are never picked.
-pub(crate) fn sample(logits: &mut [f32], s: &Sampling, recent: &[u32], banned: &[bool], rng: &mut Rng) -> u32 {
+pub(crate) fn sample(
+    logits: &mut [f32],
+    s: &Sampling,
+    recent: &[u32],
+    banned: &[bool],
+    rng: &mut Rng,
+) -> u32 {
     for (i, l) in logits.iter_mut().enumerate() {
         if banned.get(i).copied().unwrap_or(false) {
             *l = f32::NEG_INFINITY;
@@ -149,7 +155,8 @@ mod tests {
 
     #[test]
     fn same_seed_same_choice() {
-        let s = Sampling { temperature: 1.0, top_k: 0, top_p: 1.0, min_p: 0.0, ..Sampling::default() };
+        let s =
+            Sampling { temperature: 1.0, top_k: 0, top_p: 1.0, min_p: 0.0, ..Sampling::default() };
         let logits: Vec<f32> = (0..50).map(|i| (i % 7) as f32 * 0.3).collect();
         let pick = |seed| {
             let mut rng = Rng::new(seed);

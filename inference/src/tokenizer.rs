@@ -53,7 +53,8 @@ fn split(regex: &str) -> Result<PreTokenizerWrapper> {
 
 /// GPT-2's byte ↔ printable-char table, reversed.
 fn byte_decoder() -> std::collections::HashMap<char, u8> {
-    let mut bs: Vec<u32> = (b'!' as u32..=b'~' as u32).chain(0xA1..=0xAC).chain(0xAE..=0xFF).collect();
+    let mut bs: Vec<u32> =
+        (b'!' as u32..=b'~' as u32).chain(0xA1..=0xAC).chain(0xAE..=0xFF).collect();
     let mut cs = bs.clone();
     let mut n = 0;
     for b in 0..256u32 {
@@ -63,10 +64,7 @@ fn byte_decoder() -> std::collections::HashMap<char, u8> {
             n += 1;
         }
     }
-    bs.into_iter()
-        .zip(cs)
-        .filter_map(|(b, c)| char::from_u32(c).map(|c| (c, b as u8)))
-        .collect()
+    bs.into_iter().zip(cs).filter_map(|(b, c)| char::from_u32(c).map(|c| (c, b as u8))).collect()
 }
 
 impl Tok {
@@ -95,7 +93,8 @@ impl Tok {
                     model_path.display()
                 )));
             }
-            let vocab: Vocab = tokens.iter().enumerate().map(|(i, t)| (t.clone(), i as u32)).collect();
+            let vocab: Vocab =
+                tokens.iter().enumerate().map(|(i, t)| (t.clone(), i as u32)).collect();
             let merges: Vec<(String, String)> = g
                 .strings("tokenizer.ggml.merges")
                 .ok_or_else(|| tok_err("GGUF metadata `tokenizer.ggml.merges` is missing"))?
@@ -116,11 +115,17 @@ impl Tok {
                 .into(),
                 "qwen2" | "deepseek-r1-qwen" => {
                     tk.with_normalizer(Some(NFC)).map_err(|e| tok_err(e.to_string()))?;
-                    Sequence::new(vec![split(REGEX_QWEN2)?, ByteLevel::new(false, false, false).into()]).into()
+                    Sequence::new(vec![
+                        split(REGEX_QWEN2)?,
+                        ByteLevel::new(false, false, false).into(),
+                    ])
+                    .into()
                 }
-                "llama3" | "llama-bpe" | "smaug-bpe" | "dbrx" => {
-                    Sequence::new(vec![split(REGEX_LLAMA3)?, ByteLevel::new(false, true, false).into()]).into()
-                }
+                "llama3" | "llama-bpe" | "smaug-bpe" | "dbrx" => Sequence::new(vec![
+                    split(REGEX_LLAMA3)?,
+                    ByteLevel::new(false, true, false).into(),
+                ])
+                .into(),
                 _ => ByteLevel::new(false, true, true).into(),
             };
             tk.with_pre_tokenizer(Some(pretok));
@@ -161,7 +166,8 @@ impl Tok {
     pub fn encode(&self, text: &str, parse_special: bool) -> Result<Vec<u32>> {
         let mut tk = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         tk.set_encode_special_tokens(!parse_special);
-        let enc = tk.encode_fast(text, false).map_err(|e| tok_err(format!("cannot tokenize: {e}")))?;
+        let enc =
+            tk.encode_fast(text, false).map_err(|e| tok_err(format!("cannot tokenize: {e}")))?;
         Ok(enc.get_ids().to_vec())
     }
 

@@ -2,6 +2,16 @@
 //! (`../shared/fixtures/reference/`, copied to `tests/data/reference/`):
 //! tokenizer ids, control tokens included, and greedy decoding.
 //!
+//! `smollm2-greedy-long.jsonl` (same fields) holds prompts of 74 to 623
+//! tokens, which take llama.cpp's tiled flash-attention path (batches of 64
+//! or more) and, past 512 tokens, two physical batches. It was produced the
+//! same way as the other files: llama.cpp commit 0c1e570 (the copy vendored
+//! in the `llama-cpp-python==0.3.36` sdist), CPU build with `-march=native`
+//! (AVX-512), 1 thread, default context parameters (`n_batch` 2048,
+//! `n_ubatch` 512, flash attention auto), the prompt in one `llama_decode`,
+//! then greedy (argmax) one token per call; it reproduces
+//! `smollm2-greedy.jsonl` exactly.
+//!
 //! Needs the real model: set `AGENTD_TEST_MODEL` to the GGUF path (the test
 //! command does, after `agentd pull`); skipped otherwise.
 
@@ -51,7 +61,8 @@ fn tokenizer_matches_llama_cpp() {
 fn greedy_decoding_matches_llama_cpp() {
     let Some(path) = model() else { return };
     let threads = std::env::var("AGENTD_TEST_THREADS").ok().and_then(|t| t.parse().ok());
-    let engine = Engine::load(&path, &EngineOptions { threads, ..Default::default() }).expect("model loads");
+    let engine =
+        Engine::load(&path, &EngineOptions { threads, ..Default::default() }).expect("model loads");
     let cases = lines("smollm2-greedy.jsonl");
     let mut full = 0;
     let mut report = Vec::new();
@@ -60,14 +71,144 @@ fn greedy_decoding_matches_llama_cpp() {
         let want = ids(&case["greedy_ids"]);
         let mut s = engine.session();
         let params = GenParams { max_tokens: want.len(), ..GenParams::default() };
-        let out = engine.generate(&mut s, &prompt, &params, &AtomicBool::new(false), &mut |_| {}).expect("generates");
+        let out = engine
+            .generate(&mut s, &prompt, &params, &AtomicBool::new(false), &mut |_| {})
+            .expect("generates");
         let same = out.ids.iter().zip(&want).take_while(|(a, b)| a == b).count();
         if same == want.len() && out.ids.len() == want.len() {
             full += 1;
         }
-        report.push(format!("{:?}: {same}/{} match", case["question"].as_str().unwrap_or(""), want.len()));
-        if std::env::var("X_ALL").is_err() { assert!(same >= 8.min(want.len()), "first 8 differ: {}\n got {:?}\nwant {:?}", report.join("\n"), out.ids, want); }
+        report.push(format!(
+            "{:?}: {same}/{} match",
+            case["question"].as_str().unwrap_or(""),
+            want.len()
+        ));
+        assert!(
+            same >= 8.min(want.len()),
+            "first 8 differ: {}\n got {:?}\nwant {:?}",
+            report.join("\n"),
+            out.ids,
+            want
+        );
     }
     eprintln!("{}", report.join("\n"));
-    assert!(full + 1 >= cases.len(), "only {full} of {} prompts match in full:\n{}", cases.len(), report.join("\n"));
+    assert!(
+        full + 1 >= cases.len(),
+        "only {full} of {} prompts match in full:\n{}",
+        cases.len(),
+        report.join("\n")
+    );
+}
+
+/// Long prompts (the tiled attention path, two physical batches past 512
+/// tokens) match llama.cpp in full, however the prompt is chunked.
+#[test]
+fn greedy_decoding_matches_llama_cpp_on_long_prompts() {
+    let Some(path) = model() else { return };
+    let threads = std::env::var("AGENTD_TEST_THREADS").ok().and_then(|t| t.parse().ok());
+    let engine =
+        Engine::load(&path, &EngineOptions { threads, ..Default::default() }).expect("model loads");
+    let mut bad = Vec::new();
+    for (i, case) in lines("smollm2-greedy-long.jsonl").iter().enumerate() {
+        let prompt = ids(&case["prompt_ids"]);
+        let want = ids(&case["greedy_ids"]);
+        let chunk = if i % 2 == 0 { 128 } else { 37 };
+        let params = GenParams { max_tokens: want.len(), chunk, ..GenParams::default() };
+        let out = engine
+            .generate(&mut engine.session(), &prompt, &params, &AtomicBool::new(false), &mut |_| {})
+            .expect("generates");
+        if out.ids != want {
+            bad.push(format!(
+                "{:?} ({} tokens, chunk {chunk}):\n got {:?}\nwant {:?}",
+                case["question"],
+                prompt.len(),
+                out.ids,
+                want
+            ));
+        }
+    }
+    assert!(bad.is_empty(), "{}", bad.join("\n"));
+}
+
+/// A conversation continued in the same session gives the same greedy
+/// output as a fresh session, whether the cached positions came from a
+/// short prompt, a long (tiled) prompt or decoding; and the reused part is
+/// what a fresh run computes the same way.
+#[test]
+fn a_continued_conversation_matches_a_fresh_session() {
+    let Some(path) = model() else { return };
+    let engine = Engine::load(&path, &EngineOptions { threads: Some(2), ..Default::default() })
+        .expect("model loads");
+    let turn = |q: &str| {
+        engine
+            .tokenize(
+                &format!("<|im_end|>\n<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n"),
+                true,
+            )
+            .unwrap()
+    };
+    let short =
+        engine.tokenize("<|im_start|>user\nHi!<|im_end|>\n<|im_start|>assistant\n", true).unwrap();
+    let long = ids(&lines("smollm2-greedy.jsonl")[0]["prompt_ids"]);
+    let conversations: [(Vec<u32>, usize, &[&str]); 2] = [
+        (short, 8, &["Ok.", "Why?"]),
+        (
+            long,
+            24,
+            &[
+                "And of Germany?",
+                "Tell me more about its history, its famous buildings and its food.",
+                "Thanks!",
+            ],
+        ),
+    ];
+    for (first, max_tokens, questions) in conversations {
+        let params = GenParams { max_tokens, ..GenParams::default() };
+        let mut session = engine.session();
+        let mut prompt = first;
+        let mut prev = 0;
+        for k in 0..=questions.len() {
+            let cached = session.cached().len();
+            let reused = engine
+                .generate(&mut session, &prompt, &params, &AtomicBool::new(false), &mut |_| {})
+                .unwrap();
+            let cold = engine
+                .generate(
+                    &mut engine.session(),
+                    &prompt,
+                    &params,
+                    &AtomicBool::new(false),
+                    &mut |_| {},
+                )
+                .unwrap();
+            assert_eq!(
+                reused.ids,
+                cold.ids,
+                "turn {k}: reused {} of {} tokens",
+                reused.reused_tokens,
+                prompt.len()
+            );
+            // Below 64 tokens every position takes the one-query path, as
+            // decoding does, so the whole cache is reused; from 64 on the
+            // prompt takes the tiled path and decoded positions are redone.
+            let want = if prompt.len() < 64 {
+                cached
+            } else if prev >= 64 {
+                prev
+            } else {
+                0
+            };
+            assert_eq!(
+                reused.reused_tokens,
+                want,
+                "turn {k}: {} tokens, previous prompt {prev}, {cached} cached",
+                prompt.len()
+            );
+            prev = prompt.len();
+            if let Some(q) = questions.get(k) {
+                prompt.extend(reused.ids.iter().copied().filter(|&t| t != 2));
+                prompt.extend(turn(q));
+            }
+        }
+    }
 }

@@ -9,7 +9,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 fn engine(kq: Option<usize>, threads: usize) -> (common::Tiny, Engine) {
     let t = common::write_tiny(kq);
-    let e = Engine::load(&t.path, &EngineOptions { threads: Some(threads), ..Default::default() }).expect("tiny model loads");
+    let e = Engine::load(&t.path, &EngineOptions { threads: Some(threads), ..Default::default() })
+        .expect("tiny model loads");
     (t, e)
 }
 
@@ -44,12 +45,20 @@ fn tokenizer_round_trips_and_parses_control_tokens_only_when_asked() {
 #[test]
 fn greedy_is_deterministic_and_seeded_sampling_repeats() {
     let (_t, e) = engine(None, 2);
-    let prompt = e.tokenize("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n", true).unwrap();
+    let prompt =
+        e.tokenize("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n", true).unwrap();
     let p = GenParams { max_tokens: 24, ..GenParams::default() };
     assert_eq!(go(&e, &prompt, &p).ids, go(&e, &prompt, &p).ids);
     let s = |seed| GenParams {
         max_tokens: 24,
-        sampling: Sampling { temperature: 1.0, top_k: 0, top_p: 1.0, min_p: 0.0, seed, ..Sampling::default() },
+        sampling: Sampling {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            seed,
+            ..Sampling::default()
+        },
         ..GenParams::default()
     };
     assert_eq!(go(&e, &prompt, &s(7)).ids, go(&e, &prompt, &s(7)).ids);
@@ -60,16 +69,29 @@ fn greedy_is_deterministic_and_seeded_sampling_repeats() {
 fn limits_bans_and_stops_are_obeyed() {
     let (_t, e) = engine(None, 1);
     let prompt = e.tokenize("the user", false).unwrap();
-    let out = go(&e, &prompt, &GenParams { max_tokens: 5, stop_tokens: vec![], ..GenParams::default() });
+    let out =
+        go(&e, &prompt, &GenParams { max_tokens: 5, stop_tokens: vec![], ..GenParams::default() });
     assert!(out.ids.len() <= 5);
     let free = go(&e, &prompt, &GenParams { max_tokens: 20, ..GenParams::default() });
     let banned: Vec<u32> = free.ids.iter().copied().take(3).collect();
-    let out = go(&e, &prompt, &GenParams { max_tokens: 20, forbid: banned.clone(), ..GenParams::default() });
-    assert!(out.ids.iter().all(|i| !banned.contains(i)), "{:?} contains one of {banned:?}", out.ids);
+    let out = go(
+        &e,
+        &prompt,
+        &GenParams { max_tokens: 20, forbid: banned.clone(), ..GenParams::default() },
+    );
+    assert!(
+        out.ids.iter().all(|i| !banned.contains(i)),
+        "{:?} contains one of {banned:?}",
+        out.ids
+    );
     // A stop string cuts the text before it.
     if free.text.chars().count() > 4 {
         let stop: String = free.text.chars().skip(2).take(2).collect();
-        let out = go(&e, &prompt, &GenParams { max_tokens: 20, stop_strings: vec![stop.clone()], ..GenParams::default() });
+        let out = go(
+            &e,
+            &prompt,
+            &GenParams { max_tokens: 20, stop_strings: vec![stop.clone()], ..GenParams::default() },
+        );
         assert_eq!(out.finish, Finish::Stop);
         assert!(!out.text.contains(&stop));
         assert!(free.text.starts_with(&out.text));
@@ -79,9 +101,21 @@ fn limits_bans_and_stops_are_obeyed() {
 #[test]
 fn a_prompt_beyond_the_context_names_both_sizes() {
     let t = common::write_tiny(None);
-    let e = Engine::load(&t.path, &EngineOptions { threads: Some(1), context: Some(64), ..Default::default() }).unwrap();
+    let e = Engine::load(
+        &t.path,
+        &EngineOptions { threads: Some(1), context: Some(64), ..Default::default() },
+    )
+    .unwrap();
     let prompt = vec![100u32; 80];
-    let err = e.generate(&mut e.session(), &prompt, &GenParams::default(), &AtomicBool::new(false), &mut |_| {}).unwrap_err();
+    let err = e
+        .generate(
+            &mut e.session(),
+            &prompt,
+            &GenParams::default(),
+            &AtomicBool::new(false),
+            &mut |_| {},
+        )
+        .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Input);
     let msg = err.to_string();
     assert!(msg.contains("80") && msg.contains("64"), "{msg}");
@@ -95,12 +129,18 @@ fn cancellation_stops_generation() {
     let mut n = 0;
     let mut s = e.session();
     let out = e
-        .generate(&mut s, &prompt, &GenParams { max_tokens: 200, stop_tokens: vec![], ..GenParams::default() }, &cancel, &mut |_| {
-            n += 1;
-            if n == 3 {
-                cancel.store(true, Ordering::Relaxed);
-            }
-        })
+        .generate(
+            &mut s,
+            &prompt,
+            &GenParams { max_tokens: 200, stop_tokens: vec![], ..GenParams::default() },
+            &cancel,
+            &mut |_| {
+                n += 1;
+                if n == 3 {
+                    cancel.store(true, Ordering::Relaxed);
+                }
+            },
+        )
         .unwrap();
     assert_eq!(out.finish, Finish::Cancelled);
     assert!(out.ids.len() < 200);
@@ -109,13 +149,20 @@ fn cancellation_stops_generation() {
 #[test]
 fn reusing_a_cached_prefix_gives_the_same_greedy_output() {
     let (_t, e) = engine(None, 2);
-    let turn1 = e.tokenize("<|im_start|>user\nhi there<|im_end|>\n<|im_start|>assistant\n", true).unwrap();
+    let turn1 =
+        e.tokenize("<|im_start|>user\nhi there<|im_end|>\n<|im_start|>assistant\n", true).unwrap();
     let p = GenParams { max_tokens: 16, chunk: 5, ..GenParams::default() };
     let mut s = e.session();
     let first = e.generate(&mut s, &turn1, &p, &AtomicBool::new(false), &mut |_| {}).unwrap();
     let mut turn2 = turn1.clone();
     turn2.extend(first.ids.iter().copied().filter(|&i| i != 2));
-    turn2.extend(e.tokenize("<|im_end|>\n<|im_start|>user\nand then?<|im_end|>\n<|im_start|>assistant\n", true).unwrap());
+    turn2.extend(
+        e.tokenize(
+            "<|im_end|>\n<|im_start|>user\nand then?<|im_end|>\n<|im_start|>assistant\n",
+            true,
+        )
+        .unwrap(),
+    );
     let reused = e.generate(&mut s, &turn2, &p, &AtomicBool::new(false), &mut |_| {}).unwrap();
     assert!(reused.reused_tokens > 0, "nothing was reused");
     let cold = go(&e, &turn2, &GenParams { chunk: 512, ..p.clone() });
@@ -146,14 +193,80 @@ fn forward_pass_agrees_with_candle_quantized_llama() {
         let ours = s.logits().to_vec();
         let mut f = std::fs::File::open(&t.path).unwrap();
         let content = candle_core::quantized::gguf_file::Content::read(&mut f).unwrap();
-        let mut m = candle_transformers::models::quantized_llama::ModelWeights::from_gguf(content, &mut f, &candle_core::Device::Cpu).unwrap();
-        let input = candle_core::Tensor::new(prompt.as_slice(), &candle_core::Device::Cpu).unwrap().unsqueeze(0).unwrap();
+        let mut m = candle_transformers::models::quantized_llama::ModelWeights::from_gguf(
+            content,
+            &mut f,
+            &candle_core::Device::Cpu,
+        )
+        .unwrap();
+        let input = candle_core::Tensor::new(prompt.as_slice(), &candle_core::Device::Cpu)
+            .unwrap()
+            .unsqueeze(0)
+            .unwrap();
         let theirs: Vec<f32> = m.forward(&input, 0).unwrap().squeeze(0).unwrap().to_vec1().unwrap();
         assert_eq!(ours.len(), theirs.len());
         let scale = theirs.iter().map(|v| v.abs()).fold(0f32, f32::max);
         let worst = ours.iter().zip(&theirs).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
         assert!(worst < 0.05 * scale, "kq={kq:?}: max |diff| {worst} vs logit scale {scale}");
-        let argmax = |v: &[f32]| v.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).map(|x| x.0);
+        let argmax =
+            |v: &[f32]| v.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).map(|x| x.0);
         assert_eq!(argmax(&ours), argmax(&theirs), "kq={kq:?}");
     }
+}
+
+/// Prompts of 64 tokens or more take llama.cpp's tiled attention path (and
+/// past 512 tokens, physical batches of 512): chunking never changes the
+/// numbers, and a session reuses exactly the cached positions that a fresh
+/// run of the new prompt computes by the same path, with the same output.
+#[test]
+fn long_prompts_chunk_and_reuse_exactly() {
+    let t = common::write_tiny(None);
+    let e = Engine::load(
+        &t.path,
+        &EngineOptions { threads: Some(2), context: Some(1200), ..Default::default() },
+    )
+    .unwrap();
+    let words = |n: usize, seed: usize| -> Vec<u32> {
+        let text: String = (0..n)
+            .map(|i| ["the ", "user ", "hi ", "there ", "answer "][(i * 7 + seed) % 5])
+            .collect();
+        let ids = e.tokenize(&text, false).unwrap();
+        assert!(ids.len() >= n / 2, "{} tokens", ids.len());
+        ids
+    };
+    let p = |chunk| GenParams { max_tokens: 6, stop_tokens: vec![], chunk, ..GenParams::default() };
+    let cancel = AtomicBool::new(false);
+    // 150 tokens: chunked or not, the same output.
+    let a: Vec<u32> = words(400, 1).into_iter().take(150).collect();
+    assert_eq!(go(&e, &a, &p(512)).ids, go(&e, &a, &p(7)).ids);
+    // Continuing a tiled prompt reuses it, not its decoded tokens.
+    let mut s = e.session();
+    let first = e.generate(&mut s, &a, &p(64), &cancel, &mut |_| {}).unwrap();
+    let mut b = a.clone();
+    b.extend(&first.ids);
+    b.extend(words(40, 2));
+    let again = e.generate(&mut s, &b, &p(64), &cancel, &mut |_| {}).unwrap();
+    assert_eq!(again.reused_tokens, a.len());
+    assert_eq!(again.ids, go(&e, &b, &p(512)).ids);
+    // 530 tokens: a batch of 512, then 18 by the one-query path, as
+    // decoding; growing that tail below 64 reuses everything cached, past 64
+    // it is redone (tiled), the first 512 stay.
+    let c: Vec<u32> = words(1400, 3).into_iter().take(530).collect();
+    assert_eq!(go(&e, &c, &p(512)).ids, go(&e, &c, &p(100)).ids);
+    let mut s = e.session();
+    let first = e.generate(&mut s, &c, &p(512), &cancel, &mut |_| {}).unwrap();
+    let mut d = c.clone();
+    d.extend(&first.ids);
+    d.extend(words(10, 4).into_iter().take(5));
+    let cached = s.cached().len();
+    let more = e.generate(&mut s, &d, &p(512), &cancel, &mut |_| {}).unwrap();
+    assert!(d.len() < 512 + 64);
+    assert_eq!(more.reused_tokens, cached);
+    assert_eq!(more.ids, go(&e, &d, &p(512)).ids);
+    let mut f = d.clone();
+    f.extend(&more.ids);
+    f.extend(words(200, 5).into_iter().take(80));
+    let last = e.generate(&mut s, &f, &p(30), &cancel, &mut |_| {}).unwrap();
+    assert_eq!(last.reused_tokens, 512);
+    assert_eq!(last.ids, go(&e, &f, &p(512)).ids);
 }

@@ -1,45 +1,133 @@
-//! Attention for one query over a run of cached positions, as llama.cpp's
-//! CPU flash attention computes it: the query rounded to f16; each score a
-//! f16 dot product (four 16-lane partial sums, then a fixed reduction);
-//! an online softmax with `expf`; the weighted values accumulated in f16.
-//! Prompt and decode use this one function, so cached keys and values are
-//! the same whichever path produced them.
+//! Attention and SwiGLU as llama.cpp's CPU backend computes them
+//! (`ggml/src/ggml-cpu/ops.cpp`, `ggml_compute_forward_flash_attn_ext_f16`;
+//! `vec.h`/`vec.cpp`), bit for bit, so greedy decoding reproduces its tokens.
 //!
-//! Also here: SiLU with ggml's vectorised `expf` (`ggml_v_expf`), whose bits
-//! differ from libm's.
+//! llama.cpp runs flash attention on the CPU (f16 KV cache) and takes one of
+//! two paths per evaluated batch, by the number of query rows of the batch:
+//!
+//! - [`Mode::Vec`] (`..._f16_one_chunk`), fewer than [`TILE`] rows: decode,
+//!   and prompts shorter than 64 tokens. Per query: the query rounded to f16;
+//!   each score a `ggml_vec_dot_f16` (four 16-lane partial sums, a fixed
+//!   reduction, summed in f64), scaled; an online softmax with the C
+//!   library's `expf` per key; the weighted values accumulated in an f16
+//!   vector (`ggml_vec_mad_f16`, `ggml_vec_scale_f16`); `S = S·ms + vs`
+//!   fused.
+//! - [`Mode::Tiled`] (`..._tiled`), batches of 64 rows or more: f32
+//!   throughout. Keys in tiles of 64 from position 0; per tile each score is
+//!   a sequential fused-multiply-add chain over the head (`simd_gemm`), the
+//!   running max moves per tile (`expf` rescale), the tile's exponentials
+//!   are ggml's vector `expf` summed per 16 lanes (`_mm512_reduce_add_ps`)
+//!   into an f64, and each output element is a sequential fma chain over the
+//!   tile's keys.
+//!
+//! Both depend on nothing but the query row and the cached keys and values,
+//! so how a prompt is cut into chunks, or spread over threads, never changes
+//! a number; but the two paths give different numbers for the same
+//! position, which is why a session remembers the mode of every cached
+//! position (`engine.rs`).
+//!
+//! Every function here has a portable version that defines the numbers and,
+//! on AVX-512, a SIMD version bit-identical to it (`x86.rs`, tested below).
 
 use half::f16;
+use half::slice::HalfFloatSliceExt;
 
-/// ggml's AVX-512 `expf` approximation (max error 1.45 ulp + 0.5), scalar.
+/// llama.cpp's flash-attention tile (`GGML_FA_TILE_Q`, `GGML_FA_TILE_KV`):
+/// the tiled path runs for batches of at least this many rows, over keys in
+/// tiles of this many.
+pub(crate) const TILE: usize = 64;
+
+/// llama.cpp's physical batch (`n_ubatch`, default 512): a longer prompt is
+/// evaluated in batches of this many tokens.
+pub(crate) const UBATCH: usize = 512;
+
+/// Largest head size the attention kernels take.
+pub(crate) const MAX_HEAD: usize = 256;
+
+/// Which of llama.cpp's flash-attention paths computes a position.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// One query at a time, f16 query and accumulator (`_one_chunk`).
+    Vec,
+    /// 64×64 tiles in f32 (`_tiled`).
+    Tiled,
+}
+
+impl Mode {
+    /// The path llama.cpp takes for a batch of `n` query rows.
+    pub(crate) fn for_batch(n: usize) -> Mode {
+        if n >= TILE {
+            Mode::Tiled
+        } else {
+            Mode::Vec
+        }
+    }
+
+    /// The path of position `p` when llama.cpp evaluates a whole prompt of
+    /// `len` tokens from an empty cache: batches of [`UBATCH`], the last one
+    /// possibly short.
+    pub(crate) fn in_prompt(p: usize, len: usize) -> Mode {
+        let full = len / UBATCH * UBATCH;
+        if p < full {
+            Mode::Tiled
+        } else {
+            Mode::for_batch(len - full)
+        }
+    }
+}
+
+/// ggml's AVX-512 `expf` (`ggml_v_expf`, max error 1.45 ulp + 0.5), one lane.
 #[inline]
 pub(crate) fn v_expf(x: f32) -> f32 {
     let r = f32::from_bits(0x4B40_0000); // 0x1.8p23
     let z = x.mul_add(f32::from_bits(0x3FB8_AA3B), r); // 0x1.715476p+0
     let n = z - r;
-    let b = (-n).mul_add(f32::from_bits(0x35BF_BE8E), (-n).mul_add(f32::from_bits(0x3F31_7200), x));
     if n.abs() > 192.0 {
-        // Outside the range the model ever reaches; saturate as ggml does.
-        return if n > 0.0 { f32::INFINITY } else { 0.0 };
+        // ggml's blend: infinity above, zero below (and for -inf).
+        return if n <= 0.0 { 0.0 } else { f32::INFINITY };
     }
+    let b = (-n).mul_add(f32::from_bits(0x35BF_BE8E), (-n).mul_add(f32::from_bits(0x3F31_7200), x));
     let u = b * b;
     let j = f32::from_bits(0x3C07_2010)
         .mul_add(b, f32::from_bits(0x3D2B_9F17))
         .mul_add(u, f32::from_bits(0x3E2A_AF33).mul_add(b, f32::from_bits(0x3EFF_FEDB)))
         .mul_add(u, f32::from_bits(0x3F7F_FFF6).mul_add(b, 1.0));
-    // scalef: j · 2^n, exact.
-    j * (n as f64).exp2() as f32
+    scalef(j, n)
 }
 
-/// `silu(g) · u` as ggml's vectorised swiglu computes it.
+/// `j · 2^n` rounded once, as `_mm512_scalef_ps` (|n| ≤ 192, integral).
+#[inline]
+fn scalef(j: f32, n: f32) -> f32 {
+    // Exact in f64 (24-bit mantissa, |exponent| < 400); one rounding to f32.
+    let p = f64::from_bits(((n as i64 + 1023) as u64) << 52);
+    (j as f64 * p) as f32
+}
+
+/// `silu(g) · u` as ggml's `ggml_vec_swiglu_f32`: 16 lanes at a time with
+/// `x / (1 + ggml_v_expf(0 - x))`, the rest with the C library's `expf`.
 pub(crate) fn swiglu(g: &[f32], u: &[f32], out: &mut [f32]) {
-    if std::env::var("X_SILU").is_ok() {
-        for ((o, &g), &u) in out.iter_mut().zip(g).zip(u) {
-            *o = g / (1.0 + (-g).exp()) * u;
-        }
+    let n = out.len().min(g.len()).min(u.len());
+    let body = n / 16 * 16;
+    #[cfg(target_arch = "x86_64")]
+    if super::isa() == super::Isa::Avx512Vnni {
+        // SAFETY: the CPU has the features (`isa`).
+        unsafe { super::x86::swiglu(&g[..body], &u[..body], &mut out[..body]) };
+        swiglu_tail(&g[body..n], &u[body..n], &mut out[body..n]);
         return;
     }
+    swiglu_scalar(&g[..body], &u[..body], &mut out[..body]);
+    swiglu_tail(&g[body..n], &u[body..n], &mut out[body..n]);
+}
+
+fn swiglu_scalar(g: &[f32], u: &[f32], out: &mut [f32]) {
     for ((o, &g), &u) in out.iter_mut().zip(g).zip(u) {
         *o = g / (1.0 + v_expf(0.0 - g)) * u;
+    }
+}
+
+fn swiglu_tail(g: &[f32], u: &[f32], out: &mut [f32]) {
+    for ((o, &g), &u) in out.iter_mut().zip(g).zip(u) {
+        *o = g / (1.0 + (-g).exp()) * u;
     }
 }
 
@@ -51,9 +139,25 @@ pub(crate) struct Lane {
     pub(crate) offset: usize,
 }
 
-/// The f16 dot product of ggml (`ggml_vec_dot_f16`, 16-lane build).
+impl Lane {
+    #[inline]
+    fn at(&self, t: usize) -> usize {
+        t * self.stride + self.offset
+    }
+}
+
+/// llama.cpp's sum of 16 lanes (`_mm512_reduce_add_ps`: halves folded).
 #[inline]
-fn dot_f16(q: &[f32], k: &[f16]) -> f32 {
+pub(crate) fn reduce16(l: &[f32; 16]) -> f32 {
+    let a: [f32; 8] = std::array::from_fn(|i| l[i + 8] + l[i]);
+    let b: [f32; 4] = std::array::from_fn(|i| a[i + 4] + a[i]);
+    (b[0] + b[2]) + (b[1] + b[3])
+}
+
+/// `ggml_vec_dot_f16` (AVX-512 build): four 16-lane fma accumulators over
+/// 64-element steps, folded `(0+2)+(1+3)`, reduced, then the tail in f64.
+#[inline]
+fn dot_f16(q: &[f16], k: &[f16]) -> f32 {
     let n = q.len();
     let np = n & !63;
     let mut sum = [[0f32; 16]; 4];
@@ -61,98 +165,442 @@ fn dot_f16(q: &[f32], k: &[f16]) -> f32 {
         for (j, s) in sum.iter_mut().enumerate() {
             for (l, lane) in s.iter_mut().enumerate() {
                 let at = i + 16 * j + l;
-                *lane = q[at].mul_add(k[at].to_f32(), *lane);
+                *lane = k[at].to_f32().mul_add(q[at].to_f32(), *lane);
             }
         }
     }
-    let mut x0 = [0f32; 16];
-    for l in 0..16 {
-        let a = sum[0][l] + sum[2][l];
-        let b = sum[1][l] + sum[3][l];
-        x0[l] = a + b;
-    }
-    let a: [f32; 8] = std::array::from_fn(|i| x0[i + 8] + x0[i]);
-    let b: [f32; 4] = std::array::from_fn(|i| a[i + 4] + a[i]);
-    let mut s = ((b[0] + b[2]) + (b[1] + b[3])) as f64;
+    let x0: [f32; 16] = std::array::from_fn(|l| (sum[0][l] + sum[2][l]) + (sum[1][l] + sum[3][l]));
+    let mut s = reduce16(&x0) as f64;
     for i in np..n {
-        s += (q[i] * k[i].to_f32()) as f64;
+        s += (k[i].to_f32() * q[i].to_f32()) as f64;
     }
     s as f32
 }
 
-/// Attention of one query (`q`, f32, already RoPE'd) over positions
-/// `0..upto` of the caches; writes the head's output to `out`.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn attend(q: &[f32], kc: &[f16], vc: &[f16], lane: Lane, upto: usize, scale: f32, vkq: &mut [f16], out: &mut [f32]) {
-    if std::env::var("X_F32ATT").is_ok() {
-        return attend_f32(q, kc, vc, lane, upto, scale, out);
-    }
+/// [`Mode::Vec`] for one query.
+pub(crate) fn attend_vec(
+    q: &[f32],
+    kc: &[f16],
+    vc: &[f16],
+    lane: Lane,
+    upto: usize,
+    scale: f32,
+    out: &mut [f32],
+) {
+    assert!(q.len() <= MAX_HEAD && out.len() == q.len());
+    assert!(upto == 0 || lane.at(upto - 1) + q.len() <= kc.len().min(vc.len()));
     #[cfg(target_arch = "x86_64")]
-    if super::isa() == super::Isa::Avx512Vnni && q.len() % 64 == 0 {
-        // SAFETY: the CPU has the features (`isa`).
-        unsafe { super::x86::attend(q, kc, vc, lane, upto, scale, vkq, out) };
+    if super::isa() == super::Isa::Avx512Vnni && q.len().is_multiple_of(64) {
+        // SAFETY: the CPU has the features (`isa`); sizes asserted above.
+        unsafe { super::x86::attend_vec(q, kc, vc, lane, upto, scale, out) };
         return;
     }
-    attend_scalar(q, kc, vc, lane, upto, scale, vkq, out)
+    attend_vec_scalar(q, kc, vc, lane, upto, scale, out)
 }
 
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn attend_scalar(q: &[f32], kc: &[f16], vc: &[f16], lane: Lane, upto: usize, scale: f32, vkq: &mut [f16], out: &mut [f32]) {
+fn attend_vec_scalar(
+    q: &[f32],
+    kc: &[f16],
+    vc: &[f16],
+    lane: Lane,
+    upto: usize,
+    scale: f32,
+    out: &mut [f32],
+) {
     let hd = q.len();
-    let q16: Vec<f32> = q.iter().map(|&v| f16::from_f32(v).to_f32()).collect();
-    vkq.iter_mut().for_each(|v| *v = f16::ZERO);
+    let mut qh = [f16::ZERO; MAX_HEAD];
+    let mut acc = [f16::ZERO; MAX_HEAD];
+    let (qh, acc) = (&mut qh[..hd], &mut acc[..hd]);
+    qh.iter_mut().zip(q).for_each(|(h, &v)| *h = f16::from_f32(v));
     let (mut s_sum, mut m) = (0f32, f32::NEG_INFINITY);
     for t in 0..upto {
-        let at = t * lane.stride + lane.offset;
-        let s = dot_f16(&q16, &kc[at..at + hd]) * scale;
+        let at = lane.at(t);
+        let s = dot_f16(qh, &kc[at..at + hd]) * scale;
         let (mut ms, mut vs) = (1f32, 1f32);
         if s > m {
             let old = m;
             m = s;
             ms = (old - m).exp();
-            for v in vkq.iter_mut() {
+            for v in acc.iter_mut() {
                 *v = f16::from_f32(v.to_f32() * ms);
             }
         } else {
             vs = (s - m).exp();
         }
-        for (acc, v) in vkq.iter_mut().zip(&vc[at..at + hd]) {
-            *acc = f16::from_f32(v.to_f32().mul_add(vs, acc.to_f32()));
+        for (a, v) in acc.iter_mut().zip(&vc[at..at + hd]) {
+            *a = f16::from_f32(v.to_f32().mul_add(vs, a.to_f32()));
         }
         s_sum = s_sum.mul_add(ms, vs);
     }
     let inv = if s_sum == 0.0 { 0.0 } else { 1.0 / s_sum };
-    for (o, v) in out.iter_mut().zip(vkq.iter()) {
-        *o = v.to_f32() * inv;
+    for (o, a) in out.iter_mut().zip(acc.iter()) {
+        *o = a.to_f32() * inv;
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn attend_f32(q: &[f32], kc: &[f16], vc: &[f16], lane: Lane, upto: usize, scale: f32, out: &mut [f32]) {
-    let hd = q.len();
-    let mut scores = Vec::with_capacity(upto);
-    let mut max = f32::NEG_INFINITY;
-    let q16: Vec<f32> = if std::env::var("X_Q16").is_ok() { q.iter().map(|&v| f16::from_f32(v).to_f32()).collect() } else { q.to_vec() };
-    for t in 0..upto {
-        let at = t * lane.stride + lane.offset;
-        let kf: Vec<f32> = kc[at..at + hd].iter().map(|v| v.to_f32()).collect();
-        let sc = if std::env::var("X_DOT16").is_ok() { dot_f16(&q16, &kc[at..at+hd]) } else { super::dot(&q16, &kf) } * scale;
-        max = max.max(sc);
-        scores.push(sc);
-    }
-    let mut sum = 0f64;
-    for sc in scores.iter_mut() {
-        *sc = (*sc - max).exp();
-        sum += *sc as f64;
-    }
-    let inv = (1.0 / sum) as f32;
-    let mut acc = vec![0f32; hd];
-    for (t, p) in scores.iter().enumerate() {
-        let at = t * lane.stride + lane.offset;
-        let p = p * inv;
-        for (a, v) in acc.iter_mut().zip(&vc[at..at + hd]) {
-            *a += p * v.to_f32();
+/// One query of a [`Mode::Tiled`] batch: its vector and how many positions
+/// it sees (its own position + 1).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct TiledRow<'a> {
+    pub(crate) q: &'a [f32],
+    pub(crate) upto: usize,
+}
+
+/// Buffers of the tiled path: a key tile transposed to f32
+/// (`[head][TILE]`), the value tile in f32 (`[TILE][head]`), per-row
+/// running max and sum.
+#[derive(Debug, Default)]
+pub(crate) struct TiledScratch {
+    kt16: Vec<f16>,
+    kt: Vec<f32>,
+    v32: Vec<f32>,
+    m: Vec<f32>,
+    s: Vec<f32>,
+}
+
+/// [`Mode::Tiled`] for queries that share one KV head (`lane`); row `r`'s
+/// output goes to `out[r · head ..]`.
+pub(crate) fn attend_tiled(
+    rows: &[TiledRow<'_>],
+    kc: &[f16],
+    vc: &[f16],
+    lane: Lane,
+    scale: f32,
+    tile: &mut TiledScratch,
+    out: &mut [f32],
+) {
+    let Some(first) = rows.first() else { return };
+    let hd = first.q.len();
+    assert!(out.len() >= rows.len() * hd && rows.iter().all(|r| r.q.len() == hd));
+    let upto = rows.iter().map(|r| r.upto).max().unwrap_or(0);
+    assert!(upto == 0 || lane.at(upto - 1) + hd <= kc.len().min(vc.len()));
+    tile.kt16.resize(hd * TILE, f16::ZERO);
+    tile.kt.resize(hd * TILE, 0.0);
+    tile.v32.resize(TILE * hd, 0.0);
+    tile.m.clear();
+    tile.m.resize(rows.len(), f32::NEG_INFINITY);
+    tile.s.clear();
+    tile.s.resize(rows.len(), 0.0);
+    out[..rows.len() * hd].iter_mut().for_each(|v| *v = 0.0);
+    #[cfg(target_arch = "x86_64")]
+    let simd = super::isa() == super::Isa::Avx512Vnni && hd % 16 == 0;
+    #[cfg(not(target_arch = "x86_64"))]
+    let simd = false;
+    let mut kq = [0f32; TILE];
+    for c in (0..upto).step_by(TILE) {
+        // The tile's keys transposed (`[head][TILE]`) and its values, in
+        // f32 (exact); whole rows converted at once.
+        let nk = TILE.min(upto - c);
+        for t in 0..nk {
+            let at = lane.at(c + t);
+            for (d, k) in kc[at..at + hd].iter().enumerate() {
+                tile.kt16[d * TILE + t] = *k;
+            }
+            vc[at..at + hd].convert_to_f32_slice(&mut tile.v32[t * hd..(t + 1) * hd]);
+        }
+        tile.kt16.convert_to_f32_slice(&mut tile.kt);
+        for (r, row) in rows.iter().enumerate() {
+            if row.upto <= c {
+                continue;
+            }
+            let valid = TILE.min(row.upto - c);
+            let acc = &mut out[r * hd..(r + 1) * hd];
+            if simd {
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: the CPU has the features (`isa`); `kt` holds
+                // `hd · TILE` values, `v32` `TILE · hd`, `hd % 16 == 0`.
+                unsafe {
+                    super::x86::tiled_scores(row.q, &tile.kt, scale, &mut kq)
+                };
+            } else {
+                tiled_scores(row.q, &tile.kt, scale, &mut kq);
+            }
+            kq[valid..].iter_mut().for_each(|v| *v = f32::NEG_INFINITY);
+            let tile_max = kq[..valid].iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+            let (m, s) = (&mut tile.m[r], &mut tile.s[r]);
+            let mnew = m.max(tile_max);
+            if mnew > *m {
+                let ms = (*m - mnew).exp();
+                acc.iter_mut().for_each(|v| *v *= ms);
+                *s *= ms;
+            }
+            *m = mnew;
+            let sum = if simd {
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: as above.
+                unsafe {
+                    super::x86::tiled_softmax(&mut kq, mnew)
+                }
+                #[cfg(not(target_arch = "x86_64"))]
+                unreachable!()
+            } else {
+                tiled_softmax(&mut kq, mnew)
+            };
+            *s = (*s as f64 + sum) as f32;
+            if simd {
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: as above.
+                unsafe {
+                    super::x86::tiled_accumulate(&kq[..valid], &tile.v32, acc)
+                };
+            } else {
+                tiled_accumulate(&kq[..valid], &tile.v32, acc);
+            }
         }
     }
-    out.copy_from_slice(&acc);
+    for (r, acc) in out[..rows.len() * hd].chunks_exact_mut(hd).enumerate() {
+        let s = tile.s[r];
+        let inv = if s == 0.0 { 0.0 } else { 1.0 / s };
+        acc.iter_mut().for_each(|v| *v *= inv);
+    }
+}
+
+/// Scores of `q` against the 64 keys of a transposed tile, each a
+/// sequential fma chain over the head, then scaled (`simd_gemm`,
+/// `ggml_vec_scale_f32`).
+fn tiled_scores(q: &[f32], kt: &[f32], scale: f32, kq: &mut [f32; TILE]) {
+    *kq = [0.0; TILE];
+    for (d, &qd) in q.iter().enumerate() {
+        let col = &kt[d * TILE..(d + 1) * TILE];
+        for (s, &k) in kq.iter_mut().zip(col) {
+            *s = k.mul_add(qd, *s);
+        }
+    }
+    kq.iter_mut().for_each(|s| *s *= scale);
+}
+
+/// `ggml_vec_soft_max_f32` over a tile: `kq[i] = v_expf(kq[i] - max)`, the
+/// sum of each 16 lanes reduced and added in f64.
+fn tiled_softmax(kq: &mut [f32; TILE], max: f32) -> f64 {
+    let mut sum = 0f64;
+    for chunk in kq.chunks_exact_mut(16) {
+        let mut e = [0f32; 16];
+        for (e, x) in e.iter_mut().zip(chunk.iter_mut()) {
+            *e = v_expf(*x - max);
+            *x = *e;
+        }
+        sum += reduce16(&e) as f64;
+    }
+    sum
+}
+
+/// `acc[d] += Σ_t p[t] · v[t][d]`, one fma per key in key order
+/// (`simd_gemm`).
+fn tiled_accumulate(p: &[f32], v32: &[f32], acc: &mut [f32]) {
+    let hd = acc.len();
+    for (t, &pt) in p.iter().enumerate() {
+        for (a, &v) in acc.iter_mut().zip(&v32[t * hd..(t + 1) * hd]) {
+            *a = v.mul_add(pt, *a);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::tests::rng;
+    use crate::kernels::{isa, Isa};
+
+    fn cache(len: usize, seed: u64, spread: f32) -> Vec<f16> {
+        let mut r = rng(seed);
+        (0..len)
+            .map(|_| f16::from_f32(((r() % 20001) as f32 - 10000.0) / 10000.0 * spread))
+            .collect()
+    }
+
+    fn vector(len: usize, seed: u64, spread: f32) -> Vec<f32> {
+        let mut r = rng(seed);
+        (0..len).map(|_| ((r() % 20001) as f32 - 10000.0) / 10000.0 * spread).collect()
+    }
+
+    /// Attention of one query (`q`, f32, RoPE'd) over positions `0..upto` of
+    /// the caches in `mode`; writes the head's output to `out`.
+    #[allow(clippy::too_many_arguments)]
+    fn attend(
+        mode: Mode,
+        q: &[f32],
+        kc: &[f16],
+        vc: &[f16],
+        lane: Lane,
+        upto: usize,
+        scale: f32,
+        out: &mut [f32],
+    ) {
+        match mode {
+            Mode::Vec => attend_vec(q, kc, vc, lane, upto, scale, out),
+            Mode::Tiled => {
+                let rows = [TiledRow { q, upto }];
+                let mut tile = TiledScratch::default();
+                attend_tiled(&rows, kc, vc, lane, scale, &mut tile, out);
+            }
+        }
+    }
+
+    /// A plain f64 softmax-attention, to check both paths compute attention.
+    fn reference(
+        q: &[f32],
+        kc: &[f16],
+        vc: &[f16],
+        lane: Lane,
+        upto: usize,
+        scale: f32,
+    ) -> Vec<f64> {
+        let hd = q.len();
+        let s: Vec<f64> = (0..upto)
+            .map(|t| {
+                (0..hd).map(|d| q[d] as f64 * kc[lane.at(t) + d].to_f64()).sum::<f64>()
+                    * scale as f64
+            })
+            .collect();
+        let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let w: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+        let tot: f64 = w.iter().sum();
+        (0..hd)
+            .map(|d| (0..upto).map(|t| w[t] * vc[lane.at(t) + d].to_f64()).sum::<f64>() / tot)
+            .collect()
+    }
+
+    #[test]
+    fn v_expf_simd_matches_scalar_everywhere() {
+        let mut xs: Vec<f32> = vector(4096, 5, 120.0);
+        xs.extend([
+            0.0, -0.0, 1.0, -1.0, 88.3, 88.4, 89.0, -87.0, -103.9, -104.0, -104.5, -110.0, -149.0,
+            -200.0,
+        ]);
+        xs.extend([f32::NEG_INFINITY, f32::INFINITY, 1e-30, -1e-30, 200.0, -1000.0]);
+        while !xs.len().is_multiple_of(16) {
+            xs.push(0.5);
+        }
+        for &x in &xs {
+            let e = v_expf(x);
+            let want = (x as f64).exp();
+            if x > -80.0 && x < 80.0 {
+                assert!(((e as f64) - want).abs() <= want * 4e-7, "{x}: {e} vs {want}");
+            }
+        }
+        #[cfg(target_arch = "x86_64")]
+        if isa() == Isa::Avx512Vnni {
+            let simd = unsafe { crate::kernels::x86::v_expf_all(&xs) };
+            for (x, s) in xs.iter().zip(simd) {
+                assert_eq!(s.to_bits(), v_expf(*x).to_bits(), "v_expf({x})");
+            }
+        }
+    }
+
+    #[test]
+    fn swiglu_simd_matches_scalar() {
+        let g = vector(1000, 11, 12.0);
+        let u = vector(1000, 12, 3.0);
+        let mut a = vec![0f32; 1000];
+        let mut b = vec![0f32; 1000];
+        swiglu(&g, &u, &mut a);
+        swiglu_scalar(&g[..992], &u[..992], &mut b[..992]);
+        swiglu_tail(&g[992..], &u[992..], &mut b[992..]);
+        assert_eq!(a, b);
+        for i in 0..1000 {
+            let want = g[i] as f64 / (1.0 + (-g[i] as f64).exp()) * u[i] as f64;
+            assert!((a[i] as f64 - want).abs() < 1e-5 * (1.0 + want.abs()), "{i}");
+        }
+    }
+
+    /// Both paths, SIMD and portable, bit-identical, and close to the exact
+    /// attention; the tiled path does not depend on which rows share a call.
+    #[test]
+    fn attention_paths_simd_match_scalar() {
+        for hd in [64usize, 128, 48] {
+            let (heads, len) = (3usize, 200usize);
+            let kc = cache(len * heads * hd, hd as u64, 2.0);
+            let vc = cache(len * heads * hd, hd as u64 + 1, 1.5);
+            let scale = 1.0 / (hd as f32).sqrt();
+            for (head, upto) in [(0usize, 1usize), (1, 63), (2, 64), (1, 65), (0, 130), (2, 200)] {
+                let lane = Lane { stride: heads * hd, offset: head * hd };
+                let q = vector(hd, upto as u64 * 7 + head as u64, 3.0);
+                let want = reference(&q, &kc, &vc, lane, upto, scale);
+                let mut vec_s = vec![0f32; hd];
+                attend_vec_scalar(&q, &kc, &vc, lane, upto, scale, &mut vec_s);
+                let mut vec_d = vec![0f32; hd];
+                attend_vec(&q, &kc, &vc, lane, upto, scale, &mut vec_d);
+                assert_eq!(vec_s, vec_d, "vec hd={hd} upto={upto}");
+                let mut tiled = vec![0f32; hd];
+                attend(Mode::Tiled, &q, &kc, &vc, lane, upto, scale, &mut tiled);
+                for d in 0..hd {
+                    assert!(
+                        (vec_s[d] as f64 - want[d]).abs() < 2e-2,
+                        "vec {d}: {} vs {}",
+                        vec_s[d],
+                        want[d]
+                    );
+                    assert!(
+                        (tiled[d] as f64 - want[d]).abs() < 1e-4,
+                        "tiled {d}: {} vs {}",
+                        tiled[d],
+                        want[d]
+                    );
+                }
+                // The same row among others, through the portable kernels.
+                let other = vector(hd, 99, 3.0);
+                let rows = [
+                    TiledRow { q: &other, upto: 3 },
+                    TiledRow { q: &q, upto },
+                    TiledRow { q: &other, upto: 200 },
+                ];
+                let mut out = vec![0f32; 3 * hd];
+                attend_tiled(&rows, &kc, &vc, lane, scale, &mut TiledScratch::default(), &mut out);
+                assert_eq!(&out[hd..2 * hd], &tiled[..], "tiled rows hd={hd} upto={upto}");
+                let mut portable = vec![0f32; hd];
+                tiled_portable(&q, &kc, &vc, lane, upto, scale, &mut portable);
+                assert_eq!(portable, tiled, "tiled simd hd={hd} upto={upto}");
+            }
+        }
+    }
+
+    /// The tiled path through the portable kernels only.
+    fn tiled_portable(
+        q: &[f32],
+        kc: &[f16],
+        vc: &[f16],
+        lane: Lane,
+        upto: usize,
+        scale: f32,
+        out: &mut [f32],
+    ) {
+        let hd = q.len();
+        let mut kt = vec![0f32; hd * TILE];
+        let mut v32 = vec![0f32; TILE * hd];
+        let (mut m, mut s) = (f32::NEG_INFINITY, 0f32);
+        out.iter_mut().for_each(|v| *v = 0.0);
+        let mut kq = [0f32; TILE];
+        for c in (0..upto).step_by(TILE) {
+            let valid = TILE.min(upto - c);
+            for t in 0..valid {
+                for d in 0..hd {
+                    kt[d * TILE + t] = kc[lane.at(c + t) + d].to_f32();
+                    v32[t * hd + d] = vc[lane.at(c + t) + d].to_f32();
+                }
+            }
+            tiled_scores(q, &kt, scale, &mut kq);
+            kq[valid..].iter_mut().for_each(|v| *v = f32::NEG_INFINITY);
+            let mnew = m.max(kq[..valid].iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)));
+            if mnew > m {
+                let ms = (m - mnew).exp();
+                out.iter_mut().for_each(|v| *v *= ms);
+                s *= ms;
+            }
+            m = mnew;
+            s = (s as f64 + tiled_softmax(&mut kq, mnew)) as f32;
+            tiled_accumulate(&kq[..valid], &v32, out);
+        }
+        let inv = 1.0 / s;
+        out.iter_mut().for_each(|v| *v *= inv);
+    }
+
+    #[test]
+    fn prompt_modes_follow_llama_cpp_batches() {
+        assert_eq!(Mode::in_prompt(0, 37), Mode::Vec);
+        assert_eq!(Mode::in_prompt(36, 63), Mode::Vec);
+        assert_eq!(Mode::in_prompt(0, 64), Mode::Tiled);
+        assert_eq!(Mode::in_prompt(511, 540), Mode::Tiled);
+        assert_eq!(Mode::in_prompt(512, 540), Mode::Vec);
+        assert_eq!(Mode::in_prompt(512, 600), Mode::Tiled);
+    }
 }

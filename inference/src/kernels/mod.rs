@@ -14,7 +14,7 @@ mod scalar;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
-use crate::quant::{quantize_q8, Q8Row, QK, Q4_1_BYTES, Q8_0_BYTES};
+use crate::quant::{quantize_q8, Q8Row, Q4_1_BYTES, Q8_0_BYTES, QK};
 
 fn u16_at(b: &[u8], at: usize) -> u16 {
     u16::from_le_bytes([b[at], b[at + 1]])
@@ -136,11 +136,6 @@ impl Packed {
         }
     }
 
-    /// Whether the kernels take quantized activations.
-    pub(crate) fn wants_q8(&self) -> bool {
-        !matches!(self.kind, PackedKind::F32 { .. })
-    }
-
     /// `out[c · rows + r] = row r · column c` for the rows in
     /// `tiles.start * ROW_TILE ..` (tiles of [`ROW_TILE`] rows), all columns.
     ///
@@ -257,7 +252,14 @@ pub(crate) struct Acts {
 impl Acts {
     /// Prepares `x` (`n` columns of `k` values) for weights like `w`,
     /// quantizing columns in parallel on `pool` when there are many.
-    pub(crate) fn prepare(&mut self, x: &[f32], n: usize, k: usize, w: &Packed, pool: &crate::pool::Pool) {
+    pub(crate) fn prepare(
+        &mut self,
+        x: &[f32],
+        n: usize,
+        k: usize,
+        w: &Packed,
+        pool: &crate::pool::Pool,
+    ) {
         self.n = n;
         self.k = k;
         self.x.clear();
@@ -306,16 +308,6 @@ impl Acts {
 
     pub(crate) fn blocks(&self) -> usize {
         self.k / QK
-    }
-}
-
-/// An f32 dot product in the kernels' fixed order.
-pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
-    match isa() {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: the CPU has the features (checked by `isa`).
-        Isa::Avx512Vnni => unsafe { x86::dot_f32(a, b) },
-        _ => scalar::dot_f32(a, b),
     }
 }
 
@@ -368,7 +360,15 @@ impl ColWriter {
 }
 
 /// Portable twin of `x86::quantize_column`.
-fn quantize_column_scalar(x: &[f32], d: &mut [f32], s: &mut [f32], q: &mut [i8], lay: &mut [u8], corr: &mut [i32], four: bool) {
+fn quantize_column_scalar(
+    x: &[f32],
+    d: &mut [f32],
+    s: &mut [f32],
+    q: &mut [i8],
+    lay: &mut [u8],
+    corr: &mut [i32],
+    four: bool,
+) {
     let mut row = Q8Row::default();
     quantize_q8(x, &mut row);
     d.copy_from_slice(&row.d);
@@ -475,13 +475,21 @@ mod tests {
         x[32..64].fill(0.0);
         for four in [true, false] {
             let nb = x.len() / 32;
-            let mut a = (vec![0f32; nb], vec![0f32; nb], vec![0i8; nb * 32], vec![0u8; nb * 64], vec![0i32; nb * 16]);
+            let mut a = (
+                vec![0f32; nb],
+                vec![0f32; nb],
+                vec![0i8; nb * 32],
+                vec![0u8; nb * 64],
+                vec![0i32; nb * 16],
+            );
             let mut b = a.clone();
             quantize_column_scalar(&x, &mut a.0, &mut a.1, &mut a.2, &mut a.3, &mut a.4, four);
             #[cfg(target_arch = "x86_64")]
             if isa() == Isa::Avx512Vnni {
                 // SAFETY: checked by isa().
-                unsafe { x86::quantize_column(&x, &mut b.0, &mut b.1, &mut b.2, &mut b.3, &mut b.4, four) };
+                unsafe {
+                    x86::quantize_column(&x, &mut b.0, &mut b.1, &mut b.2, &mut b.3, &mut b.4, four)
+                };
                 assert_eq!(a, b, "four={four}");
             }
         }
@@ -501,7 +509,8 @@ mod tests {
                 } else {
                     Packed::q8_0(&raw, rows, cols)
                 };
-                let ty = if w.is_none() { crate::quant::QType::Q4_1 } else { crate::quant::QType::Q8_0 };
+                let ty =
+                    if w.is_none() { crate::quant::QType::Q4_1 } else { crate::quant::QType::Q8_0 };
                 for n in [1usize, 3, 7] {
                     let x = random_x(n * cols, 3);
                     let simd = run(&packed, &x, n, None);
@@ -511,9 +520,15 @@ mod tests {
                     let mut row = vec![0f32; cols];
                     for c in 0..n {
                         for r in 0..rows {
-                            crate::quant::dequantize_row(ty, &raw[r * ty.row_bytes(cols)..(r + 1) * ty.row_bytes(cols)], &mut row);
-                            let want: f32 = row.iter().zip(&x[c * cols..]).map(|(a, b)| a * b).sum();
-                            let scale: f32 = row.iter().zip(&x[c * cols..]).map(|(a, b)| (a * b).abs()).sum();
+                            crate::quant::dequantize_row(
+                                ty,
+                                &raw[r * ty.row_bytes(cols)..(r + 1) * ty.row_bytes(cols)],
+                                &mut row,
+                            );
+                            let want: f32 =
+                                row.iter().zip(&x[c * cols..]).map(|(a, b)| a * b).sum();
+                            let scale: f32 =
+                                row.iter().zip(&x[c * cols..]).map(|(a, b)| (a * b).abs()).sum();
                             let got = sc[c * rows + r];
                             let tol = 0.01 * scale + 1e-6;
                             assert!((got - want).abs() < tol, "{name} r{r} c{c}: {got} vs {want}");

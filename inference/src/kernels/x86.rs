@@ -4,6 +4,10 @@
 //! is accumulated with its own fused multiply-add in block order, so results
 //! are bit-identical to `scalar.rs`.
 
+// Register arrays are indexed in lock step (acc[i][j] with wz[i]); plain
+// index loops read clearest here.
+#![allow(clippy::needless_range_loop)]
+
 use super::{hsum8, scalar, Acts, OutRows, Packed, PackedKind, ROW_TILE};
 use std::arch::x86_64::*;
 use std::ops::Range;
@@ -151,7 +155,8 @@ unsafe fn q4_1_tile<const N: usize>(
             // Σ_b fma(m, s) for the four rows of the tile, in block order.
             let mut summs = _mm_setzero_ps();
             for b in 0..nb {
-                let bits = _mm_loadl_epi64(m.as_ptr().add(b * rp + tile * ROW_TILE) as *const __m128i);
+                let bits =
+                    _mm_loadl_epi64(m.as_ptr().add(b * rp + tile * ROW_TILE) as *const __m128i);
                 let mv = _mm_cvtph_ps(bits);
                 summs = _mm_fmadd_ps(mv, _mm_set1_ps(*acts.s.get_unchecked(c * nb + b)), summs);
             }
@@ -199,7 +204,8 @@ unsafe fn q8_0_tile<const N: usize>(
             for j in 0..N {
                 let c = c0 + j;
                 let az = _mm512_loadu_si512(acts.dup.as_ptr().add((c * nb + b) * 64) as *const _);
-                let corr = _mm512_loadu_si512(acts.corr.as_ptr().add((c * nb + b) * 16) as *const _);
+                let corr =
+                    _mm512_loadu_si512(acts.corr.as_ptr().add((c * nb + b) * 16) as *const _);
                 let da = _mm512_set1_ps(*acts.d.get_unchecked(c * nb + b));
                 for i in 0..2 {
                     let isum = _mm512_sub_epi32(_mm512_dpbusd_epi32(zero, wz[i], az), corr);
@@ -223,31 +229,33 @@ unsafe fn q8_0_tile<const N: usize>(
     }
 }
 
-/// See `attn::attend_scalar`: the same arithmetic on 512-bit registers.
+/// See `attn::attend_vec`: llama.cpp's one-query flash attention
+/// (`ggml_vec_dot_f16`, `ggml_vec_scale_f16`, `ggml_vec_mad_f16`) on 512-bit
+/// registers, the f16 accumulator held in registers.
 ///
 /// # Safety
-/// The CPU must support avx512f and f16c; `q.len()` is a multiple of 64.
-#[allow(clippy::too_many_arguments)]
+/// The CPU must support avx512f, fma and f16c; `q.len()` is a multiple of
+/// 64, at most 256, `out.len() == q.len()`, and the caches hold `upto`
+/// positions of `lane` (all asserted by the caller).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
-pub(super) unsafe fn attend(
+pub(super) unsafe fn attend_vec(
     q: &[f32],
     kc: &[half::f16],
     vc: &[half::f16],
     lane: super::attn::Lane,
     upto: usize,
     scale: f32,
-    vkq: &mut [half::f16],
     out: &mut [f32],
 ) {
     let hd = q.len();
     let chunks = hd / 16;
-    assert!(vkq.len() == hd && out.len() == hd && chunks <= 16);
+    assert!(out.len() == hd && chunks <= 16 && hd.is_multiple_of(64));
     assert!(upto == 0 || (upto - 1) * lane.stride + lane.offset + hd <= kc.len().min(vc.len()));
     // SAFETY: every pointer below stays within the slices asserted above.
     unsafe {
         let mut qv = [_mm512_setzero_ps(); 16];
         for (c, v) in qv.iter_mut().take(chunks).enumerate() {
-            // Round the query to f16 and back, as llama.cpp converts it.
+            // The query rounded to f16 and back, as llama.cpp converts it.
             let x = _mm512_loadu_ps(q.as_ptr().add(16 * c));
             *v = _mm512_cvtph_ps(_mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x));
         }
@@ -261,15 +269,11 @@ pub(super) unsafe fn attend(
             for i in (0..chunks).step_by(4) {
                 for (j, sj) in sum.iter_mut().enumerate() {
                     let k = _mm512_cvtph_ps(_mm256_loadu_si256(kp.add(i + j)));
-                    *sj = _mm512_fmadd_ps(qv[i + j], k, *sj);
+                    *sj = _mm512_fmadd_ps(k, qv[i + j], *sj);
                 }
             }
             let x0 = _mm512_add_ps(_mm512_add_ps(sum[0], sum[2]), _mm512_add_ps(sum[1], sum[3]));
-            let mut l = [0f32; 16];
-            _mm512_storeu_ps(l.as_mut_ptr(), x0);
-            let a: [f32; 8] = std::array::from_fn(|i| l[i + 8] + l[i]);
-            let b: [f32; 4] = std::array::from_fn(|i| a[i + 4] + a[i]);
-            let s = ((b[0] + b[2]) + (b[1] + b[3])) * scale;
+            let s = reduce16(x0) * scale;
             let (mut ms, mut vs) = (1f32, 1f32);
             if s > m {
                 let old = m;
@@ -295,7 +299,170 @@ pub(super) unsafe fn attend(
         let inv = _mm512_set1_ps(if s_sum == 0.0 { 0.0 } else { 1.0 / s_sum });
         for (c, a) in acc.iter().take(chunks).enumerate() {
             _mm512_storeu_ps(out.as_mut_ptr().add(16 * c), _mm512_mul_ps(_mm512_cvtph_ps(*a), inv));
-            _mm256_storeu_si256(vkq.as_mut_ptr().add(16 * c) as *mut __m256i, *a);
+        }
+    }
+}
+
+/// `attn::reduce16` on a register (`_mm512_reduce_add_ps`'s tree).
+#[inline(always)]
+unsafe fn reduce16(x: __m512) -> f32 {
+    let mut l = [0f32; 16];
+    // SAFETY: 16 floats written to a 16-float array.
+    unsafe { _mm512_storeu_ps(l.as_mut_ptr(), x) };
+    super::attn::reduce16(&l)
+}
+
+/// ggml's `ggml_v_expf` (AVX-512), as written there.
+#[inline]
+#[target_feature(enable = "avx512f,fma")]
+fn v_expf(x: __m512) -> __m512 {
+    let r = _mm512_set1_ps(f32::from_bits(0x4B40_0000));
+    let z = _mm512_fmadd_ps(x, _mm512_set1_ps(f32::from_bits(0x3FB8_AA3B)), r);
+    let n = _mm512_sub_ps(z, r);
+    let b = _mm512_fnmadd_ps(
+        n,
+        _mm512_set1_ps(f32::from_bits(0x35BF_BE8E)),
+        _mm512_fnmadd_ps(n, _mm512_set1_ps(f32::from_bits(0x3F31_7200)), x),
+    );
+    let d = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(_mm512_abs_ps(n), _mm512_set1_ps(192.0));
+    let u = _mm512_mul_ps(b, b);
+    let j = _mm512_fmadd_ps(
+        _mm512_fmadd_ps(
+            _mm512_fmadd_ps(
+                _mm512_set1_ps(f32::from_bits(0x3C07_2010)),
+                b,
+                _mm512_set1_ps(f32::from_bits(0x3D2B_9F17)),
+            ),
+            u,
+            _mm512_fmadd_ps(
+                _mm512_set1_ps(f32::from_bits(0x3E2A_AF33)),
+                b,
+                _mm512_set1_ps(f32::from_bits(0x3EFF_FEDB)),
+            ),
+        ),
+        u,
+        _mm512_fmadd_ps(_mm512_set1_ps(f32::from_bits(0x3F7F_FFF6)), b, _mm512_set1_ps(1.0)),
+    );
+    let res = _mm512_scalef_ps(j, n);
+    if d == 0 {
+        return res;
+    }
+    let zero = _mm512_setzero_ps();
+    let alt = _mm512_mask_blend_ps(
+        _mm512_cmp_ps_mask::<_CMP_LE_OQ>(n, zero),
+        _mm512_set1_ps(f32::INFINITY),
+        zero,
+    );
+    _mm512_mask_blend_ps(d, res, alt)
+}
+
+/// `v_expf` of every value (a multiple of 16 of them), for tests.
+///
+/// # Safety
+/// The CPU must support avx512f and fma.
+#[cfg(test)]
+#[target_feature(enable = "avx512f,fma")]
+pub(super) unsafe fn v_expf_all(x: &[f32]) -> Vec<f32> {
+    let mut out = vec![0f32; x.len()];
+    for (o, i) in out.chunks_exact_mut(16).zip(x.chunks_exact(16)) {
+        // SAFETY: 16 floats read and written.
+        unsafe { _mm512_storeu_ps(o.as_mut_ptr(), v_expf(_mm512_loadu_ps(i.as_ptr()))) };
+    }
+    out
+}
+
+/// See `attn::swiglu`: `ggml_vec_swiglu_f32`'s AVX-512 loop.
+///
+/// # Safety
+/// The CPU must support avx512f and fma; the slices are equally long, a
+/// multiple of 16.
+#[target_feature(enable = "avx512f,fma")]
+pub(super) unsafe fn swiglu(g: &[f32], u: &[f32], out: &mut [f32]) {
+    assert!(g.len() == out.len() && u.len() == out.len() && out.len().is_multiple_of(16));
+    for i in (0..out.len()).step_by(16) {
+        // SAFETY: i + 16 <= len for all three slices (asserted above).
+        unsafe {
+            let x = _mm512_loadu_ps(g.as_ptr().add(i));
+            let e = v_expf(_mm512_sub_ps(_mm512_setzero_ps(), x));
+            let silu = _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.0), e));
+            _mm512_storeu_ps(
+                out.as_mut_ptr().add(i),
+                _mm512_mul_ps(silu, _mm512_loadu_ps(u.as_ptr().add(i))),
+            );
+        }
+    }
+}
+
+/// See `attn::tiled_scores`: 64 keys in four registers, one fma per head
+/// element.
+///
+/// # Safety
+/// The CPU must support avx512f and fma; `kt` holds `q.len() · 64` values.
+#[target_feature(enable = "avx512f,fma")]
+pub(super) unsafe fn tiled_scores(q: &[f32], kt: &[f32], scale: f32, kq: &mut [f32; 64]) {
+    assert!(kt.len() >= q.len() * 64);
+    // SAFETY: row d of `kt` is 64 floats within it (asserted above).
+    unsafe {
+        let mut acc = [_mm512_setzero_ps(); 4];
+        for (d, &qd) in q.iter().enumerate() {
+            let p = _mm512_set1_ps(qd);
+            let col = kt.as_ptr().add(d * 64);
+            for (j, a) in acc.iter_mut().enumerate() {
+                *a = _mm512_fmadd_ps(_mm512_loadu_ps(col.add(16 * j)), p, *a);
+            }
+        }
+        let sv = _mm512_set1_ps(scale);
+        for (j, a) in acc.iter().enumerate() {
+            _mm512_storeu_ps(kq.as_mut_ptr().add(16 * j), _mm512_mul_ps(*a, sv));
+        }
+    }
+}
+
+/// See `attn::tiled_softmax` (`ggml_vec_soft_max_f32`'s AVX-512 loop).
+///
+/// # Safety
+/// The CPU must support avx512f and fma.
+#[target_feature(enable = "avx512f,fma")]
+pub(super) unsafe fn tiled_softmax(kq: &mut [f32; 64], max: f32) -> f64 {
+    let mut sum = 0f64;
+    // SAFETY: four 16-float chunks of a 64-float array.
+    unsafe {
+        let mv = _mm512_set1_ps(max);
+        for j in 0..4 {
+            let p = kq.as_mut_ptr().add(16 * j);
+            let e = v_expf(_mm512_sub_ps(_mm512_loadu_ps(p), mv));
+            _mm512_storeu_ps(p, e);
+            sum += reduce16(e) as f64;
+        }
+    }
+    sum
+}
+
+/// See `attn::tiled_accumulate`.
+///
+/// # Safety
+/// The CPU must support avx512f and fma; `acc.len()` is a multiple of 16
+/// and `v32` holds `p.len() · acc.len()` values.
+#[target_feature(enable = "avx512f,fma")]
+pub(super) unsafe fn tiled_accumulate(p: &[f32], v32: &[f32], acc: &mut [f32]) {
+    let hd = acc.len();
+    assert!(hd.is_multiple_of(16) && hd <= 256 && v32.len() >= p.len() * hd);
+    // SAFETY: all offsets stay within `acc` and `v32` (asserted above).
+    unsafe {
+        let mut a = [_mm512_setzero_ps(); 16];
+        let chunks = hd / 16;
+        for (c, r) in a.iter_mut().take(chunks).enumerate() {
+            *r = _mm512_loadu_ps(acc.as_ptr().add(16 * c));
+        }
+        for (t, &pt) in p.iter().enumerate() {
+            let pv = _mm512_set1_ps(pt);
+            let row = v32.as_ptr().add(t * hd);
+            for (c, r) in a.iter_mut().take(chunks).enumerate() {
+                *r = _mm512_fmadd_ps(_mm512_loadu_ps(row.add(16 * c)), pv, *r);
+            }
+        }
+        for (c, r) in a.iter().take(chunks).enumerate() {
+            _mm512_storeu_ps(acc.as_mut_ptr().add(16 * c), *r);
         }
     }
 }
@@ -336,8 +503,12 @@ pub(super) unsafe fn quantize_column(
             let dd = amax / 127.0;
             let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
             let m = _mm512_set1_ps(id);
-            let r0 = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm512_mul_ps(v0, m));
-            let r1 = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm512_mul_ps(v1, m));
+            let r0 = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+                _mm512_mul_ps(v0, m),
+            );
+            let r1 = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+                _mm512_mul_ps(v1, m),
+            );
             let i0 = _mm512_cvtps_epi32(r0);
             let i1 = _mm512_cvtps_epi32(r1);
             let sum = _mm512_reduce_add_epi32(_mm512_add_epi32(i0, i1));
@@ -355,7 +526,8 @@ pub(super) unsafe fn quantize_column(
                 let dupv = _mm512_permutexvar_epi64(dup_idx, wide);
                 _mm512_storeu_si512(out as *mut _, dupv);
                 // Lane sums of four signed bytes (unsigned 1 × signed a), × 128.
-                let lanes = _mm512_slli_epi32::<7>(_mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, dupv));
+                let lanes =
+                    _mm512_slli_epi32::<7>(_mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, dupv));
                 _mm512_storeu_si512(corr.as_mut_ptr().add(b * 16) as *mut _, lanes);
             }
         }

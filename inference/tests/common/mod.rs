@@ -13,7 +13,8 @@ pub const CHATML: &str = "{% for message in messages %}{{'<|im_start|>' + messag
 
 /// GPT-2's byte → printable char table.
 pub fn byte_chars() -> Vec<char> {
-    let mut bs: Vec<u32> = (b'!' as u32..=b'~' as u32).chain(0xA1..=0xAC).chain(0xAE..=0xFF).collect();
+    let mut bs: Vec<u32> =
+        (b'!' as u32..=b'~' as u32).chain(0xA1..=0xAC).chain(0xAE..=0xFF).collect();
     let mut cs = bs.clone();
     let mut n = 0;
     for b in 0..256u32 {
@@ -64,7 +65,8 @@ pub fn write_tiny(kquant_layer: Option<usize>) -> Tiny {
 
 fn vocab_tokens() -> (Vec<String>, Vec<i32>, Vec<String>) {
     let bc = byte_chars();
-    let mut tokens: Vec<String> = vec!["<|endoftext|>".into(), "<|im_start|>".into(), "<|im_end|>".into()];
+    let mut tokens: Vec<String> =
+        vec!["<|endoftext|>".into(), "<|im_start|>".into(), "<|im_end|>".into()];
     let mut types = vec![3, 3, 3];
     for &c in &bc {
         tokens.push(c.to_string());
@@ -93,7 +95,7 @@ fn vocab_tokens() -> (Vec<String>, Vec<i32>, Vec<String>) {
         merges.push(format!("{a} {b}"));
     }
     // Pad to a multiple of 4 rows.
-    while tokens.len() % 4 != 0 {
+    while !tokens.len().is_multiple_of(4) {
         tokens.push(format!("<pad{}>", tokens.len()));
         types.push(5);
     }
@@ -119,9 +121,18 @@ fn write_at(path: &Path, kquant_layer: Option<usize>) {
         ("llama.attention.layer_norm_rms_epsilon".into(), Value::F32(1e-5)),
         ("tokenizer.ggml.model".into(), Value::String("gpt2".into())),
         ("tokenizer.ggml.pre".into(), Value::String("smollm".into())),
-        ("tokenizer.ggml.tokens".into(), Value::Array(tokens.iter().map(|t| Value::String(t.clone())).collect())),
-        ("tokenizer.ggml.token_type".into(), Value::Array(types.iter().map(|&t| Value::I32(t)).collect())),
-        ("tokenizer.ggml.merges".into(), Value::Array(merges.iter().map(|m| Value::String(m.clone())).collect())),
+        (
+            "tokenizer.ggml.tokens".into(),
+            Value::Array(tokens.iter().map(|t| Value::String(t.clone())).collect()),
+        ),
+        (
+            "tokenizer.ggml.token_type".into(),
+            Value::Array(types.iter().map(|&t| Value::I32(t)).collect()),
+        ),
+        (
+            "tokenizer.ggml.merges".into(),
+            Value::Array(merges.iter().map(|m| Value::String(m.clone())).collect()),
+        ),
         ("tokenizer.ggml.bos_token_id".into(), Value::U32(1)),
         ("tokenizer.ggml.eos_token_id".into(), Value::U32(2)),
         ("tokenizer.ggml.add_bos_token".into(), Value::Bool(false)),
