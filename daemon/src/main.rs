@@ -15,6 +15,7 @@ mod registry;
 mod replay;
 mod research;
 mod runs;
+mod server;
 mod settings;
 mod store;
 mod tools;
@@ -56,6 +57,26 @@ enum Command {
         #[arg(long)]
         chat: Option<String>,
         question: String,
+    },
+    /// Serve the local model to many clients (Unix socket; TCP with --listen)
+    Serve {
+        #[command(flatten)]
+        engine: EngineArgs,
+        /// Folder of sources for /v1/research (repeatable)
+        #[arg(long)]
+        corpus: Vec<std::path::PathBuf>,
+        /// Folder where save_note writes
+        #[arg(long)]
+        notes: Option<std::path::PathBuf>,
+        /// Unix socket path (default: $XDG_RUNTIME_DIR/agentd.sock, else $AGENTD_HOME/agentd.sock)
+        #[arg(long)]
+        socket: Option<std::path::PathBuf>,
+        /// Also listen on TCP HOST:PORT (a bare port means 127.0.0.1)
+        #[arg(long)]
+        listen: Option<String>,
+        /// File holding the bearer token TCP clients must send
+        #[arg(long)]
+        token_file: Option<std::path::PathBuf>,
     },
     /// List, audit, cancel and resume research runs
     Runs {
@@ -209,6 +230,9 @@ fn run(cli: Cli, cancel: &AtomicBool) -> anyhow::Result<ExitCode> {
                 &ask::AskArgs { engine, corpus, notes, events, voice, chat, question },
                 cancel,
             )
+        }
+        Command::Serve { engine, corpus, notes, socket, listen, token_file } => {
+            server::run(server::ServeArgs { engine, corpus, notes, socket, listen, token_file })?
         }
         Command::Runs { command } => {
             let store = store::Store::open()?;

@@ -25,6 +25,7 @@ pub(crate) enum Unit {
     Calls,
     Results,
     Characters,
+    Bytes,
 }
 
 impl Unit {
@@ -39,6 +40,7 @@ impl Unit {
             Unit::Calls => "calls",
             Unit::Results => "results",
             Unit::Characters => "characters",
+            Unit::Bytes => "bytes",
         }
     }
 }
@@ -93,6 +95,8 @@ pub(crate) const BACKOFF: &str = "provider/retry-backoff";
 pub(crate) const TIMEOUT: &str = "provider/request-timeout";
 pub(crate) const CONTEXT: &str = "prompts/context-budget";
 pub(crate) const TURN_TOKENS: &str = "prompts/turn-output-tokens";
+pub(crate) const QUEUE: &str = "server/request-queue-capacity";
+pub(crate) const BODY_LIMIT: &str = "server/request-body-limit";
 
 /// The research runtime's declarations.
 fn research_runtime() -> Vec<Policy> {
@@ -140,6 +144,16 @@ fn prompts() -> Vec<Policy> {
     vec![
         p(CONTEXT, o, v, Unit::Tokens, 8192, 131_072, None),
         p(TURN_TOKENS, o, v, Unit::Tokens, 512, 8192, None),
+    ]
+}
+
+/// The server's declarations.
+fn server() -> Vec<Policy> {
+    let o = "server";
+    let v = "server-policy@1";
+    vec![
+        p(QUEUE, o, v, Unit::Requests, 32, 4096, None),
+        p(BODY_LIMIT, o, v, Unit::Bytes, 4 << 20, 256 << 20, None),
     ]
 }
 
@@ -199,6 +213,7 @@ impl Policies {
             ("tools", tools()),
             ("provider", provider()),
             ("prompts", prompts()),
+            ("server", server()),
         ] {
             for p in list {
                 ps.declare(p, origin)?;
@@ -333,7 +348,7 @@ impl Policies {
     /// snapshot keep their declared defaults, never newer settings).
     pub(crate) fn from_snapshot(snapshot: &Value) -> Result<Policies> {
         let mut ps = Policies { decls: BTreeMap::new(), values: BTreeMap::new() };
-        for list in [research_runtime(), tools(), provider(), prompts()] {
+        for list in [research_runtime(), tools(), provider(), prompts(), server()] {
             for p in list {
                 ps.declare(p, "built-in")?;
             }

@@ -157,10 +157,33 @@ fn handles(store: &Store, id: &str) -> Result<Vec<HandleRec>> {
     Ok(v)
 }
 
-/// Continues an interrupted run under its snapshot and ledger.
+/// Continues an interrupted run under its snapshot and ledger, with the
+/// provider its snapshot names.
 pub(crate) fn resume(
     store: &Store,
     id: &str,
+    cancel: &AtomicBool,
+    emit: &mut dyn FnMut(&Ev),
+) -> Result<crate::events::Done> {
+    resume_inner(store, id, None, cancel, emit)
+}
+
+/// Continues an interrupted run on a provider already loaded (the
+/// daemon's model).
+pub(crate) fn resume_with(
+    store: &Store,
+    id: &str,
+    provider: &mut dyn crate::provider::Provider,
+    cancel: &AtomicBool,
+    emit: &mut dyn FnMut(&Ev),
+) -> Result<crate::events::Done> {
+    resume_inner(store, id, Some(provider), cancel, emit)
+}
+
+fn resume_inner(
+    store: &Store,
+    id: &str,
+    given: Option<&mut dyn crate::provider::Provider>,
     cancel: &AtomicBool,
     emit: &mut dyn FnMut(&Ev),
 ) -> Result<crate::events::Done> {
@@ -280,11 +303,18 @@ pub(crate) fn resume(
         })
         .map(|m| Message::new(&m.role, m.content))
         .collect();
-    let mut provider = crate::provider_build::build(
-        &engine,
-        retry(&policies),
-        Some(policies.get(policy::CONTEXT) as usize),
-    )?;
+    let mut built;
+    let provider: &mut dyn crate::provider::Provider = match given {
+        Some(p) => p,
+        None => {
+            built = crate::provider_build::build(
+                &engine,
+                retry(&policies),
+                Some(policies.get(policy::CONTEXT) as usize),
+            )?;
+            built.as_mut()
+        }
+    };
     store.conn.execute(
         "UPDATE runs SET status = 'running', pid = ?2, updated = ?3 WHERE id = ?1",
         rusqlite::params![id, std::process::id() as i64, crate::store::now()],
@@ -297,16 +327,6 @@ pub(crate) fn resume(
         config: config.clone(),
     };
     Ok(research::drive(
-        provider.as_mut(),
-        &mut host,
-        store,
-        budget,
-        p,
-        id,
-        &chat_id,
-        &history,
-        &opts,
-        cancel,
-        emit,
+        provider, &mut host, store, budget, p, id, &chat_id, &history, &opts, cancel, emit,
     ))
 }

@@ -19,7 +19,9 @@ pub(crate) struct Local {
     pub(crate) template: ChatTemplate,
     pub(crate) format: Format,
     pub(crate) resolved: Resolved,
-    session: Session,
+    /// Sessions with the time each last served (LRU).
+    sessions: Vec<(u64, Session)>,
+    clock: u64,
     stop_strings: Vec<String>,
     /// Sampling for every turn (greedy with a mild repetition penalty).
     pub(crate) sampling: Sampling,
@@ -59,14 +61,22 @@ impl Local {
                 None => Format::Hermes,
             };
         let stop_strings = resolved.entry.as_ref().map(|e| e.stop.clone()).unwrap_or_default();
-        let session = engine.session();
         let sampling = Sampling {
             temperature: 0.0,
             repeat_penalty: 1.1,
             repeat_last_n: 64,
             ..Sampling::default()
         };
-        Ok(Local { engine, template, format, resolved, session, stop_strings, sampling })
+        Ok(Local {
+            engine,
+            template,
+            format,
+            resolved,
+            sessions: Vec::new(),
+            clock: 0,
+            stop_strings,
+            sampling,
+        })
     }
 
     fn prompt(
@@ -84,6 +94,128 @@ impl Local {
     }
 }
 
+/// Generation settings of one chat turn.
+#[derive(Debug, Clone)]
+pub(crate) struct ChatParams {
+    pub(crate) max_tokens: usize,
+    pub(crate) sampling: Sampling,
+    pub(crate) stop: Vec<String>,
+    /// Parse calls, or strip and discard them (no tools may run).
+    pub(crate) mode: Mode,
+}
+
+/// What a chat turn produced, beside its events.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ChatOutput {
+    pub(crate) finish: Finish,
+    pub(crate) prompt_tokens: usize,
+    pub(crate) completion_tokens: usize,
+    pub(crate) reused_tokens: usize,
+}
+
+/// Sessions kept for prefix reuse (the one sharing the longest prefix with
+/// a new prompt serves it).
+const SESSIONS: usize = 4;
+
+impl Local {
+    /// Tokens of the prompt for `messages` and `tools`.
+    pub(crate) fn prompt_tokens(
+        &self,
+        messages: &[Message],
+        tools: &[ToolDef],
+    ) -> Result<usize, ProviderError> {
+        Ok(self.prompt(messages, tools)?.1.len())
+    }
+
+    /// One chat turn: renders the template, picks the session with the
+    /// longest cached prefix, generates, and streams toolparse events.
+    pub(crate) fn chat(
+        &mut self,
+        messages: &[Message],
+        tools: &[ToolDef],
+        params: &ChatParams,
+        cancel: &AtomicBool,
+        on: &mut dyn FnMut(Event),
+    ) -> Result<ChatOutput, ProviderError> {
+        let (text, prompt) = self.prompt(messages, tools)?;
+        let limit = self.engine.info().context;
+        if prompt.len() + 1 >= limit {
+            return Err(ProviderError::Context { need: prompt.len() + 1, limit });
+        }
+        let tail: String =
+            text.chars().rev().take(64).collect::<Vec<_>>().into_iter().rev().collect();
+        let specs = Tools(
+            tools.iter().map(|t| ToolSpec::from_json_schema(&t.name, &t.parameters)).collect(),
+        );
+        let mut parser = Parser::new(
+            self.format,
+            Options {
+                generation_prompt: Some(tail),
+                tools: specs,
+                mode: params.mode,
+                ..Options::default()
+            },
+        );
+        let mut forbid = Vec::new();
+        if params.mode == Mode::Suppress {
+            if let Some(id) = self.engine.tokenizer().id_of(call_token(self.format)) {
+                forbid.push(id);
+            }
+        }
+        let mut stop = self.stop_strings.clone();
+        stop.extend(params.stop.iter().cloned());
+        let gen = GenParams {
+            max_tokens: params.max_tokens.min(limit - prompt.len() - 1),
+            sampling: params.sampling.clone(),
+            stop_strings: stop,
+            forbid,
+            ..GenParams::default()
+        };
+        let slot = self.pick_session(&prompt);
+        let (_, session) = &mut self.sessions[slot];
+        let out = self
+            .engine
+            .generate(session, &prompt, &gen, cancel, &mut |delta| {
+                for e in parser.push(delta) {
+                    on(e);
+                }
+            })
+            .map_err(|e| match e.kind() {
+                ErrorKind::Input => ProviderError::Context { need: prompt.len() + 1, limit },
+                _ => ProviderError::Failed(e.to_string()),
+            })?;
+        self.clock += 1;
+        self.sessions[slot].0 = self.clock;
+        let reason =
+            if out.finish == Finish::Length { FinishReason::Length } else { FinishReason::Stop };
+        for e in parser.finish(reason) {
+            on(e);
+        }
+        Ok(ChatOutput {
+            finish: out.finish,
+            prompt_tokens: out.prompt_tokens,
+            completion_tokens: out.ids.len(),
+            reused_tokens: out.reused_tokens,
+        })
+    }
+
+    fn pick_session(&mut self, prompt: &[u32]) -> usize {
+        let shared =
+            |s: &Session| s.cached().iter().zip(prompt).take_while(|(a, b)| a == b).count();
+        let best = (0..self.sessions.len())
+            .max_by_key(|&i| (shared(&self.sessions[i].1), self.sessions[i].0));
+        match best {
+            Some(i) if shared(&self.sessions[i].1) > 0 => i,
+            _ if self.sessions.len() < SESSIONS => {
+                self.sessions.push((0, self.engine.session()));
+                self.sessions.len() - 1
+            }
+            // The least recently used session is reused.
+            _ => (0..self.sessions.len()).min_by_key(|&i| self.sessions[i].0).unwrap_or(0),
+        }
+    }
+}
+
 impl Provider for Local {
     fn turn(
         &mut self,
@@ -92,36 +224,19 @@ impl Provider for Local {
         attempt: &mut dyn FnMut(u32) -> bool,
         on: &mut dyn FnMut(TurnEvent),
     ) -> Result<TurnReply, ProviderError> {
-        let (text, prompt) = self.prompt(req.messages, req.tools)?;
+        let need = self.prompt_tokens(req.messages, req.tools)? + 1;
         let limit = self.engine.info().context;
-        if prompt.len() + 1 >= limit {
-            return Err(ProviderError::Context { need: prompt.len() + 1, limit });
+        if need >= limit {
+            return Err(ProviderError::Context { need, limit });
         }
         if !attempt(1) {
             return Err(ProviderError::Failed("the request was not admitted".into()));
         }
-        let tail: String =
-            text.chars().rev().take(64).collect::<Vec<_>>().into_iter().rev().collect();
-        let mode = if req.tools.is_empty() { Mode::Suppress } else { Mode::Tools };
-        let specs = Tools(
-            req.tools.iter().map(|t| ToolSpec::from_json_schema(&t.name, &t.parameters)).collect(),
-        );
-        let mut parser = Parser::new(
-            self.format,
-            Options { generation_prompt: Some(tail), tools: specs, mode, ..Options::default() },
-        );
-        let mut forbid = Vec::new();
-        if mode == Mode::Suppress {
-            if let Some(id) = self.engine.tokenizer().id_of(call_token(self.format)) {
-                forbid.push(id);
-            }
-        }
-        let params = GenParams {
-            max_tokens: req.max_tokens.min(limit - prompt.len() - 1),
+        let params = ChatParams {
+            max_tokens: req.max_tokens,
             sampling: self.sampling.clone(),
-            stop_strings: self.stop_strings.clone(),
-            forbid,
-            ..GenParams::default()
+            stop: Vec::new(),
+            mode: if req.tools.is_empty() { Mode::Suppress } else { Mode::Tools },
         };
         let mut reply = TurnReply {
             content: String::new(),
@@ -129,21 +244,17 @@ impl Provider for Local {
             discarded: Vec::new(),
             finish: TurnFinish::Stop,
         };
-        let mut n = 0usize;
-        let mut handle = |e: Event, reply: &mut TurnReply| match e {
+        let out = self.chat(req.messages, req.tools, &params, cancel, &mut |e| match e {
             Event::Content(s) => {
                 reply.content.push_str(&s);
                 on(TurnEvent::Content(s));
             }
             Event::Reasoning(s) => on(TurnEvent::Reasoning(s)),
-            Event::CallEnd { call, .. } => {
-                n += 1;
-                reply.calls.push(Call {
-                    id: call.id.unwrap_or_else(|| crate::store::new_id("call")),
-                    name: call.name,
-                    arguments: call.arguments,
-                });
-            }
+            Event::CallEnd { call, .. } => reply.calls.push(Call {
+                id: call.id.unwrap_or_else(|| crate::store::new_id("call")),
+                name: call.name,
+                arguments: call.arguments,
+            }),
             Event::Discarded(call) => {
                 let c = Call {
                     id: call.id.unwrap_or_else(|| crate::store::new_id("call")),
@@ -154,23 +265,7 @@ impl Provider for Local {
                 on(TurnEvent::Discarded(c));
             }
             Event::CallStart { .. } | Event::CallArgs { .. } | Event::CallDropped { .. } => {}
-        };
-        let out = self
-            .engine
-            .generate(&mut self.session, &prompt, &params, cancel, &mut |delta| {
-                for e in parser.push(delta) {
-                    handle(e, &mut reply);
-                }
-            })
-            .map_err(|e| match e.kind() {
-                ErrorKind::Input => ProviderError::Context { need: prompt.len() + 1, limit },
-                _ => ProviderError::Failed(e.to_string()),
-            })?;
-        let reason =
-            if out.finish == Finish::Length { FinishReason::Length } else { FinishReason::Stop };
-        for e in parser.finish(reason) {
-            handle(e, &mut reply);
-        }
+        })?;
         reply.finish = match out.finish {
             Finish::Stop => TurnFinish::Stop,
             Finish::Length => TurnFinish::Length,
@@ -180,7 +275,7 @@ impl Provider for Local {
     }
 
     fn count(&mut self, messages: &[Message], tools: &[ToolDef]) -> Option<usize> {
-        self.prompt(messages, tools).ok().map(|(_, ids)| ids.len())
+        self.prompt_tokens(messages, tools).ok()
     }
 
     fn context(&self) -> Option<usize> {

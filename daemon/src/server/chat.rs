@@ -1,0 +1,423 @@
+//! `POST /v1/chat/completions` for clients that bring their own tools:
+//! OpenAI-compatible requests and responses, streamed (SSE ending with
+//! `data: [DONE]`) or not. The model's native calls are parsed by toolparse
+//! into `tool_calls`; with `tool_choice: none` or no tools, call markup
+//! never reaches `content`.
+
+use super::http::{busy, error, json_body, State};
+use super::worker::{ChatMsg, Job};
+use crate::provider::local::{ChatOutput, ChatParams};
+use crate::provider::ProviderError;
+use axum::extract::{Request, State as AxState};
+use axum::http::StatusCode;
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use inference::{Finish, Sampling};
+use prompts::{Message, ToolCallMsg, ToolDef};
+use serde_json::{json, Value};
+use toolparse::{Event, Mode};
+
+type Bad = Box<Response>;
+
+fn bad(msg: impl Into<String>) -> Bad {
+    Box::new(error(StatusCode::BAD_REQUEST, "invalid_request", msg))
+}
+
+fn text_of(content: &Value, at: &str) -> Result<String, Bad> {
+    match content {
+        Value::Null => Ok(String::new()),
+        Value::String(s) => Ok(s.clone()),
+        Value::Array(parts) => {
+            let mut out = String::new();
+            for (i, p) in parts.iter().enumerate() {
+                match (p.get("type").and_then(Value::as_str), p.get("text").and_then(Value::as_str)) {
+                    (Some("text"), Some(t)) => out.push_str(t),
+                    _ => return Err(bad(format!("{at}.content[{i}]: only text parts are supported ({{\"type\": \"text\", \"text\": …}})"))),
+                }
+            }
+            Ok(out)
+        }
+        _ => Err(bad(format!("{at}.content must be a string, null or an array of text parts"))),
+    }
+}
+
+fn messages(v: Option<&Value>) -> Result<Vec<Message>, Bad> {
+    let arr =
+        v.and_then(Value::as_array).ok_or_else(|| bad("`messages` must be a non-empty array"))?;
+    if arr.is_empty() {
+        return Err(bad("`messages` must be a non-empty array"));
+    }
+    let mut out = Vec::with_capacity(arr.len());
+    for (i, m) in arr.iter().enumerate() {
+        let at = format!("messages[{i}]");
+        if !m.is_object() {
+            return Err(bad(format!("{at} must be an object")));
+        }
+        let role = m
+            .get("role")
+            .and_then(Value::as_str)
+            .ok_or_else(|| bad(format!("{at}.role must be a string")))?;
+        let role =
+            match role {
+                "system" | "developer" => "system",
+                "user" | "assistant" | "tool" => role,
+                other => return Err(bad(format!(
+                    "{at}.role {other:?} is not one of system, developer, user, assistant, tool"
+                ))),
+            };
+        let mut msg = Message::new(role, text_of(m.get("content").unwrap_or(&Value::Null), &at)?);
+        if let Some(calls) = m.get("tool_calls").filter(|c| !c.is_null()) {
+            let calls =
+                calls.as_array().ok_or_else(|| bad(format!("{at}.tool_calls must be an array")))?;
+            for (j, c) in calls.iter().enumerate() {
+                let f = &c["function"];
+                let name = f.get("name").and_then(Value::as_str).ok_or_else(|| {
+                    bad(format!("{at}.tool_calls[{j}].function.name must be a string"))
+                })?;
+                let args = match f.get("arguments") {
+                    Some(Value::String(s)) => s.clone(),
+                    Some(v @ Value::Object(_)) => v.to_string(),
+                    None | Some(Value::Null) => "{}".into(),
+                    _ => {
+                        return Err(bad(format!(
+                            "{at}.tool_calls[{j}].function.arguments must be a JSON string"
+                        )))
+                    }
+                };
+                let id = c.get("id").and_then(Value::as_str).unwrap_or("call_0");
+                msg.tool_calls.push(ToolCallMsg::new(id, name, &args));
+            }
+        }
+        if role == "tool" {
+            msg.tool_call_id = m.get("tool_call_id").and_then(Value::as_str).map(str::to_owned);
+            msg.name = m.get("name").and_then(Value::as_str).map(str::to_owned);
+        }
+        out.push(msg);
+    }
+    Ok(out)
+}
+
+fn tools(v: Option<&Value>) -> Result<Vec<ToolDef>, Bad> {
+    let Some(v) = v.filter(|v| !v.is_null()) else { return Ok(Vec::new()) };
+    let arr = v.as_array().ok_or_else(|| bad("`tools` must be an array"))?;
+    let mut out = Vec::new();
+    for (i, t) in arr.iter().enumerate() {
+        let f = t.get("function").ok_or_else(|| {
+            bad(format!("tools[{i}] must be {{\"type\": \"function\", \"function\": {{…}}}}"))
+        })?;
+        if let Some(ty) = t.get("type") {
+            if ty != "function" {
+                return Err(bad(format!("tools[{i}].type must be \"function\"")));
+            }
+        }
+        let name =
+            f.get("name").and_then(Value::as_str).filter(|n| !n.is_empty()).ok_or_else(|| {
+                bad(format!("tools[{i}].function.name must be a non-empty string"))
+            })?;
+        let parameters = match f.get("parameters") {
+            None | Some(Value::Null) => json!({"type": "object", "properties": {}}),
+            Some(p @ Value::Object(_)) => p.clone(),
+            Some(_) => {
+                return Err(bad(format!(
+                    "tools[{i}].function.parameters must be a JSON Schema object"
+                )))
+            }
+        };
+        let description = match f.get("description") {
+            None | Some(Value::Null) => String::new(),
+            Some(Value::String(s)) => s.clone(),
+            Some(_) => {
+                return Err(bad(format!("tools[{i}].function.description must be a string")))
+            }
+        };
+        out.push(ToolDef { name: name.to_owned(), description, parameters });
+    }
+    Ok(out)
+}
+
+fn num(body: &Value, key: &str) -> Result<Option<f64>, Bad> {
+    match body.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Number(n)) => Ok(n.as_f64()),
+        Some(_) => Err(bad(format!("`{key}` must be a number"))),
+    }
+}
+
+struct Parsed {
+    messages: Vec<Message>,
+    tools: Vec<ToolDef>,
+    params: ChatParams,
+    stream: bool,
+    usage_in_stream: bool,
+}
+
+fn parse(st: &State, body: &Value) -> Result<Parsed, Bad> {
+    if !body.is_object() {
+        return Err(bad("the body must be a JSON object"));
+    }
+    if let Some(m) = body.get("model").filter(|m| !m.is_null()) {
+        let m = m.as_str().ok_or_else(|| bad("`model` must be a string"))?;
+        let known = m.is_empty()
+            || m == st.model
+            || m == "default"
+            || m == "agentd"
+            || st.model.ends_with(m);
+        if !known {
+            return Err(Box::new(error(
+                StatusCode::NOT_FOUND,
+                "model_not_found",
+                format!(
+                    "model {m:?} is not served here; this daemon serves {:?} (GET /v1/models)",
+                    st.model
+                ),
+            )));
+        }
+    }
+    let mut messages = messages(body.get("messages"))?;
+    let mut tools = tools(body.get("tools"))?;
+    let mode = match body.get("tool_choice") {
+        None | Some(Value::Null) => Mode::Tools,
+        Some(Value::String(s)) if s == "auto" => Mode::Tools,
+        Some(Value::String(s)) if s == "none" => {
+            tools.clear();
+            Mode::Suppress
+        }
+        Some(Value::String(s)) if s == "required" => {
+            if tools.is_empty() {
+                return Err(bad("`tool_choice: required` needs `tools`"));
+            }
+            messages.push(Message::new("system", "You must answer by calling one of the provided tools."));
+            Mode::Tools
+        }
+        Some(v @ Value::Object(_)) => {
+            let name = v["function"]["name"].as_str().ok_or_else(|| bad("`tool_choice.function.name` must be a string"))?;
+            tools.retain(|t| t.name == name);
+            if tools.is_empty() {
+                return Err(bad(format!("`tool_choice` names {name:?}, which is not in `tools`")));
+            }
+            messages.push(Message::new("system", format!("You must answer by calling the tool {name}.")));
+            Mode::Tools
+        }
+        Some(_) => return Err(bad("`tool_choice` must be \"auto\", \"none\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": …}}")),
+    };
+    let mode = if tools.is_empty() { Mode::Suppress } else { mode };
+    let max_tokens = match num(body, "max_completion_tokens")?.or(num(body, "max_tokens")?) {
+        None => 1024,
+        Some(n) if n >= 1.0 && n.fract() == 0.0 => n as usize,
+        Some(_) => return Err(bad("`max_tokens` must be a positive integer")),
+    };
+    let temperature = num(body, "temperature")?.unwrap_or(0.0);
+    if !(0.0..=2.0).contains(&temperature) {
+        return Err(bad("`temperature` must be between 0 and 2"));
+    }
+    let top_p = num(body, "top_p")?.unwrap_or(1.0);
+    if !(0.0..=1.0).contains(&top_p) || top_p == 0.0 {
+        return Err(bad("`top_p` must be in (0, 1]"));
+    }
+    let seed = num(body, "seed")?.map(|s| s as u64).unwrap_or(0);
+    if let Some(n) = num(body, "n")? {
+        if n != 1.0 {
+            return Err(bad("only `n: 1` is supported"));
+        }
+    }
+    let stop = match body.get("stop") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::Array(a)) if a.iter().all(Value::is_string) && a.len() <= 4 => {
+            a.iter().filter_map(Value::as_str).map(str::to_owned).collect()
+        }
+        Some(_) => return Err(bad("`stop` must be a string or an array of up to 4 strings")),
+    };
+    let stream = match body.get("stream") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => return Err(bad("`stream` must be a boolean")),
+    };
+    let usage_in_stream = body["stream_options"]["include_usage"].as_bool().unwrap_or(false);
+    let sampling = Sampling {
+        temperature: temperature as f32,
+        top_p: top_p as f32,
+        seed,
+        top_k: 0,
+        min_p: 0.0,
+        ..Sampling::default()
+    };
+    Ok(Parsed {
+        messages,
+        tools,
+        params: ChatParams { max_tokens, sampling, stop, mode },
+        stream,
+        usage_in_stream,
+    })
+}
+
+fn now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+fn call_json(i: usize, c: &toolparse::ToolCall, id: &str) -> Value {
+    json!({"index": i, "id": id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}})
+}
+
+fn finish_reason(out: &ChatOutput, calls: usize) -> &'static str {
+    if calls > 0 {
+        "tool_calls"
+    } else if out.finish == Finish::Length {
+        "length"
+    } else {
+        "stop"
+    }
+}
+
+fn usage(o: &ChatOutput) -> Value {
+    json!({"prompt_tokens": o.prompt_tokens, "completion_tokens": o.completion_tokens,
+           "total_tokens": o.prompt_tokens + o.completion_tokens,
+           "prompt_tokens_details": {"cached_tokens": o.reused_tokens}})
+}
+
+fn provider_error(e: &ProviderError) -> Response {
+    match e {
+        ProviderError::Context { need, limit } => error(
+            StatusCode::BAD_REQUEST,
+            "context_length_exceeded",
+            format!("the prompt needs {need} tokens but the model's context holds {limit}; shorten the messages"),
+        ),
+        other => error(StatusCode::INTERNAL_SERVER_ERROR, other.code().1, other.to_string()),
+    }
+}
+
+pub(super) async fn completions(AxState(st): AxState<State>, req: Request) -> Response {
+    let body = match json_body(&st, req).await {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    let p = match parse(&st, &body) {
+        Ok(p) => p,
+        Err(r) => return *r,
+    };
+    let id = crate::store::new_id("chatcmpl");
+    let (cancel, guard) = st.track(id.clone());
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let job = Job::Chat { messages: p.messages, tools: p.tools, params: p.params, cancel, tx };
+    if st.worker.submit(job).is_err() {
+        guard.done();
+        return busy();
+    }
+    let model = st.model.clone();
+    let created = now();
+    if !p.stream {
+        let (mut content, mut reasoning, mut calls) = (String::new(), String::new(), Vec::new());
+        let out = loop {
+            match rx.recv().await {
+                Some(ChatMsg::Event(Event::Content(s))) => content.push_str(&s),
+                Some(ChatMsg::Event(Event::Reasoning(s))) => reasoning.push_str(&s),
+                Some(ChatMsg::Event(Event::CallEnd { call, .. })) => calls.push(call),
+                Some(ChatMsg::Event(_)) => {}
+                Some(ChatMsg::Done(r)) => break r,
+                None => break Err(ProviderError::Failed("the engine stopped".into())),
+            }
+        };
+        guard.done();
+        let out = match out {
+            Ok(o) => o,
+            Err(e) => return provider_error(&e),
+        };
+        let tool_calls: Vec<Value> = calls
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let mut v =
+                    call_json(i, c, &c.id.clone().unwrap_or_else(|| crate::store::new_id("call")));
+                v.as_object_mut().map(|m| m.remove("index"));
+                v
+            })
+            .collect();
+        let mut message = json!({"role": "assistant", "content": if content.is_empty() && !tool_calls.is_empty() { Value::Null } else { Value::from(content) }});
+        if !reasoning.is_empty() {
+            message["reasoning_content"] = json!(reasoning);
+        }
+        if !tool_calls.is_empty() {
+            message["tool_calls"] = json!(tool_calls);
+        }
+        return axum::Json(json!({
+            "id": id, "object": "chat.completion", "created": created, "model": model,
+            "choices": [{"index": 0, "message": message, "finish_reason": finish_reason(&out, calls.len()), "logprobs": null}],
+            "usage": usage(&out),
+        }))
+        .into_response();
+    }
+    // Streaming: the status is decided by the first message (a prompt too
+    // long for the context is a 400 before any byte is streamed).
+    let first = rx.recv().await;
+    if let Some(ChatMsg::Done(Err(e))) = &first {
+        guard.done();
+        return provider_error(e);
+    }
+    let chunk = move |delta: Value, finish: Option<&str>| {
+        json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model,
+               "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": null}]})
+    };
+    let (otx, orx) = tokio::sync::mpsc::unbounded_channel::<String>();
+    let usage_in_stream = p.usage_in_stream;
+    tokio::spawn(async move {
+        let _guard = guard;
+        let send = |v: Value| otx.send(v.to_string()).is_ok();
+        if !send(chunk(json!({"role": "assistant", "content": ""}), None)) {
+            return;
+        }
+        let mut calls = 0usize;
+        let mut pending = first;
+        loop {
+            let msg = match pending.take() {
+                Some(m) => m,
+                None => match rx.recv().await {
+                    Some(m) => m,
+                    None => return,
+                },
+            };
+            let ok = match msg {
+                ChatMsg::Event(Event::Content(s)) => send(chunk(json!({"content": s}), None)),
+                ChatMsg::Event(Event::Reasoning(s)) => {
+                    send(chunk(json!({"reasoning_content": s}), None))
+                }
+                ChatMsg::Event(Event::CallEnd { call, .. }) => {
+                    let cid = call.id.clone().unwrap_or_else(|| crate::store::new_id("call"));
+                    let v = call_json(calls, &call, &cid);
+                    calls += 1;
+                    send(chunk(json!({"tool_calls": [v]}), None))
+                }
+                ChatMsg::Event(_) => true,
+                ChatMsg::Done(Ok(o)) => {
+                    send(chunk(json!({}), Some(finish_reason(&o, calls))));
+                    if usage_in_stream {
+                        let mut u = chunk(json!({}), None);
+                        u["choices"] = json!([]);
+                        u["usage"] = usage(&o);
+                        send(u);
+                    }
+                    let _ = otx.send("[DONE]".into());
+                    return;
+                }
+                ChatMsg::Done(Err(e)) => {
+                    let _ = otx.send(
+                        json!({"error": {"code": e.code().1, "message": e.to_string()}})
+                            .to_string(),
+                    );
+                    let _ = otx.send("[DONE]".into());
+                    return;
+                }
+            };
+            if !ok {
+                return;
+            }
+        }
+    });
+    let s = tokio_stream::wrappers::UnboundedReceiverStream::new(orx)
+        .map(|d| Ok::<_, std::convert::Infallible>(SseEvent::default().data(d)));
+    Sse::new(s).keep_alive(KeepAlive::default()).into_response()
+}
+
+use futures_util::StreamExt;

@@ -1,0 +1,93 @@
+//! Counters for `/metrics` (Prometheus text format).
+
+use crate::events::{Done, Outcome};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+/// The daemon's counters.
+#[derive(Debug, Default)]
+pub(crate) struct Metrics {
+    requests: Mutex<BTreeMap<(String, u16), u64>>,
+    tokens: AtomicU64,
+    decode_micros: AtomicU64,
+    last_tok_s_milli: AtomicU64,
+    rounds: AtomicU64,
+    runs: Mutex<BTreeMap<String, u64>>,
+    errors: Mutex<BTreeMap<String, u64>>,
+}
+
+impl Metrics {
+    pub(crate) fn request(&self, route: &str, status: u16) {
+        if let Ok(mut m) = self.requests.lock() {
+            *m.entry((route.to_owned(), status)).or_default() += 1;
+        }
+    }
+
+    pub(crate) fn tokens(&self, n: usize, took: Duration) {
+        self.tokens.fetch_add(n as u64, Ordering::Relaxed);
+        self.decode_micros.fetch_add(took.as_micros() as u64, Ordering::Relaxed);
+        if took.as_secs_f64() > 0.0 {
+            self.last_tok_s_milli
+                .store((n as f64 / took.as_secs_f64() * 1000.0) as u64, Ordering::Relaxed);
+        }
+    }
+
+    pub(crate) fn research(&self, d: &Done) {
+        self.rounds.fetch_add(d.rounds as u64, Ordering::Relaxed);
+        if let Ok(mut m) = self.runs.lock() {
+            *m.entry(d.outcome.as_str().to_owned()).or_default() += 1;
+        }
+        if let (Some(e), Ok(mut m)) = (&d.error, self.errors.lock()) {
+            *m.entry(e.classification.clone()).or_default() += 1;
+        }
+        let _ = d.outcome == Outcome::Answered;
+    }
+
+    /// The Prometheus text exposition.
+    pub(crate) fn render(&self, queue_depth: usize, queue_capacity: usize) -> String {
+        let mut s = String::new();
+        s.push_str("# HELP agentd_http_requests_total HTTP requests by route and status.\n# TYPE agentd_http_requests_total counter\n");
+        if let Ok(m) = self.requests.lock() {
+            for ((route, status), n) in m.iter() {
+                s.push_str(&format!(
+                    "agentd_http_requests_total{{route=\"{route}\",status=\"{status}\"}} {n}\n"
+                ));
+            }
+        }
+        let tokens = self.tokens.load(Ordering::Relaxed);
+        let micros = self.decode_micros.load(Ordering::Relaxed);
+        s.push_str("# HELP agentd_generated_tokens_total Tokens generated.\n# TYPE agentd_generated_tokens_total counter\n");
+        s.push_str(&format!("agentd_generated_tokens_total {tokens}\n"));
+        s.push_str("# HELP agentd_tokens_per_second Generation speed of the last completion.\n# TYPE agentd_tokens_per_second gauge\n");
+        s.push_str(&format!(
+            "agentd_tokens_per_second {:.3}\n",
+            self.last_tok_s_milli.load(Ordering::Relaxed) as f64 / 1000.0
+        ));
+        s.push_str("# HELP agentd_generation_seconds_total Time spent generating.\n# TYPE agentd_generation_seconds_total counter\n");
+        s.push_str(&format!("agentd_generation_seconds_total {:.3}\n", micros as f64 / 1e6));
+        s.push_str("# HELP agentd_queue_depth Requests waiting for the model.\n# TYPE agentd_queue_depth gauge\n");
+        s.push_str(&format!(
+            "agentd_queue_depth {queue_depth}\nagentd_queue_capacity {queue_capacity}\n"
+        ));
+        s.push_str("# HELP agentd_research_rounds_total Tool research rounds run.\n# TYPE agentd_research_rounds_total counter\n");
+        s.push_str(&format!(
+            "agentd_research_rounds_total {}\n",
+            self.rounds.load(Ordering::Relaxed)
+        ));
+        s.push_str("# HELP agentd_research_runs_total Research replies by outcome (excerpt and spoken_fallback are fallbacks).\n# TYPE agentd_research_runs_total counter\n");
+        if let Ok(m) = self.runs.lock() {
+            for (o, n) in m.iter() {
+                s.push_str(&format!("agentd_research_runs_total{{outcome=\"{o}\"}} {n}\n"));
+            }
+        }
+        s.push_str("# HELP agentd_errors_total Errors by classification.\n# TYPE agentd_errors_total counter\n");
+        if let Ok(m) = self.errors.lock() {
+            for (c, n) in m.iter() {
+                s.push_str(&format!("agentd_errors_total{{classification=\"{c}\"}} {n}\n"));
+            }
+        }
+        s
+    }
+}
