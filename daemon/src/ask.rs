@@ -25,12 +25,17 @@ pub(crate) struct AskArgs {
     pub(crate) events: bool,
     pub(crate) voice: bool,
     pub(crate) chat: Option<String>,
+    /// Go through a running daemon (its socket; empty: the default one).
+    pub(crate) connect: Option<String>,
     pub(crate) question: String,
 }
 
 pub(crate) fn run(a: &AskArgs, cancel: &AtomicBool) -> Result<ExitCode> {
     if a.question.trim().is_empty() {
         anyhow::bail!("the question is empty");
+    }
+    if let Some(sock) = &a.connect {
+        return connected(a, sock, cancel);
     }
     let store = Store::open()?;
     store.mark_interrupted()?;
@@ -70,7 +75,7 @@ pub(crate) fn run(a: &AskArgs, cancel: &AtomicBool) -> Result<ExitCode> {
 /// Prints events: text to stdout and notices to stderr, or JSON lines.
 pub(crate) struct Printer {
     events: bool,
-    wrote: bool,
+    pub(crate) wrote: bool,
 }
 
 impl Printer {
@@ -122,6 +127,104 @@ impl Printer {
                 }
                 ExitCode::from(1)
             }
+        }
+    }
+}
+
+/// The socket named by `--connect` (empty: the default).
+pub(crate) fn socket_of(arg: &str) -> PathBuf {
+    if arg.is_empty() {
+        crate::server::default_socket()
+    } else {
+        PathBuf::from(arg)
+    }
+}
+
+/// `ask --connect`: the same reply, researched by a running daemon.
+fn connected(a: &AskArgs, sock: &str, cancel: &AtomicBool) -> Result<ExitCode> {
+    if !a.corpus.is_empty() || a.notes.is_some() {
+        eprintln!("agentd: --corpus/--notes are ignored with --connect: the daemon's own apply");
+    }
+    let body = serde_json::json!({"question": a.question, "chat_id": a.chat, "voice": a.voice, "stream": true});
+    let mut printer = Printer::new(a.events);
+    let mut last: Option<serde_json::Value> = None;
+    let r = crate::client::post_sse(&socket_of(sock), "/v1/research", &body, cancel, &mut |data| {
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(data) else { return };
+        if a.events {
+            println!("{v}");
+        } else if let Some(ev) = crate::events::from_json(&v) {
+            printer.emit(&ev);
+        }
+        if v["type"] == "done" {
+            last = Some(v);
+        }
+    });
+    if cancel.load(std::sync::atomic::Ordering::Relaxed) {
+        if !a.events {
+            eprintln!("agentd: cancelled");
+        }
+        return Ok(ExitCode::from(130));
+    }
+    r?;
+    let Some(done) = last else {
+        anyhow::bail!("the daemon closed the stream before the reply ended")
+    };
+    if !a.events && printer.wrote {
+        println!();
+    }
+    Ok(match done["outcome"].as_str() {
+        Some("answered" | "excerpt" | "spoken_fallback") => ExitCode::SUCCESS,
+        Some("cancelled") => ExitCode::from(130),
+        _ => {
+            eprintln!(
+                "agentd: {}",
+                done["error"]["message"].as_str().unwrap_or("the reply failed")
+            );
+            ExitCode::from(1)
+        }
+    })
+}
+
+/// `agentd chat`: an interactive session over the daemon's socket.
+pub(crate) fn chat(sock: &str, cancel: &AtomicBool) -> Result<ExitCode> {
+    use std::io::{BufRead, IsTerminal};
+    let socket = socket_of(sock);
+    let chat_id = crate::store::new_id("chat");
+    let tty = std::io::stdin().is_terminal();
+    if tty {
+        eprintln!(
+            "agentd chat {chat_id} on {} — an empty line or Ctrl-D ends; Ctrl-C stops a reply",
+            socket.display()
+        );
+    }
+    let stdin = std::io::stdin();
+    loop {
+        if tty {
+            eprint!("> ");
+        }
+        let mut line = String::new();
+        if stdin.lock().read_line(&mut line)? == 0 || line.trim().is_empty() {
+            return Ok(ExitCode::SUCCESS);
+        }
+        cancel.store(false, std::sync::atomic::Ordering::Relaxed);
+        let body = serde_json::json!({"question": line.trim(), "chat_id": chat_id, "stream": true});
+        let mut printer = Printer::new(false);
+        let r = crate::client::post_sse(&socket, "/v1/research", &body, cancel, &mut |data| {
+            if let Some(ev) = serde_json::from_str::<serde_json::Value>(data)
+                .ok()
+                .as_ref()
+                .and_then(crate::events::from_json)
+            {
+                printer.emit(&ev);
+            }
+        });
+        println!();
+        if let Err(e) = r {
+            if cancel.load(std::sync::atomic::Ordering::Relaxed) {
+                eprintln!("agentd: reply stopped");
+                continue;
+            }
+            return Err(e);
         }
     }
 }

@@ -116,3 +116,22 @@ impl Ev {
         }
     }
 }
+
+/// The display-relevant part of an event read back from JSON (a client of
+/// the daemon prints it like a local run).
+pub(crate) fn from_json(v: &Value) -> Option<Ev> {
+    let s = |k: &str| v[k].as_str().unwrap_or_default().to_owned();
+    Some(match v["type"].as_str()? {
+        "content" => Ev::Content(s("delta")),
+        "reasoning" => Ev::Reasoning(s("delta")),
+        "notice" => Ev::Notice { kind: "notice", text: s("text") },
+        "tool_call" => Ev::ToolCall {
+            round: 0,
+            id: s("id"),
+            name: s("name"),
+            arguments: v["arguments"].clone(),
+        },
+        "discarded_call" => Ev::Discarded { name: s("name"), arguments: v["arguments"].clone() },
+        _ => return None,
+    })
+}

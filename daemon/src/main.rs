@@ -4,6 +4,7 @@
 //! `toolparse`, which know nothing of it.
 
 mod ask;
+mod client;
 mod engine_cmd;
 mod events;
 mod home;
@@ -56,7 +57,16 @@ enum Command {
         /// Continue this chat (its earlier questions and answers are context)
         #[arg(long)]
         chat: Option<String>,
+        /// Ask a running daemon (its socket; the default one without a value)
+        #[arg(long, num_args = 0..=1, default_missing_value = "")]
+        connect: Option<String>,
         question: String,
+    },
+    /// Interactive session with a running daemon, answers streamed
+    Chat {
+        /// The daemon's socket (the default one without a value)
+        #[arg(long, num_args = 0..=1, default_missing_value = "")]
+        connect: Option<String>,
     },
     /// Serve the local model to many clients (Unix socket; TCP with --listen)
     Serve {
@@ -225,12 +235,13 @@ fn main() -> ExitCode {
 
 fn run(cli: Cli, cancel: &AtomicBool) -> anyhow::Result<ExitCode> {
     match cli.command {
-        Command::Ask { engine, corpus, notes, events, voice, chat, question } => {
+        Command::Ask { engine, corpus, notes, events, voice, chat, connect, question } => {
             return ask::run(
-                &ask::AskArgs { engine, corpus, notes, events, voice, chat, question },
+                &ask::AskArgs { engine, corpus, notes, events, voice, chat, connect, question },
                 cancel,
-            )
+            );
         }
+        Command::Chat { connect } => return ask::chat(connect.as_deref().unwrap_or(""), cancel),
         Command::Serve { engine, corpus, notes, socket, listen, token_file } => {
             server::run(server::ServeArgs { engine, corpus, notes, socket, listen, token_file })?
         }

@@ -57,14 +57,15 @@ fn messages(v: Option<&Value>) -> Result<Vec<Message>, Bad> {
             .get("role")
             .and_then(Value::as_str)
             .ok_or_else(|| bad(format!("{at}.role must be a string")))?;
-        let role =
-            match role {
-                "system" | "developer" => "system",
-                "user" | "assistant" | "tool" => role,
-                other => return Err(bad(format!(
+        let role = match role {
+            "system" | "developer" => "system",
+            "user" | "assistant" | "tool" => role,
+            other => {
+                return Err(bad(format!(
                     "{at}.role {other:?} is not one of system, developer, user, assistant, tool"
-                ))),
-            };
+                )))
+            }
+        };
         let mut msg = Message::new(role, text_of(m.get("content").unwrap_or(&Value::Null), &at)?);
         if let Some(calls) = m.get("tool_calls").filter(|c| !c.is_null()) {
             let calls =
