@@ -94,3 +94,48 @@ pub fn recorded_by_family() -> Vec<(String, Vec<Recorded>)> {
     }
     fams
 }
+
+/// The workspace root.
+pub fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// The built `agentd` (release), or an explanation.
+pub fn agentd() -> PathBuf {
+    std::env::var_os("AGENTD_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join("target/release/agentd"))
+}
+
+/// The default model's file: `AGENTD_BENCH_MODEL`, else pulled with
+/// `agentd pull` into the usual state folder.
+pub fn model() -> PathBuf {
+    if let Some(p) = std::env::var_os("AGENTD_BENCH_MODEL") {
+        return PathBuf::from(p);
+    }
+    let out = std::process::Command::new(agentd())
+        .arg("pull")
+        .output()
+        .expect("agentd runs (cargo build --release first)");
+    assert!(out.status.success(), "agentd pull failed: {}", String::from_utf8_lossy(&out.stderr));
+    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+}
+
+/// Median of a sample.
+pub fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    if v.is_empty() {
+        return 0.0;
+    }
+    v[v.len() / 2]
+}
+
+/// A percentile (0–100) of a sample.
+pub fn percentile(mut v: Vec<f64>, p: f64) -> f64 {
+    v.sort_by(f64::total_cmp);
+    if v.is_empty() {
+        return 0.0;
+    }
+    let i = ((p / 100.0) * (v.len() - 1) as f64).round() as usize;
+    v[i.min(v.len() - 1)]
+}

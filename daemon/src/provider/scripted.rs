@@ -69,16 +69,19 @@ impl Scripted {
 }
 
 fn pause(ms: u64, cancel: &AtomicBool) -> bool {
-    let mut left = ms;
-    while left > 0 {
+    // Sleep to a deadline (not in fixed steps) so scripted model time is
+    // accurate; cancellation is checked every 10 ms.
+    let until = std::time::Instant::now() + Duration::from_millis(ms);
+    loop {
         if cancel.load(Ordering::Relaxed) {
             return false;
         }
-        let step = left.min(10);
-        std::thread::sleep(Duration::from_millis(step));
-        left -= step;
+        let now = std::time::Instant::now();
+        if now >= until {
+            return true;
+        }
+        std::thread::sleep((until - now).min(Duration::from_millis(10)));
     }
-    !cancel.load(Ordering::Relaxed)
 }
 
 impl Provider for Scripted {
