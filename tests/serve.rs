@@ -79,7 +79,7 @@ fn dechunk(s: &str) -> Vec<u8> {
             break;
         }
         out.extend_from_slice(&tail.as_bytes()[..n]);
-        rest = &tail[n..].trim_start_matches("\r\n");
+        rest = tail[n..].trim_start_matches("\r\n");
     }
     out
 }

@@ -208,10 +208,9 @@ impl Engine {
             Device::Auto | Device::Cpu => {}
             d @ (Device::Cuda(_) | Device::Metal) => {
                 let feature = if matches!(d, Device::Metal) { "metal" } else { "cuda" };
-                let built = if feature == "metal" {
-                    cfg!(feature = "metal")
-                } else {
-                    cfg!(feature = "cuda")
+                let built = match d {
+                    Device::Metal => cfg!(feature = "metal"),
+                    _ => cfg!(feature = "cuda"),
                 };
                 return Err(Error::new(
                     ErrorKind::Device,
