@@ -2,8 +2,14 @@
 //! panics, the streamed result equals the one-delta result for an arbitrary
 //! split, suppress mode never returns calls, and every call's arguments are
 //! a JSON object.
+//!
+//! Also included by `../tests/fuzz_regressions.rs`, which replays the saved
+//! crash inputs in `../tests/data/fuzz/` (named `TARGET-crash-HASH`, TARGET
+//! being the fuzz target without `parse_`) through the same checks.
 
-use toolparse::{Accumulator, FinishReason, Format, JsonType, Mode, Options, Parser, ToolSpec, Tools};
+use toolparse::{
+    Accumulator, FinishReason, Format, JsonType, Mode, Options, Parser, ToolSpec, Tools,
+};
 
 const PROMPTS: [Option<&str>; 8] = [
     None,
@@ -16,6 +22,35 @@ const PROMPTS: [Option<&str>; 8] = [
     Some("<|open|>message role=\"assistant\"<|sep|><|open|>think<|sep|>"),
 ];
 
+/// The fuzz targets (`parse_NAME`) and the formats they check.
+#[allow(dead_code)] // used by the regression test, not by the targets
+pub const TARGETS: [(&str, Format); 16] = [
+    ("hermes", Format::Hermes),
+    ("qwen3_xml", Format::Qwen3Xml),
+    ("llama3_json", Format::Llama3Json),
+    ("llama4_pythonic", Format::Llama4Pythonic),
+    ("mistral", Format::Mistral),
+    ("deepseek_v3", Format::DeepSeekV3),
+    ("deepseek_v31", Format::DeepSeekV31),
+    ("deepseek_v32", Format::DeepSeekV32),
+    ("deepseek_v4", Format::DeepSeekV4),
+    ("deepseek_v41", Format::DeepSeekV41),
+    ("gpt_oss", Format::GptOss),
+    ("glm45", Format::Glm45),
+    ("glm47", Format::Glm47),
+    ("kimi_k2", Format::KimiK2),
+    ("kimi_k3", Format::KimiK3),
+    ("gemma4", Format::Gemma4),
+];
+
+/// The format of fuzz target `parse_NAME`, by NAME.
+#[allow(dead_code)] // used by the regression test, not by the targets
+pub fn target_format(name: &str) -> Option<Format> {
+    TARGETS.iter().find(|(n, _)| *n == name).map(|(_, f)| *f)
+}
+
+/// Panics when `data` (a fuzz input: a flags byte, two seed bytes, text)
+/// breaks a property for `format`.
 pub fn check(format: Format, data: &[u8]) {
     if data.len() < 3 {
         return;
@@ -27,8 +62,12 @@ pub fn check(format: Format, data: &[u8]) {
         generation_prompt: PROMPTS[(flags & 7) as usize].map(str::to_owned),
         thinking: None,
         tools: Tools(vec![
-            ToolSpec::new("get_weather").param("city", &[JsonType::String]).param("days", &[JsonType::Integer]),
-            ToolSpec::new("search").param("query", &[JsonType::String]).param("filters", &[JsonType::Object]),
+            ToolSpec::new("get_weather")
+                .param("city", &[JsonType::String])
+                .param("days", &[JsonType::Integer]),
+            ToolSpec::new("search")
+                .param("query", &[JsonType::String])
+                .param("filters", &[JsonType::Object]),
         ]),
         mode: if flags & 8 != 0 { Mode::Suppress } else { Mode::Tools },
         buffer_cap: if flags & 32 != 0 { 64 } else { toolparse::DEFAULT_BUFFER_CAP },

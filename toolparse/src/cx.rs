@@ -33,7 +33,6 @@ pub(crate) struct Cx {
     out: Vec<Event>,
     mode: Mode,
     tools: Tools,
-    cap: usize,
     thinking: Option<bool>,
     text: [TextState; 2],
     last: Option<Channel>,
@@ -54,7 +53,6 @@ impl Cx {
             out: Vec::new(),
             mode: opts.mode,
             tools: opts.tools,
-            cap: opts.buffer_cap,
             thinking: opts.thinking,
             text: [
                 TextState { pending: String::new(), at_start: true },
@@ -80,12 +78,6 @@ impl Cx {
     #[allow(dead_code)]
     pub(crate) fn thinking(&self) -> Option<bool> {
         self.thinking
-    }
-
-    /// Whether holding `held` bytes while waiting for a call to close goes
-    /// past the buffer cap (the call is then treated as malformed).
-    pub(crate) fn over_cap(&self, held: usize) -> bool {
-        held > self.cap
     }
 
     /// Visible answer text.

@@ -46,6 +46,7 @@ pub use crate::schema::{ParamSpec, ToolSpec, Tools};
 
 use crate::cx::Cx;
 use crate::formats::Machine;
+use std::hash::Hasher;
 
 /// Why generation stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -79,8 +80,25 @@ pub struct Options {
     pub tools: Tools,
     /// Parse calls, or strip and discard them.
     pub mode: Mode,
-    /// The most text held back while waiting for a call to close; beyond it
-    /// the call is treated as malformed (bytes).
+    /// The most text (bytes) held back while a call's markup is undecided.
+    ///
+    /// A parser holds text it cannot decide yet: above all a tool call's
+    /// markup, from its opening marker (for gpt-oss, from the start of the
+    /// call body) until the call closes, whether it was consumed into the
+    /// call already or is still waited on. The rule depends on the text
+    /// only, never on how it was split into deltas: when such a held region
+    /// runs longer than `buffer_cap` bytes without being decided, exactly its
+    /// first `buffer_cap` bytes (cut back to a char boundary) are malformed
+    /// markup: shown as content in [`Mode::Tools`] (a started call is dropped
+    /// as [`DropReason::Malformed`]), stripped in [`Mode::Suppress`]. Parsing
+    /// then resumes in the content state right after them. So no call whose
+    /// markup is longer than the cap is ever accepted, even when its close
+    /// is in the text. (Held text not yet known to be call markup, such as a
+    /// bare JSON value that might be a Llama call, is shown as content
+    /// instead; an opening marker is always read whole, even when it is
+    /// longer than the cap.) The same bound applies to text held outside a
+    /// call, counted from the first held byte. The parser's memory is
+    /// O(`buffer_cap`) whatever the input.
     pub buffer_cap: usize,
 }
 
@@ -166,16 +184,30 @@ pub enum Event {
 #[derive(Debug)]
 pub struct Parser {
     machine: Box<dyn Machine>,
+    /// The consumed bytes of the held region (the first `kept` bytes), then
+    /// the text not consumed yet.
     buf: String,
+    kept: usize,
+    cap: usize,
     cx: Cx,
     finished: bool,
 }
+
+/// How many times in a row a machine is stepped without consuming anything
+/// while its state keeps changing, where waiting for more text is not
+/// possible (at the end, or with a full window).
+const MAX_IDLE_STEPS: u32 = 16;
+
+/// How much of a machine's debug form tells its state apart (its state
+/// enum comes first).
+const FINGERPRINT_LEN: usize = 512;
 
 impl Parser {
     /// A parser for `format`, set up by `opts`.
     pub fn new(format: Format, opts: Options) -> Parser {
         let machine = formats::machine_for(format, &opts);
-        Parser { machine, buf: String::new(), cx: Cx::new(opts), finished: false }
+        let cap = opts.buffer_cap;
+        Parser { machine, buf: String::new(), kept: 0, cap, cx: Cx::new(opts), finished: false }
     }
 
     /// Feeds one text delta; returns the events it decided.
@@ -196,30 +228,128 @@ impl Parser {
         self.run(Some(reason));
         self.cx.finish();
         self.finished = true;
+        self.buf = String::new();
+        self.kept = 0;
         self.cx.take()
     }
 
+    /// Steps the machine over the buffered text.
+    ///
+    /// The machine sees a window: the unconsumed text up to `cap` bytes past
+    /// the start of its held region ([`Machine::held`]), cut back to a char
+    /// boundary. The window is a function of the text (the region starts at
+    /// a point the machine chose by the text), so the machine's decisions
+    /// are too. When the window stops short of the text, `end` is withheld
+    /// (more text follows it); if the machine then cannot go on, the region
+    /// has outgrown the cap and the driver hands its first `cap` bytes to
+    /// [`Machine::overflow`].
     fn run(&mut self, end: Option<FinishReason>) {
-        let mut pos = 0;
-        while pos < self.buf.len() || end.is_some() {
-            let input = &self.buf[pos..];
-            let n = self.machine.step(input, end, &mut self.cx).min(input.len());
-            if n == 0 {
-                if end.is_some() && !input.is_empty() {
-                    // INVARIANT: at the end a machine consumes everything; a
-                    // machine that does not is a bug, and its text is kept.
-                    self.cx.content(input);
-                    pos = self.buf.len();
-                }
+        let mut pos = self.kept;
+        let mut idle = 0u32;
+        loop {
+            let len = self.buf.len();
+            let held = self.machine.held().min(pos);
+            let start = pos - held;
+            let mut wend = floor_boundary(&self.buf, start.saturating_add(self.cap).min(len));
+            if wend < pos {
+                // Only an opening marker longer than the cap gets here.
+                wend = pos;
+            }
+            if wend == pos && held == 0 && pos < len {
+                // A cap smaller than one char still lets the machine see it.
+                wend = ceil_boundary(&self.buf, pos + 1);
+            }
+            let truncated = wend < len;
+            if !truncated && pos == len && end.is_none() {
                 break;
             }
-            pos += n;
-            while !self.buf.is_char_boundary(pos) {
-                pos += 1;
+            let e = if truncated { None } else { end };
+            // Where waiting for more text is not possible, note the state.
+            let fatal = truncated || e.is_some();
+            let before = fatal.then(|| fingerprint(&*self.machine));
+            let window = &self.buf[pos..wend];
+            let n = if window.is_empty() && truncated {
+                0
+            } else {
+                self.machine.step(window, e, &mut self.cx).min(window.len())
+            };
+            if n > 0 {
+                pos = ceil_boundary(&self.buf, pos + n);
+                idle = 0;
+                continue;
             }
+            let Some(before) = before else {
+                // The machine waits for more text.
+                break;
+            };
+            // A machine that moved to another state without consuming is
+            // stepped again while its state keeps changing (with a bound); a
+            // stuck one is dealt with below.
+            if idle < MAX_IDLE_STEPS && fingerprint(&*self.machine) != before {
+                idle += 1;
+                continue;
+            }
+            idle = 0;
+            if truncated {
+                // The held region outgrew the cap: its first `cap` bytes
+                // are malformed, and the machine goes back to content.
+                let held = self.machine.held().min(pos);
+                let text = &self.buf[pos - held..wend];
+                self.machine.overflow(text, &mut self.cx);
+                debug_assert_eq!(self.machine.held(), 0, "a machine holds nothing after overflow");
+                pos = wend;
+                continue;
+            }
+            if window.is_empty() {
+                break;
+            }
+            // INVARIANT: at the end a machine consumes everything; a machine
+            // that does not is a bug, and its text is kept.
+            self.cx.content(window);
+            pos = wend;
         }
-        self.buf.drain(..pos);
+        let keep = self.machine.held().min(pos);
+        self.buf.drain(..pos - keep);
+        self.kept = keep;
     }
+}
+
+/// The last char boundary of `s` at or before `i`.
+fn floor_boundary(s: &str, i: usize) -> usize {
+    let mut i = i.min(s.len());
+    while !s.is_char_boundary(i) {
+        i -= 1;
+    }
+    i
+}
+
+/// The first char boundary of `s` at or after `i` (or its length).
+fn ceil_boundary(s: &str, i: usize) -> usize {
+    let mut i = i.min(s.len());
+    while !s.is_char_boundary(i) {
+        i += 1;
+    }
+    i
+}
+
+/// A hash of the start of a machine's debug form: it changes when the
+/// machine moves to another state.
+fn fingerprint(m: &dyn Machine) -> u64 {
+    struct Sink(std::collections::hash_map::DefaultHasher, usize);
+    impl std::fmt::Write for Sink {
+        fn write_str(&mut self, s: &str) -> std::fmt::Result {
+            let take = s.len().min(FINGERPRINT_LEN - self.1);
+            self.0.write(&s.as_bytes()[..take]);
+            self.1 += take;
+            if self.1 >= FINGERPRINT_LEN {
+                return Err(std::fmt::Error);
+            }
+            Ok(())
+        }
+    }
+    let mut sink = Sink(Default::default(), 0);
+    let _ = std::fmt::write(&mut sink, format_args!("{m:?}"));
+    sink.0.finish()
 }
 
 /// Folds events into what an OpenAI client accumulates from the default
@@ -258,4 +388,116 @@ pub fn parse(format: Format, opts: Options, text: &str, reason: FinishReason) ->
     acc.extend(p.push(text));
     acc.extend(p.finish(reason));
     acc
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Memory stays O(cap) however long an unclosed call runs.
+    #[test]
+    fn held_text_is_bounded_by_the_cap() {
+        let cases: [(Format, Option<&str>, &str); 11] = [
+            (Format::Hermes, None, "<tool_call>{\"name\": \"x\", \"arguments\": {\"a\": \""),
+            (Format::Qwen3Xml, None, "<tool_call>\n<function=x>\n<parameter=a>\n"),
+            (Format::Glm47, None, "<tool_call>x\n<arg_key>a</arg_key><arg_value>"),
+            (Format::Llama3Json, None, "{\"name\": \"x\", \"parameters\": {\"a\": \""),
+            (Format::Llama4Pythonic, None, "[x(a=\""),
+            (Format::Mistral, None, "[TOOL_CALLS]x[ARGS]{\"a\": \""),
+            (
+                Format::DeepSeekV31,
+                None,
+                "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>x<｜tool▁sep｜>{\"a\": \"",
+            ),
+            (
+                Format::GptOss,
+                Some("<|start|>assistant"),
+                " to=functions.x<|channel|>commentary<|message|>{\"a\": \"",
+            ),
+            (
+                Format::KimiK2,
+                None,
+                "<|tool_call_begin|>functions.x:0<|tool_call_argument_begin|>{\"a\": \"",
+            ),
+            (
+                Format::KimiK3,
+                None,
+                "<|open|>tools<|sep|><|open|>call tool=\"x\"<|sep|><|open|>argument key=\"a\" type=\"string\"<|sep|>",
+            ),
+            (Format::Gemma4, None, "<|tool_call>call:x{a:<|\"|>"),
+        ];
+        let cap = 1000;
+        for (format, prompt, opener) in cases {
+            let opts = Options {
+                generation_prompt: prompt.map(str::to_owned),
+                buffer_cap: cap,
+                ..Options::default()
+            };
+            let mut p = Parser::new(format, opts);
+            let mut acc = Accumulator::default();
+            acc.extend(p.push(opener));
+            for i in 0..20_000 {
+                acc.extend(p.push(if i % 7 == 0 { "y, é " } else { "yy" }));
+                assert!(p.buf.len() <= cap + 16, "{format:?}: buffer {}", p.buf.len());
+                let state = format!("{:?}", p.machine).len();
+                assert!(state <= 4 * cap + 8192, "{format:?}: machine state {state}");
+            }
+            acc.extend(p.finish(FinishReason::Stop));
+            assert!(acc.calls.is_empty(), "{format:?}");
+            // The held region starts at the call (gpt-oss: at its body).
+            let region = match format {
+                Format::GptOss => opener.rsplit("<|message|>").next().unwrap(),
+                Format::KimiK3 => opener.trim_start_matches("<|open|>tools<|sep|>"),
+                _ => opener,
+            };
+            assert!(acc.content.starts_with(region), "{format:?}");
+        }
+    }
+
+    /// A machine that only changes state at the end, then reads the text as
+    /// reasoning: the driver steps it again instead of keeping the text as
+    /// content.
+    #[derive(Debug, Default)]
+    struct Lazy {
+        ready: bool,
+    }
+
+    impl Machine for Lazy {
+        fn step(&mut self, input: &str, end: Option<FinishReason>, cx: &mut Cx) -> usize {
+            if end.is_none() {
+                return 0;
+            }
+            if !self.ready {
+                self.ready = true;
+                return 0;
+            }
+            cx.reasoning(input);
+            input.len()
+        }
+
+        fn held(&self) -> usize {
+            0
+        }
+
+        fn overflow(&mut self, text: &str, cx: &mut Cx) {
+            cx.content(text);
+        }
+    }
+
+    #[test]
+    fn a_machine_that_changes_state_without_consuming_is_stepped_again() {
+        let mut p = Parser {
+            machine: Box::new(Lazy::default()),
+            buf: String::new(),
+            kept: 0,
+            cap: 64,
+            cx: Cx::new(Options::default()),
+            finished: false,
+        };
+        let mut acc = Accumulator::default();
+        acc.extend(p.push("some text"));
+        acc.extend(p.finish(FinishReason::Stop));
+        assert_eq!(acc.reasoning, "some text");
+        assert_eq!(acc.content, "");
+    }
 }

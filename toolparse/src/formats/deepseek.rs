@@ -469,17 +469,6 @@ impl DeepSeek {
         self.state = State::Content;
     }
 
-    /// Holding the call in progress would pass the buffer cap.
-    fn over_cap(&mut self, cx: &mut Cx) -> bool {
-        if cx.over_cap(self.raw.len()) {
-            cx.malformed(&self.raw);
-            self.raw.clear();
-            self.state = State::Content;
-            return true;
-        }
-        false
-    }
-
     /// The markers that end a run of broken markup.
     fn junk_ends(&self) -> Vec<&'static str> {
         if self.dsml {
@@ -529,7 +518,6 @@ impl DeepSeek {
         let ws = ws_len(input);
         if ws > 0 {
             self.raw.push_str(&input[..ws]);
-            self.over_cap(cx);
             return Go::Took(ws);
         }
         if input.is_empty() {
@@ -587,6 +575,11 @@ impl DeepSeek {
             Find::Found { at, idx } => {
                 self.header.push_str(&input[..at]);
                 self.raw.push_str(&input[..at]);
+                if self.header.len() > TAG_CAP {
+                    // As when waiting for it: too long, whatever the deltas.
+                    self.fail(cx);
+                    return Go::Took(at);
+                }
                 if idx == 0 {
                     self.raw.push_str(SEP);
                     self.between.clear();
@@ -624,6 +617,10 @@ impl DeepSeek {
             Find::Found { at, idx } => {
                 self.between.push_str(&input[..at]);
                 self.raw.push_str(&input[..at]);
+                if self.between.len() > TAG_CAP {
+                    self.fail(cx);
+                    return Go::Took(at);
+                }
                 let name = call_name(&self.header, &self.between);
                 match (idx, name) {
                     (0, Some(name)) => {
@@ -694,7 +691,6 @@ impl DeepSeek {
                 if input.is_empty() {
                     return Go::Wait;
                 }
-                self.over_cap(cx);
                 Go::Took(input.len())
             }
             Scan::Invalid => {
@@ -725,12 +721,7 @@ impl DeepSeek {
                 }
                 Go::Took(n)
             }
-            Close::Need => {
-                if cx.over_cap(self.raw.len() + input.len()) {
-                    return self.fail(cx);
-                }
-                Go::Wait
-            }
+            Close::Need => Go::Wait,
             Close::Bad if eof && input.trim().trim_matches('`').trim().is_empty() => {
                 self.raw.push_str(input);
                 self.unfinished(end, cx);
@@ -747,7 +738,7 @@ impl DeepSeek {
             Find::Found { at, idx } => {
                 self.header.push_str(&input[..at]);
                 self.raw.push_str(&input[..at]);
-                if idx != 0 {
+                if idx != 0 || self.header.len() > TAG_CAP {
                     self.fail(cx);
                     return Go::Took(at);
                 }
@@ -820,7 +811,6 @@ impl DeepSeek {
         let ws = ws_len(input);
         if ws > 0 {
             self.raw.push_str(&input[..ws]);
-            self.over_cap(cx);
             return Go::Took(ws);
         }
         if input.is_empty() {
@@ -901,9 +891,6 @@ impl DeepSeek {
                     self.unfinished(end, cx);
                     return Go::Took(input.len());
                 }
-                if self.over_cap(cx) {
-                    return Go::Took(safe);
-                }
                 if safe == 0 {
                     Go::Wait
                 } else {
@@ -948,6 +935,30 @@ impl Machine for DeepSeek {
             }
         }
         pos
+    }
+
+    fn held(&self) -> usize {
+        match self.state {
+            State::Content | State::Reasoning | State::Junk => 0,
+            _ => self.raw.len(),
+        }
+    }
+
+    fn overflow(&mut self, text: &str, cx: &mut Cx) {
+        cx.malformed(text);
+        for buf in [
+            &mut self.raw,
+            &mut self.header,
+            &mut self.between,
+            &mut self.json,
+            &mut self.args,
+            &mut self.param,
+            &mut self.value,
+        ] {
+            *buf = String::new();
+        }
+        self.keys = Vec::new();
+        self.state = State::Content;
     }
 }
 

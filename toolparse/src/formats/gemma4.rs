@@ -203,6 +203,18 @@ impl Machine for Gemma4 {
             },
         }
     }
+
+    fn held(&self) -> usize {
+        match self.state {
+            State::Call(_) => OPEN.len(),
+            State::Content | State::Label | State::Reasoning => 0,
+        }
+    }
+
+    fn overflow(&mut self, text: &str, cx: &mut Cx) {
+        cx.malformed(text);
+        self.state = State::Content;
+    }
 }
 
 /// Works on a call body; returns `None` to wait, else the bytes consumed
@@ -221,7 +233,19 @@ fn call_step(
     if body.head.is_none() {
         let mut stops = vec!["{"];
         stops.extend(BODY_BREAKS);
-        match find_first(input, &stops, eof) {
+        let found = find_first(input, &stops, eof);
+        let searched = match found {
+            Find::Found { at, .. } => at,
+            Find::Clear { safe } => safe,
+        };
+        if searched > HEADER_MAX {
+            // No `{` within HEADER_MAX bytes: not a call. The cut is at a
+            // fixed offset, whatever the deltas.
+            let cut = ceil_boundary(input, HEADER_MAX + 1);
+            cx.malformed(&format!("{OPEN}{}", &input[..cut]));
+            return Some(cut);
+        }
+        match found {
             Find::Found { at, idx } if stops[idx] == "{" => {
                 let name = header_name(&input[..at]);
                 if let Some(name) = &name {
@@ -237,20 +261,16 @@ fn call_step(
                 cx.malformed(&format!("{OPEN}{}", &input[..used]));
                 return Some(used);
             }
-            Find::Clear { safe } => {
+            Find::Clear { .. } => {
                 if eof {
                     unfinished(input, end, cx);
                     return Some(input.len());
                 }
-                if safe > HEADER_MAX {
-                    cx.malformed(&format!("{OPEN}{}", &input[..safe]));
-                    return Some(safe);
-                }
-                return wait(input, cx);
+                return None;
             }
         }
     }
-    let Some((brace, name)) = body.head.clone() else { return wait(input, cx) };
+    let (brace, name) = body.head.clone()?;
     if body.end.is_none() {
         match scan_body(body, input, eof) {
             BodyScan::Done(e) => body.end = Some(e),
@@ -259,7 +279,7 @@ fn call_step(
                     unfinished(input, end, cx);
                     return Some(input.len());
                 }
-                return wait(input, cx);
+                return None;
             }
             BodyScan::Broken { at, marker } => {
                 let used = if marker == CLOSE { at + CLOSE.len() } else { at };
@@ -268,13 +288,13 @@ fn call_step(
             }
         }
     }
-    let Some(e) = body.end else { return wait(input, cx) };
+    let e = body.end?;
     let after = &input[e..];
     let ws = ws_len(after);
     let parsed = || name.as_ref().and_then(|n| parse_args(&input[brace..e], n, cx).map(|a| (n, a)));
     match starts_with(&after[ws..], CLOSE, eof) {
-        Prefix::NeedMore => wait(input, cx),
-        Prefix::No if ws == after.len() && !eof => wait(input, cx),
+        Prefix::NeedMore => None,
+        Prefix::No if ws == after.len() && !eof => None,
         Prefix::Yes => {
             let used = e + ws + CLOSE.len();
             match parsed() {
@@ -369,13 +389,13 @@ fn scan_body(body: &mut Body, input: &str, eof: bool) -> BodyScan {
     BodyScan::Partial
 }
 
-/// Waits for more of a call, unless holding it would pass the buffer cap.
-fn wait(input: &str, cx: &mut Cx) -> Option<usize> {
-    if cx.over_cap(input.len()) {
-        cx.malformed(&format!("{OPEN}{input}"));
-        return Some(input.len());
+/// The first char boundary of `s` at or after `i` (or its length).
+fn ceil_boundary(s: &str, i: usize) -> usize {
+    let mut i = i.min(s.len());
+    while !s.is_char_boundary(i) {
+        i += 1;
     }
-    None
+    i
 }
 
 /// The text ended inside a call: cut by the token limit, nothing is kept;

@@ -173,23 +173,18 @@ impl Call {
         }
     }
 
-    fn wait(&mut self, pos: usize, input: &str, cx: &mut Cx) -> (usize, bool) {
-        if cx.over_cap(self.raw.len() + input.len() - pos) {
-            self.fail(&input[pos..], cx);
-            return (input.len(), true);
-        }
-        (pos, false)
-    }
-
     fn run(&mut self, input: &str, end: Option<FinishReason>, cx: &mut Cx) -> (usize, bool) {
         let eof = end.is_some();
         let mut pos = 0;
         loop {
             let rest = &input[pos..];
             match self.phase {
+                // A name (or key) is accepted only within NAME_MAX bytes, as
+                // it is waited for, whatever the deltas.
                 Phase::Name => match skip_ws(rest, eof).map(|w| (w, rest[w..].find(['\n', '<']))) {
+                    Some((w, Some(i))) if w + i > NAME_MAX => self.phase = Phase::Garbage,
                     None | Some((_, None)) if rest.len() <= NAME_MAX && !eof => {
-                        return self.wait(pos, input, cx);
+                        return (pos, false);
                     }
                     None | Some((_, None)) if rest.len() <= NAME_MAX => {
                         self.unfinished(rest, end, cx);
@@ -214,7 +209,7 @@ impl Call {
                 },
                 Phase::Params | Phase::Between => {
                     let Some(ws) = skip_ws(rest, eof) else {
-                        return self.wait(pos, input, cx);
+                        return (pos, false);
                     };
                     self.eat(&rest[..ws]);
                     pos += ws;
@@ -222,7 +217,7 @@ impl Call {
                     let lits: &[&str] =
                         if self.phase == Phase::Params { &[KEY, CLOSE, OPEN] } else { &[VAL] };
                     match (self.phase, lead_any(t, lits, eof)) {
-                        (_, Lead::More) => return self.wait(pos, input, cx),
+                        (_, Lead::More) => return (pos, false),
                         (_, Lead::No) if t.is_empty() => {
                             self.unfinished(t, end, cx);
                             return (input.len(), true);
@@ -260,10 +255,10 @@ impl Call {
                         pos += at + KEY_END.len();
                         self.phase = Phase::Between;
                     }
-                    Find::Clear { .. } if rest.len() <= NAME_MAX && !eof => {
-                        return self.wait(pos, input, cx);
+                    Find::Clear { safe } if safe <= NAME_MAX && !eof => {
+                        return (pos, false);
                     }
-                    Find::Clear { .. } if rest.len() <= NAME_MAX => {
+                    Find::Clear { .. } if eof && rest.len() <= NAME_MAX => {
                         self.unfinished(rest, end, cx);
                         return (input.len(), true);
                     }
@@ -293,7 +288,7 @@ impl Call {
                                 }
                                 Follow::Wait => {
                                     self.scan = abs;
-                                    return self.wait(pos, input, cx);
+                                    return (pos, false);
                                 }
                                 Follow::Reject => self.scan = abs + 1,
                             }
@@ -304,7 +299,7 @@ impl Call {
                                 self.unfinished(rest, end, cx);
                                 return (input.len(), true);
                             }
-                            return self.wait(pos, input, cx);
+                            return (pos, false);
                         }
                     }
                 },
@@ -321,7 +316,7 @@ impl Call {
                             self.unfinished(&rest[safe..], end, cx);
                             return (input.len(), true);
                         }
-                        return self.wait(pos, input, cx);
+                        return (pos, false);
                     }
                 },
             }
@@ -457,6 +452,18 @@ impl Machine for Glm {
                 used
             }
         }
+    }
+
+    fn held(&self) -> usize {
+        match &self.state {
+            State::Call(call) => call.raw.len(),
+            State::Content | State::Reasoning => 0,
+        }
+    }
+
+    fn overflow(&mut self, text: &str, cx: &mut Cx) {
+        cx.malformed(text);
+        self.state = State::Content;
     }
 }
 

@@ -77,12 +77,11 @@ enum State {
 #[derive(Debug)]
 pub(crate) struct GptOss {
     state: State,
-    cap: usize,
 }
 
 impl GptOss {
     pub(crate) fn new(opts: &Options) -> GptOss {
-        GptOss { state: initial(opts.generation_prompt.as_deref()), cap: opts.buffer_cap }
+        GptOss { state: initial(opts.generation_prompt.as_deref()) }
     }
 }
 
@@ -203,10 +202,17 @@ impl Machine for GptOss {
                     Find::Found { at, idx } => (&input[..at], Some(HEADER_MARKERS[idx])),
                     Find::Clear { safe } => (&input[..safe], None),
                 };
-                // A header that runs past the cap is not a header.
-                if header.len() + text.len() > HEADER_CAP {
-                    let k = ceil_boundary(text, HEADER_CAP + 1 - header.len());
-                    header.push_str(&text[..k]);
+                // A header that runs past the cap is not a header. The
+                // `<|channel|>` and `<|constrain|>` markers it keeps count, so
+                // the cut is at a fixed offset from its start (and the header
+                // never holds more than the cap).
+                let kept = match marker {
+                    Some(m @ (CHANNEL | CONSTRAIN)) => text.len() + m.len(),
+                    _ => text.len(),
+                };
+                if header.len() + kept > HEADER_CAP {
+                    let k = ceil_boundary(&input[..kept], HEADER_CAP + 1 - header.len());
+                    header.push_str(&input[..k]);
                     let shown = strip_markers(header);
                     cx.content(&shown);
                     self.state = State::Free;
@@ -274,12 +280,38 @@ impl Machine for GptOss {
                 }
             }
             State::Call(scan) => {
-                let cap = self.cap;
-                let (n, next) = call_step(scan, input, end, cap, cx);
+                let (n, next) = call_step(scan, input, end, cx);
                 if let Some(next) = next {
                     self.state = next;
+                    if n == 0 && !input.is_empty() {
+                        // Decided without consuming: the text goes to the
+                        // new state now (0 would read as "wait").
+                        return self.step(input, end, cx);
+                    }
                 }
                 n
+            }
+        }
+    }
+
+    /// A call body waits without consuming; a header is bounded by
+    /// [`HEADER_CAP`] on its own and is not counted.
+    fn held(&self) -> usize {
+        0
+    }
+
+    fn overflow(&mut self, text: &str, cx: &mut Cx) {
+        match self.state {
+            // Marker text and whitespace in a body: body text.
+            State::Text(kind) => emit(cx, kind, text),
+            // A call body: the rest of the body follows as content.
+            State::Call(_) => {
+                cx.malformed(text);
+                self.state = State::Text(Kind::Content);
+            }
+            State::Free | State::Header(_) => {
+                cx.malformed(text);
+                self.state = State::Free;
             }
         }
     }
@@ -291,13 +323,10 @@ fn call_step(
     scan: &mut ValueEnd,
     input: &str,
     end: Option<FinishReason>,
-    cap: usize,
     cx: &mut Cx,
 ) -> (usize, Option<State>) {
     let eof = end.is_some();
-    let over = |n: usize| n > cap;
     match scan.scan(input) {
-        Scan::Done(body_end) if over(body_end) => bail(input, cap, cx),
         Scan::Done(body_end) => {
             let body = &input[..body_end];
             let args = match json::object_text(body) {
@@ -355,9 +384,6 @@ fn call_step(
         }
         Scan::Partial => {
             if !eof {
-                if over(input.len()) {
-                    return bail(input, cap, cx);
-                }
                 return (0, None);
             }
             if end == Some(FinishReason::Length) {
@@ -393,15 +419,6 @@ fn call_step(
 fn finish_call(cx: &mut Cx, args: String) {
     cx.call_args(&args);
     cx.end_call(args);
-}
-
-/// A call body that outgrows the buffer cap: the held text becomes content
-/// and the rest of the body follows as content. The cut is at a fixed text
-/// position, whatever the deltas.
-fn bail(input: &str, cap: usize, cx: &mut Cx) -> (usize, Option<State>) {
-    let k = ceil_boundary(input, cap + 1);
-    cx.malformed(&input[..k]);
-    (k, Some(State::Text(Kind::Content)))
 }
 
 #[cfg(test)]

@@ -122,7 +122,7 @@ impl Machine for Hermes {
                         let after = &input[body_end..];
                         let ws = ws_len(after);
                         match starts_with(&after[ws..], CLOSE, eof) {
-                            Prefix::NeedMore => return wait(input, cx, &mut self.state),
+                            Prefix::NeedMore => return 0,
                             Prefix::Yes => {
                                 let used = body_end + ws + CLOSE.len();
                                 match call_from_object(&input[..body_end]) {
@@ -133,7 +133,7 @@ impl Machine for Hermes {
                             }
                             Prefix::No if ws == after.len() && !eof => {
                                 // Only whitespace so far: the close tag may follow.
-                                return wait(input, cx, &mut self.state);
+                                return 0;
                             }
                             Prefix::No => {
                                 // No close tag: the JSON alone decides, unless the
@@ -150,7 +150,7 @@ impl Machine for Hermes {
                     }
                     Scan::Partial => {
                         if !eof {
-                            return wait(input, cx, &mut self.state);
+                            return 0;
                         }
                         unfinished(input, end, cx);
                         input.len()
@@ -161,7 +161,7 @@ impl Machine for Hermes {
                             cx.malformed(&format!("{OPEN}{}", &input[..used]));
                             used
                         }
-                        Find::Clear { .. } if !eof => return wait(input, cx, &mut self.state),
+                        Find::Clear { .. } if !eof => return 0,
                         Find::Clear { .. } => {
                             unfinished(input, end, cx);
                             input.len()
@@ -173,16 +173,18 @@ impl Machine for Hermes {
             }
         }
     }
-}
 
-/// Waits for more of a call, unless holding it would pass the buffer cap.
-fn wait(input: &str, cx: &mut Cx, state: &mut State) -> usize {
-    if cx.over_cap(input.len()) {
-        cx.malformed(&format!("{OPEN}{input}"));
-        *state = State::Content;
-        return input.len();
+    fn held(&self) -> usize {
+        match self.state {
+            State::Call(_) => OPEN.len(),
+            State::Content | State::Reasoning => 0,
+        }
     }
-    0
+
+    fn overflow(&mut self, text: &str, cx: &mut Cx) {
+        cx.malformed(text);
+        self.state = State::Content;
+    }
 }
 
 /// The text ended inside a call: cut by the token limit, nothing is kept;

@@ -74,6 +74,23 @@ impl Machine for Kimi {
             Inner::K3(m) => m.step(input, end, cx),
         }
     }
+
+    fn held(&self) -> usize {
+        match &self.0 {
+            Inner::K2(m) => m.held(),
+            Inner::K3(m) => m.held,
+        }
+    }
+
+    fn overflow(&mut self, text: &str, cx: &mut Cx) {
+        match &mut self.0 {
+            Inner::K2(m) => {
+                cx.malformed(text);
+                m.state = K2State::Content;
+            }
+            Inner::K3(m) => m.overflow(text, cx),
+        }
+    }
 }
 
 /// The first char boundary of `s` at or after `i` (or its length).
@@ -157,7 +174,6 @@ enum K2State {
 #[derive(Debug)]
 struct K2 {
     state: K2State,
-    cap: usize,
 }
 
 impl K2 {
@@ -166,7 +182,16 @@ impl K2 {
         let reasoning =
             prompt_opens(gen, THINK, UNTHINK) || (gen.is_none() && opts.thinking == Some(true));
         let state = if reasoning { K2State::Reasoning } else { K2State::Content };
-        K2 { state, cap: opts.buffer_cap }
+        K2 { state }
+    }
+
+    /// The call markup consumed so far, from `<|tool_call_begin|>`.
+    fn held(&self) -> usize {
+        match &self.state {
+            K2State::Header(header) => CALL_BEGIN.len() + header.len(),
+            K2State::Args { raw, .. } => raw.len(),
+            K2State::Reasoning | K2State::Content => 0,
+        }
     }
 
     fn step(&mut self, input: &str, end: Option<FinishReason>, cx: &mut Cx) -> usize {
@@ -218,8 +243,12 @@ impl K2 {
                 }
                 header.push_str(text);
                 let Some(m) = marker else {
-                    if eof && end == Some(FinishReason::Stop) && !header.is_empty() {
-                        cx.malformed(&format!("{CALL_BEGIN}{header}"));
+                    if eof {
+                        // The text ended inside the header.
+                        if end == Some(FinishReason::Stop) && !header.is_empty() {
+                            cx.malformed(&format!("{CALL_BEGIN}{header}"));
+                        }
+                        self.state = K2State::Content;
                     }
                     return text.len();
                 };
@@ -251,7 +280,7 @@ impl K2 {
                 used
             }
             K2State::Args { scan, raw, searched } => {
-                let (n, done) = k2_args(scan, raw, searched, input, end, self.cap, cx);
+                let (n, done) = k2_args(scan, raw, searched, input, end, cx);
                 if done {
                     self.state = K2State::Content;
                 }
@@ -297,17 +326,10 @@ fn k2_args(
     searched: &mut usize,
     input: &str,
     end: Option<FinishReason>,
-    cap: usize,
     cx: &mut Cx,
 ) -> (usize, bool) {
     let eof = end.is_some();
-    let bail = |cx: &mut Cx| {
-        let k = ceil_boundary(input, cap + 1);
-        cx.malformed(&format!("{raw}{}", &input[..k]));
-        (k, true)
-    };
     match scan.scan(input) {
-        Scan::Done(body_end) if body_end > cap => bail(cx),
         Scan::Done(body_end) => {
             let body = &input[..body_end];
             let Ok(args) = json::object_text(body) else {
@@ -361,7 +383,7 @@ fn k2_args(
         }
         Scan::Partial => {
             if !eof {
-                return if input.len() > cap { bail(cx) } else { (0, false) };
+                return (0, false);
             }
             if end == Some(FinishReason::Length) {
                 cx.drop_call(DropReason::Truncated);
@@ -384,11 +406,7 @@ fn k2_args(
             }
             Find::Clear { safe } if !eof => {
                 *searched += safe;
-                if input.len() > cap {
-                    bail(cx)
-                } else {
-                    (0, false)
-                }
+                (0, false)
             }
             Find::Clear { .. } => {
                 if end == Some(FinishReason::Length) {
@@ -454,7 +472,10 @@ struct CallAcc {
 #[derive(Debug)]
 struct K3 {
     state: K3State,
-    cap: usize,
+    /// Bytes consumed since the open call's `<|open|>call` tag began.
+    held: usize,
+    /// Set by a step that opened a call: where its tag began in the input.
+    opened: Option<usize>,
 }
 
 /// A tag read after `<|open|>` / `<|close|>`.
@@ -591,7 +612,8 @@ impl K3 {
     fn new(opts: &Options) -> K3 {
         K3 {
             state: k3_initial(opts.generation_prompt.as_deref(), opts.thinking),
-            cap: opts.buffer_cap,
+            held: 0,
+            opened: None,
         }
     }
 
@@ -652,7 +674,30 @@ impl K3 {
                 other => self.state = other,
             }
         }
+        let in_call = matches!(self.state, K3State::Call(_) | K3State::Arg { .. });
+        self.held = match self.opened.take() {
+            Some(at) if in_call => n - at,
+            _ if in_call => self.held + n,
+            _ => 0,
+        };
         n
+    }
+
+    fn overflow(&mut self, text: &str, cx: &mut Cx) {
+        match std::mem::replace(&mut self.state, K3State::Top) {
+            K3State::Text { reasoning: true } => {
+                cx.reasoning(text);
+                self.state = K3State::Text { reasoning: true };
+            }
+            K3State::Text { reasoning: false } => {
+                cx.content(text);
+                self.state = K3State::Text { reasoning: false };
+            }
+            K3State::Call(_) | K3State::Arg { .. } => cx.malformed(text),
+            K3State::Top | K3State::Tools => cx.content(text),
+        }
+        self.held = 0;
+        self.opened = None;
     }
 
     /// Steps every state but an argument body.
@@ -785,6 +830,9 @@ impl K3 {
             // Argument bodies are stepped by `arg_step`.
             other @ K3State::Arg { .. } => other,
         };
+        if !close && name == "call" && matches!(next, K3State::Call(_)) {
+            self.opened = Some(at);
+        }
         (used, next)
     }
 
@@ -801,17 +849,10 @@ impl K3 {
         cx: &mut Cx,
     ) -> (usize, K3State) {
         let eof = end.is_some();
-        let cap = self.cap;
         let (text, found) = match find_first(input, &[CLOSE_ARG], eof) {
             Find::Found { at, .. } => (&input[..at], true),
             Find::Clear { safe } => (&input[..safe], false),
         };
-        if value.len() + text.len() > cap {
-            let k = ceil_boundary(text, cap + 1 - value.len());
-            value.push_str(&text[..k]);
-            cx.malformed(&value);
-            return (k, K3State::Top);
-        }
         value.push_str(text);
         let at = text.len();
         if !found {

@@ -188,8 +188,19 @@ impl Machine for Llama3Json {
                     };
                 }
                 State::AfterTag => {
-                    let w = ws_len(input);
-                    let rest = &input[w..];
+                    // Only the first HEAD_CAP bytes decide, whatever the
+                    // deltas: what they leave open is no call.
+                    let (look, eof) = if input.len() > HEAD_CAP {
+                        let mut n = HEAD_CAP;
+                        while !input.is_char_boundary(n) {
+                            n -= 1;
+                        }
+                        (&input[..n], false)
+                    } else {
+                        (input, eof)
+                    };
+                    let w = ws_len(look);
+                    let rest = &look[w..];
                     if rest.starts_with('{') || rest.starts_with('[') {
                         self.state = State::Candidate { scan: ValueEnd::default(), expected: true };
                         continue;
@@ -241,14 +252,7 @@ impl Machine for Llama3Json {
                         }
                         return body_end;
                     }
-                    Scan::Partial if !eof => {
-                        if cx.over_cap(input.len()) {
-                            cx.content(input);
-                            self.state = State::Content;
-                            return input.len();
-                        }
-                        return 0;
-                    }
+                    Scan::Partial if !eof => return 0,
                     Scan::Partial => {
                         let call = *expected || looks_like_call(input);
                         if end == Some(FinishReason::Length) && call {
@@ -279,15 +283,7 @@ impl Machine for Llama3Json {
                         }
                         return close + 1;
                     }
-                    None if !eof => {
-                        if cx.over_cap(input.len()) {
-                            let name = std::mem::take(name);
-                            cx.malformed(&format!("{name}{CALL_OPEN}{input}"));
-                            self.state = State::Content;
-                            return input.len();
-                        }
-                        return 0;
-                    }
+                    None if !eof => return 0,
                     None => {
                         if end == Some(FinishReason::Length) {
                             cx.drop_call(DropReason::Truncated);
@@ -320,6 +316,26 @@ impl Machine for Llama3Json {
                 }
             }
         }
+    }
+
+    /// `NAME.call(` once consumed; a JSON value waits unconsumed.
+    fn held(&self) -> usize {
+        match &self.state {
+            State::Builtin { name, .. } => name.len() + CALL_OPEN.len(),
+            _ => 0,
+        }
+    }
+
+    fn overflow(&mut self, text: &str, cx: &mut Cx) {
+        match &self.state {
+            // A JSON value not known to be a call stays content.
+            State::Candidate { expected, .. } if !*expected && !looks_like_call(text) => {
+                cx.content(text)
+            }
+            State::Candidate { .. } | State::Builtin { .. } => cx.malformed(text),
+            State::Content | State::AfterTag | State::AfterCall => cx.content(text),
+        }
+        self.state = State::Content;
     }
 }
 

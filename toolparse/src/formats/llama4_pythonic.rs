@@ -151,6 +151,19 @@ impl Machine for Llama4Pythonic {
             },
         }
     }
+
+    /// A call list waits unconsumed from its `[`.
+    fn held(&self) -> usize {
+        0
+    }
+
+    fn overflow(&mut self, text: &str, cx: &mut Cx) {
+        match &self.state {
+            State::List(list) if list.markup => cx.malformed(text),
+            _ => cx.content(text),
+        }
+        self.state = State::Content { open: false };
+    }
 }
 
 /// Whether a `[` right after `c` may open a call list: not after a word,
@@ -210,10 +223,6 @@ fn list_step(list: &mut List, input: &str, end: Option<FinishReason>, cx: &mut C
     }
     // The list goes on past the text seen so far.
     if end.is_none() {
-        if cx.over_cap(input.len()) {
-            cx.malformed(input);
-            return Step::Done(input.len(), false);
-        }
         return Step::Wait;
     }
     if end == Some(FinishReason::Length) {

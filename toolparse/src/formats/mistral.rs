@@ -160,11 +160,19 @@ fn args_start(input: &str, at: usize, eof: bool) -> Result<usize, Head> {
 }
 
 fn parse_head(input: &str, eof: bool) -> Head {
-    let head = parse_head_uncapped(input, eof);
-    if head == Head::Wait && input.len() > HEAD_CAP {
-        return Head::Stray;
+    if input.len() <= HEAD_CAP {
+        return parse_head_uncapped(input, eof);
     }
-    head
+    // Only the first HEAD_CAP bytes decide, whatever the deltas: what they
+    // leave open is no call.
+    let mut n = HEAD_CAP;
+    while !input.is_char_boundary(n) {
+        n -= 1;
+    }
+    match parse_head_uncapped(&input[..n], false) {
+        Head::Wait => Head::Stray,
+        head => head,
+    }
 }
 
 fn parse_head_uncapped(input: &str, eof: bool) -> Head {
@@ -372,11 +380,6 @@ impl Machine for Mistral {
                         return body_end;
                     }
                     Scan::Partial if !eof => {
-                        if cx.over_cap(input.len()) {
-                            cx.malformed(&format!("{prefix}{input}"));
-                            self.state = State::Content;
-                            return input.len();
-                        }
                         cx.call_args(&input[*emitted..]);
                         *emitted = input.len();
                         return 0;
@@ -413,14 +416,7 @@ impl Machine for Mistral {
                         self.state = State::Content;
                         return body_end;
                     }
-                    Scan::Partial if !eof => {
-                        if cx.over_cap(input.len()) {
-                            cx.malformed(&format!("{TOOL_CALLS}{input}"));
-                            self.state = State::Content;
-                            return input.len();
-                        }
-                        return 0;
-                    }
+                    Scan::Partial if !eof => return 0,
                     Scan::Partial => {
                         if end == Some(FinishReason::Length) {
                             for (id, name, args) in complete_elements(input) {
@@ -437,6 +433,20 @@ impl Machine for Mistral {
                 },
             }
         }
+    }
+
+    /// The call markup consumed so far, from `[TOOL_CALLS]`.
+    fn held(&self) -> usize {
+        match &self.state {
+            State::Head | State::Array(_) => TOOL_CALLS.len(),
+            State::Args { prefix, .. } => prefix.len(),
+            State::Content | State::Reasoning(_) | State::AfterCall => 0,
+        }
+    }
+
+    fn overflow(&mut self, text: &str, cx: &mut Cx) {
+        cx.malformed(text);
+        self.state = State::Content;
     }
 }
 

@@ -7,6 +7,37 @@
 //! only the part that is already certain) and waits. At the end (`end` is
 //! `Some`), it consumes everything, and it is called once more with empty
 //! input so it can close what is open.
+//!
+//! The buffer cap ([`crate::Options::buffer_cap`]) is enforced by the driver,
+//! the same way for every machine:
+//!
+//! - The *held region* is the text the machine has not decided yet: from a
+//!   call's opening marker (or, outside a call, from the first byte it
+//!   holds) to the end of what it has seen. [`Machine::held`] says how many
+//!   of the bytes it consumed already belong to it (its most recent ones,
+//!   verbatim; 0 when it holds nothing consumed).
+//! - A step's `input` is a window: the unconsumed text up to `cap` bytes
+//!   past the start of the held region (cut back to a char boundary). When
+//!   the window stops short of the text, `end` is `None` even at the end of
+//!   the text, so a machine can never look past the cap, nor accept a call
+//!   whose end lies beyond it. The window always ends at or before the cap
+//!   boundary of any region that starts inside it, so a machine may open a
+//!   call and go on inside it in the same step.
+//! - When a machine cannot go on with a window cut by the cap (it returns 0
+//!   and its state stays put), the driver calls [`Machine::overflow`] with
+//!   the region's first `cap` bytes (held bytes, then the window); the
+//!   machine reports them (normally [`Cx::malformed`]) and goes back to its
+//!   content state holding nothing. The driver then goes on after them.
+//!
+//! Machines therefore never check the cap themselves, and their buffers are
+//! bounded by what they have been shown: O(cap).
+//!
+//! Returning 0 without `end` asks for more text and must leave the machine
+//! as it was; a machine that changes state without consuming goes on in the
+//! new state within the same step. Where waiting is not possible (at the end,
+//! or with a window cut by the cap), the driver steps a machine again as long
+//! as its state keeps changing (with a bound), so a step that only changed
+//! state loses no text.
 
 mod deepseek;
 mod gemma4;
@@ -28,6 +59,18 @@ pub(crate) trait Machine: Send + std::fmt::Debug {
     /// returns how many bytes it consumed (a char boundary). Returning 0
     /// without `end` asks for more text.
     fn step(&mut self, input: &str, end: Option<FinishReason>, cx: &mut Cx) -> usize;
+
+    /// How many of the bytes consumed so far (the most recent ones) belong
+    /// to the held region: the open call's markup from its opening marker,
+    /// verbatim. 0 when nothing consumed is held (text waited on without
+    /// consuming it counts from the start of the input).
+    fn held(&self) -> usize;
+
+    /// The held region outgrew the cap: `text` is its first `cap` bytes (the
+    /// held bytes, then unconsumed text). Report it (normally as malformed
+    /// markup, which drops an open call) and go back to the content state,
+    /// holding nothing; the text after it is stepped next.
+    fn overflow(&mut self, text: &str, cx: &mut Cx);
 }
 
 pub(crate) fn machine_for(format: Format, opts: &Options) -> Box<dyn Machine> {
@@ -70,5 +113,13 @@ impl Machine for Passthrough {
     fn step(&mut self, input: &str, _end: Option<FinishReason>, cx: &mut Cx) -> usize {
         cx.content(input);
         input.len()
+    }
+
+    fn held(&self) -> usize {
+        0
+    }
+
+    fn overflow(&mut self, text: &str, cx: &mut Cx) {
+        cx.content(text);
     }
 }

@@ -197,15 +197,6 @@ impl Call {
         }
     }
 
-    /// Waits for more text, unless holding it would pass the buffer cap.
-    fn wait(&mut self, pos: usize, input: &str, cx: &mut Cx) -> (usize, bool) {
-        if cx.over_cap(self.raw.len() + input.len() - pos) {
-            self.fail(&input[pos..], cx);
-            return (input.len(), true);
-        }
-        (pos, false)
-    }
-
     /// Invalid markup at `pos`.
     fn garbage(&mut self, pos: usize, cx: &mut Cx) -> Option<(usize, bool)> {
         if self.wrapped {
@@ -237,7 +228,7 @@ impl Call {
                             pos += FUNC.len();
                             self.phase = Phase::Name;
                         }
-                        Lead::More => return self.wait(pos, input, cx),
+                        Lead::More => return (pos, false),
                         Lead::No if t.is_empty() => {
                             self.unfinished(t, end, cx);
                             return (input.len(), true);
@@ -247,7 +238,13 @@ impl Call {
                     }
                 }
                 Phase::Name | Phase::Key => match rest.find(['>', '\n', '<']) {
-                    Some(i) if rest.as_bytes()[i] == b'>' && !rest[..i].trim().is_empty() => {
+                    // A name is accepted only within NAME_MAX bytes, as
+                    // it is waited for, whatever the deltas.
+                    Some(i)
+                        if rest.as_bytes()[i] == b'>'
+                            && i <= NAME_MAX
+                            && !rest[..i].trim().is_empty() =>
+                    {
                         let name = rest[..i].trim().to_owned();
                         self.eat(&rest[..=i]);
                         pos += i + 1;
@@ -266,7 +263,7 @@ impl Call {
                             self.phase = Phase::Value;
                         }
                     }
-                    None if rest.len() <= NAME_MAX && !eof => return self.wait(pos, input, cx),
+                    None if rest.len() <= NAME_MAX && !eof => return (pos, false),
                     None if rest.len() <= NAME_MAX => {
                         self.unfinished(rest, end, cx);
                         return (input.len(), true);
@@ -293,7 +290,7 @@ impl Call {
                         self.start(&name, cx);
                     }
                     match (self.phase, lead) {
-                        (_, Lead::More) => return self.wait(pos, input, cx),
+                        (_, Lead::More) => return (pos, false),
                         (_, Lead::No) if t.is_empty() => {
                             self.unfinished(t, end, cx);
                             return (input.len(), true);
@@ -360,7 +357,7 @@ impl Call {
                                 }
                                 Follow::Wait => {
                                     self.scan = abs;
-                                    return self.wait(pos, input, cx);
+                                    return (pos, false);
                                 }
                                 Follow::Reject => self.scan = abs + 1,
                             }
@@ -371,7 +368,7 @@ impl Call {
                                 self.unfinished(rest, end, cx);
                                 return (input.len(), true);
                             }
-                            return self.wait(pos, input, cx);
+                            return (pos, false);
                         }
                     }
                 },
@@ -386,7 +383,7 @@ impl Call {
                         }
                         None => self.phase = Phase::Garbage,
                     },
-                    Scan::Partial if !eof => return self.wait(pos, input, cx),
+                    Scan::Partial if !eof => return (pos, false),
                     Scan::Partial => {
                         self.unfinished(rest, end, cx);
                         return (input.len(), true);
@@ -406,7 +403,7 @@ impl Call {
                             self.unfinished(&rest[safe..], end, cx);
                             return (input.len(), true);
                         }
-                        return self.wait(pos, input, cx);
+                        return (pos, false);
                     }
                 },
             }
@@ -492,7 +489,11 @@ fn param_at_line_start(before: &str, after: &str, eof: bool) -> Follow {
         return Follow::Reject;
     }
     match after.find(['>', '\n', '<']) {
-        Some(i) if after.as_bytes()[i] == b'>' && !after[..i].trim().is_empty() => Follow::Accept,
+        Some(i)
+            if after.as_bytes()[i] == b'>' && i <= NAME_MAX && !after[..i].trim().is_empty() =>
+        {
+            Follow::Accept
+        }
         None if after.len() <= NAME_MAX && !eof => Follow::Wait,
         _ => Follow::Reject,
     }
@@ -583,6 +584,22 @@ impl Machine for Qwen3Xml {
                 used
             }
         }
+    }
+
+    fn held(&self) -> usize {
+        match &self.state {
+            State::Call(call) => call.raw.len(),
+            State::Content | State::Reasoning => 0,
+        }
+    }
+
+    fn overflow(&mut self, text: &str, cx: &mut Cx) {
+        match &self.state {
+            // An unconfirmed bare `<function=`: plain text.
+            State::Call(call) if !call.wrapped && !call.open => cx.content(text),
+            _ => cx.malformed(text),
+        }
+        self.state = State::Content;
     }
 }
 
