@@ -224,8 +224,7 @@ impl Engine {
         }
         let mut g = Gguf::open(path)?;
         let tok = Tok::from_gguf(&g, path)?;
-        let model = Model::load(&mut g)?;
-        let cfg = model.cfg.clone();
+        let cfg = crate::model::Config::read(&g)?;
         if tok.len() > cfg.n_vocab {
             return Err(crate::error::model_err(format!(
                 "tokenizer has {} tokens but the model only {}",
@@ -262,13 +261,20 @@ impl Engine {
                 }
             }
         }
+        let chat_template = g.string("tokenizer.chat_template").map(str::to_owned);
+        let (bos, eos) = (name("tokenizer.ggml.bos_token_id"), name("tokenizer.ggml.eos_token_id"));
+        // The vocabulary arrays (tens of MB as parsed values) are in the
+        // tokenizer now; freeing them before the weights are read keeps
+        // them out of peak RSS.
+        g.drop_vocab();
+        let model = Model::load(&mut g)?;
         let info = ModelInfo {
             path: path.to_owned(),
             context: opts.context.unwrap_or(cfg.n_ctx_train.min(8192)).max(16),
-            chat_template: g.string("tokenizer.chat_template").map(str::to_owned),
+            chat_template,
             stop_tokens,
-            bos: name("tokenizer.ggml.bos_token_id"),
-            eos: name("tokenizer.ggml.eos_token_id"),
+            bos,
+            eos,
             weight_bytes: model.bytes(),
             threads,
             config: cfg,

@@ -104,6 +104,14 @@ impl Gguf {
         }
     }
 
+    /// Frees the vocabulary arrays (`tokenizer.ggml.tokens`, `merges`, …)
+    /// once the tokenizer has been built from them.
+    pub(crate) fn drop_vocab(&mut self) {
+        self.content
+            .metadata
+            .retain(|k, v| !(k.starts_with("tokenizer.ggml.") && matches!(v, Value::Array(_))));
+    }
+
     pub(crate) fn has(&self, name: &str) -> bool {
         self.content.tensor_infos.contains_key(name)
     }
@@ -150,6 +158,42 @@ impl Gguf {
         self.file.seek(SeekFrom::Start(start)).map_err(io)?;
         self.file.read_exact(&mut buf).map_err(io)?;
         Ok(buf)
+    }
+
+    /// Whole rows `row0..row0 + buf.len() / row_bytes` of a 2-D tensor into
+    /// `buf`, so that large tensors can be repacked a slice at a time.
+    pub(crate) fn read_rows(&mut self, name: &str, row0: usize, buf: &mut [u8]) -> Result<()> {
+        let info = self.content.tensor_infos.get(name).ok_or_else(|| {
+            model_err(format!("{}: tensor `{name}` is missing", self.path.display()))
+        })?;
+        let dims = info.shape.dims();
+        let cols = *dims.last().unwrap_or(&0);
+        let rows = info.shape.elem_count() / cols.max(1);
+        let bs = info.ggml_dtype.block_size();
+        if cols % bs != 0 {
+            return Err(model_err(format!(
+                "tensor `{name}`: rows of {cols} elements, not a multiple of {bs}"
+            )));
+        }
+        let row_bytes = cols / bs * info.ggml_dtype.type_size();
+        let n = buf.len() / row_bytes.max(1);
+        if buf.len() % row_bytes.max(1) != 0 || row0 + n > rows {
+            return Err(model_err(format!(
+                "tensor `{name}`: rows {row0}..{} requested of {rows}",
+                row0 + n
+            )));
+        }
+        let start = self.content.tensor_data_offset + info.offset + (row0 * row_bytes) as u64;
+        let io = |e: std::io::Error| {
+            model_err(format!(
+                "{}: cannot read rows {row0}..{} of tensor `{name}` at byte {start}: {e}; the file may be truncated, re-download it with `agentd pull`",
+                self.path.display(),
+                row0 + n
+            ))
+        };
+        self.file.seek(SeekFrom::Start(start)).map_err(io)?;
+        self.file.read_exact(buf).map_err(io)?;
+        Ok(())
     }
 
     /// A tensor as candle's quantized tensor (for types the fast path lacks).

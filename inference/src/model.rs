@@ -212,23 +212,38 @@ impl Linear {
             && cols % 32 == 0
         {
             let rows: usize = shapes.iter().map(|s| s.1).sum();
+            if matches!(ty, GgmlDType::Q4_1 | GgmlDType::Q8_0) {
+                // Repacked a slice of rows at a time: a tensor is never held
+                // twice (the tied output matrix alone is 30 MB on the default
+                // model, and peak RSS is a target).
+                let mut p = Packed::empty(ty == GgmlDType::Q8_0, rows, cols);
+                let row_bytes = cols / 32 * ty.type_size();
+                let mut buf = Vec::new();
+                let mut base = 0;
+                for (n, s) in names.iter().zip(&shapes) {
+                    let mut r = 0;
+                    while r < s.1 {
+                        let take = (s.1 - r).min(256);
+                        buf.resize(take * row_bytes, 0);
+                        g.read_rows(n, r, &mut buf)?;
+                        p.fill(base + r, &buf);
+                        r += take;
+                    }
+                    base += s.1;
+                }
+                return Ok(Linear::Packed(p));
+            }
             let mut raw = Vec::new();
             for n in names {
                 raw.extend_from_slice(&g.bytes(n)?);
             }
-            return Ok(Linear::Packed(match ty {
-                GgmlDType::Q4_1 => Packed::q4_1(&raw, rows, cols),
-                GgmlDType::Q8_0 => Packed::q8_0(&raw, rows, cols),
-                _ => {
-                    let qt = if ty == GgmlDType::F32 { QType::F32 } else { QType::F16 };
-                    let mut w = vec![0f32; rows * cols];
-                    for (r, chunk) in w.chunks_exact_mut(cols).enumerate() {
-                        let rb = qt.row_bytes(cols);
-                        dequantize_row(qt, &raw[r * rb..(r + 1) * rb], chunk);
-                    }
-                    Packed::f32(w, rows, cols)
-                }
-            }));
+            let qt = if ty == GgmlDType::F32 { QType::F32 } else { QType::F16 };
+            let mut w = vec![0f32; rows * cols];
+            for (r, chunk) in w.chunks_exact_mut(cols).enumerate() {
+                let rb = qt.row_bytes(cols);
+                dequantize_row(qt, &raw[r * rb..(r + 1) * rb], chunk);
+            }
+            return Ok(Linear::Packed(Packed::f32(w, rows, cols)));
         }
         let mut parts = Vec::new();
         for (n, (_, rows, cols)) in names.iter().zip(&shapes) {
@@ -404,6 +419,11 @@ impl Model {
     }
 }
 
+/// Positions by which the KV cache's storage grows.
+const KV_STEP: usize = 128;
+/// Positions per feed-forward slice of a prompt batch.
+const FFN_SLICE: usize = 64;
+
 /// A session's key/value cache: per layer, `[position][kv head][head size]`
 /// as f16, grown as positions are added.
 #[derive(Debug, Default)]
@@ -546,6 +566,14 @@ impl Model {
         for i in 0..n {
             rope_cache(start + i, cfg, &mut s.rope[i * rd..(i + 1) * rd]);
         }
+        // KV storage grows in steps of KV_STEP positions, exactly: Vec's
+        // doubling would hold up to twice the cache (peak RSS is a target).
+        let want = (start + n).div_ceil(KV_STEP) * KV_STEP * kd;
+        for c in kv.k.iter_mut().chain(kv.v.iter_mut()) {
+            if c.capacity() < want {
+                c.reserve_exact(want - c.len());
+            }
+        }
         for (li, layer) in self.layers.iter().enumerate() {
             for i in 0..n {
                 rms_norm(
@@ -589,15 +617,27 @@ impl Model {
                     &mut s.h[i * d..(i + 1) * d],
                 );
             }
-            layer.gate_up.forward(pool, &s.h, n, &mut s.acts, &mut s.gu)?;
+            // The feed-forward block, FFN_SLICE positions at a time: its
+            // activations are the widest (2·n_ff per position), and each
+            // position's arithmetic does not depend on its neighbours.
             let ff = cfg.n_ff;
-            s.act.resize(n * ff, 0.0);
-            for i in 0..n {
-                let (g, u) = s.gu[i * 2 * ff..(i + 1) * 2 * ff].split_at(ff);
-                swiglu(g, u, &mut s.act[i * ff..(i + 1) * ff]);
+            for c0 in (0..n).step_by(FFN_SLICE) {
+                let m = (n - c0).min(FFN_SLICE);
+                layer.gate_up.forward(
+                    pool,
+                    &s.h[c0 * d..(c0 + m) * d],
+                    m,
+                    &mut s.acts,
+                    &mut s.gu,
+                )?;
+                s.act.resize(m * ff, 0.0);
+                for i in 0..m {
+                    let (g, u) = s.gu[i * 2 * ff..(i + 1) * 2 * ff].split_at(ff);
+                    swiglu(g, u, &mut s.act[i * ff..(i + 1) * ff]);
+                }
+                layer.down.forward(pool, &s.act, m, &mut s.acts, &mut s.proj)?;
+                s.x[c0 * d..(c0 + m) * d].iter_mut().zip(&s.proj).for_each(|(x, p)| *x += p);
             }
-            layer.down.forward(pool, &s.act, n, &mut s.acts, &mut s.proj)?;
-            s.x.iter_mut().zip(&s.proj).for_each(|(x, p)| *x += p);
         }
         kv.len = start + n;
         let mut last = vec![0f32; d];

@@ -16,7 +16,7 @@ mod x86;
 
 use crate::quant::{quantize_q8, Q8Row, Q4_1_BYTES, Q8_0_BYTES, QK};
 
-fn u16_at(b: &[u8], at: usize) -> u16 {
+pub(crate) fn u16_at(b: &[u8], at: usize) -> u16 {
     u16::from_le_bytes([b[at], b[at + 1]])
 }
 
@@ -66,60 +66,93 @@ pub(crate) const ROW_TILE: usize = 4;
 
 #[derive(Debug)]
 pub(crate) enum PackedKind {
-    /// Per row pair and block: 32 bytes `[row0 nibbles | row1 nibbles]`;
-    /// `d[pair][block][2]`; `m[block][row]` (scales as f16 bits, as in the
-    /// file, so the packed matrix is no larger than the GGUF tensor).
-    Q4_1 { qs: Vec<u8>, d: Vec<u16>, m: Vec<u16> },
-    /// Per row pair and block: 64 bytes `[row0 q+128 | row1 q+128]`;
-    /// `d[pair][block][2]`.
-    Q8_0 { qs: Vec<u8>, d: Vec<u16> },
+    /// One record of [`Q4_REC`] bytes per row tile and block, in row-tile
+    /// order so a tile streams from one place: 64 bytes of nibbles (rows
+    /// 0–3, 16 each: the 512-bit register of a row pair is two adjacent
+    /// rows), then the four rows' scales `d`, then their minimums `m` (f16
+    /// bits, as in the file: the packed matrix is the size of the tensor).
+    Q4_1 { data: Vec<u8> },
+    /// One record of [`Q8_REC`] bytes per row tile and block: 128 bytes of
+    /// `q + 128` (rows 0–3, 32 each), then the four rows' scales `d`.
+    Q8_0 { data: Vec<u8> },
     /// Plain f32 rows (norm-sized tensors and small models).
     F32 { w: Vec<f32> },
 }
+
+/// Bytes of a Q4_1 record (row tile × block).
+pub(crate) const Q4_REC: usize = 80;
+/// Bytes of a Q8_0 record (row tile × block).
+pub(crate) const Q8_REC: usize = 136;
 
 fn padded(rows: usize) -> usize {
     rows.div_ceil(ROW_TILE) * ROW_TILE
 }
 
 impl Packed {
-    /// Packs GGUF Q4_1 rows.
-    pub(crate) fn q4_1(raw: &[u8], rows: usize, cols: usize) -> Packed {
+    /// An empty (all-zero weights) matrix of GGUF type Q4_1 or Q8_0, to be
+    /// filled with [`Packed::fill`]; `None` for other types.
+    pub(crate) fn empty(q8: bool, rows: usize, cols: usize) -> Packed {
         let nb = cols / QK;
-        let rp = padded(rows);
-        let mut qs = vec![0u8; rp / 2 * nb * 32];
-        let mut d = vec![0u16; rp / 2 * nb * 2];
-        let mut m = vec![0u16; nb * rp];
-        for r in 0..rows {
-            let (pair, half) = (r / 2, r % 2);
-            for b in 0..nb {
-                let blk = &raw[(r * nb + b) * Q4_1_BYTES..][..Q4_1_BYTES];
-                let at = (pair * nb + b) * 32 + half * 16;
-                qs[at..at + 16].copy_from_slice(&blk[4..20]);
-                d[(pair * nb + b) * 2 + half] = u16_at(blk, 0);
-                m[b * rp + r] = u16_at(blk, 2);
+        let tiles = padded(rows) / ROW_TILE;
+        let kind = if q8 {
+            let mut data = vec![0u8; tiles * nb * Q8_REC];
+            for rec in data.chunks_exact_mut(Q8_REC) {
+                rec[..128].fill(128);
             }
+            PackedKind::Q8_0 { data }
+        } else {
+            PackedKind::Q4_1 { data: vec![0u8; tiles * nb * Q4_REC] }
+        };
+        Packed { rows, cols, kind }
+    }
+
+    /// Copies GGUF rows `row0..` (whole rows of this matrix's type) in.
+    pub(crate) fn fill(&mut self, row0: usize, raw: &[u8]) {
+        let nb = self.cols / QK;
+        match &mut self.kind {
+            PackedKind::Q4_1 { data } => {
+                for (i, row) in raw.chunks_exact(nb * Q4_1_BYTES).enumerate() {
+                    let r = row0 + i;
+                    let (t, w) = (r / ROW_TILE, r % ROW_TILE);
+                    for (b, blk) in row.chunks_exact(Q4_1_BYTES).enumerate() {
+                        let rec = &mut data[(t * nb + b) * Q4_REC..][..Q4_REC];
+                        rec[w * 16..w * 16 + 16].copy_from_slice(&blk[4..20]);
+                        rec[64 + 2 * w..66 + 2 * w].copy_from_slice(&blk[0..2]);
+                        rec[72 + 2 * w..74 + 2 * w].copy_from_slice(&blk[2..4]);
+                    }
+                }
+            }
+            PackedKind::Q8_0 { data } => {
+                for (i, row) in raw.chunks_exact(nb * Q8_0_BYTES).enumerate() {
+                    let r = row0 + i;
+                    let (t, w) = (r / ROW_TILE, r % ROW_TILE);
+                    for (b, blk) in row.chunks_exact(Q8_0_BYTES).enumerate() {
+                        let rec = &mut data[(t * nb + b) * Q8_REC..][..Q8_REC];
+                        for j in 0..32 {
+                            rec[w * 32 + j] = (blk[2 + j] as i8 as i16 + 128) as u8;
+                        }
+                        rec[128 + 2 * w..130 + 2 * w].copy_from_slice(&blk[0..2]);
+                    }
+                }
+            }
+            PackedKind::F32 { .. } => {}
         }
-        Packed { rows, cols, kind: PackedKind::Q4_1 { qs, d, m } }
+    }
+
+    /// Packs GGUF Q4_1 rows.
+    #[cfg(test)]
+    pub(crate) fn q4_1(raw: &[u8], rows: usize, cols: usize) -> Packed {
+        let mut p = Packed::empty(false, rows, cols);
+        p.fill(0, raw);
+        p
     }
 
     /// Packs GGUF Q8_0 rows.
+    #[cfg(test)]
     pub(crate) fn q8_0(raw: &[u8], rows: usize, cols: usize) -> Packed {
-        let nb = cols / QK;
-        let rp = padded(rows);
-        let mut qs = vec![128u8; rp / 2 * nb * 64];
-        let mut d = vec![0u16; rp / 2 * nb * 2];
-        for r in 0..rows {
-            let (pair, half) = (r / 2, r % 2);
-            for b in 0..nb {
-                let blk = &raw[(r * nb + b) * Q8_0_BYTES..][..Q8_0_BYTES];
-                let at = (pair * nb + b) * 64 + half * 32;
-                for j in 0..32 {
-                    qs[at + j] = (blk[2 + j] as i8 as i16 + 128) as u8;
-                }
-                d[(pair * nb + b) * 2 + half] = u16_at(blk, 0);
-            }
-        }
-        Packed { rows, cols, kind: PackedKind::Q8_0 { qs, d } }
+        let mut p = Packed::empty(true, rows, cols);
+        p.fill(0, raw);
+        p
     }
 
     /// Plain f32 rows.
@@ -130,8 +163,7 @@ impl Packed {
     /// Bytes held.
     pub(crate) fn bytes(&self) -> usize {
         match &self.kind {
-            PackedKind::Q4_1 { qs, d, m } => qs.len() + 2 * (d.len() + m.len()),
-            PackedKind::Q8_0 { qs, d } => qs.len() + 2 * d.len(),
+            PackedKind::Q4_1 { data } | PackedKind::Q8_0 { data } => data.len(),
             PackedKind::F32 { w } => 4 * w.len(),
         }
     }
@@ -161,25 +193,25 @@ impl Packed {
     /// Row `r` as f32 (an embedding lookup from a tied output matrix).
     pub(crate) fn dequantize_row(&self, r: usize, out: &mut [f32]) {
         let nb = self.cols / QK;
-        let (pair, half) = (r / 2, r % 2);
-        let rp = self.tiles() * ROW_TILE;
+        let (t, w) = (r / ROW_TILE, r % ROW_TILE);
         match &self.kind {
-            PackedKind::Q4_1 { qs, d, m } => {
+            PackedKind::Q4_1 { data } => {
                 for b in 0..nb {
-                    let at = (pair * nb + b) * 32 + half * 16;
-                    let (dd, mm) = (h2f(d[(pair * nb + b) * 2 + half]), h2f(m[b * rp + r]));
+                    let rec = &data[(t * nb + b) * Q4_REC..][..Q4_REC];
+                    let (dd, mm) = (h2f(u16_at(rec, 64 + 2 * w)), h2f(u16_at(rec, 72 + 2 * w)));
                     for j in 0..16 {
-                        out[b * QK + j] = dd * (qs[at + j] & 15) as f32 + mm;
-                        out[b * QK + j + 16] = dd * (qs[at + j] >> 4) as f32 + mm;
+                        let q = rec[w * 16 + j];
+                        out[b * QK + j] = dd * (q & 15) as f32 + mm;
+                        out[b * QK + j + 16] = dd * (q >> 4) as f32 + mm;
                     }
                 }
             }
-            PackedKind::Q8_0 { qs, d } => {
+            PackedKind::Q8_0 { data } => {
                 for b in 0..nb {
-                    let at = (pair * nb + b) * 64 + half * 32;
-                    let dd = h2f(d[(pair * nb + b) * 2 + half]);
+                    let rec = &data[(t * nb + b) * Q8_REC..][..Q8_REC];
+                    let dd = h2f(u16_at(rec, 128 + 2 * w));
                     for j in 0..32 {
-                        out[b * QK + j] = dd * (qs[at + j] as i32 - 128) as f32;
+                        out[b * QK + j] = dd * (rec[w * 32 + j] as i32 - 128) as f32;
                     }
                 }
             }

@@ -1,28 +1,27 @@
 //! Portable kernels over the packed layouts, in the canonical order (see the
 //! module above). They define the numbers; the SIMD kernels reproduce them.
 
-use super::{h2f, hsum8, Acts, OutRows, Packed, PackedKind, ROW_TILE};
+use super::{h2f, hsum8, u16_at, Acts, OutRows, Packed, PackedKind, Q4_REC, Q8_REC, ROW_TILE};
 use std::ops::Range;
 
 pub(super) fn matmul_tiles(w: &Packed, acts: &Acts, tiles: Range<usize>, out: &OutRows<'_>) {
     let nb = acts.blocks();
-    let rp = w.tiles() * ROW_TILE;
     for r in tiles.start * ROW_TILE..tiles.end * ROW_TILE {
         if r >= w.rows {
             break;
         }
-        let (pair, half) = (r / 2, r % 2);
+        let (t, wi) = (r / ROW_TILE, r % ROW_TILE);
         for c in 0..acts.n {
             let v = match &w.kind {
-                PackedKind::Q4_1 { qs, d, m } => {
+                PackedKind::Q4_1 { data } => {
                     let mut lanes = [0f32; 8];
                     let mut summs = 0f32;
                     for b in 0..nb {
-                        let at = (pair * nb + b) * 32 + half * 16;
-                        let nib = &qs[at..at + 16];
+                        let rec = &data[(t * nb + b) * Q4_REC..][..Q4_REC];
+                        let nib = &rec[wi * 16..wi * 16 + 16];
                         let a = &acts.q[(c * nb + b) * 32..][..32];
-                        let dd = h2f(d[(pair * nb + b) * 2 + half]) * acts.d[c * nb + b];
-                        summs = h2f(m[b * rp + r]).mul_add(acts.s[c * nb + b], summs);
+                        let dd = h2f(u16_at(rec, 64 + 2 * wi)) * acts.d[c * nb + b];
+                        summs = h2f(u16_at(rec, 72 + 2 * wi)).mul_add(acts.s[c * nb + b], summs);
                         for (j, lane) in lanes.iter_mut().enumerate() {
                             let mut s = 0i32;
                             for k in 4 * j..4 * j + 4 {
@@ -34,13 +33,13 @@ pub(super) fn matmul_tiles(w: &Packed, acts: &Acts, tiles: Range<usize>, out: &O
                     }
                     hsum8(&lanes) + summs
                 }
-                PackedKind::Q8_0 { qs, d } => {
+                PackedKind::Q8_0 { data } => {
                     let mut lanes = [0f32; 8];
                     for b in 0..nb {
-                        let at = (pair * nb + b) * 64 + half * 32;
-                        let wq = &qs[at..at + 32];
+                        let rec = &data[(t * nb + b) * Q8_REC..][..Q8_REC];
+                        let wq = &rec[wi * 32..wi * 32 + 32];
                         let a = &acts.q[(c * nb + b) * 32..][..32];
-                        let dd = h2f(d[(pair * nb + b) * 2 + half]) * acts.d[c * nb + b];
+                        let dd = h2f(u16_at(rec, 128 + 2 * wi)) * acts.d[c * nb + b];
                         for (j, lane) in lanes.iter_mut().enumerate() {
                             let mut s = 0i32;
                             for k in 4 * j..4 * j + 4 {

@@ -8,7 +8,7 @@
 // index loops read clearest here.
 #![allow(clippy::needless_range_loop)]
 
-use super::{hsum8, scalar, Acts, OutRows, Packed, PackedKind, ROW_TILE};
+use super::{hsum8, scalar, Acts, OutRows, Packed, PackedKind, Q4_REC, Q8_REC, ROW_TILE};
 use std::arch::x86_64::*;
 use std::ops::Range;
 
@@ -33,7 +33,38 @@ const COLS: usize = 6;
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
 pub(super) unsafe fn matmul_tiles(w: &Packed, acts: &Acts, tiles: Range<usize>, out: &OutRows<'_>) {
     match &w.kind {
-        PackedKind::Q4_1 { qs, d, m } => {
+        PackedKind::Q4_1 { data } if acts.n == 1 => {
+            // Decode: eight rows (two tiles, two streams) per step.
+            let mut t = tiles.start;
+            while t < tiles.end {
+                // SAFETY: features checked by the caller; bounds asserted inside.
+                unsafe {
+                    if t + 1 < tiles.end {
+                        q4_1_gemv8(data, acts, t, out);
+                        t += 2;
+                    } else {
+                        q4_1_tile::<1>(data, acts, t, 0, out);
+                        t += 1;
+                    }
+                }
+            }
+        }
+        PackedKind::Q8_0 { data } if acts.n == 1 => {
+            let mut t = tiles.start;
+            while t < tiles.end {
+                // SAFETY: as above.
+                unsafe {
+                    if t + 1 < tiles.end {
+                        q8_0_gemv8(data, acts, t, out);
+                        t += 2;
+                    } else {
+                        q8_0_tile::<1>(data, acts, t, 0, out);
+                        t += 1;
+                    }
+                }
+            }
+        }
+        PackedKind::Q4_1 { data } => {
             for t in tiles {
                 let mut c = 0;
                 while c < acts.n {
@@ -42,19 +73,19 @@ pub(super) unsafe fn matmul_tiles(w: &Packed, acts: &Acts, tiles: Range<usize>, 
                     // from the packed sizes (asserted inside).
                     unsafe {
                         match n {
-                            6 => q4_1_tile::<6>(w, qs, d, m, acts, t, c, out),
-                            5 => q4_1_tile::<5>(w, qs, d, m, acts, t, c, out),
-                            4 => q4_1_tile::<4>(w, qs, d, m, acts, t, c, out),
-                            3 => q4_1_tile::<3>(w, qs, d, m, acts, t, c, out),
-                            2 => q4_1_tile::<2>(w, qs, d, m, acts, t, c, out),
-                            _ => q4_1_tile::<1>(w, qs, d, m, acts, t, c, out),
+                            6 => q4_1_tile::<6>(data, acts, t, c, out),
+                            5 => q4_1_tile::<5>(data, acts, t, c, out),
+                            4 => q4_1_tile::<4>(data, acts, t, c, out),
+                            3 => q4_1_tile::<3>(data, acts, t, c, out),
+                            2 => q4_1_tile::<2>(data, acts, t, c, out),
+                            _ => q4_1_tile::<1>(data, acts, t, c, out),
                         }
                     }
                     c += n;
                 }
             }
         }
-        PackedKind::Q8_0 { qs, d } => {
+        PackedKind::Q8_0 { data } => {
             for t in tiles {
                 let mut c = 0;
                 while c < acts.n {
@@ -62,12 +93,12 @@ pub(super) unsafe fn matmul_tiles(w: &Packed, acts: &Acts, tiles: Range<usize>, 
                     // SAFETY: as above.
                     unsafe {
                         match n {
-                            6 => q8_0_tile::<6>(w, qs, d, acts, t, c, out),
-                            5 => q8_0_tile::<5>(w, qs, d, acts, t, c, out),
-                            4 => q8_0_tile::<4>(w, qs, d, acts, t, c, out),
-                            3 => q8_0_tile::<3>(w, qs, d, acts, t, c, out),
-                            2 => q8_0_tile::<2>(w, qs, d, acts, t, c, out),
-                            _ => q8_0_tile::<1>(w, qs, d, acts, t, c, out),
+                            6 => q8_0_tile::<6>(data, acts, t, c, out),
+                            5 => q8_0_tile::<5>(data, acts, t, c, out),
+                            4 => q8_0_tile::<4>(data, acts, t, c, out),
+                            3 => q8_0_tile::<3>(data, acts, t, c, out),
+                            2 => q8_0_tile::<2>(data, acts, t, c, out),
+                            _ => q8_0_tile::<1>(data, acts, t, c, out),
                         }
                     }
                     c += n;
@@ -96,6 +127,20 @@ const Q4_PATTERN: [i32; 16] = [0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1];
 /// Lane pattern of a Q8_0 pair register: lanes 0-7 first row, 8-15 second.
 const Q8_PATTERN: [i32; 16] = [0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1];
 
+/// How far ahead of the record being read the decode kernels ask for
+/// memory. A single core's bandwidth is bounded by how many misses it has
+/// in flight; the hardware streamer stops at page boundaries.
+/// Measured on the default model at one thread (tg128): none 66 tok/s,
+/// 1 KiB 78, 4 KiB 96; farther gains nothing.
+const PF_DIST: usize = 4096;
+
+/// Hints the cache to fetch the line at `p` (never faults, any address).
+#[inline(always)]
+fn prefetch(p: *const u8) {
+    // SAFETY: prefetch is a hint and never faults.
+    unsafe { _mm_prefetch::<_MM_HINT_T0>(p as *const i8) };
+}
+
 /// Loads two f16 scales (a row pair's, for one block) as f32 into lanes 0, 1.
 #[inline(always)]
 unsafe fn load2(p: *const u16) -> __m512 {
@@ -106,40 +151,154 @@ unsafe fn load2(p: *const u16) -> __m512 {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
+/// Writes the rows of one accumulator pair register (two rows) in
+/// llama.cpp's lane order plus their `Σ m·s`.
+#[inline(always)]
+unsafe fn store_q4_pair(acc: __m512, sm0: f32, sm1: f32, c: usize, row: usize, out: &OutRows<'_>) {
+    let mut z = [0f32; 16];
+    // SAFETY: `z` holds 16 floats.
+    unsafe { _mm512_storeu_ps(z.as_mut_ptr(), acc) };
+    let r0 = [z[0], z[1], z[2], z[3], z[8], z[9], z[10], z[11]];
+    let r1 = [z[4], z[5], z[6], z[7], z[12], z[13], z[14], z[15]];
+    out.set(c, row, hsum8(&r0) + sm0);
+    out.set(c, row + 1, hsum8(&r1) + sm1);
+}
+
+/// One column against the eight rows of tiles `t` and `t + 1` (two record
+/// streams), `Σ fma(m, s)` folded into the same pass. Per lane the
+/// arithmetic is that of `q4_1_tile`, so the results are identical.
+#[inline(always)]
+unsafe fn q4_1_gemv8(data: &[u8], acts: &Acts, t: usize, out: &OutRows<'_>) {
+    let nb = acts.blocks();
+    assert!(((t + 1) * nb + nb) * Q4_REC <= data.len());
+    assert!(nb * 64 <= acts.nib.len() && nb <= acts.d.len() && nb <= acts.s.len());
+    // SAFETY: all loads below are within the slices (asserted above).
+    unsafe {
+        let low = _mm256_set1_epi8(0x0F);
+        let pat = _mm512_loadu_si512(Q4_PATTERN.as_ptr() as *const _);
+        let zero = _mm512_setzero_si512();
+        let mut acc = [_mm512_setzero_ps(); 4];
+        let mut summs = _mm256_setzero_ps();
+        for b in 0..nb {
+            let az = _mm512_loadu_si512(acts.nib.as_ptr().add(b * 64) as *const _);
+            let da = _mm512_set1_ps(*acts.d.get_unchecked(b));
+            let recs = [
+                data.as_ptr().add((t * nb + b) * Q4_REC),
+                data.as_ptr().add(((t + 1) * nb + b) * Q4_REC),
+            ];
+            // A record is 80 bytes: two hints so that no line is skipped.
+            for r in recs {
+                prefetch(r.wrapping_add(PF_DIST));
+                prefetch(r.wrapping_add(PF_DIST + 64));
+            }
+            for (i, a) in acc.iter_mut().enumerate() {
+                let rec = recs[i / 2];
+                let raw = _mm256_loadu_si256(rec.add((i % 2) * 32) as *const __m256i);
+                let lo = _mm256_and_si256(raw, low);
+                let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(raw), low);
+                let wz = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
+                let dw = _mm512_permutexvar_ps(pat, load2(rec.add(64 + (i % 2) * 4) as *const u16));
+                let lanes = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(zero, wz, az));
+                *a = _mm512_fmadd_ps(_mm512_mul_ps(dw, da), lanes, *a);
+            }
+            let m = _mm_unpacklo_epi64(
+                _mm_loadl_epi64(recs[0].add(72) as *const __m128i),
+                _mm_loadl_epi64(recs[1].add(72) as *const __m128i),
+            );
+            summs = _mm256_fmadd_ps(
+                _mm256_cvtph_ps(m),
+                _mm256_set1_ps(*acts.s.get_unchecked(b)),
+                summs,
+            );
+        }
+        let mut sm = [0f32; 8];
+        _mm256_storeu_ps(sm.as_mut_ptr(), summs);
+        for (i, a) in acc.iter().enumerate() {
+            store_q4_pair(*a, sm[2 * i], sm[2 * i + 1], 0, t * ROW_TILE + 2 * i, out);
+        }
+    }
+}
+
+/// One column against the eight rows of tiles `t` and `t + 1`; per lane
+/// the arithmetic of `q8_0_tile`.
+#[inline(always)]
+unsafe fn q8_0_gemv8(data: &[u8], acts: &Acts, t: usize, out: &OutRows<'_>) {
+    let nb = acts.blocks();
+    assert!(((t + 1) * nb + nb) * Q8_REC <= data.len());
+    assert!(nb * 64 <= acts.dup.len() && nb * 16 <= acts.corr.len() && nb <= acts.d.len());
+    // SAFETY: all loads below are within the slices (asserted above).
+    unsafe {
+        let pat = _mm512_loadu_si512(Q8_PATTERN.as_ptr() as *const _);
+        let zero = _mm512_setzero_si512();
+        let mut acc = [_mm512_setzero_ps(); 4];
+        for b in 0..nb {
+            let az = _mm512_loadu_si512(acts.dup.as_ptr().add(b * 64) as *const _);
+            let corr = _mm512_loadu_si512(acts.corr.as_ptr().add(b * 16) as *const _);
+            let da = _mm512_set1_ps(*acts.d.get_unchecked(b));
+            let recs = [
+                data.as_ptr().add((t * nb + b) * Q8_REC),
+                data.as_ptr().add(((t + 1) * nb + b) * Q8_REC),
+            ];
+            prefetch(recs[0].wrapping_add(PF_DIST));
+            prefetch(recs[0].wrapping_add(PF_DIST + 64));
+            prefetch(recs[1].wrapping_add(PF_DIST));
+            prefetch(recs[1].wrapping_add(PF_DIST + 64));
+            for (i, a) in acc.iter_mut().enumerate() {
+                let rec = recs[i / 2];
+                let wz = _mm512_loadu_si512(rec.add((i % 2) * 64) as *const _);
+                let dw =
+                    _mm512_permutexvar_ps(pat, load2(rec.add(128 + (i % 2) * 4) as *const u16));
+                let isum = _mm512_sub_epi32(_mm512_dpbusd_epi32(zero, wz, az), corr);
+                *a = _mm512_fmadd_ps(_mm512_mul_ps(dw, da), _mm512_cvtepi32_ps(isum), *a);
+            }
+        }
+        for (i, a) in acc.iter().enumerate() {
+            let mut z = [0f32; 16];
+            _mm512_storeu_ps(z.as_mut_ptr(), *a);
+            let r0: [f32; 8] = std::array::from_fn(|k| z[k]);
+            let r1: [f32; 8] = std::array::from_fn(|k| z[8 + k]);
+            let row = t * ROW_TILE + 2 * i;
+            out.set(0, row, hsum8(&r0));
+            out.set(0, row + 1, hsum8(&r1));
+        }
+    }
+}
+
+/// `N` columns against the four rows of tile `tile` (one record stream).
 #[inline(always)]
 unsafe fn q4_1_tile<const N: usize>(
-    w: &Packed,
-    qs: &[u8],
-    d: &[u16],
-    m: &[u16],
+    data: &[u8],
     acts: &Acts,
     tile: usize,
     c0: usize,
     out: &OutRows<'_>,
 ) {
     let nb = acts.blocks();
-    let rp = w.tiles() * ROW_TILE;
-    let pairs = [tile * 2, tile * 2 + 1];
-    assert!((pairs[1] * nb + nb) * 32 <= qs.len() && (pairs[1] * nb + nb) * 2 <= d.len());
-    assert!((c0 + N) * nb * 64 <= acts.nib.len() && (c0 + N) * nb <= acts.d.len());
-    assert!(nb * rp <= m.len() && (c0 + N) * nb <= acts.s.len());
+    assert!((tile * nb + nb) * Q4_REC <= data.len());
+    assert!(
+        (c0 + N) * nb * 64 <= acts.nib.len()
+            && (c0 + N) * nb <= acts.d.len()
+            && (c0 + N) * nb <= acts.s.len()
+    );
     // SAFETY: all loads below are within the slices (asserted above).
     unsafe {
         let low = _mm256_set1_epi8(0x0F);
         let pat = _mm512_loadu_si512(Q4_PATTERN.as_ptr() as *const _);
         let zero = _mm512_setzero_si512();
         let mut acc = [[_mm512_setzero_ps(); N]; 2];
+        let mut summs = [_mm_setzero_ps(); N];
         for b in 0..nb {
+            let rec = data.as_ptr().add((tile * nb + b) * Q4_REC);
             let mut wz = [zero; 2];
             let mut dw = [_mm512_setzero_ps(); 2];
-            for (i, &p) in pairs.iter().enumerate() {
-                let raw = _mm256_loadu_si256(qs.as_ptr().add((p * nb + b) * 32) as *const __m256i);
+            for i in 0..2 {
+                let raw = _mm256_loadu_si256(rec.add(i * 32) as *const __m256i);
                 let lo = _mm256_and_si256(raw, low);
                 let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(raw), low);
                 wz[i] = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
-                dw[i] = _mm512_permutexvar_ps(pat, load2(d.as_ptr().add((p * nb + b) * 2)));
+                dw[i] = _mm512_permutexvar_ps(pat, load2(rec.add(64 + i * 4) as *const u16));
             }
+            let mv = _mm_cvtph_ps(_mm_loadl_epi64(rec.add(72) as *const __m128i));
             for j in 0..N {
                 let c = c0 + j;
                 let az = _mm512_loadu_si512(acts.nib.as_ptr().add((c * nb + b) * 64) as *const _);
@@ -148,58 +307,55 @@ unsafe fn q4_1_tile<const N: usize>(
                     let lanes = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(zero, wz[i], az));
                     acc[i][j] = _mm512_fmadd_ps(_mm512_mul_ps(dw[i], da), lanes, acc[i][j]);
                 }
+                summs[j] =
+                    _mm_fmadd_ps(mv, _mm_set1_ps(*acts.s.get_unchecked(c * nb + b)), summs[j]);
             }
         }
         for j in 0..N {
-            let c = c0 + j;
-            // Σ_b fma(m, s) for the four rows of the tile, in block order.
-            let mut summs = _mm_setzero_ps();
-            for b in 0..nb {
-                let bits =
-                    _mm_loadl_epi64(m.as_ptr().add(b * rp + tile * ROW_TILE) as *const __m128i);
-                let mv = _mm_cvtph_ps(bits);
-                summs = _mm_fmadd_ps(mv, _mm_set1_ps(*acts.s.get_unchecked(c * nb + b)), summs);
-            }
             let mut sm = [0f32; 4];
-            _mm_storeu_ps(sm.as_mut_ptr(), summs);
+            _mm_storeu_ps(sm.as_mut_ptr(), summs[j]);
             for i in 0..2 {
-                let mut z = [0f32; 16];
-                _mm512_storeu_ps(z.as_mut_ptr(), acc[i][j]);
-                let r0 = [z[0], z[1], z[2], z[3], z[8], z[9], z[10], z[11]];
-                let r1 = [z[4], z[5], z[6], z[7], z[12], z[13], z[14], z[15]];
-                let row = tile * ROW_TILE + 2 * i;
-                out.set(c, row, hsum8(&r0) + sm[2 * i]);
-                out.set(c, row + 1, hsum8(&r1) + sm[2 * i + 1]);
+                store_q4_pair(
+                    acc[i][j],
+                    sm[2 * i],
+                    sm[2 * i + 1],
+                    c0 + j,
+                    tile * ROW_TILE + 2 * i,
+                    out,
+                );
             }
         }
     }
 }
 
+/// `N` columns against the four rows of tile `tile`.
 #[inline(always)]
 unsafe fn q8_0_tile<const N: usize>(
-    _w: &Packed,
-    qs: &[u8],
-    d: &[u16],
+    data: &[u8],
     acts: &Acts,
     tile: usize,
     c0: usize,
     out: &OutRows<'_>,
 ) {
     let nb = acts.blocks();
-    let pairs = [tile * 2, tile * 2 + 1];
-    assert!((pairs[1] * nb + nb) * 64 <= qs.len() && (pairs[1] * nb + nb) * 2 <= d.len());
-    assert!((c0 + N) * nb * 64 <= acts.dup.len() && (c0 + N) * nb * 16 <= acts.corr.len());
+    assert!((tile * nb + nb) * Q8_REC <= data.len());
+    assert!(
+        (c0 + N) * nb * 64 <= acts.dup.len()
+            && (c0 + N) * nb * 16 <= acts.corr.len()
+            && (c0 + N) * nb <= acts.d.len()
+    );
     // SAFETY: all loads below are within the slices (asserted above).
     unsafe {
         let pat = _mm512_loadu_si512(Q8_PATTERN.as_ptr() as *const _);
         let zero = _mm512_setzero_si512();
         let mut acc = [[_mm512_setzero_ps(); N]; 2];
         for b in 0..nb {
+            let rec = data.as_ptr().add((tile * nb + b) * Q8_REC);
             let mut wz = [zero; 2];
             let mut dw = [_mm512_setzero_ps(); 2];
-            for (i, &p) in pairs.iter().enumerate() {
-                wz[i] = _mm512_loadu_si512(qs.as_ptr().add((p * nb + b) * 64) as *const _);
-                dw[i] = _mm512_permutexvar_ps(pat, load2(d.as_ptr().add((p * nb + b) * 2)));
+            for i in 0..2 {
+                wz[i] = _mm512_loadu_si512(rec.add(i * 64) as *const _);
+                dw[i] = _mm512_permutexvar_ps(pat, load2(rec.add(128 + i * 4) as *const u16));
             }
             for j in 0..N {
                 let c = c0 + j;
