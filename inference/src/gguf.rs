@@ -177,7 +177,7 @@ impl Gguf {
         }
         let row_bytes = cols / bs * info.ggml_dtype.type_size();
         let n = buf.len() / row_bytes.max(1);
-        if buf.len() % row_bytes.max(1) != 0 || row0 + n > rows {
+        if !buf.len().is_multiple_of(row_bytes.max(1)) || row0 + n > rows {
             return Err(model_err(format!(
                 "tensor `{name}`: rows {row0}..{} requested of {rows}",
                 row0 + n
