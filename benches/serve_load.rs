@@ -4,11 +4,14 @@
 //! bounded queue's 503s are acceptable).
 //!
 //! `cargo bench -p agentd-benches --bench serve_load` (after `cargo build
-//! --release`).
+//! --release`). With `LLAMA_SERVER=/path/to/llama-server` the same load is
+//! then run against llama.cpp's server (its defaults, same model, same
+//! thread count) and the two are printed side by side.
 
 use agentd_benches::{agentd, model, percentile};
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
+use std::net::TcpStream;
 use std::os::unix::net::UnixStream;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -23,12 +26,31 @@ struct Outcome {
     tokens: usize,
 }
 
-fn one(sock: &std::path::Path, i: usize) -> Outcome {
+/// Where the server listens.
+#[derive(Clone)]
+enum Target {
+    Unix(std::path::PathBuf),
+    Tcp(String),
+}
+
+impl Target {
+    fn connect(&self) -> std::io::Result<Box<dyn ReadWrite>> {
+        Ok(match self {
+            Target::Unix(p) => Box::new(UnixStream::connect(p)?),
+            Target::Tcp(a) => Box::new(TcpStream::connect(a)?),
+        })
+    }
+}
+
+trait ReadWrite: std::io::Read + Write + Send {}
+impl<T: std::io::Read + Write + Send> ReadWrite for T {}
+
+fn one(target: &Target, i: usize) -> Outcome {
     let body = format!(
         r#"{{"messages": [{{"role": "user", "content": "Question {i}: name a city and say one fact about it."}}], "max_tokens": {MAX_TOKENS}, "stream": true, "temperature": 0.7, "seed": {i}}}"#
     );
     let t = Instant::now();
-    let Ok(mut s) = UnixStream::connect(sock) else {
+    let Ok(mut s) = target.connect() else {
         return Outcome { status: 0, ttft: None, tokens: 0 };
     };
     let _ = write!(s, "POST /v1/chat/completions HTTP/1.1\r\nHost: b\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len());
@@ -62,17 +84,54 @@ fn main() {
         return;
     }
     let model = model();
+    let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
     let home = tempfile_dir();
     let sock = home.join("load.sock");
-    let mut child = std::process::Command::new(agentd())
+    let child = std::process::Command::new(agentd())
         .args(["serve", "--model", model.to_str().unwrap(), "--socket", sock.to_str().unwrap()])
+        .args(["--threads", &threads.to_string()])
         .env("AGENTD_HOME", &home)
         .stderr(std::process::Stdio::null())
         .spawn()
         .expect("serve starts");
+    let ours = load("agentd serve", child, Target::Unix(sock));
+    let _ = std::fs::remove_dir_all(&home);
+    let Ok(bin) = std::env::var("LLAMA_SERVER") else {
+        println!("(llama-server not measured: set LLAMA_SERVER to its binary)");
+        return;
+    };
+    let port = 18000 + std::process::id() % 1000;
+    let child = std::process::Command::new(bin)
+        .args(["-m", model.to_str().unwrap(), "--host", "127.0.0.1", "--port", &port.to_string()])
+        .args(["-t", &threads.to_string(), "--no-webui"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("llama-server starts");
+    let theirs = load("llama-server", child, Target::Tcp(format!("127.0.0.1:{port}")));
+    println!(
+        "ratio agentd/llama-server: p50 TTFT {:.2}x (lower is better) · p95 TTFT {:.2}x · tokens/s {:.2}x",
+        ours.0 / theirs.0,
+        ours.1 / theirs.1,
+        ours.2 / theirs.2
+    );
+}
+
+/// Waits for the server, runs the load, stops it; returns
+/// (p50 TTFT, p95 TTFT, aggregate tokens/s).
+fn load(name: &str, mut child: std::process::Child, target: Target) -> (f64, f64, f64) {
     let t = Instant::now();
-    while UnixStream::connect(&sock).is_err() {
-        assert!(t.elapsed() < Duration::from_secs(60), "serve did not come up");
+    loop {
+        // Up when /health answers 200 (llama-server answers 503 while loading).
+        if let Ok(mut s) = target.connect() {
+            let _ = write!(s, "GET /health HTTP/1.1\r\nHost: b\r\nConnection: close\r\n\r\n");
+            let mut line = String::new();
+            let _ = BufReader::new(s).read_line(&mut line);
+            if line.contains(" 200") {
+                break;
+            }
+        }
+        assert!(t.elapsed() < Duration::from_secs(120), "{name} did not come up");
         std::thread::sleep(Duration::from_millis(100));
     }
     let next = Arc::new(Mutex::new(0usize));
@@ -80,7 +139,7 @@ fn main() {
     let start = Instant::now();
     let workers: Vec<_> = (0..CLIENTS)
         .map(|_| {
-            let (next, results, sock) = (Arc::clone(&next), Arc::clone(&results), sock.clone());
+            let (next, results, target) = (Arc::clone(&next), Arc::clone(&results), target.clone());
             std::thread::spawn(move || loop {
                 let i = {
                     let mut n = next.lock().unwrap();
@@ -90,7 +149,7 @@ fn main() {
                     *n += 1;
                     *n
                 };
-                let o = one(&sock, i);
+                let o = one(&target, i);
                 if o.status == 503 {
                     std::thread::sleep(Duration::from_millis(200));
                 }
@@ -112,18 +171,17 @@ fn main() {
     let ttfts: Vec<f64> = results.iter().filter_map(|r| r.ttft).collect();
     let tokens: usize = results.iter().map(|r| r.tokens).sum();
     let lost = results.iter().filter(|r| r.status == 200 && r.ttft.is_none()).count();
-    println!("serve load: {CLIENTS} clients, {REQUESTS} streaming requests of up to {MAX_TOKENS} tokens, {wall:.1} s");
+    println!("{name}: {CLIENTS} clients, {REQUESTS} streaming requests of up to {MAX_TOKENS} tokens, {wall:.1} s");
     println!(
-        "status counts: {by_status:?} (only 503 from the bounded queue is an acceptable error)"
+        "  status counts: {by_status:?} (only 503 from the bounded queue is an acceptable error)"
     );
-    println!("completed with text: {} · lost (200 without text): {lost}", ttfts.len());
+    println!("  completed with text: {} · lost (200 without text): {lost}", ttfts.len());
+    let (p50, p95, tps) =
+        (percentile(ttfts.clone(), 50.0), percentile(ttfts, 95.0), tokens as f64 / wall);
     println!(
-        "time to first token: p50 {:.2} s · p95 {:.2} s · aggregate {:.1} generated tokens/s",
-        percentile(ttfts.clone(), 50.0),
-        percentile(ttfts, 95.0),
-        tokens as f64 / wall
+        "  time to first token: p50 {p50:.2} s · p95 {p95:.2} s · aggregate {tps:.1} generated tokens/s"
     );
-    let _ = std::fs::remove_dir_all(&home);
+    (p50, p95, tps)
 }
 
 fn tempfile_dir() -> std::path::PathBuf {
