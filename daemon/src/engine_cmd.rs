@@ -17,7 +17,7 @@ pub(crate) struct EngineArgs {
     /// Registry name or path to a .gguf file (default: the registry's default)
     #[arg(long)]
     pub(crate) model: Option<String>,
-    /// Where to run: auto, cpu, cuda[:N], metal
+    /// Where to run: auto, cpu, cuda[:N], metal, candle-cpu (the GPU code path on the CPU, for checking it)
     #[arg(long, default_value = "auto")]
     pub(crate) device: String,
     /// Compute threads (default: all available CPUs)

@@ -3,6 +3,7 @@
 //! tokens prefills only the new part; and generation that streams UTF-8-safe
 //! text deltas.
 
+use crate::candle_path::CandleModel;
 use crate::error::{Error, ErrorKind, Result};
 use crate::gguf::Gguf;
 use crate::kernels::attn::{Mode, UBATCH};
@@ -11,13 +12,17 @@ use crate::pool::Pool;
 use crate::sampler::{sample, Rng, Sampling};
 use crate::tokenizer::Tok;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+
+/// Session ids for backends that keep one shared cache.
+static NEXT_SESSION: AtomicU64 = AtomicU64::new(1);
 
 /// Where the model runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Device {
-    /// The best available: CPU in this build.
+    /// The best available: a GPU when the build has its backend and the
+    /// machine has one, else the CPU fast path.
     #[default]
     Auto,
     /// The CPU fast path.
@@ -26,6 +31,21 @@ pub enum Device {
     Cuda(usize),
     /// Apple GPU (`metal` feature).
     Metal,
+    /// candle's own model code on candle's CPU backend: the code path the
+    /// GPU devices take, runnable anywhere (slow; for checking that path).
+    CandleCpu,
+}
+
+impl std::fmt::Display for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Device::Auto => f.write_str("auto"),
+            Device::Cpu => f.write_str("cpu"),
+            Device::Cuda(n) => write!(f, "cuda:{n}"),
+            Device::Metal => f.write_str("metal"),
+            Device::CandleCpu => f.write_str("candle-cpu"),
+        }
+    }
 }
 
 impl std::str::FromStr for Device {
@@ -37,12 +57,15 @@ impl std::str::FromStr for Device {
             "cpu" => Device::Cpu,
             "cuda" => Device::Cuda(0),
             "metal" => Device::Metal,
+            "candle-cpu" => Device::CandleCpu,
             _ => match s.strip_prefix("cuda:").and_then(|n| n.parse().ok()) {
                 Some(n) => Device::Cuda(n),
                 None => {
                     return Err(Error::new(
                         ErrorKind::Input,
-                        format!("unknown device {s:?}: use auto, cpu, cuda, cuda:N or metal"),
+                        format!(
+                        "unknown device {s:?}: use auto, cpu, cuda, cuda:N, metal or candle-cpu"
+                    ),
                     ))
                 }
             },
@@ -84,10 +107,19 @@ pub struct ModelInfo {
     pub threads: usize,
 }
 
+/// Which forward pass runs the model.
+#[derive(Debug)]
+enum Backend {
+    /// This crate's CPU path (`model`, `kernels`).
+    Fast(Model),
+    /// candle's model code on a candle device (`candle_path`).
+    Candle(CandleModel),
+}
+
 /// A loaded model, ready to generate.
 #[derive(Debug)]
 pub struct Engine {
-    model: Model,
+    backend: Backend,
     tok: Tok,
     pool: Pool,
     info: ModelInfo,
@@ -105,6 +137,9 @@ pub struct Engine {
 /// equal to output without it.
 #[derive(Debug, Default)]
 pub struct Session {
+    /// Names the session to a backend that keeps one shared cache (candle's);
+    /// 0 until the first forward pass there.
+    id: u64,
     tokens: Vec<u32>,
     modes: Vec<Mode>,
     kv: KvCache,
@@ -204,24 +239,21 @@ pub struct Output {
 impl Engine {
     /// Loads a GGUF model.
     pub fn load(path: &Path, opts: &EngineOptions) -> Result<Engine> {
-        match opts.device {
-            Device::Auto | Device::Cpu => {}
-            d @ (Device::Cuda(_) | Device::Metal) => {
-                let feature = if matches!(d, Device::Metal) { "metal" } else { "cuda" };
-                let built = match d {
-                    Device::Metal => cfg!(feature = "metal"),
-                    _ => cfg!(feature = "cuda"),
-                };
-                return Err(Error::new(
-                    ErrorKind::Device,
-                    if built {
-                        format!("device {d:?}: this build has candle's {feature} backend, but the GPU forward pass is not wired yet; use --device cpu")
-                    } else {
-                        format!("device {d:?} is not in this build: rebuild with `--features {feature}` on a machine that has it, or use --device cpu")
-                    },
-                ));
+        let device = match opts.device {
+            Device::Auto if cfg!(feature = "cuda") && candle_core::utils::cuda_is_available() => {
+                Device::Cuda(0)
             }
-        }
+            Device::Auto if cfg!(feature = "metal") && candle_core::utils::metal_is_available() => {
+                Device::Metal
+            }
+            Device::Auto => Device::Cpu,
+            d => d,
+        };
+        // Fail on a missing device before reading hundreds of MB.
+        let candle_device = match device {
+            Device::Cpu => None,
+            d => Some(crate::candle_path::device(d)?),
+        };
         let mut g = Gguf::open(path)?;
         let tok = Tok::from_gguf(&g, path)?;
         let cfg = crate::model::Config::read(&g)?;
@@ -267,7 +299,17 @@ impl Engine {
         // tokenizer now; freeing them before the weights are read keeps
         // them out of peak RSS.
         g.drop_vocab();
-        let model = Model::load(&mut g)?;
+        let backend = match candle_device {
+            None => Backend::Fast(Model::load(&mut g)?),
+            Some(d) => {
+                drop(g);
+                Backend::Candle(CandleModel::load(path, cfg.arch, d)?)
+            }
+        };
+        let weight_bytes = match &backend {
+            Backend::Fast(m) => m.bytes(),
+            Backend::Candle(m) => m.bytes(),
+        };
         let info = ModelInfo {
             path: path.to_owned(),
             context: opts.context.unwrap_or(cfg.n_ctx_train.min(8192)).max(16),
@@ -275,11 +317,11 @@ impl Engine {
             stop_tokens,
             bos,
             eos,
-            weight_bytes: model.bytes(),
+            weight_bytes,
             threads,
             config: cfg,
         };
-        Ok(Engine { model, tok, pool: Pool::new(threads), info })
+        Ok(Engine { backend, tok, pool: Pool::new(threads), info })
     }
 
     /// What is loaded.
@@ -300,24 +342,40 @@ impl Engine {
     /// Runs `tokens` through the model after what `session` caches (no
     /// sampling): for benchmarks and warm-ups. Leaves the last logits.
     pub fn eval(&self, session: &mut Session, tokens: &[u32]) -> Result<()> {
-        if session.kv.len() + tokens.len() >= self.info.context {
+        if session.tokens.len() + tokens.len() >= self.info.context {
             return Err(Error::new(
                 ErrorKind::Input,
                 format!(
                     "{} more tokens do not fit: {} are cached and the context holds {}",
                     tokens.len(),
-                    session.kv.len(),
+                    session.tokens.len(),
                     self.info.context
                 ),
             ));
         }
         // As one llama.cpp decode call: physical batches of `UBATCH`.
         for part in tokens.chunks(UBATCH) {
-            let mode = Mode::for_batch(part.len());
-            self.model.forward(&self.pool, part, mode, &mut session.kv, &mut session.scratch)?;
-            session.tokens.extend_from_slice(part);
-            session.modes.extend(std::iter::repeat_n(mode, part.len()));
+            self.step(session, part, Mode::for_batch(part.len()))?;
         }
+        Ok(())
+    }
+
+    /// Runs `part` after what `session` caches, by attention path `mode`
+    /// (the fast path's; candle has one path), and records it as cached.
+    fn step(&self, session: &mut Session, part: &[u32], mode: Mode) -> Result<()> {
+        match &self.backend {
+            Backend::Fast(m) => {
+                m.forward(&self.pool, part, mode, &mut session.kv, &mut session.scratch)?
+            }
+            Backend::Candle(m) => {
+                if session.id == 0 {
+                    session.id = NEXT_SESSION.fetch_add(1, Ordering::Relaxed);
+                }
+                m.forward(session.id, &session.tokens, part, &mut session.scratch.logits)?
+            }
+        }
+        session.tokens.extend_from_slice(part);
+        session.modes.extend(std::iter::repeat_n(mode, part.len()));
         Ok(())
     }
 
@@ -338,7 +396,7 @@ impl Engine {
         on_text: &mut dyn FnMut(&str),
     ) -> Result<Output> {
         let t0 = Instant::now();
-        let cfg = &self.model.cfg;
+        let cfg = &self.info.config;
         if prompt.is_empty() {
             return Err(Error::new(ErrorKind::Input, "the prompt is empty"));
         }
@@ -357,10 +415,22 @@ impl Engine {
         // position (Session's INVARIANT). At least one token must run for
         // logits.
         let plan = |p: usize| Mode::in_prompt(p, prompt.len());
-        let mut reuse = (session.tokens.iter().zip(&session.modes).zip(prompt).enumerate())
-            .take_while(|&(p, ((a, m), b))| a == b && *m == plan(p))
-            .count();
-        reuse = reuse.min(prompt.len() - 1).min(session.kv.len());
+        let reuse = match &self.backend {
+            Backend::Fast(_) => (session.tokens.iter().zip(&session.modes).zip(prompt).enumerate())
+                .take_while(|&(p, ((a, m), b))| a == b && *m == plan(p))
+                .count()
+                .min(prompt.len() - 1)
+                .min(session.kv.len()),
+            // candle's cache cannot be cut: it continues only a prompt that
+            // extends all of it.
+            Backend::Candle(_) => {
+                if prompt.len() > session.tokens.len() && prompt.starts_with(&session.tokens) {
+                    session.tokens.len()
+                } else {
+                    0
+                }
+            }
+        };
         session.kv.truncate(reuse, cfg);
         session.tokens.truncate(reuse);
         session.modes.truncate(reuse);
@@ -386,10 +456,7 @@ impl Engine {
                 return Ok(out);
             }
             let end = if at < full { full.min(at + chunk) } else { prompt.len().min(at + chunk) };
-            let (part, mode) = (&prompt[at..end], plan(at));
-            self.model.forward(&self.pool, part, mode, &mut session.kv, &mut session.scratch)?;
-            session.tokens.extend_from_slice(part);
-            session.modes.extend(std::iter::repeat_n(mode, part.len()));
+            self.step(session, &prompt[at..end], plan(at))?;
             at = end;
         }
         out.prompt_time = t0.elapsed();
@@ -429,19 +496,11 @@ impl Engine {
                 out.finish = Finish::Stop;
                 break;
             }
-            if session.kv.len() + 1 >= self.info.context {
+            if session.tokens.len() + 1 >= self.info.context {
                 out.finish = Finish::Length;
                 break;
             }
-            self.model.forward(
-                &self.pool,
-                &[id],
-                Mode::Vec,
-                &mut session.kv,
-                &mut session.scratch,
-            )?;
-            session.tokens.push(id);
-            session.modes.push(Mode::Vec);
+            self.step(session, &[id], Mode::Vec)?;
         }
         text.finish(out.finish == Finish::Stop && text.stopped, on_text);
         out.text = text.delivered;

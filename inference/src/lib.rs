@@ -10,6 +10,7 @@
 //! It must not depend on tokio, HTTP, SQLite, JSON wire formats or the other
 //! workspace crates (`prompts`, `toolparse`).
 
+mod candle_path;
 mod engine;
 mod error;
 mod gguf;
