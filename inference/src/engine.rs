@@ -7,7 +7,7 @@ use crate::candle_path::CandleModel;
 use crate::error::{Error, ErrorKind, Result};
 use crate::gguf::Gguf;
 use crate::kernels::attn::{Mode, UBATCH};
-use crate::model::{Config, KvCache, Model, Scratch};
+use crate::model::{Config, KvCache, Model, Scratch, Seq};
 use crate::pool::Pool;
 use crate::sampler::{sample, Rng, Sampling};
 use crate::tokenizer::Tok;
@@ -120,6 +120,8 @@ enum Backend {
 #[derive(Debug)]
 pub struct Engine {
     backend: Backend,
+    /// Buffers of batched decode steps (a session's own serve it alone).
+    batch: std::sync::Mutex<Scratch>,
     tok: Tok,
     pool: Pool,
     info: ModelInfo,
@@ -321,7 +323,7 @@ impl Engine {
             threads,
             config: cfg,
         };
-        Ok(Engine { backend, tok, pool: Pool::new(threads), info })
+        Ok(Engine { backend, batch: Default::default(), tok, pool: Pool::new(threads), info })
     }
 
     /// What is loaded.
@@ -355,14 +357,14 @@ impl Engine {
         }
         // As one llama.cpp decode call: physical batches of `UBATCH`.
         for part in tokens.chunks(UBATCH) {
-            self.step(session, part, Mode::for_batch(part.len()))?;
+            self.step_one(session, part, Mode::for_batch(part.len()))?;
         }
         Ok(())
     }
 
     /// Runs `part` after what `session` caches, by attention path `mode`
     /// (the fast path's; candle has one path), and records it as cached.
-    fn step(&self, session: &mut Session, part: &[u32], mode: Mode) -> Result<()> {
+    fn step_one(&self, session: &mut Session, part: &[u32], mode: Mode) -> Result<()> {
         match &self.backend {
             Backend::Fast(m) => {
                 m.forward(&self.pool, part, mode, &mut session.kv, &mut session.scratch)?
@@ -395,6 +397,24 @@ impl Engine {
         cancel: &AtomicBool,
         on_text: &mut dyn FnMut(&str),
     ) -> Result<Output> {
+        let mut gen = self.begin(session, prompt, params, cancel)?;
+        while !gen.is_done() {
+            self.step(&mut [Step { session, gen: &mut gen, cancel, on_text }])?;
+        }
+        Ok(self.end(gen, on_text))
+    }
+
+    /// Starts a generation: prefills `prompt` into `session` (reusing what
+    /// it already caches), checking `cancel` between prompt chunks. Drive it
+    /// with [`Engine::step`] until [`Generation::is_done`], then
+    /// [`Engine::end`]. Generations of different sessions may share steps.
+    pub fn begin(
+        &self,
+        session: &mut Session,
+        prompt: &[u32],
+        params: &GenParams,
+        cancel: &AtomicBool,
+    ) -> Result<Generation> {
         let t0 = Instant::now();
         let cfg = &self.info.config;
         if prompt.is_empty() {
@@ -434,15 +454,31 @@ impl Engine {
         session.kv.truncate(reuse, cfg);
         session.tokens.truncate(reuse);
         session.modes.truncate(reuse);
-        let mut out = Output {
-            ids: Vec::new(),
-            text: String::new(),
-            finish: Finish::Stop,
-            prompt_tokens: prompt.len(),
-            reused_tokens: reuse,
-            prompt_time: Duration::ZERO,
-            first_token: Duration::ZERO,
-            gen_time: Duration::ZERO,
+        let mut banned = vec![false; cfg.n_vocab];
+        for &f in &params.forbid {
+            if let Some(b) = banned.get_mut(f as usize) {
+                *b = true;
+            }
+        }
+        let mut gen = Generation {
+            out: Output {
+                ids: Vec::new(),
+                text: String::new(),
+                finish: Finish::Stop,
+                prompt_tokens: prompt.len(),
+                reused_tokens: reuse,
+                prompt_time: Duration::ZERO,
+                first_token: Duration::ZERO,
+                gen_time: Duration::ZERO,
+            },
+            stops: self.info.stop_tokens.iter().chain(&params.stop_tokens).copied().collect(),
+            banned,
+            rng: Rng::new(params.sampling.seed),
+            text: TextStream::new(params.stop_strings.clone()),
+            params: params.clone(),
+            t0,
+            t1: t0,
+            done: false,
         };
         // The path changes at most once, where the prompt's last short
         // physical batch starts; chunks do not straddle it.
@@ -451,62 +487,159 @@ impl Engine {
         let mut at = reuse;
         while at < prompt.len() {
             if cancel.load(Ordering::Relaxed) {
-                out.finish = Finish::Cancelled;
-                out.prompt_time = t0.elapsed();
-                return Ok(out);
+                gen.out.finish = Finish::Cancelled;
+                gen.done = true;
+                break;
             }
             let end = if at < full { full.min(at + chunk) } else { prompt.len().min(at + chunk) };
-            self.step(session, &prompt[at..end], plan(at))?;
+            self.step_one(session, &prompt[at..end], plan(at))?;
             at = end;
         }
-        out.prompt_time = t0.elapsed();
-        let t1 = Instant::now();
-        let mut banned = vec![false; cfg.n_vocab];
-        for &f in &params.forbid {
-            if let Some(b) = banned.get_mut(f as usize) {
-                *b = true;
+        gen.out.prompt_time = t0.elapsed();
+        gen.t1 = Instant::now();
+        Ok(gen)
+    }
+
+    /// Advances every generation that is not done by one token: samples it
+    /// from its session's logits, delivers its text, and runs all that go
+    /// on through the model in one pass (the weights are read once for the
+    /// whole batch). A generation's tokens are the same whether it steps
+    /// alone or with others. An error fails the whole step.
+    pub fn step(&self, items: &mut [Step<'_>]) -> Result<()> {
+        let mut go: Vec<(usize, u32)> = Vec::with_capacity(items.len());
+        for (k, it) in items.iter_mut().enumerate() {
+            let (g, session) = (&mut *it.gen, &mut *it.session);
+            if g.done {
+                continue;
             }
-        }
-        let stops: Vec<u32> =
-            self.info.stop_tokens.iter().chain(&params.stop_tokens).copied().collect();
-        let mut rng = Rng::new(params.sampling.seed);
-        let mut text = TextStream::new(&params.stop_strings);
-        loop {
-            if cancel.load(Ordering::Relaxed) {
+            let out = &mut g.out;
+            if it.cancel.load(Ordering::Relaxed) {
                 out.finish = Finish::Cancelled;
-                break;
+                g.done = true;
+                continue;
             }
-            if out.ids.len() >= params.max_tokens {
+            if out.ids.len() >= g.params.max_tokens {
                 out.finish = Finish::Length;
-                break;
+                g.done = true;
+                continue;
             }
             let recent = &session.tokens
-                [session.tokens.len().saturating_sub(params.sampling.repeat_last_n)..];
-            let id =
-                sample(&mut session.scratch.logits, &params.sampling, recent, &banned, &mut rng);
+                [session.tokens.len().saturating_sub(g.params.sampling.repeat_last_n)..];
+            let id = sample(
+                &mut session.scratch.logits,
+                &g.params.sampling,
+                recent,
+                &g.banned,
+                &mut g.rng,
+            );
             if out.ids.is_empty() {
-                out.first_token = t0.elapsed();
+                out.first_token = g.t0.elapsed();
             }
             out.ids.push(id);
-            if stops.contains(&id) {
+            if g.stops.contains(&id) {
                 out.finish = Finish::Stop;
-                break;
+                g.done = true;
+                continue;
             }
-            if text.push(self.tok.piece(id), on_text) {
+            if g.text.push(self.tok.piece(id), it.on_text) {
                 out.finish = Finish::Stop;
-                break;
+                g.done = true;
+                continue;
             }
             if session.tokens.len() + 1 >= self.info.context {
                 out.finish = Finish::Length;
-                break;
+                g.done = true;
+                continue;
             }
-            self.step(session, &[id], Mode::Vec)?;
+            go.push((k, id));
         }
+        match (&self.backend, go.len()) {
+            (_, 0) => {}
+            (Backend::Fast(m), n) if n > 1 => {
+                let tokens: Vec<u32> = go.iter().map(|&(_, id)| id).collect();
+                let mut seqs = Vec::with_capacity(n);
+                let mut want = go.iter().map(|&(k, _)| k).peekable();
+                for (k, it) in items.iter_mut().enumerate() {
+                    if want.peek() == Some(&k) {
+                        want.next();
+                        let session = &mut *it.session;
+                        seqs.push(Seq {
+                            kv: &mut session.kv,
+                            n: 1,
+                            logits: &mut session.scratch.logits,
+                        });
+                    }
+                }
+                let mut scratch = self.batch.lock().unwrap_or_else(|p| p.into_inner());
+                m.forward_seqs(&self.pool, &tokens, Mode::Vec, &mut seqs, &mut scratch)?;
+                drop(seqs);
+                for &(k, id) in &go {
+                    items[k].session.tokens.push(id);
+                    items[k].session.modes.push(Mode::Vec);
+                }
+            }
+            _ => {
+                for &(k, id) in &go {
+                    self.step_one(items[k].session, &[id], Mode::Vec)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Finishes a generation: releases text held back for stop strings and
+    /// returns what it produced.
+    pub fn end(&self, gen: Generation, on_text: &mut dyn FnMut(&str)) -> Output {
+        let Generation { mut out, mut text, t1, .. } = gen;
         text.finish(out.finish == Finish::Stop && text.stopped, on_text);
         out.text = text.delivered;
         out.gen_time = t1.elapsed();
-        Ok(out)
+        out
     }
+}
+
+/// A generation in progress: see [`Engine::begin`].
+#[derive(Debug)]
+pub struct Generation {
+    params: GenParams,
+    out: Output,
+    banned: Vec<bool>,
+    stops: Vec<u32>,
+    rng: Rng,
+    text: TextStream,
+    t0: Instant,
+    t1: Instant,
+    done: bool,
+}
+
+impl Generation {
+    /// Whether it has finished (stop, length or cancelled).
+    pub fn is_done(&self) -> bool {
+        self.done
+    }
+
+    /// Tokens generated so far.
+    pub fn generated(&self) -> usize {
+        self.out.ids.len()
+    }
+}
+
+impl std::fmt::Debug for Step<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Step").field("gen", &self.gen).finish_non_exhaustive()
+    }
+}
+
+/// One generation's part in an [`Engine::step`].
+pub struct Step<'a> {
+    /// The session it generates into.
+    pub session: &'a mut Session,
+    /// The generation.
+    pub gen: &'a mut Generation,
+    /// Its cancel flag.
+    pub cancel: &'a AtomicBool,
+    /// Where its text deltas go.
+    pub on_text: &'a mut dyn FnMut(&str),
 }
 
 fn tok_name(g: &Gguf, id: u32) -> Option<String> {
@@ -516,16 +649,16 @@ fn tok_name(g: &Gguf, id: u32) -> Option<String> {
 /// Turns token bytes into text deltas: never splits a UTF-8 character and
 /// holds back what could be the start of a stop string.
 #[derive(Debug)]
-struct TextStream<'a> {
-    stops: &'a [String],
+struct TextStream {
+    stops: Vec<String>,
     bytes: Vec<u8>,
     text: String,
     delivered: String,
     stopped: bool,
 }
 
-impl<'a> TextStream<'a> {
-    fn new(stops: &'a [String]) -> TextStream<'a> {
+impl TextStream {
+    fn new(stops: Vec<String>) -> TextStream {
         TextStream {
             stops,
             bytes: Vec::new(),
@@ -572,7 +705,7 @@ impl<'a> TextStream<'a> {
         // Hold back the longest tail that could still grow into a stop string.
         let mut hold = 0;
         let pending = &self.text[done..];
-        for s in self.stops {
+        for s in &self.stops {
             for (k, _) in s.char_indices().skip(1) {
                 if k <= pending.len() && pending.ends_with(&s[..k]) {
                     hold = hold.max(k);
@@ -611,7 +744,7 @@ mod tests {
 
     fn run(pieces: &[&[u8]], stops: &[&str]) -> (Vec<String>, bool) {
         let stops: Vec<String> = stops.iter().map(|s| s.to_string()).collect();
-        let mut ts = TextStream::new(&stops);
+        let mut ts = TextStream::new(stops);
         let mut out = Vec::new();
         let mut stopped = false;
         for p in pieces {

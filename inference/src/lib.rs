@@ -21,7 +21,9 @@ mod quant;
 mod sampler;
 mod tokenizer;
 
-pub use engine::{Device, Engine, EngineOptions, Finish, GenParams, ModelInfo, Output, Session};
+pub use engine::{
+    Device, Engine, EngineOptions, Finish, GenParams, Generation, ModelInfo, Output, Session, Step,
+};
 pub use error::{Error, ErrorKind, Result};
 pub use model::{Arch, Config};
 pub use pool::Pool;

@@ -465,6 +465,8 @@ pub(crate) struct Scratch {
     acts: Acts,
     /// RoPE cos/sin pairs of the positions being run.
     rope: Vec<f32>,
+    /// Each row's sequence (index into the pass's `Seq`s) and position.
+    rows: Vec<(usize, usize)>,
     pub(crate) logits: Vec<f32>,
 }
 
@@ -530,6 +532,15 @@ thread_local! {
     static TILED: std::cell::RefCell<(TiledScratch, Vec<f32>)> = Default::default();
 }
 
+/// One sequence of a batched forward pass: its cache, how many of the
+/// pass's tokens (consecutive, in `seqs` order) are its, and where its last
+/// token's logits go.
+pub(crate) struct Seq<'a> {
+    pub(crate) kv: &'a mut KvCache,
+    pub(crate) n: usize,
+    pub(crate) logits: &'a mut Vec<f32>,
+}
+
 impl Model {
     /// Runs `tokens` (at positions `kv.len()..`) through the model, appends
     /// their keys and values, and leaves the logits of the last token in
@@ -544,16 +555,49 @@ impl Model {
         kv: &mut KvCache,
         s: &mut Scratch,
     ) -> Result<()> {
+        let mut logits = std::mem::take(&mut s.logits);
+        let seq = Seq { kv, n: tokens.len(), logits: &mut logits };
+        let r = self.forward_seqs(pool, tokens, mode, &mut [seq], s);
+        s.logits = logits;
+        r
+    }
+
+    /// [`Model::forward`] for several sequences at once, each with its own
+    /// cache and positions: the weights are read once for all of them (the
+    /// point of batching decode steps across requests). Every row's numbers
+    /// are the ones a pass of that sequence alone gives (per-column matmuls,
+    /// per-row norms and attention), so batching never changes an output.
+    pub(crate) fn forward_seqs(
+        &self,
+        pool: &Pool,
+        tokens: &[u32],
+        mode: Mode,
+        seqs: &mut [Seq<'_>],
+        s: &mut Scratch,
+    ) -> Result<()> {
         let cfg = &self.cfg;
         let (n, d) = (tokens.len(), cfg.n_embd);
+        assert_eq!(n, seqs.iter().map(|q| q.n).sum::<usize>(), "tokens and sequences disagree");
         if n == 0 {
             return Ok(());
         }
-        let start = kv.len;
         let (qd, kd) = (cfg.n_head * cfg.head_dim, cfg.n_kv * cfg.head_dim);
-        if kv.k.len() != cfg.n_layer {
-            kv.k = vec![Vec::new(); cfg.n_layer];
-            kv.v = vec![Vec::new(); cfg.n_layer];
+        // Each row's sequence and absolute position.
+        s.rows.clear();
+        for (j, q) in seqs.iter_mut().enumerate() {
+            if q.kv.k.len() != cfg.n_layer {
+                q.kv.k = vec![Vec::new(); cfg.n_layer];
+                q.kv.v = vec![Vec::new(); cfg.n_layer];
+            }
+            s.rows.extend((0..q.n).map(|t| (j, q.kv.len + t)));
+            // KV storage grows in steps of KV_STEP positions, exactly: Vec's
+            // doubling would hold up to twice the cache (peak RSS is a target).
+            let want = (q.kv.len + q.n).div_ceil(KV_STEP) * KV_STEP * kd;
+            for c in q.kv.k.iter_mut().chain(q.kv.v.iter_mut()) {
+                if c.capacity() < want {
+                    c.reserve_exact(want - c.len());
+                }
+            }
         }
         s.x.resize(n * d, 0.0);
         for (i, &t) in tokens.iter().enumerate() {
@@ -563,16 +607,8 @@ impl Model {
         s.att.resize(n * qd, 0.0);
         let rd = cfg.rope_dims.min(cfg.head_dim);
         s.rope.resize(n * rd, 0.0);
-        for i in 0..n {
-            rope_cache(start + i, cfg, &mut s.rope[i * rd..(i + 1) * rd]);
-        }
-        // KV storage grows in steps of KV_STEP positions, exactly: Vec's
-        // doubling would hold up to twice the cache (peak RSS is a target).
-        let want = (start + n).div_ceil(KV_STEP) * KV_STEP * kd;
-        for c in kv.k.iter_mut().chain(kv.v.iter_mut()) {
-            if c.capacity() < want {
-                c.reserve_exact(want - c.len());
-            }
+        for (i, &(_, pos)) in s.rows.iter().enumerate() {
+            rope_cache(pos, cfg, &mut s.rope[i * rd..(i + 1) * rd]);
         }
         for (li, layer) in self.layers.iter().enumerate() {
             for i in 0..n {
@@ -603,10 +639,11 @@ impl Model {
                 let cache = &s.rope[i * rd..(i + 1) * rd];
                 rope(&mut row[..qd], cache, cfg);
                 rope(&mut row[qd..qd + kd], cache, cfg);
+                let kv = &mut *seqs[s.rows[i].0].kv;
                 kv.k[li].extend(row[qd..qd + kd].iter().map(|&v| f16::from_f32(v)));
                 kv.v[li].extend(row[qd + kd..].iter().map(|&v| f16::from_f32(v)));
             }
-            self.attention(pool, li, n, start, mode, kv, s);
+            self.attention(pool, li, mode, seqs, s);
             layer.wo.forward(pool, &s.att, n, &mut s.acts, &mut s.proj)?;
             s.x.iter_mut().zip(&s.proj).for_each(|(x, p)| *x += p);
             for i in 0..n {
@@ -639,25 +676,35 @@ impl Model {
                 s.x[c0 * d..(c0 + m) * d].iter_mut().zip(&s.proj).for_each(|(x, p)| *x += p);
             }
         }
-        kv.len = start + n;
-        let mut last = vec![0f32; d];
-        rms_norm(&s.x[(n - 1) * d..n * d], &self.out_norm, cfg.eps, &mut last);
-        self.output.forward(pool, &last, 1, &mut s.acts, &mut s.logits)?;
+        // Each sequence's last row: final norm, then one output matmul.
+        let m = seqs.len();
+        s.h.resize(m * d, 0.0);
+        let mut last = 0;
+        for (j, q) in seqs.iter_mut().enumerate() {
+            q.kv.len += q.n;
+            last += q.n;
+            let r = last - 1;
+            rms_norm(
+                &s.x[r * d..(r + 1) * d],
+                &self.out_norm,
+                cfg.eps,
+                &mut s.h[j * d..(j + 1) * d],
+            );
+        }
+        let mut out = std::mem::take(&mut s.proj);
+        self.output.forward(pool, &s.h[..m * d], m, &mut s.acts, &mut out)?;
+        let vocab = out.len() / m;
+        for (j, q) in seqs.iter_mut().enumerate() {
+            q.logits.clear();
+            q.logits.extend_from_slice(&out[j * vocab..(j + 1) * vocab]);
+        }
+        s.proj = out;
         Ok(())
     }
 
-    /// Attention of the `n` new positions (from `start`) over the cache.
-    #[allow(clippy::too_many_arguments)]
-    fn attention(
-        &self,
-        pool: &Pool,
-        li: usize,
-        n: usize,
-        start: usize,
-        mode: Mode,
-        kv: &KvCache,
-        s: &mut Scratch,
-    ) {
+    /// Attention of the pass's rows (`s.rows`: sequence and position) over
+    /// their sequences' caches, which already hold the rows' own keys.
+    fn attention(&self, pool: &Pool, li: usize, mode: Mode, seqs: &[Seq<'_>], s: &mut Scratch) {
         let cfg = &self.cfg;
         let hd = cfg.head_dim;
         assert!(hd <= MAX_HEAD, "head size {hd} is over {MAX_HEAD}");
@@ -665,7 +712,12 @@ impl Model {
         let w = qd + 2 * kd;
         let group = cfg.n_head / cfg.n_kv;
         let scale = 1.0 / (hd as f32).sqrt();
-        let (kc, vc) = (&kv.k[li], &kv.v[li]);
+        let n = s.rows.len();
+        let rows = &s.rows;
+        let cache = |i: usize| {
+            let kv = &*seqs[rows[i].0].kv;
+            (&kv.k[li][..], &kv.v[li][..])
+        };
         let qkv = &s.qkv;
         let out = OutRows::new(&mut s.att, qd);
         let q = |i: usize, h: usize| &qkv[i * w + h * hd..i * w + (h + 1) * hd];
@@ -673,29 +725,41 @@ impl Model {
             Mode::Vec => pool.run(n * cfg.n_head, &|task| {
                 let (i, h) = (task / cfg.n_head, task % cfg.n_head);
                 let lane = Lane { stride: kd, offset: (h / group) * hd };
+                let (kc, vc) = cache(i);
                 let mut o = [0f32; MAX_HEAD];
-                attend_vec(q(i, h), kc, vc, lane, start + i + 1, scale, &mut o[..hd]);
+                attend_vec(q(i, h), kc, vc, lane, rows[i].1 + 1, scale, &mut o[..hd]);
                 for (j, v) in o[..hd].iter().enumerate() {
                     out.set(i, h * hd + j, *v);
                 }
             }),
             Mode::Tiled => {
-                // Per task: a run of positions and the query heads of one KV
-                // head, so each key tile is converted once for all of them.
-                let blocks = n.div_ceil(TILED_ROWS);
-                pool.run(blocks * cfg.n_kv, &|task| {
+                // Per task: a run of positions of one sequence and the query
+                // heads of one KV head, so each key tile is converted once
+                // for all of them.
+                let mut spans = Vec::new();
+                let mut r0 = 0;
+                for q in seqs {
+                    spans.extend(
+                        (r0..r0 + q.n)
+                            .step_by(TILED_ROWS)
+                            .map(|b| b..(b + TILED_ROWS).min(r0 + q.n)),
+                    );
+                    r0 += q.n;
+                }
+                pool.run(spans.len() * cfg.n_kv, &|task| {
                     let (b, g) = (task / cfg.n_kv, task % cfg.n_kv);
                     let lane = Lane { stride: kd, offset: g * hd };
-                    let pos = b * TILED_ROWS..n.min((b + 1) * TILED_ROWS);
+                    let pos = spans[b].clone();
+                    let (kc, vc) = cache(pos.start);
                     let heads = g * group..(g + 1) * group;
-                    let rows: Vec<TiledRow<'_>> = pos
+                    let trows: Vec<TiledRow<'_>> = pos
                         .clone()
                         .flat_map(|i| heads.clone().map(move |h| (i, h)))
-                        .map(|(i, h)| TiledRow { q: q(i, h), upto: start + i + 1 })
+                        .map(|(i, h)| TiledRow { q: q(i, h), upto: rows[i].1 + 1 })
                         .collect();
                     TILED.with_borrow_mut(|(tile, o)| {
-                        o.resize(rows.len() * hd, 0.0);
-                        attend_tiled(&rows, kc, vc, lane, scale, tile, o);
+                        o.resize(trows.len() * hd, 0.0);
+                        attend_tiled(&trows, kc, vc, lane, scale, tile, o);
                         let mut at = 0;
                         for i in pos {
                             for h in heads.clone() {

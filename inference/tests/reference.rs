@@ -252,3 +252,48 @@ fn the_candle_path_follows_llama_cpp_within_rounding() {
     eprintln!("candle path: {exact}/{steps} steps argmax-equal to llama.cpp, worst gap {worst}");
     assert!(exact * 10 >= steps * 9, "only {exact} of {steps} steps agree exactly");
 }
+
+/// The eight reference prompts decoded together, one batched pass per
+/// token, give each exactly the tokens it gets alone (which are llama.cpp's).
+#[test]
+fn batched_decoding_equals_solo_decoding() {
+    let Some(path) = model() else { return };
+    let engine = Engine::load(&path, &EngineOptions::default()).expect("model loads");
+    let cases = lines("smollm2-greedy.jsonl");
+    let prompts: Vec<Vec<u32>> = cases.iter().map(|c| ids(&c["prompt_ids"])).collect();
+    let params: Vec<GenParams> = cases
+        .iter()
+        .map(|c| GenParams { max_tokens: ids(&c["greedy_ids"]).len(), ..GenParams::default() })
+        .collect();
+    let no = AtomicBool::new(false);
+    let solo: Vec<Vec<u32>> = prompts
+        .iter()
+        .zip(&params)
+        .map(|(p, g)| engine.generate(&mut engine.session(), p, g, &no, &mut |_| {}).unwrap().ids)
+        .collect();
+    let mut sessions: Vec<_> = prompts.iter().map(|_| engine.session()).collect();
+    let mut gens: Vec<_> = sessions
+        .iter_mut()
+        .zip(&prompts)
+        .zip(&params)
+        .map(|((s, p), g)| engine.begin(s, p, g, &no).unwrap())
+        .collect();
+    while gens.iter().any(|g| !g.is_done()) {
+        let mut sinks: Vec<_> = gens.iter().map(|_| |_: &str| {}).collect();
+        let mut items: Vec<inference::Step<'_>> = sessions
+            .iter_mut()
+            .zip(gens.iter_mut())
+            .zip(sinks.iter_mut())
+            .map(|((session, gen), on_text)| inference::Step {
+                session,
+                gen,
+                cancel: &no,
+                on_text: on_text as &mut dyn FnMut(&str),
+            })
+            .collect();
+        engine.step(&mut items).unwrap();
+    }
+    for (k, g) in gens.into_iter().enumerate() {
+        assert_eq!(engine.end(g, &mut |_| {}).ids, solo[k], "{:?}", cases[k]["question"]);
+    }
+}

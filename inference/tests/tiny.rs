@@ -270,3 +270,75 @@ fn long_prompts_chunk_and_reuse_exactly() {
     assert_eq!(last.reused_tokens, 512);
     assert_eq!(last.ids, go(&e, &f, &p(512)).ids);
 }
+
+/// Several generations stepped together (one batched pass per token) give
+/// each the tokens it gets alone, whatever their lengths, stops and
+/// sampling, and one that is cancelled or finishes early leaves the rest
+/// untouched.
+#[test]
+fn batched_steps_give_each_generation_its_solo_output() {
+    use inference::Step;
+    let (_t, e) = engine(None, 2);
+    let prompts: Vec<Vec<u32>> =
+        ["the user hi", "hi there in an answer the user", "answer", "there"]
+            .iter()
+            .map(|p| e.tokenize(p, false).unwrap())
+            .collect();
+    let params: Vec<GenParams> = (0..4)
+        .map(|k| GenParams {
+            max_tokens: [20, 7, 15, 11][k],
+            stop_tokens: vec![],
+            sampling: Sampling {
+                temperature: if k == 2 { 0.8 } else { 0.0 },
+                seed: 7,
+                ..Sampling::default()
+            },
+            ..GenParams::default()
+        })
+        .collect();
+    let solo: Vec<inference::Output> =
+        prompts.iter().zip(&params).map(|(p, g)| go(&e, p, g)).collect();
+    let mut sessions: Vec<_> = (0..4).map(|_| e.session()).collect();
+    let cancels: Vec<AtomicBool> = (0..4).map(|_| AtomicBool::new(false)).collect();
+    let mut gens: Vec<_> = sessions
+        .iter_mut()
+        .zip(&prompts)
+        .zip(&params)
+        .map(|((s, p), g)| e.begin(s, p, g, &AtomicBool::new(false)).unwrap())
+        .collect();
+    let mut texts = vec![String::new(); 4];
+    let mut steps = 0;
+    while gens.iter().any(|g| !g.is_done()) {
+        steps += 1;
+        if steps == 4 {
+            cancels[3].store(true, Ordering::Relaxed);
+        }
+        let mut sinks: Vec<_> = texts.iter_mut().map(|t| move |d: &str| t.push_str(d)).collect();
+        let mut items: Vec<Step<'_>> = sessions
+            .iter_mut()
+            .zip(gens.iter_mut())
+            .zip(&cancels)
+            .zip(sinks.iter_mut())
+            .map(|(((session, gen), cancel), on_text)| Step {
+                session,
+                gen,
+                cancel,
+                on_text: on_text as &mut dyn FnMut(&str),
+            })
+            .collect();
+        e.step(&mut items).unwrap();
+    }
+    let outs: Vec<_> = gens
+        .into_iter()
+        .zip(texts.iter_mut())
+        .map(|(g, t)| e.end(g, &mut |d| t.push_str(d)))
+        .collect();
+    for k in 0..3 {
+        assert_eq!(outs[k].ids, solo[k].ids, "generation {k}");
+        assert_eq!(outs[k].text, solo[k].text, "generation {k}");
+        assert_eq!(texts[k], solo[k].text, "generation {k}");
+        assert_eq!(outs[k].finish, solo[k].finish, "generation {k}");
+    }
+    assert_eq!(outs[3].finish, Finish::Cancelled);
+    assert_eq!(outs[3].ids[..], solo[3].ids[..3]);
+}
