@@ -371,3 +371,63 @@ fn sigterm_cancels_replies_in_flight_and_persists_them() {
     assert_eq!(status, "cancelled");
     assert!(!content.is_empty());
 }
+
+/// Completions that arrive together decode together (one batched pass per
+/// token): each gets exactly the reply it gets alone, tool calls included.
+#[test]
+fn concurrent_completions_get_their_solo_replies() {
+    if model().is_none() {
+        return;
+    }
+    let h = Home::new();
+    let d = start(&h, &[]);
+    let tools = r#"[{"type": "function", "function": {"name": "get_weather", "description": "Current weather of a city", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]"#;
+    let bodies: Vec<String> = [
+        ("What is the capital of France?", 24, false),
+        ("Write a haiku about the sea.", 40, false),
+        ("What is the weather in Paris?", 48, true),
+        ("List three prime numbers.", 16, false),
+        ("Say hello.", 4, false),
+    ]
+    .iter()
+    .map(|(q, n, with_tools)| {
+        let t = if *with_tools { format!(r#", "tools": {tools}"#) } else { String::new() };
+        format!(
+            r#"{{"messages": [{{"role": "user", "content": "{q}"}}], "max_tokens": {n}, "temperature": 0{t}}}"#
+        )
+    })
+    .collect();
+    let reply = |b: &[u8]| {
+        let v = json_of(b);
+        let c = &v["choices"][0];
+        (
+            c["message"]["content"].clone(),
+            c["message"]["tool_calls"].clone(),
+            c["finish_reason"].clone(),
+        )
+    };
+    let solo: Vec<_> = bodies
+        .iter()
+        .map(|b| {
+            let (st, out) = http(&d.socket, "POST", "/v1/chat/completions", b.as_bytes());
+            assert_eq!(st, 200, "{}", String::from_utf8_lossy(&out));
+            reply(&out)
+        })
+        .collect();
+    let together: Vec<_> = std::thread::scope(|s| {
+        let hs: Vec<_> = bodies
+            .iter()
+            .map(|b| {
+                let sock = d.socket.clone();
+                s.spawn(move || http(&sock, "POST", "/v1/chat/completions", b.as_bytes()))
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (k, (st, out)) in together.iter().enumerate() {
+        assert_eq!(*st, 200, "{}", String::from_utf8_lossy(out));
+        assert_eq!(reply(out), solo[k], "request {k}");
+    }
+    let (_, m) = http(&d.socket, "GET", "/metrics", b"");
+    assert!(String::from_utf8_lossy(&m).contains("agentd_queue_depth 0"));
+}

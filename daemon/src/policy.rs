@@ -97,6 +97,7 @@ pub(crate) const CONTEXT: &str = "prompts/context-budget";
 pub(crate) const TURN_TOKENS: &str = "prompts/turn-output-tokens";
 pub(crate) const QUEUE: &str = "server/request-queue-capacity";
 pub(crate) const BODY_LIMIT: &str = "server/request-body-limit";
+pub(crate) const DECODE_BATCH: &str = "server/decode-batch";
 
 /// The research runtime's declarations.
 fn research_runtime() -> Vec<Policy> {
@@ -154,6 +155,8 @@ fn server() -> Vec<Policy> {
     vec![
         p(QUEUE, o, v, Unit::Requests, 32, 4096, None),
         p(BODY_LIMIT, o, v, Unit::Bytes, 4 << 20, 256 << 20, None),
+        // Chat completions decoding together (one batched pass per token).
+        p(DECODE_BATCH, o, v, Unit::Requests, 8, 64, None),
     ]
 }
 

@@ -7,7 +7,7 @@
 use super::{Call, Provider, ProviderError, TurnEvent, TurnFinish, TurnReply, TurnRequest};
 use crate::engine_cmd::{EngineArgs, Resolved};
 use anyhow::{Context, Result};
-use inference::{Engine, ErrorKind, Finish, GenParams, Sampling, Session};
+use inference::{Engine, ErrorKind, Finish, GenParams, Generation, Sampling, Session, Step};
 use prompts::{ChatTemplate, Message, ToolDef, ToolStyle};
 use std::sync::atomic::AtomicBool;
 use toolparse::{Event, FinishReason, Format, Mode, Options, Parser, ToolSpec, Tools};
@@ -115,7 +115,26 @@ pub(crate) struct ChatOutput {
 
 /// Sessions kept for prefix reuse (the one sharing the longest prefix with
 /// a new prompt serves it).
-const SESSIONS: usize = 4;
+const SESSIONS: usize = 8;
+
+/// A chat turn in progress: its session (out of the pool while it runs),
+/// the engine's generation and the tool-call parser.
+#[derive(Debug)]
+pub(crate) struct ChatRun {
+    session: Session,
+    gen: Generation,
+    parser: Parser,
+}
+
+/// One turn's part in [`Local::step_chats`]: the turn, its cancel flag and
+/// where its events go.
+pub(crate) type ChatStep<'a> = (&'a mut ChatRun, &'a AtomicBool, &'a mut dyn FnMut(Event));
+
+impl ChatRun {
+    pub(crate) fn is_done(&self) -> bool {
+        self.gen.is_done()
+    }
+}
 
 impl Local {
     /// Tokens of the prompt for `messages` and `tools`.
@@ -137,6 +156,24 @@ impl Local {
         cancel: &AtomicBool,
         on: &mut dyn FnMut(Event),
     ) -> Result<ChatOutput, ProviderError> {
+        let mut run = self.begin_chat(messages, tools, params, cancel)?;
+        while !run.is_done() {
+            self.step_chats(&mut [(&mut run, cancel, &mut *on)])?;
+        }
+        Ok(self.end_chat(run, on))
+    }
+
+    /// Starts a chat turn: renders the template, takes the session with
+    /// the longest cached prefix out of the pool, and prefills. Drive it
+    /// with [`Local::step_chats`] (alone or with other turns: one batched
+    /// pass per token) and finish with [`Local::end_chat`].
+    pub(crate) fn begin_chat(
+        &mut self,
+        messages: &[Message],
+        tools: &[ToolDef],
+        params: &ChatParams,
+        cancel: &AtomicBool,
+    ) -> Result<ChatRun, ProviderError> {
         let (text, prompt) = self.prompt(messages, tools)?;
         let limit = self.engine.info().context;
         if prompt.len() + 1 >= limit {
@@ -147,7 +184,7 @@ impl Local {
         let specs = Tools(
             tools.iter().map(|t| ToolSpec::from_json_schema(&t.name, &t.parameters)).collect(),
         );
-        let mut parser = Parser::new(
+        let parser = Parser::new(
             self.format,
             Options {
                 generation_prompt: Some(tail),
@@ -172,31 +209,77 @@ impl Local {
             ..GenParams::default()
         };
         let slot = self.pick_session(&prompt);
-        let (_, session) = &mut self.sessions[slot];
-        let out = self
-            .engine
-            .generate(session, &prompt, &gen, cancel, &mut |delta| {
+        let (_, mut session) = self.sessions.swap_remove(slot);
+        match self.engine.begin(&mut session, &prompt, &gen, cancel) {
+            Ok(gen) => Ok(ChatRun { session, gen, parser }),
+            Err(e) => {
+                self.put_back(session);
+                Err(match e.kind() {
+                    ErrorKind::Input => ProviderError::Context { need: prompt.len() + 1, limit },
+                    _ => ProviderError::Failed(e.to_string()),
+                })
+            }
+        }
+    }
+
+    /// Advances each turn that is not done by one token, in one batched
+    /// pass; each turn's events go to its own sink.
+    pub(crate) fn step_chats(&mut self, runs: &mut [ChatStep<'_>]) -> Result<(), ProviderError> {
+        let mut sinks: Vec<_> = Vec::with_capacity(runs.len());
+        let mut parts = Vec::with_capacity(runs.len());
+        for (run, cancel, on) in runs.iter_mut() {
+            let ChatRun { session, gen, parser } = &mut **run;
+            parts.push((session, gen, *cancel));
+            sinks.push(move |delta: &str| {
                 for e in parser.push(delta) {
                     on(e);
                 }
+            });
+        }
+        let mut steps: Vec<Step<'_>> = parts
+            .into_iter()
+            .zip(sinks.iter_mut())
+            .map(|((session, gen, cancel), sink)| Step {
+                session,
+                gen,
+                cancel,
+                on_text: sink as &mut dyn FnMut(&str),
             })
-            .map_err(|e| match e.kind() {
-                ErrorKind::Input => ProviderError::Context { need: prompt.len() + 1, limit },
-                _ => ProviderError::Failed(e.to_string()),
-            })?;
-        self.clock += 1;
-        self.sessions[slot].0 = self.clock;
+            .collect();
+        self.engine.step(&mut steps).map_err(|e| ProviderError::Failed(e.to_string()))
+    }
+
+    /// Finishes a turn: flushes the parser, returns the session to the pool.
+    pub(crate) fn end_chat(&mut self, run: ChatRun, on: &mut dyn FnMut(Event)) -> ChatOutput {
+        let ChatRun { session, gen, mut parser } = run;
+        let out = self.engine.end(gen, &mut |delta| {
+            for e in parser.push(delta) {
+                on(e);
+            }
+        });
+        self.put_back(session);
         let reason =
             if out.finish == Finish::Length { FinishReason::Length } else { FinishReason::Stop };
         for e in parser.finish(reason) {
             on(e);
         }
-        Ok(ChatOutput {
+        ChatOutput {
             finish: out.finish,
             prompt_tokens: out.prompt_tokens,
             completion_tokens: out.ids.len(),
             reused_tokens: out.reused_tokens,
-        })
+        }
+    }
+
+    /// Returns a session to the pool as the most recently used, dropping
+    /// the least recently used beyond `SESSIONS`.
+    fn put_back(&mut self, session: Session) {
+        self.clock += 1;
+        self.sessions.push((self.clock, session));
+        while self.sessions.len() > SESSIONS {
+            let lru = (0..self.sessions.len()).min_by_key(|&i| self.sessions[i].0).unwrap_or(0);
+            self.sessions.swap_remove(lru);
+        }
     }
 
     fn pick_session(&mut self, prompt: &[u32]) -> usize {
@@ -206,7 +289,8 @@ impl Local {
             .max_by_key(|&i| (shared(&self.sessions[i].1), self.sessions[i].0));
         match best {
             Some(i) if shared(&self.sessions[i].1) > 0 => i,
-            _ if self.sessions.len() < SESSIONS => {
+            // Sessions in use by running turns are out of the pool.
+            _ if self.sessions.len() < SESSIONS || self.sessions.is_empty() => {
                 self.sessions.push((0, self.engine.session()));
                 self.sessions.len() - 1
             }
