@@ -397,23 +397,23 @@ impl Engine {
         cancel: &AtomicBool,
         on_text: &mut dyn FnMut(&str),
     ) -> Result<Output> {
-        let mut gen = self.begin(session, prompt, params, cancel)?;
+        let mut gen = self.begin(session, prompt, params)?;
         while !gen.is_done() {
             self.step(&mut [Step { session, gen: &mut gen, cancel, on_text }])?;
         }
         Ok(self.end(gen, on_text))
     }
 
-    /// Starts a generation: prefills `prompt` into `session` (reusing what
-    /// it already caches), checking `cancel` between prompt chunks. Drive it
-    /// with [`Engine::step`] until [`Generation::is_done`], then
-    /// [`Engine::end`]. Generations of different sessions may share steps.
+    /// Starts a generation of `prompt` in `session`, reusing what the
+    /// session already caches; the rest is prefilled by the first steps, a
+    /// chunk (`params.chunk` tokens) per step. Drive it with
+    /// [`Engine::step`] until [`Generation::is_done`], then [`Engine::end`].
+    /// Generations of different sessions may share steps.
     pub fn begin(
         &self,
         session: &mut Session,
         prompt: &[u32],
         params: &GenParams,
-        cancel: &AtomicBool,
     ) -> Result<Generation> {
         let t0 = Instant::now();
         let cfg = &self.info.config;
@@ -460,7 +460,7 @@ impl Engine {
                 *b = true;
             }
         }
-        let mut gen = Generation {
+        Ok(Generation {
             out: Output {
                 ids: Vec::new(),
                 text: String::new(),
@@ -476,48 +476,49 @@ impl Engine {
             rng: Rng::new(params.sampling.seed),
             text: TextStream::new(params.stop_strings.clone()),
             params: params.clone(),
+            prompt: prompt.to_vec(),
+            at: reuse,
             t0,
             t1: t0,
             done: false,
-        };
-        // The path changes at most once, where the prompt's last short
-        // physical batch starts; chunks do not straddle it.
-        let full = prompt.len() / UBATCH * UBATCH;
-        let chunk = params.chunk.max(1);
-        let mut at = reuse;
-        while at < prompt.len() {
-            if cancel.load(Ordering::Relaxed) {
-                gen.out.finish = Finish::Cancelled;
-                gen.done = true;
-                break;
-            }
-            let end = if at < full { full.min(at + chunk) } else { prompt.len().min(at + chunk) };
-            self.step_one(session, &prompt[at..end], plan(at))?;
-            at = end;
-        }
-        gen.out.prompt_time = t0.elapsed();
-        gen.t1 = Instant::now();
-        Ok(gen)
+        })
     }
 
-    /// Advances every generation that is not done by one token: samples it
-    /// from its session's logits, delivers its text, and runs all that go
-    /// on through the model in one pass (the weights are read once for the
-    /// whole batch). A generation's tokens are the same whether it steps
-    /// alone or with others. An error fails the whole step.
+    /// Advances every generation that is not done: one prompt chunk for a
+    /// generation still prefilling, else one token (sampled from its
+    /// session's logits, its text delivered). All of them then run through
+    /// the model in one pass, so the weights are read once for the whole
+    /// batch. A generation's tokens are the same whether it steps alone or
+    /// with others. An error fails the whole step.
     pub fn step(&self, items: &mut [Step<'_>]) -> Result<()> {
-        let mut go: Vec<(usize, u32)> = Vec::with_capacity(items.len());
+        // (item, tokens to run, their attention path, prompt end if a chunk)
+        let mut go: Vec<(usize, Vec<u32>, Mode, Option<usize>)> = Vec::with_capacity(items.len());
         for (k, it) in items.iter_mut().enumerate() {
             let (g, session) = (&mut *it.gen, &mut *it.session);
             if g.done {
                 continue;
             }
-            let out = &mut g.out;
             if it.cancel.load(Ordering::Relaxed) {
-                out.finish = Finish::Cancelled;
+                g.out.finish = Finish::Cancelled;
                 g.done = true;
+                if g.at < g.prompt.len() {
+                    g.out.prompt_time = g.t0.elapsed();
+                    g.t1 = Instant::now();
+                }
                 continue;
             }
+            if g.at < g.prompt.len() {
+                // The path changes at most once, where the prompt's last
+                // short physical batch starts; chunks do not straddle it.
+                let len = g.prompt.len();
+                let full = len / UBATCH * UBATCH;
+                let chunk = g.params.chunk.max(1);
+                let end = if g.at < full { full.min(g.at + chunk) } else { len.min(g.at + chunk) };
+                let mode = Mode::in_prompt(g.at, len);
+                go.push((k, g.prompt[g.at..end].to_vec(), mode, Some(end)));
+                continue;
+            }
+            let out = &mut g.out;
             if out.ids.len() >= g.params.max_tokens {
                 out.finish = Finish::Length;
                 g.done = true;
@@ -551,36 +552,48 @@ impl Engine {
                 g.done = true;
                 continue;
             }
-            go.push((k, id));
+            go.push((k, vec![id], Mode::Vec, None));
         }
         match (&self.backend, go.len()) {
             (_, 0) => {}
             (Backend::Fast(m), n) if n > 1 => {
-                let tokens: Vec<u32> = go.iter().map(|&(_, id)| id).collect();
+                let tokens: Vec<u32> =
+                    go.iter().flat_map(|(_, t, _, _)| t.iter().copied()).collect();
                 let mut seqs = Vec::with_capacity(n);
-                let mut want = go.iter().map(|&(k, _)| k).peekable();
+                let mut want = go.iter().peekable();
                 for (k, it) in items.iter_mut().enumerate() {
-                    if want.peek() == Some(&k) {
-                        want.next();
+                    if let Some((_, t, mode, _)) = want.next_if(|(j, ..)| *j == k) {
                         let session = &mut *it.session;
                         seqs.push(Seq {
                             kv: &mut session.kv,
-                            n: 1,
+                            n: t.len(),
+                            mode: *mode,
                             logits: &mut session.scratch.logits,
                         });
                     }
                 }
                 let mut scratch = self.batch.lock().unwrap_or_else(|p| p.into_inner());
-                m.forward_seqs(&self.pool, &tokens, Mode::Vec, &mut seqs, &mut scratch)?;
+                m.forward_seqs(&self.pool, &tokens, &mut seqs, &mut scratch)?;
                 drop(seqs);
-                for &(k, id) in &go {
-                    items[k].session.tokens.push(id);
-                    items[k].session.modes.push(Mode::Vec);
+                for (k, t, mode, _) in &go {
+                    let session = &mut *items[*k].session;
+                    session.tokens.extend_from_slice(t);
+                    session.modes.extend(std::iter::repeat_n(*mode, t.len()));
                 }
             }
             _ => {
-                for &(k, id) in &go {
-                    self.step_one(items[k].session, &[id], Mode::Vec)?;
+                for (k, t, mode, _) in &go {
+                    self.step_one(items[*k].session, t, *mode)?;
+                }
+            }
+        }
+        for (k, _, _, end) in go {
+            if let Some(end) = end {
+                let g = &mut *items[k].gen;
+                g.at = end;
+                if end == g.prompt.len() {
+                    g.out.prompt_time = g.t0.elapsed();
+                    g.t1 = Instant::now();
                 }
             }
         }
@@ -602,6 +615,10 @@ impl Engine {
 #[derive(Debug)]
 pub struct Generation {
     params: GenParams,
+    /// The prompt, and how much of it is in the session (prefill runs in
+    /// steps, a chunk at a time, until `at` reaches its end).
+    prompt: Vec<u32>,
+    at: usize,
     out: Output,
     banned: Vec<bool>,
     stops: Vec<u32>,

@@ -467,6 +467,10 @@ pub(crate) struct Scratch {
     rope: Vec<f32>,
     /// Each row's sequence (index into the pass's `Seq`s) and position.
     rows: Vec<(usize, usize)>,
+    /// Rows on the one-query attention path.
+    vec_rows: Vec<usize>,
+    /// Runs of rows (one sequence each) on the tiled path.
+    spans: Vec<std::ops::Range<usize>>,
     pub(crate) logits: Vec<f32>,
 }
 
@@ -538,6 +542,8 @@ thread_local! {
 pub(crate) struct Seq<'a> {
     pub(crate) kv: &'a mut KvCache,
     pub(crate) n: usize,
+    /// The attention path of its rows (llama.cpp's, see `kernels::attn`).
+    pub(crate) mode: Mode,
     pub(crate) logits: &'a mut Vec<f32>,
 }
 
@@ -556,22 +562,22 @@ impl Model {
         s: &mut Scratch,
     ) -> Result<()> {
         let mut logits = std::mem::take(&mut s.logits);
-        let seq = Seq { kv, n: tokens.len(), logits: &mut logits };
-        let r = self.forward_seqs(pool, tokens, mode, &mut [seq], s);
+        let seq = Seq { kv, n: tokens.len(), mode, logits: &mut logits };
+        let r = self.forward_seqs(pool, tokens, &mut [seq], s);
         s.logits = logits;
         r
     }
 
     /// [`Model::forward`] for several sequences at once, each with its own
-    /// cache and positions: the weights are read once for all of them (the
-    /// point of batching decode steps across requests). Every row's numbers
-    /// are the ones a pass of that sequence alone gives (per-column matmuls,
-    /// per-row norms and attention), so batching never changes an output.
+    /// cache, positions and attention path (decode steps of some, a prompt
+    /// chunk of another): the weights are read once for all of them (the
+    /// point of batching across requests). Every row's numbers are the ones
+    /// a pass of that sequence alone gives (per-column matmuls, per-row
+    /// norms and attention), so batching never changes an output.
     pub(crate) fn forward_seqs(
         &self,
         pool: &Pool,
         tokens: &[u32],
-        mode: Mode,
         seqs: &mut [Seq<'_>],
         s: &mut Scratch,
     ) -> Result<()> {
@@ -582,9 +588,19 @@ impl Model {
             return Ok(());
         }
         let (qd, kd) = (cfg.n_head * cfg.head_dim, cfg.n_kv * cfg.head_dim);
-        // Each row's sequence and absolute position.
+        // Each row's sequence and absolute position; the rows that take the
+        // one-query path; the runs of rows that take the tiled one.
         s.rows.clear();
+        s.vec_rows.clear();
+        s.spans.clear();
         for (j, q) in seqs.iter_mut().enumerate() {
+            let r0 = s.rows.len();
+            match q.mode {
+                Mode::Vec => s.vec_rows.extend(r0..r0 + q.n),
+                Mode::Tiled => s.spans.extend(
+                    (r0..r0 + q.n).step_by(TILED_ROWS).map(|b| b..(b + TILED_ROWS).min(r0 + q.n)),
+                ),
+            }
             if q.kv.k.len() != cfg.n_layer {
                 q.kv.k = vec![Vec::new(); cfg.n_layer];
                 q.kv.v = vec![Vec::new(); cfg.n_layer];
@@ -643,7 +659,7 @@ impl Model {
                 kv.k[li].extend(row[qd..qd + kd].iter().map(|&v| f16::from_f32(v)));
                 kv.v[li].extend(row[qd + kd..].iter().map(|&v| f16::from_f32(v)));
             }
-            self.attention(pool, li, mode, seqs, s);
+            self.attention(pool, li, seqs, s);
             layer.wo.forward(pool, &s.att, n, &mut s.acts, &mut s.proj)?;
             s.x.iter_mut().zip(&s.proj).for_each(|(x, p)| *x += p);
             for i in 0..n {
@@ -703,8 +719,9 @@ impl Model {
     }
 
     /// Attention of the pass's rows (`s.rows`: sequence and position) over
-    /// their sequences' caches, which already hold the rows' own keys.
-    fn attention(&self, pool: &Pool, li: usize, mode: Mode, seqs: &[Seq<'_>], s: &mut Scratch) {
+    /// their sequences' caches, which already hold the rows' own keys: the
+    /// one-query path for `s.vec_rows`, the tiled one for `s.spans`.
+    fn attention(&self, pool: &Pool, li: usize, seqs: &[Seq<'_>], s: &mut Scratch) {
         let cfg = &self.cfg;
         let hd = cfg.head_dim;
         assert!(hd <= MAX_HEAD, "head size {hd} is over {MAX_HEAD}");
@@ -712,8 +729,7 @@ impl Model {
         let w = qd + 2 * kd;
         let group = cfg.n_head / cfg.n_kv;
         let scale = 1.0 / (hd as f32).sqrt();
-        let n = s.rows.len();
-        let rows = &s.rows;
+        let (rows, vec_rows, spans) = (&s.rows, &s.vec_rows, &s.spans);
         let cache = |i: usize| {
             let kv = &*seqs[rows[i].0].kv;
             (&kv.k[li][..], &kv.v[li][..])
@@ -721,9 +737,9 @@ impl Model {
         let qkv = &s.qkv;
         let out = OutRows::new(&mut s.att, qd);
         let q = |i: usize, h: usize| &qkv[i * w + h * hd..i * w + (h + 1) * hd];
-        match mode {
-            Mode::Vec => pool.run(n * cfg.n_head, &|task| {
-                let (i, h) = (task / cfg.n_head, task % cfg.n_head);
+        if !vec_rows.is_empty() {
+            pool.run(vec_rows.len() * cfg.n_head, &|task| {
+                let (i, h) = (vec_rows[task / cfg.n_head], task % cfg.n_head);
                 let lane = Lane { stride: kd, offset: (h / group) * hd };
                 let (kc, vc) = cache(i);
                 let mut o = [0f32; MAX_HEAD];
@@ -731,47 +747,37 @@ impl Model {
                 for (j, v) in o[..hd].iter().enumerate() {
                     out.set(i, h * hd + j, *v);
                 }
-            }),
-            Mode::Tiled => {
-                // Per task: a run of positions of one sequence and the query
-                // heads of one KV head, so each key tile is converted once
-                // for all of them.
-                let mut spans = Vec::new();
-                let mut r0 = 0;
-                for q in seqs {
-                    spans.extend(
-                        (r0..r0 + q.n)
-                            .step_by(TILED_ROWS)
-                            .map(|b| b..(b + TILED_ROWS).min(r0 + q.n)),
-                    );
-                    r0 += q.n;
-                }
-                pool.run(spans.len() * cfg.n_kv, &|task| {
-                    let (b, g) = (task / cfg.n_kv, task % cfg.n_kv);
-                    let lane = Lane { stride: kd, offset: g * hd };
-                    let pos = spans[b].clone();
-                    let (kc, vc) = cache(pos.start);
-                    let heads = g * group..(g + 1) * group;
-                    let trows: Vec<TiledRow<'_>> = pos
-                        .clone()
-                        .flat_map(|i| heads.clone().map(move |h| (i, h)))
-                        .map(|(i, h)| TiledRow { q: q(i, h), upto: rows[i].1 + 1 })
-                        .collect();
-                    TILED.with_borrow_mut(|(tile, o)| {
-                        o.resize(trows.len() * hd, 0.0);
-                        attend_tiled(&trows, kc, vc, lane, scale, tile, o);
-                        let mut at = 0;
-                        for i in pos {
-                            for h in heads.clone() {
-                                for (j, v) in o[at..at + hd].iter().enumerate() {
-                                    out.set(i, h * hd + j, *v);
-                                }
-                                at += hd;
+            });
+        }
+        if !spans.is_empty() {
+            // Per task: a run of positions of one sequence and the query
+            // heads of one KV head, so each key tile is converted once
+            // for all of them.
+            pool.run(spans.len() * cfg.n_kv, &|task| {
+                let (b, g) = (task / cfg.n_kv, task % cfg.n_kv);
+                let lane = Lane { stride: kd, offset: g * hd };
+                let pos = spans[b].clone();
+                let (kc, vc) = cache(pos.start);
+                let heads = g * group..(g + 1) * group;
+                let trows: Vec<TiledRow<'_>> = pos
+                    .clone()
+                    .flat_map(|i| heads.clone().map(move |h| (i, h)))
+                    .map(|(i, h)| TiledRow { q: q(i, h), upto: rows[i].1 + 1 })
+                    .collect();
+                TILED.with_borrow_mut(|(tile, o)| {
+                    o.resize(trows.len() * hd, 0.0);
+                    attend_tiled(&trows, kc, vc, lane, scale, tile, o);
+                    let mut at = 0;
+                    for i in pos {
+                        for h in heads.clone() {
+                            for (j, v) in o[at..at + hd].iter().enumerate() {
+                                out.set(i, h * hd + j, *v);
                             }
+                            at += hd;
                         }
-                    });
+                    }
                 });
-            }
+            });
         }
     }
 }

@@ -276,7 +276,7 @@ fn batched_decoding_equals_solo_decoding() {
         .iter_mut()
         .zip(&prompts)
         .zip(&params)
-        .map(|((s, p), g)| engine.begin(s, p, g, &no).unwrap())
+        .map(|((s, p), g)| engine.begin(s, p, g).unwrap())
         .collect();
     while gens.iter().any(|g| !g.is_done()) {
         let mut sinks: Vec<_> = gens.iter().map(|_| |_: &str| {}).collect();

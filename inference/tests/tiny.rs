@@ -279,14 +279,20 @@ fn long_prompts_chunk_and_reuse_exactly() {
 fn batched_steps_give_each_generation_its_solo_output() {
     use inference::Step;
     let (_t, e) = engine(None, 2);
+    // The last prompt is long enough for the tiled attention path and is
+    // prefilled in chunks of 40 while the others already decode: rows of
+    // both paths share passes.
+    let long = "the user hi there answer ".repeat(30);
     let prompts: Vec<Vec<u32>> =
-        ["the user hi", "hi there in an answer the user", "answer", "there"]
+        ["the user hi", "hi there in an answer the user", "answer", "there", long.as_str()]
             .iter()
             .map(|p| e.tokenize(p, false).unwrap())
             .collect();
-    let params: Vec<GenParams> = (0..4)
+    assert!(prompts[4].len() > 100);
+    let params: Vec<GenParams> = (0..5)
         .map(|k| GenParams {
-            max_tokens: [20, 7, 15, 11][k],
+            max_tokens: [20, 7, 15, 11, 12][k],
+            chunk: if k == 4 { 40 } else { 128 },
             stop_tokens: vec![],
             sampling: Sampling {
                 temperature: if k == 2 { 0.8 } else { 0.0 },
@@ -298,15 +304,15 @@ fn batched_steps_give_each_generation_its_solo_output() {
         .collect();
     let solo: Vec<inference::Output> =
         prompts.iter().zip(&params).map(|(p, g)| go(&e, p, g)).collect();
-    let mut sessions: Vec<_> = (0..4).map(|_| e.session()).collect();
-    let cancels: Vec<AtomicBool> = (0..4).map(|_| AtomicBool::new(false)).collect();
+    let mut sessions: Vec<_> = (0..5).map(|_| e.session()).collect();
+    let cancels: Vec<AtomicBool> = (0..5).map(|_| AtomicBool::new(false)).collect();
     let mut gens: Vec<_> = sessions
         .iter_mut()
         .zip(&prompts)
         .zip(&params)
-        .map(|((s, p), g)| e.begin(s, p, g, &AtomicBool::new(false)).unwrap())
+        .map(|((s, p), g)| e.begin(s, p, g).unwrap())
         .collect();
-    let mut texts = vec![String::new(); 4];
+    let mut texts = vec![String::new(); 5];
     let mut steps = 0;
     while gens.iter().any(|g| !g.is_done()) {
         steps += 1;
@@ -333,12 +339,13 @@ fn batched_steps_give_each_generation_its_solo_output() {
         .zip(texts.iter_mut())
         .map(|(g, t)| e.end(g, &mut |d| t.push_str(d)))
         .collect();
-    for k in 0..3 {
+    for k in [0, 1, 2, 4] {
         assert_eq!(outs[k].ids, solo[k].ids, "generation {k}");
         assert_eq!(outs[k].text, solo[k].text, "generation {k}");
         assert_eq!(texts[k], solo[k].text, "generation {k}");
         assert_eq!(outs[k].finish, solo[k].finish, "generation {k}");
     }
     assert_eq!(outs[3].finish, Finish::Cancelled);
-    assert_eq!(outs[3].ids[..], solo[3].ids[..3]);
+    // Cancelled after its prompt step and two tokens: those are its solo ones.
+    assert_eq!(outs[3].ids[..], solo[3].ids[..2]);
 }

@@ -156,15 +156,15 @@ impl Local {
         cancel: &AtomicBool,
         on: &mut dyn FnMut(Event),
     ) -> Result<ChatOutput, ProviderError> {
-        let mut run = self.begin_chat(messages, tools, params, cancel)?;
+        let mut run = self.begin_chat(messages, tools, params)?;
         while !run.is_done() {
             self.step_chats(&mut [(&mut run, cancel, &mut *on)])?;
         }
         Ok(self.end_chat(run, on))
     }
 
-    /// Starts a chat turn: renders the template, takes the session with
-    /// the longest cached prefix out of the pool, and prefills. Drive it
+    /// Starts a chat turn: renders the template and takes the session with
+    /// the longest cached prefix out of the pool; the steps prefill. Drive it
     /// with [`Local::step_chats`] (alone or with other turns: one batched
     /// pass per token) and finish with [`Local::end_chat`].
     pub(crate) fn begin_chat(
@@ -172,7 +172,6 @@ impl Local {
         messages: &[Message],
         tools: &[ToolDef],
         params: &ChatParams,
-        cancel: &AtomicBool,
     ) -> Result<ChatRun, ProviderError> {
         let (text, prompt) = self.prompt(messages, tools)?;
         let limit = self.engine.info().context;
@@ -210,7 +209,7 @@ impl Local {
         };
         let slot = self.pick_session(&prompt);
         let (_, mut session) = self.sessions.swap_remove(slot);
-        match self.engine.begin(&mut session, &prompt, &gen, cancel) {
+        match self.engine.begin(&mut session, &prompt, &gen) {
             Ok(gen) => Ok(ChatRun { session, gen, parser }),
             Err(e) => {
                 self.put_back(session);

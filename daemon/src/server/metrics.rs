@@ -13,6 +13,7 @@ pub(crate) struct Metrics {
     tokens: AtomicU64,
     decode_micros: AtomicU64,
     last_tok_s_milli: AtomicU64,
+    batch: AtomicU64,
     rounds: AtomicU64,
     runs: Mutex<BTreeMap<String, u64>>,
     errors: Mutex<BTreeMap<String, u64>>,
@@ -32,6 +33,11 @@ impl Metrics {
             self.last_tok_s_milli
                 .store((n as f64 / took.as_secs_f64() * 1000.0) as u64, Ordering::Relaxed);
         }
+    }
+
+    /// Completions decoding together in the engine's current step.
+    pub(crate) fn batch(&self, n: usize) {
+        self.batch.store(n as u64, Ordering::Relaxed);
     }
 
     pub(crate) fn research(&self, d: &Done) {
@@ -65,7 +71,9 @@ impl Metrics {
             "agentd_tokens_per_second {:.3}\n",
             self.last_tok_s_milli.load(Ordering::Relaxed) as f64 / 1000.0
         ));
-        s.push_str("# HELP agentd_generation_seconds_total Time spent generating.\n# TYPE agentd_generation_seconds_total counter\n");
+        s.push_str("# HELP agentd_decode_batch Chat completions decoding together (one batched pass per token).\n# TYPE agentd_decode_batch gauge\n");
+        s.push_str(&format!("agentd_decode_batch {}\n", self.batch.load(Ordering::Relaxed)));
+        s.push_str("# HELP agentd_generation_seconds_total Time spent generating, summed over completions (concurrent ones overlap).\n# TYPE agentd_generation_seconds_total counter\n");
         s.push_str(&format!("agentd_generation_seconds_total {:.3}\n", micros as f64 / 1e6));
         s.push_str("# HELP agentd_queue_depth Requests waiting for the model.\n# TYPE agentd_queue_depth gauge\n");
         s.push_str(&format!(

@@ -179,7 +179,7 @@ fn serve_jobs(setup: &mut Setup, store: &Store, rx: &Receiver<Job>, depth: &Atom
                     let started = std::time::Instant::now();
                     // One request's failure never takes the worker down.
                     let begun = catch_unwind(AssertUnwindSafe(|| {
-                        setup.local.begin_chat(&messages, &tools, &params, &cancel)
+                        setup.local.begin_chat(&messages, &tools, &params)
                     }));
                     match begun {
                         Ok(Ok(run)) => active.push(Active { run, cancel, tx, started }),
@@ -206,6 +206,7 @@ fn serve_jobs(setup: &mut Setup, store: &Store, rx: &Receiver<Job>, depth: &Atom
                 }
             }
         }
+        setup.metrics.batch(active.len());
         if active.is_empty() {
             continue;
         }
