@@ -17,7 +17,7 @@ use std::process::Command;
 use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
-fn agentd_bench(model: &str, threads: usize, reps: usize) -> Value {
+fn agentd_bench(model: &str, threads: usize, reps: usize, extra: &[&str]) -> Value {
     let out = Command::new(agentd())
         .args([
             "bench",
@@ -29,6 +29,7 @@ fn agentd_bench(model: &str, threads: usize, reps: usize) -> Value {
             &reps.to_string(),
             "--json",
         ])
+        .args(extra)
         .output()
         .expect("agentd bench runs");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
@@ -105,7 +106,7 @@ fn main() {
     );
     for threads in [1usize, 2] {
         // Alternate the two engines so drift hits both alike.
-        let ours = agentd_bench(&m, threads, reps);
+        let ours = agentd_bench(&m, threads, reps, &[]);
         let theirs = llamacpp_bench(&m, threads, reps);
         let row = |name: &str, v: &Value| {
             println!(
@@ -136,6 +137,17 @@ fn main() {
             ours["peak_rss_mb"].as_f64().unwrap_or(0.0) * 1.048_576 / (size_mb + kv_mb)
         );
     }
+    // What `serve` does with concurrent completions: 8 sequences decoding
+    // together, one batched pass per token (llama.cpp's single-sequence
+    // figure above is the comparable peer number per stream).
+    let solo = agentd_bench(&m, 2, reps, &["--prompt-tokens", "0"]);
+    let together = agentd_bench(&m, 2, reps, &["--prompt-tokens", "0", "--parallel", "8"]);
+    let (a, b) =
+        (solo["tg_tok_s"].as_f64().unwrap_or(0.0), together["tg_tok_s"].as_f64().unwrap_or(0.0));
+    println!(
+        "decode together, 2 threads: 1 sequence {a:.1} tok/s, 8 sequences {b:.1} tok/s aggregate = {:.2}x",
+        b / a.max(1e-9)
+    );
     for threads in [1usize, 2] {
         let (cold, warm) = reuse(&model, threads);
         println!(

@@ -204,8 +204,13 @@ pub(crate) fn bench(
     pp: usize,
     tg: usize,
     reps: usize,
+    parallel: usize,
     json_out: bool,
 ) -> Result<()> {
+    anyhow::ensure!(
+        (1..=256).contains(&parallel),
+        "--parallel {parallel} is out of range: use 1 to 256 sequences"
+    );
     let (r, engine) = engine_args.load()?;
     let vocab = engine.info().config.n_vocab as u32;
     let tok = engine.tokenizer();
@@ -237,7 +242,7 @@ pub(crate) fn bench(
                 pps.push(v);
             }
         }
-        if tg > 0 {
+        if tg > 0 && parallel == 1 {
             let mut s = engine.session();
             let t = Instant::now();
             for &id in &ids[..tg] {
@@ -247,24 +252,70 @@ pub(crate) fn bench(
             if rep > 0 {
                 tgs.push(v);
             }
+        } else if tg > 0 {
+            let v = decode_together(&engine, &ids, tg, parallel)?;
+            if rep > 0 {
+                tgs.push(v);
+            }
         }
     }
     let pp_s = if pps.is_empty() { 0.0 } else { median(pps) };
+    let par = if parallel > 1 { format!(" x{parallel} together") } else { String::new() };
     let tg_s = if tgs.is_empty() { 0.0 } else { median(tgs) };
     let rss = peak_rss_mb().unwrap_or(0.0);
     if json_out {
         println!(
             "{}",
             json!({"model": r.name, "threads": engine.info().threads, "pp_tok_s": pp_s, "tg_tok_s": tg_s,
-                   "peak_rss_mb": rss, "prompt_tokens": pp, "gen_tokens": tg, "reps": reps,
+                   "peak_rss_mb": rss, "prompt_tokens": pp, "gen_tokens": tg, "reps": reps, "parallel": parallel,
                    "kernels": format!("{:?}", inference::kernels::isa())})
         );
     } else {
         println!(
-            "model {}  threads {}  pp{pp} {pp_s:.1} tok/s  tg{tg} {tg_s:.1} tok/s  peak RSS {rss:.0} MB",
+            "model {}  threads {}  pp{pp} {pp_s:.1} tok/s  tg{tg}{par} {tg_s:.1} tok/s  peak RSS {rss:.0} MB",
             r.name,
             engine.info().threads
         );
     }
     Ok(())
+}
+
+/// Aggregate decode speed of `n` sequences generating `tg` tokens each in
+/// shared steps (how `serve` runs concurrent completions). Each starts from
+/// 8 prompt tokens of its own; end-of-turn tokens are forbidden so every
+/// sequence runs its full length; the prefill step is not timed.
+fn decode_together(engine: &inference::Engine, ids: &[u32], tg: usize, n: usize) -> Result<f64> {
+    use std::sync::atomic::AtomicBool;
+    let params = inference::GenParams {
+        max_tokens: tg,
+        forbid: engine.info().stop_tokens.clone(),
+        ..inference::GenParams::default()
+    };
+    let no = AtomicBool::new(false);
+    let mut sessions: Vec<_> = (0..n).map(|_| engine.session()).collect();
+    let mut gens = Vec::with_capacity(n);
+    for (k, s) in sessions.iter_mut().enumerate() {
+        let at = k % ids.len().saturating_sub(8).max(1);
+        gens.push(engine.begin(s, &ids[at..(at + 8).min(ids.len())], &params)?);
+    }
+    let mut t = None;
+    while gens.iter().any(|g| !g.is_done()) {
+        let mut sinks: Vec<_> = (0..n).map(|_| |_: &str| {}).collect();
+        let mut steps: Vec<inference::Step<'_>> = sessions
+            .iter_mut()
+            .zip(gens.iter_mut())
+            .zip(sinks.iter_mut())
+            .map(|((session, gen), sink)| inference::Step {
+                session,
+                gen,
+                cancel: &no,
+                on_text: sink as &mut dyn FnMut(&str),
+            })
+            .collect();
+        engine.step(&mut steps)?;
+        t.get_or_insert_with(Instant::now);
+    }
+    let made: usize = gens.iter().map(|g| g.generated()).sum();
+    let secs = t.map_or(0.0, |t| t.elapsed().as_secs_f64());
+    Ok(if secs > 0.0 { made as f64 / secs } else { 0.0 })
 }

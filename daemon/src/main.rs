@@ -145,7 +145,11 @@ enum Command {
         gen_tokens: usize,
         #[arg(long, default_value_t = 3)]
         reps: usize,
-        /// Print {"model", "threads", "pp_tok_s", "tg_tok_s", "peak_rss_mb"}
+        /// Decode this many sequences together (one batched pass per token,
+        /// as `serve` does); tg is then their aggregate tokens/s
+        #[arg(long, default_value_t = 1)]
+        parallel: usize,
+        /// Print {"model", "threads", "pp_tok_s", "tg_tok_s", "peak_rss_mb", "parallel"}
         #[arg(long)]
         json: bool,
     },
@@ -308,8 +312,8 @@ fn run(cli: Cli, cancel: &AtomicBool) -> anyhow::Result<ExitCode> {
                 return Ok(ExitCode::from(130));
             }
         }
-        Command::Bench { engine, prompt_tokens, gen_tokens, reps, json } => {
-            engine_cmd::bench(&engine, prompt_tokens, gen_tokens, reps, json)?
+        Command::Bench { engine, prompt_tokens, gen_tokens, reps, parallel, json } => {
+            engine_cmd::bench(&engine, prompt_tokens, gen_tokens, reps, parallel, json)?
         }
         Command::Toolparse { command: ToolparseCommand::Replay } => {
             replay::run(std::io::stdin().lock(), std::io::stdout().lock())?;
