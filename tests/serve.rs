@@ -431,3 +431,42 @@ fn concurrent_completions_get_their_solo_replies() {
     let (_, m) = http(&d.socket, "GET", "/metrics", b"");
     assert!(String::from_utf8_lossy(&m).contains("agentd_queue_depth 0"));
 }
+
+/// A research run streams on its own thread; its turns share the engine's
+/// batch, so a completion sent meanwhile is answered before the run ends.
+#[test]
+fn a_completion_is_answered_while_a_research_run_streams() {
+    if model().is_none() {
+        return;
+    }
+    let h = Home::new();
+    let d = start(&h, &[]);
+    let s = research_until_content(&d.socket, "chat_side");
+    let (st, b) = http(
+        &d.socket,
+        "POST",
+        "/v1/chat/completions",
+        br#"{"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3, "temperature": 0}"#,
+    );
+    assert_eq!(st, 200, "{}", String::from_utf8_lossy(&b));
+    // Answered while the run's reply is still streaming (a run that held
+    // the model would have finished first).
+    let (_, c) = http(&d.socket, "GET", "/v1/chats/chat_side", b"");
+    let chat = json_of(&c);
+    let reply = chat["messages"].as_array().unwrap().iter().find(|m| m["role"] == "assistant");
+    assert_eq!(reply.expect("the reply so far is kept")["status"], "streaming", "{chat}");
+    // The research run finishes normally.
+    s.set_read_timeout(Some(Duration::from_secs(300))).unwrap();
+    let mut r = BufReader::new(s);
+    let (mut line, mut content) = (String::new(), 0);
+    let done = loop {
+        line.clear();
+        assert!(r.read_line(&mut line).unwrap() > 0, "the stream ended without done");
+        content += usize::from(line.contains("\"type\":\"content\""));
+        if line.contains("\"type\":\"done\"") {
+            break line.clone();
+        }
+    };
+    assert!(done.contains("\"outcome\":\"answered\""), "{done}");
+    assert!(content > 0, "no content after the completion");
+}

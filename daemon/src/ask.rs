@@ -38,7 +38,7 @@ pub(crate) fn run(a: &AskArgs, cancel: &AtomicBool) -> Result<ExitCode> {
         return connected(a, sock, cancel);
     }
     let store = Store::open()?;
-    store.mark_interrupted()?;
+    store.mark_interrupted(false)?;
     let policies = Policies::load(&store)?;
     let corpus = if a.corpus.is_empty() {
         None

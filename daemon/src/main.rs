@@ -254,7 +254,7 @@ fn run(cli: Cli, cancel: &AtomicBool) -> anyhow::Result<ExitCode> {
             match command {
                 RunsCommand::List => runs::list(&store)?,
                 RunsCommand::Show { id } => runs::show(&store, &id)?,
-                RunsCommand::Cancel { id } => println!("{}", runs::cancel(&store, &id)?),
+                RunsCommand::Cancel { id } => println!("{}", runs::cancel(&store, &id, false)?),
                 RunsCommand::Resume { id, events } => {
                     let mut printer = ask::Printer::new(events);
                     let done = runs::resume(&store, &id, cancel, &mut |e| printer.emit(e))?;

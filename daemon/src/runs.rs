@@ -57,7 +57,7 @@ pub(crate) fn retry(p: &Policies) -> crate::provider::openai::Retry {
 }
 
 pub(crate) fn list(store: &Store) -> Result<()> {
-    store.mark_interrupted()?;
+    store.mark_interrupted(false)?;
     let mut st = store.conn.prepare(
         "SELECT id, chat_id, status, outcome, stop, question, created, updated FROM runs ORDER BY created DESC, rowid DESC",
     )?;
@@ -110,13 +110,15 @@ pub(crate) fn record(store: &Store, id: &str) -> Result<Value> {
 }
 
 pub(crate) fn show(store: &Store, id: &str) -> Result<()> {
-    store.mark_interrupted()?;
+    store.mark_interrupted(false)?;
     println!("{}", serde_json::to_string_pretty(&record(store, id)?)?);
     Ok(())
 }
 
-pub(crate) fn cancel(store: &Store, id: &str) -> Result<&'static str> {
-    store.mark_interrupted()?;
+/// Cancels a run; `in_daemon`: called by the daemon, whose own runs are
+/// live (see `Store::mark_interrupted`).
+pub(crate) fn cancel(store: &Store, id: &str, in_daemon: bool) -> Result<&'static str> {
+    store.mark_interrupted(in_daemon)?;
     let status: String = store
         .conn
         .query_row("SELECT status FROM runs WHERE id = ?1", [id], |r| r.get(0))
@@ -165,7 +167,7 @@ pub(crate) fn resume(
     cancel: &AtomicBool,
     emit: &mut dyn FnMut(&Ev),
 ) -> Result<crate::events::Done> {
-    resume_inner(store, id, None, cancel, emit)
+    resume_inner(store, id, None, cancel, emit, false)
 }
 
 /// Continues an interrupted run on a provider already loaded (the
@@ -177,7 +179,8 @@ pub(crate) fn resume_with(
     cancel: &AtomicBool,
     emit: &mut dyn FnMut(&Ev),
 ) -> Result<crate::events::Done> {
-    resume_inner(store, id, Some(provider), cancel, emit)
+    // Inside the daemon: runs under its own process id are live.
+    resume_inner(store, id, Some(provider), cancel, emit, true)
 }
 
 fn resume_inner(
@@ -186,8 +189,9 @@ fn resume_inner(
     given: Option<&mut dyn crate::provider::Provider>,
     cancel: &AtomicBool,
     emit: &mut dyn FnMut(&Ev),
+    in_daemon: bool,
 ) -> Result<crate::events::Done> {
-    store.mark_interrupted()?;
+    store.mark_interrupted(in_daemon)?;
     let rec = record(store, id)?;
     let status = rec["status"].as_str().unwrap_or_default();
     if status != "interrupted" {

@@ -176,14 +176,17 @@ impl Store {
     }
 
     /// Marks messages and runs left `streaming`/`running` by a process that
-    /// is gone as interrupted.
-    pub(crate) fn mark_interrupted(&self) -> Result<usize> {
+    /// is gone as interrupted. `ours_live`: runs under this process id are
+    /// in progress here (a running daemon); at start they are not (a
+    /// restarted daemon may get the id of the one that was killed).
+    pub(crate) fn mark_interrupted(&self, ours_live: bool) -> Result<usize> {
         let mut n = 0;
         let mut st = self.conn.prepare("SELECT id, pid FROM runs WHERE status = 'running'")?;
         let stale: Vec<(String, Option<i64>)> =
             st.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?.collect::<Result<_, _>>()?;
         for (id, pid) in stale {
-            if pid.is_some_and(|p| p as u32 != std::process::id() && pid_alive(p as u32)) {
+            let ours = pid.is_some_and(|p| p as u32 == std::process::id());
+            if (ours && ours_live) || pid.is_some_and(|p| !ours && pid_alive(p as u32)) {
                 continue;
             }
             let t = now();

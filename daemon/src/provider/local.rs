@@ -113,6 +113,18 @@ pub(crate) struct ChatOutput {
     pub(crate) reused_tokens: usize,
 }
 
+impl ChatOutput {
+    /// A turn cancelled before it started.
+    pub(crate) fn cancelled() -> ChatOutput {
+        ChatOutput {
+            finish: Finish::Cancelled,
+            prompt_tokens: 0,
+            completion_tokens: 0,
+            reused_tokens: 0,
+        }
+    }
+}
+
 /// Sessions kept for prefix reuse (the one sharing the longest prefix with
 /// a new prompt serves it).
 const SESSIONS: usize = 8;
@@ -315,45 +327,12 @@ impl Provider for Local {
         if !attempt(1) {
             return Err(ProviderError::Failed("the request was not admitted".into()));
         }
-        let params = ChatParams {
-            max_tokens: req.max_tokens,
-            sampling: self.sampling.clone(),
-            stop: Vec::new(),
-            mode: if req.tools.is_empty() { Mode::Suppress } else { Mode::Tools },
-        };
-        let mut reply = TurnReply {
-            content: String::new(),
-            calls: Vec::new(),
-            discarded: Vec::new(),
-            finish: TurnFinish::Stop,
-        };
-        let out = self.chat(req.messages, req.tools, &params, cancel, &mut |e| match e {
-            Event::Content(s) => {
-                reply.content.push_str(&s);
-                on(TurnEvent::Content(s));
-            }
-            Event::Reasoning(s) => on(TurnEvent::Reasoning(s)),
-            Event::CallEnd { call, .. } => reply.calls.push(Call {
-                id: call.id.unwrap_or_else(|| crate::store::new_id("call")),
-                name: call.name,
-                arguments: call.arguments,
-            }),
-            Event::Discarded(call) => {
-                let c = Call {
-                    id: call.id.unwrap_or_else(|| crate::store::new_id("call")),
-                    name: call.name,
-                    arguments: call.arguments,
-                };
-                reply.discarded.push(c.clone());
-                on(TurnEvent::Discarded(c));
-            }
-            Event::CallStart { .. } | Event::CallArgs { .. } | Event::CallDropped { .. } => {}
+        let params = turn_params(&self.sampling, req);
+        let mut reply = empty_reply();
+        let out = self.chat(req.messages, req.tools, &params, cancel, &mut |e| {
+            fold_event(&mut reply, e, on)
         })?;
-        reply.finish = match out.finish {
-            Finish::Stop => TurnFinish::Stop,
-            Finish::Length => TurnFinish::Length,
-            Finish::Cancelled => TurnFinish::Cancelled,
-        };
+        reply.finish = turn_finish(out.finish);
         Ok(reply)
     }
 
@@ -367,6 +346,61 @@ impl Provider for Local {
 
     fn describe(&self) -> String {
         format!("local:{}", self.resolved.name)
+    }
+}
+
+/// The chat settings of a research turn: tools parsed when offered, else
+/// suppressed (the final turn may not call).
+pub(crate) fn turn_params(sampling: &Sampling, req: &TurnRequest<'_>) -> ChatParams {
+    ChatParams {
+        max_tokens: req.max_tokens,
+        sampling: sampling.clone(),
+        stop: Vec::new(),
+        mode: if req.tools.is_empty() { Mode::Suppress } else { Mode::Tools },
+    }
+}
+
+pub(crate) fn empty_reply() -> TurnReply {
+    TurnReply {
+        content: String::new(),
+        calls: Vec::new(),
+        discarded: Vec::new(),
+        finish: TurnFinish::Stop,
+    }
+}
+
+/// Folds one of a turn's parser events into its reply, passing on what the
+/// research loop streams.
+pub(crate) fn fold_event(reply: &mut TurnReply, e: Event, on: &mut dyn FnMut(TurnEvent)) {
+    match e {
+        Event::Content(s) => {
+            reply.content.push_str(&s);
+            on(TurnEvent::Content(s));
+        }
+        Event::Reasoning(s) => on(TurnEvent::Reasoning(s)),
+        Event::CallEnd { call, .. } => reply.calls.push(Call {
+            id: call.id.unwrap_or_else(|| crate::store::new_id("call")),
+            name: call.name,
+            arguments: call.arguments,
+        }),
+        Event::Discarded(call) => {
+            let c = Call {
+                id: call.id.unwrap_or_else(|| crate::store::new_id("call")),
+                name: call.name,
+                arguments: call.arguments,
+            };
+            reply.discarded.push(c.clone());
+            on(TurnEvent::Discarded(c));
+        }
+        Event::CallStart { .. } | Event::CallArgs { .. } | Event::CallDropped { .. } => {}
+    }
+}
+
+pub(crate) fn turn_finish(f: Finish) -> TurnFinish {
+    match f {
+        Finish::Stop => TurnFinish::Stop,
+        Finish::Length => TurnFinish::Length,
+        Finish::Cancelled => TurnFinish::Cancelled,
     }
 }
 

@@ -445,7 +445,7 @@ async fn run_cancel(AxState(st): AxState<State>, Path(id): Path<String>) -> Resp
         f.store(true, Ordering::Relaxed);
         return axum::Json(json!({"run_id": id, "status": "cancel requested"})).into_response();
     }
-    match blocking(move |s| Ok(crate::runs::cancel(s, &id).map(|r| (id, r)).ok())).await {
+    match blocking(move |s| Ok(crate::runs::cancel(s, &id, true).map(|r| (id, r)).ok())).await {
         Ok(Some((id, r))) => axum::Json(json!({"run_id": id, "status": r})).into_response(),
         Ok(None) => error(StatusCode::NOT_FOUND, "run_not_found", "no such run"),
         Err(r) => r,
@@ -460,7 +460,7 @@ async fn run_resume(AxState(st): AxState<State>, Path(id): Path<String>, req: Re
     let check = {
         let id = id.clone();
         blocking(move |s| {
-            s.mark_interrupted()?;
+            s.mark_interrupted(true)?;
             Ok(crate::runs::record(s, &id)
                 .ok()
                 .map(|r| r["status"].as_str().unwrap_or_default().to_owned()))
@@ -509,7 +509,7 @@ async fn chats() -> Response {
 async fn chat_get(Path(id): Path<String>) -> Response {
     let id2 = id.clone();
     match blocking(move |s| {
-        s.mark_interrupted()?;
+        s.mark_interrupted(true)?;
         let exists: bool = s.conn.prepare("SELECT 1 FROM chats WHERE id = ?1")?.exists([&id2])?;
         if !exists {
             return Ok(None);

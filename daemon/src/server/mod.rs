@@ -72,7 +72,7 @@ pub(crate) fn run(a: ServeArgs) -> Result<()> {
         (None, _) => None,
     };
     let store = crate::store::Store::open()?;
-    let interrupted = store.mark_interrupted()?;
+    let interrupted = store.mark_interrupted(false)?;
     if interrupted > 0 {
         eprintln!("agentd serve: {interrupted} run(s) from a previous process are marked interrupted (see `agentd runs list`)");
     }

@@ -5,21 +5,27 @@
 //! Chat completions run together: up to `server/decode-batch` of them
 //! decode in one batched pass per token (each gets exactly the tokens it
 //! would get alone), and a new one joins as soon as it is admitted. A
-//! research run or a resume takes the model alone: it waits, in queue
-//! order, until the running completions finish, and nothing behind it
-//! starts before it.
+//! research run (or a resume) runs on a thread of its own, up to
+//! `server/decode-batch` at once, in queue order; its model turns come back
+//! to this queue as completions through [`EngineLink`] and join the batch
+//! like any other, ahead of the capacity check (the run was admitted).
 
 use crate::events::Ev;
 use crate::policy::Policies;
-use crate::provider::local::{ChatOutput, ChatParams, ChatRun, ChatStep, Local};
-use crate::provider::ProviderError;
+use crate::provider::local::{
+    empty_reply, fold_event, turn_finish, turn_params, ChatOutput, ChatParams, ChatRun, ChatStep,
+    Local,
+};
+use crate::provider::{Provider, ProviderError, TurnEvent, TurnReply, TurnRequest};
 use crate::research::RunOptions;
 use crate::store::Store;
 use crate::tools::Host;
+use inference::Sampling;
 use prompts::{Message, ToolDef};
+use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TryRecvError, TrySendError};
+use std::sync::mpsc::{channel, Receiver, Sender, TryRecvError};
 use std::sync::Arc;
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -51,6 +57,10 @@ pub(crate) enum Job {
         tx: UnboundedSender<Ev>,
         err: UnboundedSender<String>,
     },
+    /// Prompt tokens of a research turn (for fitting it to the context).
+    Count { messages: Vec<Message>, tools: Vec<ToolDef>, tx: Sender<Result<usize, ProviderError>> },
+    /// A research thread ended: its slot is free.
+    Finished,
 }
 
 impl std::fmt::Debug for Job {
@@ -59,14 +69,17 @@ impl std::fmt::Debug for Job {
             Job::Chat { .. } => "Job::Chat",
             Job::Research { .. } => "Job::Research",
             Job::Resume { .. } => "Job::Resume",
+            Job::Count { .. } => "Job::Count",
+            Job::Finished => "Job::Finished",
         })
     }
 }
 
-/// The queue's front door.
+/// The queue's front door. A job carries whether it came from a client
+/// (counted against the capacity) or from a running research thread.
 #[derive(Debug, Clone)]
 pub(crate) struct Worker {
-    tx: SyncSender<Job>,
+    tx: Sender<(Job, bool)>,
     pub(crate) depth: Arc<AtomicUsize>,
     pub(crate) capacity: usize,
 }
@@ -87,39 +100,143 @@ pub(crate) struct Setup {
 
 impl Worker {
     pub(crate) fn start(setup: Setup, capacity: usize) -> Worker {
-        let (tx, rx) = sync_channel::<Job>(capacity);
-        let depth = Arc::new(AtomicUsize::new(0));
-        let d2 = Arc::clone(&depth);
+        let (tx, rx) = channel::<(Job, bool)>();
+        let worker = Worker { tx, depth: Arc::new(AtomicUsize::new(0)), capacity };
+        let me = worker.clone();
         std::thread::Builder::new()
             .name("agentd-engine".into())
             .spawn(move || {
                 let mut setup = setup;
-                let store = match Store::open() {
-                    Ok(s) => s,
-                    Err(e) => {
-                        eprintln!("agentd serve: the engine cannot open the store: {e:#}");
-                        return;
-                    }
-                };
-                serve_jobs(&mut setup, &store, &rx, &d2);
+                serve_jobs(&mut setup, &rx, &me);
             })
             .expect("spawning the engine thread");
-        Worker { tx, depth, capacity }
+        worker
     }
 
+    /// A client's job: refused at once when the queue is full.
     pub(crate) fn submit(&self, job: Job) -> Result<(), Full> {
-        self.depth.fetch_add(1, Ordering::Relaxed);
-        match self.tx.try_send(job) {
-            Ok(()) => Ok(()),
-            Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
-                self.depth.fetch_sub(1, Ordering::Relaxed);
-                Err(Full)
-            }
+        if self.depth.fetch_add(1, Ordering::Relaxed) >= self.capacity {
+            self.depth.fetch_sub(1, Ordering::Relaxed);
+            return Err(Full);
         }
+        if self.tx.send((job, true)).is_err() {
+            self.depth.fetch_sub(1, Ordering::Relaxed);
+            return Err(Full);
+        }
+        Ok(())
+    }
+
+    /// A job of an admitted research run.
+    fn internal(&self, job: Job) -> Result<(), ProviderError> {
+        self.tx
+            .send((job, false))
+            .map_err(|_| ProviderError::Failed("the engine has stopped".into()))
     }
 }
 
-fn host(setup: &Setup) -> Result<Host, String> {
+/// What a research thread needs besides the engine.
+#[derive(Clone)]
+struct RunSetup {
+    policies: Policies,
+    corpus: Vec<std::path::PathBuf>,
+    notes: Option<std::path::PathBuf>,
+    metrics: Arc<super::metrics::Metrics>,
+    config: serde_json::Value,
+    context: usize,
+    name: String,
+    sampling: Sampling,
+}
+
+/// The research loop's provider inside `serve`: each turn goes to the
+/// engine thread as a completion (joining the batch), its events come back.
+struct EngineLink {
+    worker: Worker,
+    /// The run's cancel flag: what the engine watches for this run's turns.
+    cancel: Arc<AtomicBool>,
+    context: usize,
+    name: String,
+    sampling: Sampling,
+}
+
+impl EngineLink {
+    fn tokens(&self, messages: &[Message], tools: &[ToolDef]) -> Result<usize, ProviderError> {
+        let (tx, rx) = channel();
+        self.worker.internal(Job::Count {
+            messages: messages.to_vec(),
+            tools: tools.to_vec(),
+            tx,
+        })?;
+        rx.recv().map_err(|_| ProviderError::Failed("the engine has stopped".into()))?
+    }
+}
+
+impl Provider for EngineLink {
+    fn turn(
+        &mut self,
+        req: &TurnRequest<'_>,
+        cancel: &AtomicBool,
+        attempt: &mut dyn FnMut(u32) -> bool,
+        on: &mut dyn FnMut(TurnEvent),
+    ) -> Result<TurnReply, ProviderError> {
+        let need = self.tokens(req.messages, req.tools)? + 1;
+        if need >= self.context {
+            return Err(ProviderError::Context { need, limit: self.context });
+        }
+        if !attempt(1) {
+            return Err(ProviderError::Failed("the request was not admitted".into()));
+        }
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        self.worker.internal(Job::Chat {
+            messages: req.messages.to_vec(),
+            tools: req.tools.to_vec(),
+            params: turn_params(&self.sampling, req),
+            cancel: Arc::clone(&self.cancel),
+            tx,
+        })?;
+        // The loop passes the run's own flag; any other is relayed.
+        let relay = !std::ptr::eq(cancel, &*self.cancel);
+        let mut reply = empty_reply();
+        loop {
+            let msg = if relay {
+                match rx.try_recv() {
+                    Ok(m) => Some(m),
+                    Err(tokio::sync::mpsc::error::TryRecvError::Empty) => {
+                        if cancel.load(Ordering::Relaxed) {
+                            self.cancel.store(true, Ordering::Relaxed);
+                        }
+                        std::thread::sleep(std::time::Duration::from_millis(2));
+                        continue;
+                    }
+                    Err(tokio::sync::mpsc::error::TryRecvError::Disconnected) => None,
+                }
+            } else {
+                rx.blocking_recv()
+            };
+            match msg {
+                Some(ChatMsg::Event(e)) => fold_event(&mut reply, e, on),
+                Some(ChatMsg::Done(r)) => {
+                    reply.finish = turn_finish(r?.finish);
+                    return Ok(reply);
+                }
+                None => return Err(ProviderError::Failed("the engine has stopped".into())),
+            }
+        }
+    }
+
+    fn count(&mut self, messages: &[Message], tools: &[ToolDef]) -> Option<usize> {
+        self.tokens(messages, tools).ok()
+    }
+
+    fn context(&self) -> Option<usize> {
+        Some(self.context)
+    }
+
+    fn describe(&self) -> String {
+        format!("local:{}", self.name)
+    }
+}
+
+fn host(setup: &RunSetup) -> Result<Host, String> {
     let limits = crate::runs::tool_limits(&setup.policies);
     let corpus = if setup.corpus.is_empty() {
         None
@@ -144,36 +261,53 @@ struct Active {
 }
 
 /// The engine thread's loop: admits chat completions into the batch while
-/// there is room, steps the batch, and runs other jobs alone in turn.
-fn serve_jobs(setup: &mut Setup, store: &Store, rx: &Receiver<Job>, depth: &AtomicUsize) {
+/// there is room, steps the batch, answers token counts, and starts
+/// research threads while there are slots.
+fn serve_jobs(setup: &mut Setup, rx: &Receiver<(Job, bool)>, worker: &Worker) {
     let batch = (setup.policies.get(crate::policy::DECODE_BATCH) as usize).max(1);
+    let run_setup = RunSetup {
+        policies: setup.policies.clone(),
+        corpus: setup.corpus.clone(),
+        notes: setup.notes.clone(),
+        metrics: Arc::clone(&setup.metrics),
+        config: setup.config.clone(),
+        context: setup.local.engine.info().context,
+        name: setup.local.resolved.name.clone(),
+        sampling: setup.local.sampling.clone(),
+    };
     let mut active: Vec<Active> = Vec::new();
-    // A job taken from the queue that must wait for the batch to drain.
-    let mut waiting: Option<Job> = None;
+    // Research jobs waiting for a slot (and whether a client sent them).
+    let mut held: VecDeque<(Job, bool)> = VecDeque::new();
+    let mut research = 0usize;
     loop {
+        while research < batch {
+            let Some((job, external)) = held.pop_front() else { break };
+            if external {
+                worker.depth.fetch_sub(1, Ordering::Relaxed);
+            }
+            research += 1;
+            spawn_research(job, run_setup.clone(), worker.clone());
+        }
         while active.len() < batch {
-            let job = match waiting.take() {
-                Some(j) => j,
-                None => {
-                    let next = if active.is_empty() {
-                        rx.recv().map_err(|_| TryRecvError::Disconnected)
-                    } else {
-                        rx.try_recv()
-                    };
-                    match next {
-                        Ok(j) => {
-                            depth.fetch_sub(1, Ordering::Relaxed);
-                            j
-                        }
-                        Err(TryRecvError::Empty) => break,
-                        Err(TryRecvError::Disconnected) if active.is_empty() => return,
-                        Err(TryRecvError::Disconnected) => break,
-                    }
-                }
+            let next = if active.is_empty() {
+                rx.recv().map_err(|_| TryRecvError::Disconnected)
+            } else {
+                rx.try_recv()
             };
+            let (job, external) = match next {
+                Ok(j) => j,
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) if active.is_empty() => return,
+                Err(TryRecvError::Disconnected) => break,
+            };
+            // Held research stays counted in the queue until it starts.
+            if external && !matches!(job, Job::Research { .. } | Job::Resume { .. }) {
+                worker.depth.fetch_sub(1, Ordering::Relaxed);
+            }
             match job {
                 Job::Chat { messages, tools, params, cancel, tx } => {
                     if cancel.load(Ordering::Relaxed) {
+                        let _ = tx.send(ChatMsg::Done(Ok(ChatOutput::cancelled())));
                         continue;
                     }
                     let started = std::time::Instant::now();
@@ -194,14 +328,16 @@ fn serve_jobs(setup: &mut Setup, store: &Store, rx: &Receiver<Job>, depth: &Atom
                         }
                     }
                 }
-                other if active.is_empty() => {
-                    let r = catch_unwind(AssertUnwindSafe(|| run(setup, store, other)));
-                    if r.is_err() {
-                        eprintln!("agentd serve: a request panicked; the worker goes on");
-                    }
+                Job::Count { messages, tools, tx } => {
+                    let n = catch_unwind(AssertUnwindSafe(|| {
+                        setup.local.prompt_tokens(&messages, &tools)
+                    }))
+                    .unwrap_or_else(|_| Err(ProviderError::Failed("internal error".into())));
+                    let _ = tx.send(n);
                 }
-                other => {
-                    waiting = Some(other);
+                Job::Finished => research = research.saturating_sub(1),
+                j @ (Job::Research { .. } | Job::Resume { .. }) => {
+                    held.push_back((j, external));
                     break;
                 }
             }
@@ -268,23 +404,55 @@ fn serve_jobs(setup: &mut Setup, store: &Store, rx: &Receiver<Job>, depth: &Atom
     }
 }
 
-fn run(setup: &mut Setup, store: &Store, job: Job) {
-    match job {
-        Job::Chat { messages, tools, params, cancel, tx } => {
-            if cancel.load(Ordering::Relaxed) {
-                return;
-            }
-            let t = std::time::Instant::now();
-            let r = setup.local.chat(&messages, &tools, &params, &cancel, &mut |e| {
-                if tx.send(ChatMsg::Event(e)).is_err() {
-                    cancel.store(true, Ordering::Relaxed);
-                }
-            });
-            if let Ok(o) = &r {
-                setup.metrics.tokens(o.completion_tokens, t.elapsed());
-            }
-            let _ = tx.send(ChatMsg::Done(r));
+/// Frees the research slot when the thread ends, however it ends.
+struct SlotGuard(Worker);
+
+impl Drop for SlotGuard {
+    fn drop(&mut self) {
+        let _ = self.0.internal(Job::Finished);
+    }
+}
+
+/// Runs a research job (or a resume) on a thread of its own.
+fn spawn_research(job: Job, setup: RunSetup, worker: Worker) {
+    let guard = SlotGuard(worker.clone());
+    let spawned = std::thread::Builder::new().name("agentd-research".into()).spawn(move || {
+        let _guard = guard;
+        let r = catch_unwind(AssertUnwindSafe(|| research_job(job, &setup, worker)));
+        if r.is_err() {
+            eprintln!("agentd serve: a research run panicked; the daemon goes on");
         }
+    });
+    if let Err(e) = spawned {
+        eprintln!("agentd serve: cannot start a research thread: {e}");
+    }
+}
+
+fn research_job(job: Job, setup: &RunSetup, worker: Worker) {
+    let store = match Store::open() {
+        Ok(s) => s,
+        Err(e) => {
+            let text = format!("the research run cannot open the store: {e:#}");
+            match job {
+                Job::Research { tx, .. } => {
+                    let _ = tx.send(Ev::Notice { kind: "error", text });
+                }
+                Job::Resume { err, .. } => {
+                    let _ = err.send(text);
+                }
+                _ => {}
+            }
+            return;
+        }
+    };
+    let link = |cancel: &Arc<AtomicBool>| EngineLink {
+        worker: worker.clone(),
+        cancel: Arc::clone(cancel),
+        context: setup.context,
+        name: setup.name.clone(),
+        sampling: setup.sampling.clone(),
+    };
+    match job {
         Job::Research { mut opts, max_tool_iters, cancel, tx } => {
             let mut host = match host(setup) {
                 Ok(h) => h,
@@ -300,11 +468,10 @@ fn run(setup: &mut Setup, store: &Store, job: Job) {
                 policies.values.insert(crate::policy::ROUNDS.into(), cur.min(n as i64));
             }
             opts.config = setup.config.clone();
-            let metrics = Arc::clone(&setup.metrics);
             let done = crate::research::run(
-                &mut setup.local,
+                &mut link(&cancel),
                 &mut host,
-                store,
+                &store,
                 &policies,
                 &opts,
                 &cancel,
@@ -314,18 +481,18 @@ fn run(setup: &mut Setup, store: &Store, job: Job) {
                     }
                 },
             );
-            metrics.research(&done);
+            setup.metrics.research(&done);
         }
         Job::Resume { run_id, cancel, tx, err } => {
-            let metrics = Arc::clone(&setup.metrics);
-            match crate::runs::resume_with(store, &run_id, &mut setup.local, &cancel, &mut |e| {
+            match crate::runs::resume_with(&store, &run_id, &mut link(&cancel), &cancel, &mut |e| {
                 let _ = tx.send(e.clone());
             }) {
-                Ok(done) => metrics.research(&done),
+                Ok(done) => setup.metrics.research(&done),
                 Err(e) => {
                     let _ = err.send(format!("{e:#}"));
                 }
             }
         }
+        _ => {}
     }
 }
