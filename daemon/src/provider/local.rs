@@ -4,7 +4,7 @@
 //! the new part. In a turn without tools the parser runs in suppress mode
 //! and the format's call-start token is forbidden.
 
-use super::{Call, Provider, ProviderError, TurnEvent, TurnFinish, TurnReply, TurnRequest};
+use super::{fold_event, Provider, ProviderError, TurnEvent, TurnFinish, TurnReply, TurnRequest};
 use crate::engine_cmd::{EngineArgs, Resolved};
 use anyhow::{Context, Result};
 use inference::{Engine, ErrorKind, Finish, GenParams, Generation, Sampling, Session, Step};
@@ -366,33 +366,6 @@ pub(crate) fn empty_reply() -> TurnReply {
         calls: Vec::new(),
         discarded: Vec::new(),
         finish: TurnFinish::Stop,
-    }
-}
-
-/// Folds one of a turn's parser events into its reply, passing on what the
-/// research loop streams.
-pub(crate) fn fold_event(reply: &mut TurnReply, e: Event, on: &mut dyn FnMut(TurnEvent)) {
-    match e {
-        Event::Content(s) => {
-            reply.content.push_str(&s);
-            on(TurnEvent::Content(s));
-        }
-        Event::Reasoning(s) => on(TurnEvent::Reasoning(s)),
-        Event::CallEnd { call, .. } => reply.calls.push(Call {
-            id: call.id.unwrap_or_else(|| crate::store::new_id("call")),
-            name: call.name,
-            arguments: call.arguments,
-        }),
-        Event::Discarded(call) => {
-            let c = Call {
-                id: call.id.unwrap_or_else(|| crate::store::new_id("call")),
-                name: call.name,
-                arguments: call.arguments,
-            };
-            reply.discarded.push(c.clone());
-            on(TurnEvent::Discarded(c));
-        }
-        Event::CallStart { .. } | Event::CallArgs { .. } | Event::CallDropped { .. } => {}
     }
 }
 

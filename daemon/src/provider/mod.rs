@@ -115,6 +115,36 @@ impl ProviderError {
     }
 }
 
+/// Routes one of a turn's parser events into its reply and the stream: text
+/// and reasoning stream out, finished calls are kept, calls proposed where
+/// none may run are kept as discarded and reported.
+pub(crate) fn fold_event(
+    reply: &mut TurnReply,
+    e: toolparse::Event,
+    on: &mut dyn FnMut(TurnEvent),
+) {
+    use toolparse::Event;
+    let call = |c: toolparse::ToolCall| Call {
+        id: c.id.unwrap_or_else(|| crate::store::new_id("call")),
+        name: c.name,
+        arguments: c.arguments,
+    };
+    match e {
+        Event::Content(s) => {
+            reply.content.push_str(&s);
+            on(TurnEvent::Content(s));
+        }
+        Event::Reasoning(s) => on(TurnEvent::Reasoning(s)),
+        Event::CallEnd { call: c, .. } => reply.calls.push(call(c)),
+        Event::Discarded(c) => {
+            let c = call(c);
+            reply.discarded.push(c.clone());
+            on(TurnEvent::Discarded(c));
+        }
+        Event::CallStart { .. } | Event::CallArgs { .. } | Event::CallDropped { .. } => {}
+    }
+}
+
 /// Something that runs model turns.
 pub(crate) trait Provider {
     /// Runs one turn, streaming its text through `on`. `attempt` is called

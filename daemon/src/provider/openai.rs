@@ -7,14 +7,16 @@
 //! timeouts) are retried here, with bounded backoff, and only here; a 429
 //! that says the quota or budget is exhausted is not.
 
-use super::{Call, Provider, ProviderError, TurnEvent, TurnFinish, TurnReply, TurnRequest};
+use super::{
+    fold_event, Call, Provider, ProviderError, TurnEvent, TurnFinish, TurnReply, TurnRequest,
+};
 use prompts::{Message, ToolDef};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
-use toolparse::{Event, FinishReason, Format, Mode, Options, Parser, ToolSpec, Tools};
+use toolparse::{FinishReason, Format, Mode, Options, Parser, ToolSpec, Tools};
 
 /// Retry settings of the provider layer.
 #[derive(Debug, Clone, Copy)]
@@ -147,7 +149,7 @@ impl OpenAi {
                 }
                 if let Some(c) = delta["content"].as_str() {
                     for e in parser.push(c) {
-                        feed(e, &mut reply, on);
+                        fold_event(&mut reply, e, on);
                     }
                 }
                 for tc in delta["tool_calls"].as_array().into_iter().flatten() {
@@ -179,7 +181,7 @@ impl OpenAi {
             }
             if let Some(c) = msg["content"].as_str() {
                 for e in parser.push(c) {
-                    feed(e, &mut reply, on);
+                    fold_event(&mut reply, e, on);
                 }
             }
             for (i, tc) in msg["tool_calls"].as_array().into_iter().flatten().enumerate() {
@@ -200,7 +202,7 @@ impl OpenAi {
         let reason =
             if finish_reason == "length" { FinishReason::Length } else { FinishReason::Stop };
         for e in parser.finish(reason) {
-            feed(e, &mut reply, on);
+            fold_event(&mut reply, e, on);
         }
         if reply.finish != TurnFinish::Cancelled && finish_reason == "length" {
             reply.finish = TurnFinish::Length;
@@ -227,32 +229,6 @@ impl OpenAi {
             }
         }
         Ok(reply)
-    }
-}
-
-/// Routes one parser event into the reply and the stream.
-fn feed(e: Event, reply: &mut TurnReply, on: &mut dyn FnMut(TurnEvent)) {
-    match e {
-        Event::Content(s) => {
-            reply.content.push_str(&s);
-            on(TurnEvent::Content(s));
-        }
-        Event::Reasoning(s) => on(TurnEvent::Reasoning(s)),
-        Event::CallEnd { call, .. } => reply.calls.push(Call {
-            id: call.id.unwrap_or_else(|| crate::store::new_id("call")),
-            name: call.name,
-            arguments: call.arguments,
-        }),
-        Event::Discarded(call) => {
-            let c = Call {
-                id: call.id.unwrap_or_else(|| crate::store::new_id("call")),
-                name: call.name,
-                arguments: call.arguments,
-            };
-            reply.discarded.push(c.clone());
-            on(TurnEvent::Discarded(c));
-        }
-        _ => {}
     }
 }
 

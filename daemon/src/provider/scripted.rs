@@ -12,14 +12,16 @@
 //! A turn takes the next line whose `when` fits its phase; when none is
 //! left, the last fitting line repeats.
 
-use super::{Call, Phase, Provider, ProviderError, TurnEvent, TurnFinish, TurnReply, TurnRequest};
+use super::{
+    fold_event, Call, Phase, Provider, ProviderError, TurnEvent, TurnFinish, TurnReply, TurnRequest,
+};
 use anyhow::{Context, Result};
 use prompts::{Message, ToolDef};
 use serde_json::Value;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
-use toolparse::{Event, FinishReason, Format, Mode, Options, Parser, ToolSpec, Tools};
+use toolparse::{FinishReason, Format, Mode, Options, Parser, ToolSpec, Tools};
 
 #[derive(Debug)]
 pub(crate) struct Scripted {
@@ -162,52 +164,11 @@ impl Provider for Scripted {
             }
             let s: String = piece.iter().collect();
             for e in parser.push(&s) {
-                match e {
-                    Event::Content(s) => {
-                        reply.content.push_str(&s);
-                        on(TurnEvent::Content(s));
-                    }
-                    Event::Reasoning(s) => on(TurnEvent::Reasoning(s)),
-                    Event::CallEnd { call, .. } => reply.calls.push(Call {
-                        id: call.id.unwrap_or_else(|| crate::store::new_id("call")),
-                        name: call.name,
-                        arguments: call.arguments,
-                    }),
-                    Event::Discarded(call) => {
-                        let c = Call {
-                            id: crate::store::new_id("call"),
-                            name: call.name,
-                            arguments: call.arguments,
-                        };
-                        reply.discarded.push(c.clone());
-                        on(TurnEvent::Discarded(c));
-                    }
-                    _ => {}
-                }
+                fold_event(&mut reply, e, on);
             }
         }
         for e in parser.finish(FinishReason::Stop) {
-            match e {
-                Event::Content(s) => {
-                    reply.content.push_str(&s);
-                    on(TurnEvent::Content(s));
-                }
-                Event::CallEnd { call, .. } => reply.calls.push(Call {
-                    id: crate::store::new_id("call"),
-                    name: call.name,
-                    arguments: call.arguments,
-                }),
-                Event::Discarded(call) => {
-                    let c = Call {
-                        id: crate::store::new_id("call"),
-                        name: call.name,
-                        arguments: call.arguments,
-                    };
-                    reply.discarded.push(c.clone());
-                    on(TurnEvent::Discarded(c));
-                }
-                _ => {}
-            }
+            fold_event(&mut reply, e, on);
         }
         for c in line.get("tool_calls").and_then(Value::as_array).into_iter().flatten() {
             let call = Call {

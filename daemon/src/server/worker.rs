@@ -13,10 +13,9 @@
 use crate::events::Ev;
 use crate::policy::Policies;
 use crate::provider::local::{
-    empty_reply, fold_event, turn_finish, turn_params, ChatOutput, ChatParams, ChatRun, ChatStep,
-    Local,
+    empty_reply, turn_finish, turn_params, ChatOutput, ChatParams, ChatRun, ChatStep, Local,
 };
-use crate::provider::{Provider, ProviderError, TurnEvent, TurnReply, TurnRequest};
+use crate::provider::{fold_event, Provider, ProviderError, TurnEvent, TurnReply, TurnRequest};
 use crate::research::RunOptions;
 use crate::store::Store;
 use crate::tools::Host;
