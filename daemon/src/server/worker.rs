@@ -275,10 +275,43 @@ fn serve_jobs(setup: &mut Setup, rx: &Receiver<(Job, bool)>, worker: &Worker) {
         sampling: setup.local.sampling.clone(),
     };
     let mut active: Vec<Active> = Vec::new();
-    // Research jobs waiting for a slot (and whether a client sent them).
+    // Completions waiting for room in the batch, and research jobs waiting
+    // for a slot, in arrival order (with whether a client sent them: those
+    // stay counted in the queue until they start).
+    let mut pending: VecDeque<(Job, bool)> = VecDeque::new();
     let mut held: VecDeque<(Job, bool)> = VecDeque::new();
     let mut research = 0usize;
     loop {
+        // Take everything that has arrived (waiting only when idle): token
+        // counts and slot releases are answered at once, between steps,
+        // even while the batch is full.
+        let idle = active.is_empty() && pending.is_empty();
+        let mut wait = idle;
+        loop {
+            let next = if wait {
+                rx.recv().map_err(|_| TryRecvError::Disconnected)
+            } else {
+                rx.try_recv()
+            };
+            // Something arrived (or nothing will): take the rest without
+            // waiting, then go and act on it.
+            wait = false;
+            match next {
+                Ok((Job::Count { messages, tools, tx }, _)) => {
+                    let n = catch_unwind(AssertUnwindSafe(|| {
+                        setup.local.prompt_tokens(&messages, &tools)
+                    }))
+                    .unwrap_or_else(|_| Err(ProviderError::Failed("internal error".into())));
+                    let _ = tx.send(n);
+                }
+                Ok((Job::Finished, _)) => research = research.saturating_sub(1),
+                Ok(j @ (Job::Chat { .. }, _)) => pending.push_back(j),
+                Ok(j) => held.push_back(j),
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) if idle && held.is_empty() => return,
+                Err(TryRecvError::Disconnected) => break,
+            }
+        }
         while research < batch {
             let Some((job, external)) = held.pop_front() else { break };
             if external {
@@ -288,56 +321,30 @@ fn serve_jobs(setup: &mut Setup, rx: &Receiver<(Job, bool)>, worker: &Worker) {
             spawn_research(job, run_setup.clone(), worker.clone());
         }
         while active.len() < batch {
-            let next = if active.is_empty() {
-                rx.recv().map_err(|_| TryRecvError::Disconnected)
-            } else {
-                rx.try_recv()
-            };
-            let (job, external) = match next {
-                Ok(j) => j,
-                Err(TryRecvError::Empty) => break,
-                Err(TryRecvError::Disconnected) if active.is_empty() => return,
-                Err(TryRecvError::Disconnected) => break,
-            };
-            // Held research stays counted in the queue until it starts.
-            if external && !matches!(job, Job::Research { .. } | Job::Resume { .. }) {
+            let Some((job, external)) = pending.pop_front() else { break };
+            if external {
                 worker.depth.fetch_sub(1, Ordering::Relaxed);
             }
-            match job {
-                Job::Chat { messages, tools, params, cancel, tx } => {
-                    if cancel.load(Ordering::Relaxed) {
-                        let _ = tx.send(ChatMsg::Done(Ok(ChatOutput::cancelled())));
-                        continue;
-                    }
-                    let started = std::time::Instant::now();
-                    // One request's failure never takes the worker down.
-                    let begun = catch_unwind(AssertUnwindSafe(|| {
-                        setup.local.begin_chat(&messages, &tools, &params)
-                    }));
-                    match begun {
-                        Ok(Ok(run)) => active.push(Active { run, cancel, tx, started }),
-                        Ok(Err(e)) => {
-                            let _ = tx.send(ChatMsg::Done(Err(e)));
-                        }
-                        Err(_) => {
-                            eprintln!("agentd serve: a request panicked; the worker goes on");
-                            let _ = tx.send(ChatMsg::Done(Err(ProviderError::Failed(
-                                "internal error while starting the reply".into(),
-                            ))));
-                        }
-                    }
+            let Job::Chat { messages, tools, params, cancel, tx } = job else { continue };
+            if cancel.load(Ordering::Relaxed) {
+                let _ = tx.send(ChatMsg::Done(Ok(ChatOutput::cancelled())));
+                continue;
+            }
+            let started = std::time::Instant::now();
+            // One request's failure never takes the worker down.
+            let begun = catch_unwind(AssertUnwindSafe(|| {
+                setup.local.begin_chat(&messages, &tools, &params)
+            }));
+            match begun {
+                Ok(Ok(run)) => active.push(Active { run, cancel, tx, started }),
+                Ok(Err(e)) => {
+                    let _ = tx.send(ChatMsg::Done(Err(e)));
                 }
-                Job::Count { messages, tools, tx } => {
-                    let n = catch_unwind(AssertUnwindSafe(|| {
-                        setup.local.prompt_tokens(&messages, &tools)
-                    }))
-                    .unwrap_or_else(|_| Err(ProviderError::Failed("internal error".into())));
-                    let _ = tx.send(n);
-                }
-                Job::Finished => research = research.saturating_sub(1),
-                j @ (Job::Research { .. } | Job::Resume { .. }) => {
-                    held.push_back((j, external));
-                    break;
+                Err(_) => {
+                    eprintln!("agentd serve: a request panicked; the worker goes on");
+                    let _ = tx.send(ChatMsg::Done(Err(ProviderError::Failed(
+                        "internal error while starting the reply".into(),
+                    ))));
                 }
             }
         }
