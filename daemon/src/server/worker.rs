@@ -502,3 +502,23 @@ fn research_job(job: Job, setup: &RunSetup, worker: Worker) {
         _ => {}
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_queue_refuses_beyond_its_capacity_and_research_turns_skip_it() {
+        let (tx, rx) = channel();
+        let w = Worker { tx, depth: Arc::new(AtomicUsize::new(0)), capacity: 2 };
+        assert!(w.submit(Job::Finished).is_ok());
+        assert!(w.submit(Job::Finished).is_ok());
+        assert!(w.submit(Job::Finished).is_err(), "a third job is over capacity");
+        assert_eq!(w.depth.load(Ordering::Relaxed), 2, "a refused job is not counted");
+        // An admitted run's own requests are not clients' jobs.
+        assert!(w.internal(Job::Finished).is_ok());
+        assert_eq!(w.depth.load(Ordering::Relaxed), 2);
+        let got: Vec<bool> = rx.try_iter().map(|(_, external)| external).collect();
+        assert_eq!(got, [true, true, false]);
+    }
+}
