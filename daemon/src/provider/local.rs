@@ -301,7 +301,7 @@ impl Local {
         match best {
             Some(i) if shared(&self.sessions[i].1) > 0 => i,
             // Sessions in use by running turns are out of the pool.
-            _ if self.sessions.len() < SESSIONS || self.sessions.is_empty() => {
+            _ if self.sessions.len() < SESSIONS => {
                 self.sessions.push((0, self.engine.session()));
                 self.sessions.len() - 1
             }
@@ -319,14 +319,8 @@ impl Provider for Local {
         attempt: &mut dyn FnMut(u32) -> bool,
         on: &mut dyn FnMut(TurnEvent),
     ) -> Result<TurnReply, ProviderError> {
-        let need = self.prompt_tokens(req.messages, req.tools)? + 1;
-        let limit = self.engine.info().context;
-        if need >= limit {
-            return Err(ProviderError::Context { need, limit });
-        }
-        if !attempt(1) {
-            return Err(ProviderError::Failed("the request was not admitted".into()));
-        }
+        let tokens = self.prompt_tokens(req.messages, req.tools)?;
+        admit_turn(tokens, self.engine.info().context, attempt)?;
         let params = turn_params(&self.sampling, req);
         let mut reply = empty_reply();
         let out = self.chat(req.messages, req.tools, &params, cancel, &mut |e| {
@@ -347,6 +341,24 @@ impl Provider for Local {
     fn describe(&self) -> String {
         format!("local:{}", self.resolved.name)
     }
+}
+
+/// Admits one turn on the local model: the prompt and one reply token must
+/// fit the context, and the caller's budget must allow the attempt (there
+/// are no retries locally).
+pub(crate) fn admit_turn(
+    prompt_tokens: usize,
+    limit: usize,
+    attempt: &mut dyn FnMut(u32) -> bool,
+) -> Result<(), ProviderError> {
+    let need = prompt_tokens + 1;
+    if need >= limit {
+        return Err(ProviderError::Context { need, limit });
+    }
+    if !attempt(1) {
+        return Err(ProviderError::Failed("the request was not admitted".into()));
+    }
+    Ok(())
 }
 
 /// The chat settings of a research turn: tools parsed when offered, else

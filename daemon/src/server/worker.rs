@@ -13,7 +13,8 @@
 use crate::events::Ev;
 use crate::policy::Policies;
 use crate::provider::local::{
-    empty_reply, turn_finish, turn_params, ChatOutput, ChatParams, ChatRun, ChatStep, Local,
+    admit_turn, empty_reply, turn_finish, turn_params, ChatOutput, ChatParams, ChatRun, ChatStep,
+    Local,
 };
 use crate::provider::{fold_event, Provider, ProviderError, TurnEvent, TurnReply, TurnRequest};
 use crate::research::RunOptions;
@@ -177,13 +178,7 @@ impl Provider for EngineLink {
         attempt: &mut dyn FnMut(u32) -> bool,
         on: &mut dyn FnMut(TurnEvent),
     ) -> Result<TurnReply, ProviderError> {
-        let need = self.tokens(req.messages, req.tools)? + 1;
-        if need >= self.context {
-            return Err(ProviderError::Context { need, limit: self.context });
-        }
-        if !attempt(1) {
-            return Err(ProviderError::Failed("the request was not admitted".into()));
-        }
+        admit_turn(self.tokens(req.messages, req.tools)?, self.context, attempt)?;
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         self.worker.internal(Job::Chat {
             messages: req.messages.to_vec(),
