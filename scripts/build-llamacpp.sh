@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Builds llama.cpp's own tools (llama-bench, llama-server, llama-quantize, llama-cli) natively
+# for this CPU, once, into a cache, and prints the folder holding the binaries. This is the
+# peer the engine is measured against, and the test suite uses llama-quantize (to make the
+# Q4_K_M reference file) and llama-server (as an upstream engine for `serve --provider openai`).
+#
+#   BIN=$(scripts/build-llamacpp.sh)     # ~6 min the first time on 2 cores, then instant
+#
+# Source: the llama.cpp that llama-cpp-python 0.3.36 vendors (commit 0c1e570), fetched from PyPI
+# as an sdist (the reference fixtures were produced with it). Same as ../shared/tools/
+# build-llamacpp.sh, except that the Python tools it needs (cmake, ninja, scikit-build-core)
+# come from $AGENTD_TEST_PYTHON's environment when set (test.sh's venv), never the system's.
+#
+# Built for the instruction sets this CPU has (read from /proc/cpuinfo), in a build folder per
+# set, so one cache serves machines of different kinds: AVX-512 (VNNI, VBMI, BF16) where the CPU
+# has it, else AVX2 + FMA + F16C. AMX is always off: some of these machines report AMX in
+# cpuid, but the first AMX tile instruction dies with SIGILL (GGML_NATIVE=ON would turn it on),
+# and a build with AVX-512 dies with SIGILL on the machines that lack it.
+set -euo pipefail
+CACHE="${AGENTD_PEER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/agentd-peers}"
+SRC="$CACHE/llama_cpp_python-0.3.36/vendor/llama.cpp"
+flags="$(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null || true)"
+has() { case " $flags " in *" $1 "*) return 0;; esac; return 1; }
+ISA_FLAGS=(-DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON)
+VARIANT=avx2
+if has avx512f && has avx512bw && has avx512vl && has avx512vnni; then
+  VARIANT=avx512
+  ISA_FLAGS+=(-DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON)
+  has avx512vbmi && ISA_FLAGS+=(-DGGML_AVX512_VBMI=ON)
+  has avx512_bf16 && ISA_FLAGS+=(-DGGML_AVX512_BF16=ON)
+fi
+has avx_vnni && ISA_FLAGS+=(-DGGML_AVX_VNNI=ON)
+BUILD="$SRC/build-$VARIANT"
+BIN="$BUILD/bin"
+if [ -x "$BIN/llama-bench" ] && [ -x "$BIN/llama-server" ] && [ -x "$BIN/llama-quantize" ]; then
+  echo "$BIN"; exit 0
+fi
+PY="${AGENTD_TEST_PYTHON:-python3}"
+PYBIN="$(dirname "$("$PY" -c 'import sys; print(sys.executable)')")"
+export PATH="$PYBIN:$PATH"
+mkdir -p "$CACHE"
+{
+  if ! command -v cmake >/dev/null || ! command -v ninja >/dev/null; then
+    "$PY" -m pip install -q --disable-pip-version-check cmake ninja
+  fi
+  if [ ! -d "$SRC" ]; then
+    "$PY" -c 'import scikit_build_core' 2>/dev/null ||
+      "$PY" -m pip install -q --disable-pip-version-check scikit-build-core
+    "$PY" -m pip download -q --disable-pip-version-check --no-deps --no-binary :all: \
+      --no-build-isolation llama-cpp-python==0.3.36 -d "$CACHE"
+    tar xzf "$CACHE/llama_cpp_python-0.3.36.tar.gz" -C "$CACHE"
+  fi
+  cmake -S "$SRC" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF \
+    -DLLAMA_BUILD_TESTS=OFF -DGGML_NATIVE=OFF "${ISA_FLAGS[@]}" \
+    -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
+  cmake --build "$BUILD" --target llama-bench llama-server llama-quantize llama-cli -j"$(nproc)"
+} >&2
+echo "$BIN"
