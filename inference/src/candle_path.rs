@@ -10,8 +10,8 @@
 //! clears the cache and runs the session's tokens again from position 0:
 //! slower, never wrong.
 
+use crate::arch::Arch;
 use crate::error::{model_err, Error, ErrorKind, Result};
-use crate::model::Arch;
 use candle_core::quantized::gguf_file;
 use candle_core::{DType, Tensor};
 use candle_transformers::models::{quantized_llama, quantized_qwen2, quantized_qwen3};
@@ -109,6 +109,14 @@ impl CandleModel {
             }
             Arch::Qwen3 => {
                 Weights::Qwen3(quantized_qwen3::ModelWeights::from_gguf(content, &mut f, &device)?)
+            }
+            Arch::Gemma2 | Arch::Gemma3 => {
+                return Err(Error::new(
+                    ErrorKind::Device,
+                    format!(
+                        "{arch:?} runs on the CPU path only (--device cpu); the GPU path has llama, qwen2 and qwen3"
+                    ),
+                ))
             }
         };
         Ok(CandleModel { device, state: Mutex::new(State { weights, owner: 0, len: 0 }), bytes })

@@ -6,7 +6,7 @@
 use crate::candle_path::CandleModel;
 use crate::error::{Error, ErrorKind, Result};
 use crate::gguf::Gguf;
-use crate::kernels::attn::{Mode, UBATCH};
+use crate::kernels::attn::{Mode, Route, UBATCH, WIDE};
 use crate::model::{Config, KvCache, Model, Scratch, Seq};
 use crate::pool::Pool;
 use crate::sampler::{sample, Rng, Sampling};
@@ -105,6 +105,12 @@ pub struct ModelInfo {
     pub weight_bytes: usize,
     /// Compute threads.
     pub threads: usize,
+    /// The instruction set of the CPU kernels (`avx512-vnni`, `avx2`,
+    /// `scalar`), or the candle device.
+    pub isa: String,
+    /// Per GGUF tensor type, the kernel that runs it and how many tensors
+    /// it has: `(type, kernel, count)`.
+    pub kernels: Vec<(String, String, usize)>,
 }
 
 /// Which forward pass runs the model.
@@ -120,6 +126,10 @@ enum Backend {
 #[derive(Debug)]
 pub struct Engine {
     backend: Backend,
+    /// Whether some matrix's numbers depend on llama.cpp's grouping of
+    /// columns and on the width of its products (`Route::grouped`,
+    /// `Route::wide`); a flag no matrix depends on is not tracked.
+    route: (bool, bool),
     /// Buffers of batched decode steps (a session's own serve it alone).
     batch: std::sync::Mutex<Scratch>,
     tok: Tok,
@@ -129,21 +139,22 @@ pub struct Engine {
 
 /// Per-conversation state: the tokens whose keys and values are cached.
 ///
-/// INVARIANT: `modes[p]` is the attention path (llama.cpp's, see
-/// `kernels::attn`) that computed cached position `p`: a prompt's positions
-/// take the path llama.cpp takes for that prompt, generated tokens the
-/// one-query path. The paths give different numbers, so a position is
-/// reused only if a fresh run of the new prompt would compute it the same
-/// way; positions from decoding (or from a shorter prompt) are recomputed
-/// when the new prompt's path differs. That keeps greedy output with reuse
-/// equal to output without it.
+/// INVARIANT: `modes[p]` is the path (llama.cpp's, see `kernels::attn::Route`:
+/// attention path, and whether grouped with other columns) that computed
+/// cached position `p`: a prompt's positions take the path llama.cpp takes
+/// for that prompt, generated tokens the one-query, one-column path. The
+/// paths give different numbers, so a position is reused only if a fresh
+/// run of the new prompt would compute it the same way; positions from
+/// decoding (or from a shorter prompt) are recomputed when the new prompt's
+/// path differs. That keeps greedy output with reuse equal to output
+/// without it.
 #[derive(Debug, Default)]
 pub struct Session {
     /// Names the session to a backend that keeps one shared cache (candle's);
     /// 0 until the first forward pass there.
     id: u64,
     tokens: Vec<u32>,
-    modes: Vec<Mode>,
+    modes: Vec<Route>,
     kv: KvCache,
     scratch: Scratch,
 }
@@ -312,6 +323,10 @@ impl Engine {
             Backend::Fast(m) => m.bytes(),
             Backend::Candle(m) => m.bytes(),
         };
+        let (isa, kernels) = match &backend {
+            Backend::Fast(m) => (crate::kernels::isa().as_str().to_owned(), m.kernels()),
+            Backend::Candle(_) => (format!("candle {device}"), Vec::new()),
+        };
         let info = ModelInfo {
             path: path.to_owned(),
             context: opts.context.unwrap_or(cfg.n_ctx_train.min(8192)).max(16),
@@ -321,9 +336,22 @@ impl Engine {
             eos,
             weight_bytes,
             threads,
+            isa,
+            kernels,
             config: cfg,
         };
-        Ok(Engine { backend, batch: Default::default(), tok, pool: Pool::new(threads), info })
+        let route = match &backend {
+            Backend::Fast(m) => m.route_matters(),
+            Backend::Candle(_) => (false, false),
+        };
+        Ok(Engine {
+            backend,
+            route,
+            batch: Default::default(),
+            tok,
+            pool: Pool::new(threads),
+            info,
+        })
     }
 
     /// What is loaded.
@@ -339,6 +367,12 @@ impl Engine {
     /// Token ids of `text` (no BOS added).
     pub fn tokenize(&self, text: &str, parse_special: bool) -> Result<Vec<u32>> {
         self.tok.encode(text, parse_special)
+    }
+
+    /// Token ids of a whole prompt: BOS first when the model's file asks
+    /// for it (and the text does not start with it already).
+    pub fn tokenize_prompt(&self, text: &str, parse_special: bool) -> Result<Vec<u32>> {
+        self.tok.encode_prompt(text, parse_special)
     }
 
     /// Runs `tokens` through the model after what `session` caches (no
@@ -357,17 +391,30 @@ impl Engine {
         }
         // As one llama.cpp decode call: physical batches of `UBATCH`.
         for part in tokens.chunks(UBATCH) {
-            self.step_one(session, part, Mode::for_batch(part.len()))?;
+            let at = session.tokens.len();
+            let grouped = at + part.len() - part.len() % 4;
+            let wide = if part.len() >= WIDE { at + part.len() } else { at };
+            self.step_one(session, part, Mode::for_batch(part.len()), (grouped, wide))?;
         }
         Ok(())
     }
 
     /// Runs `part` after what `session` caches, by attention path `mode`
-    /// (the fast path's; candle has one path), and records it as cached.
-    fn step_one(&self, session: &mut Session, part: &[u32], mode: Mode) -> Result<()> {
+    /// (the fast path's; candle has one path) with its positions below
+    /// `upto.0` grouped and below `upto.1` wide (`Route`), and records it as
+    /// cached.
+    fn step_one(
+        &self,
+        session: &mut Session,
+        part: &[u32],
+        mode: Mode,
+        upto: (usize, usize),
+    ) -> Result<()> {
+        let (gu, wu) = self.mask(upto);
+        let start = session.tokens.len();
         match &self.backend {
             Backend::Fast(m) => {
-                m.forward(&self.pool, part, mode, &mut session.kv, &mut session.scratch)?
+                m.forward(&self.pool, part, mode, gu, wu, &mut session.kv, &mut session.scratch)?
             }
             Backend::Candle(m) => {
                 if session.id == 0 {
@@ -377,8 +424,18 @@ impl Engine {
             }
         }
         session.tokens.extend_from_slice(part);
-        session.modes.extend(std::iter::repeat_n(mode, part.len()));
+        session.modes.extend((start..start + part.len()).map(|p| Route {
+            attn: mode,
+            grouped: p < gu,
+            wide: p < wu,
+        }));
         Ok(())
+    }
+
+    /// The route thresholds `upto` with the flags no matrix of this model
+    /// depends on cleared (so they never block the reuse of a prefix).
+    fn mask(&self, upto: (usize, usize)) -> (usize, usize) {
+        (if self.route.0 { upto.0 } else { 0 }, if self.route.1 { upto.1 } else { 0 })
     }
 
     /// A fresh session.
@@ -434,7 +491,10 @@ impl Engine {
         // alike: same tokens, each by the attention path the prompt gives its
         // position (Session's INVARIANT). At least one token must run for
         // logits.
-        let plan = |p: usize| Mode::in_prompt(p, prompt.len());
+        let plan = |p: usize| {
+            let r = Route::in_prompt(p, prompt.len());
+            Route { grouped: r.grouped && self.route.0, wide: r.wide && self.route.1, ..r }
+        };
         let reuse = match &self.backend {
             Backend::Fast(_) => (session.tokens.iter().zip(&session.modes).zip(prompt).enumerate())
                 .take_while(|&(p, ((a, m), b))| a == b && *m == plan(p))
@@ -491,8 +551,11 @@ impl Engine {
     /// batch. A generation's tokens are the same whether it steps alone or
     /// with others. An error fails the whole step.
     pub fn step(&self, items: &mut [Step<'_>]) -> Result<()> {
-        // (item, tokens to run, their attention path, prompt end if a chunk)
-        let mut go: Vec<(usize, Vec<u32>, Mode, Option<usize>)> = Vec::with_capacity(items.len());
+        // (item, tokens to run, their attention path, positions below this
+        // grouped, prompt end if a chunk)
+        #[allow(clippy::type_complexity)]
+        let mut go: Vec<(usize, Vec<u32>, Mode, (usize, usize), Option<usize>)> =
+            Vec::with_capacity(items.len());
         for (k, it) in items.iter_mut().enumerate() {
             let (g, session) = (&mut *it.gen, &mut *it.session);
             if g.done {
@@ -515,7 +578,8 @@ impl Engine {
                 let chunk = g.params.chunk.max(1);
                 let end = if g.at < full { full.min(g.at + chunk) } else { len.min(g.at + chunk) };
                 let mode = Mode::in_prompt(g.at, len);
-                go.push((k, g.prompt[g.at..end].to_vec(), mode, Some(end)));
+                let wide = if len - full >= WIDE { len } else { full };
+                go.push((k, g.prompt[g.at..end].to_vec(), mode, (len - len % 4, wide), Some(end)));
                 continue;
             }
             let out = &mut g.out;
@@ -552,22 +616,24 @@ impl Engine {
                 g.done = true;
                 continue;
             }
-            go.push((k, vec![id], Mode::Vec, None));
+            go.push((k, vec![id], Mode::Vec, (0, 0), None));
         }
         match (&self.backend, go.len()) {
             (_, 0) => {}
             (Backend::Fast(m), n) if n > 1 => {
-                let tokens: Vec<u32> =
-                    go.iter().flat_map(|(_, t, _, _)| t.iter().copied()).collect();
+                let tokens: Vec<u32> = go.iter().flat_map(|(_, t, ..)| t.iter().copied()).collect();
                 let mut seqs = Vec::with_capacity(n);
                 let mut want = go.iter().peekable();
                 for (k, it) in items.iter_mut().enumerate() {
-                    if let Some((_, t, mode, _)) = want.next_if(|(j, ..)| *j == k) {
+                    if let Some((_, t, mode, upto, _)) = want.next_if(|(j, ..)| *j == k) {
                         let session = &mut *it.session;
+                        let (gu, wu) = self.mask(*upto);
                         seqs.push(Seq {
                             kv: &mut session.kv,
                             n: t.len(),
                             mode: *mode,
+                            grouped_upto: gu,
+                            wide_upto: wu,
                             logits: &mut session.scratch.logits,
                         });
                     }
@@ -575,19 +641,25 @@ impl Engine {
                 let mut scratch = self.batch.lock().unwrap_or_else(|p| p.into_inner());
                 m.forward_seqs(&self.pool, &tokens, &mut seqs, &mut scratch)?;
                 drop(seqs);
-                for (k, t, mode, _) in &go {
+                for (k, t, mode, upto, _) in &go {
                     let session = &mut *items[*k].session;
+                    let start = session.tokens.len();
+                    let (gu, wu) = self.mask(*upto);
                     session.tokens.extend_from_slice(t);
-                    session.modes.extend(std::iter::repeat_n(*mode, t.len()));
+                    session.modes.extend((start..start + t.len()).map(|p| Route {
+                        attn: *mode,
+                        grouped: p < gu,
+                        wide: p < wu,
+                    }));
                 }
             }
             _ => {
-                for (k, t, mode, _) in &go {
-                    self.step_one(items[*k].session, t, *mode)?;
+                for (k, t, mode, upto, _) in &go {
+                    self.step_one(items[*k].session, t, *mode, *upto)?;
                 }
             }
         }
-        for (k, _, _, end) in go {
+        for (k, _, _, _, end) in go {
             if let Some(end) = end {
                 let g = &mut *items[k].gen;
                 g.at = end;

@@ -10,10 +10,11 @@
 //! It must not depend on tokio, HTTP, SQLite, JSON wire formats or the other
 //! workspace crates (`prompts`, `toolparse`).
 
+mod arch;
 mod candle_path;
 mod engine;
 mod error;
-mod gguf;
+pub mod gguf;
 pub mod kernels;
 mod model;
 mod pool;
@@ -21,11 +22,11 @@ mod quant;
 mod sampler;
 mod tokenizer;
 
+pub use arch::{Act, Arch, Config};
 pub use engine::{
     Device, Engine, EngineOptions, Finish, GenParams, Generation, ModelInfo, Output, Session, Step,
 };
 pub use error::{Error, ErrorKind, Result};
-pub use model::{Arch, Config};
 pub use pool::Pool;
 pub use sampler::Sampling;
 pub use tokenizer::Tok;

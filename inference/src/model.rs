@@ -1,6 +1,9 @@
-//! The llama family (llama, mistral, qwen2, qwen3) on the fast CPU path:
-//! weights packed for the kernels, a preallocated-per-session f16 KV cache,
-//! and a forward pass over a chunk of tokens that returns the last logits.
+//! The decoder-only transformers this engine runs on the fast CPU path —
+//! the llama family (llama, mistral, qwen2, qwen3) and the gemma family
+//! (gemma2, gemma3) — as one forward pass whose per-family differences are
+//! the options of [`Config`] (read in `arch.rs`): weights kept as the file
+//! stores them (or packed for AVX-512), a per-session f16 KV cache grown as
+//! it fills, and a pass over a chunk of tokens that returns the last logits.
 //!
 //! INVARIANT: every number a token's forward pass produces depends only on
 //! the tokens up to it and the attention path (`kernels::attn::Mode`) each
@@ -9,188 +12,129 @@
 //! prefix continues bit-identically when its paths are the ones a fresh
 //! run would take (`Session` checks).
 
-use crate::error::{model_err, Result};
-use crate::gguf::Gguf;
-use crate::kernels::attn::{
-    attend_tiled, attend_vec, swiglu, Lane, Mode, TiledRow, TiledScratch, MAX_HEAD,
-};
-use crate::kernels::{Acts, OutRows, Packed};
+pub(crate) use crate::arch::Config;
+use crate::error::{model_err, Error, ErrorKind, Result};
+use crate::gguf::{GgmlType, Gguf};
+use crate::kernels::attn::{attend_tiled, attend_vec, glu, Lane, Mode, TiledRow, TiledScratch};
+use crate::kernels::rows::Fmt;
+use crate::kernels::{Acts, Needs, OutRows, Packed};
 use crate::pool::Pool;
-use crate::quant::{dequantize_row, QType};
-use candle_core::quantized::{GgmlDType, QMatMul};
+use crate::quant::dequantize_row;
+use candle_core::quantized::QMatMul;
 use half::f16;
 
-/// Architectures this forward pass implements.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Arch {
-    /// llama, SmolLM2, Llama 3.x, Mistral (normal RoPE).
-    Llama,
-    /// qwen2 (NeoX RoPE, q/k/v biases).
-    Qwen2,
-    /// qwen3 (NeoX RoPE, per-head q/k RMS norms).
-    Qwen3,
+/// One tensor of a layer: the fast kernels, or candle's quantized matmul
+/// for tensor types the fast path does not have (Q2_K, Q3_K).
+#[derive(Debug)]
+enum Part {
+    Fast(Packed),
+    Candle { mm: QMatMul, rows: usize, ty: GgmlType },
 }
 
-/// Hyper-parameters read from the GGUF metadata.
-#[derive(Debug, Clone)]
-pub struct Config {
-    /// The architecture.
-    pub arch: Arch,
-    /// The GGUF `general.architecture` string.
-    pub arch_name: String,
-    /// Transformer blocks.
-    pub n_layer: usize,
-    /// Hidden size.
-    pub n_embd: usize,
-    /// Query heads.
-    pub n_head: usize,
-    /// Key/value heads.
-    pub n_kv: usize,
-    /// Size of one head.
-    pub head_dim: usize,
-    /// Feed-forward size.
-    pub n_ff: usize,
-    /// Vocabulary size.
-    pub n_vocab: usize,
-    /// Context the model was trained for.
-    pub n_ctx_train: usize,
-    rope_base: f32,
-    rope_dims: usize,
-    rope_neox: bool,
-    eps: f32,
-}
-
-impl Config {
-    pub(crate) fn read(g: &Gguf) -> Result<Config> {
-        let arch_name = g
-            .string("general.architecture")
-            .ok_or_else(|| model_err("GGUF metadata `general.architecture` is missing"))?
-            .to_owned();
-        let arch = match arch_name.as_str() {
-            "llama" | "mistral" => Arch::Llama,
-            "qwen2" => Arch::Qwen2,
-            "qwen3" => Arch::Qwen3,
-            other => {
-                return Err(model_err(format!(
-                "architecture `{other}` is not supported (supported: llama, mistral, qwen2, qwen3)"
-            )))
-            }
-        };
-        let k = |s: &str| format!("{arch_name}.{s}");
-        let n_embd = g.need_u32(&k("embedding_length"))? as usize;
-        let n_head = g.need_u32(&k("attention.head_count"))? as usize;
-        let n_kv = g.u32(&k("attention.head_count_kv")).map(|v| v as usize).unwrap_or(n_head);
-        let head_dim =
-            g.u32(&k("attention.key_length")).map(|v| v as usize).unwrap_or(n_embd / n_head.max(1));
-        let (_, n_vocab, _) = g.shape("token_embd.weight")?;
-        let cfg = Config {
-            arch,
-            arch_name: arch_name.clone(),
-            n_layer: g.need_u32(&k("block_count"))? as usize,
-            n_embd,
-            n_head,
-            n_kv,
-            head_dim,
-            n_ff: g.need_u32(&k("feed_forward_length"))? as usize,
-            n_vocab,
-            n_ctx_train: g.u32(&k("context_length")).unwrap_or(4096) as usize,
-            rope_base: g.f32(&k("rope.freq_base")).unwrap_or(10_000.0),
-            rope_dims: g.u32(&k("rope.dimension_count")).map(|v| v as usize).unwrap_or(head_dim),
-            rope_neox: arch != Arch::Llama,
-            eps: g.f32(&k("attention.layer_norm_rms_epsilon")).unwrap_or(1e-5),
-        };
-        if cfg.n_head == 0
-            || cfg.n_kv == 0
-            || !cfg.n_head.is_multiple_of(cfg.n_kv)
-            || !cfg.head_dim.is_multiple_of(2)
-        {
-            return Err(model_err(format!(
-                "inconsistent attention shape: {} heads, {} kv heads, head size {}",
-                cfg.n_head, cfg.n_kv, cfg.head_dim
-            )));
+impl Part {
+    fn rows(&self) -> usize {
+        match self {
+            Part::Fast(p) => p.rows,
+            Part::Candle { rows, .. } => *rows,
         }
-        Ok(cfg)
     }
 }
 
-/// A linear layer: the fast packed kernels, or candle's quantized matmul
-/// for tensor types the fast path does not have.
+/// A linear layer: one or several tensors applied to the same input, their
+/// outputs side by side (q, k and v; gate and up).
 #[derive(Debug)]
-pub(crate) enum Linear {
-    Packed(Packed),
-    Candle {
-        mm: QMatMul,
-        rows: usize,
-        cols: usize,
-    },
-    /// Several layers applied to the same input, outputs side by side.
-    Stack(Vec<Linear>),
+pub(crate) struct Linear {
+    parts: Vec<Part>,
+    rows: usize,
+    cols: usize,
 }
 
 impl Linear {
     pub(crate) fn rows(&self) -> usize {
-        match self {
-            Linear::Packed(p) => p.rows,
-            Linear::Candle { rows, .. } => *rows,
-            Linear::Stack(v) => v.iter().map(Linear::rows).sum(),
-        }
+        self.rows
     }
 
     pub(crate) fn bytes(&self) -> usize {
-        match self {
-            Linear::Packed(p) => p.bytes(),
-            Linear::Candle { rows, cols, .. } => rows * cols,
-            Linear::Stack(v) => v.iter().map(Linear::bytes).sum(),
-        }
+        self.parts
+            .iter()
+            .map(|p| match p {
+                Part::Fast(p) => p.bytes(),
+                Part::Candle { rows, .. } => rows * self.cols,
+            })
+            .sum()
     }
 
-    /// `out[c · rows + r]` for the `n` columns of `x` (`[n × cols]`).
+    /// `(tensor type, kernel)` of each part, for reports.
+    pub(crate) fn kernels(&self, g: &[GgmlType]) -> Vec<(GgmlType, String)> {
+        self.parts
+            .iter()
+            .zip(g)
+            .map(|(p, &ty)| match p {
+                Part::Fast(p) => (ty, p.kernel()),
+                Part::Candle { ty, .. } => (*ty, "candle".to_owned()),
+            })
+            .collect()
+    }
+
+    /// `out[c · rows + r]` for the `n` columns of `x` (`[n × cols]`);
+    /// `grouped[c]` and `wide[c]` say how llama.cpp computes column `c`
+    /// (`attn::Route`; empty: plainly, as one decode column).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn forward(
         &self,
         pool: &Pool,
         x: &[f32],
         n: usize,
+        grouped: &[bool],
+        wide: &[bool],
         acts: &mut Acts,
         out: &mut Vec<f32>,
     ) -> Result<()> {
-        let rows = self.rows();
+        let rows = self.rows;
         out.clear();
         out.resize(n * rows, 0.0);
-        match self {
-            Linear::Packed(p) => {
-                acts.prepare(x, n, p.cols, p, pool);
+        let need = self.parts.iter().fold(Needs::default(), |a, p| match p {
+            Part::Fast(p) => a.or(p.needs()),
+            Part::Candle { .. } => a,
+        });
+        acts.prepare(x, n, self.cols, need, pool);
+        acts.set_route(grouped, wide);
+        // Every fast part's row tiles as tasks of one pool job: enough
+        // chunks to balance, few enough to keep dispatch cheap.
+        let mut tasks: Vec<(usize, usize, usize)> = Vec::new();
+        let mut off = 0;
+        let mut offs = Vec::with_capacity(self.parts.len());
+        for (i, p) in self.parts.iter().enumerate() {
+            offs.push(off);
+            if let Part::Fast(p) = p {
                 let tiles = p.tiles();
-                // Enough chunks to balance, few enough to keep dispatch cheap.
                 let per = (tiles / (pool.threads() * 8)).max(1);
-                let chunks = tiles.div_ceil(per);
-                let o = OutRows::new(out, rows);
-                let acts = &*acts;
-                pool.run(chunks, &|i| {
-                    let t0 = i * per;
-                    p.matmul_tiles(acts, t0..(t0 + per).min(tiles), &o);
-                });
+                tasks.extend((0..tiles).step_by(per).map(|t| (i, t, (t + per).min(tiles))));
             }
-            Linear::Candle { mm, cols, .. } => {
+            off += p.rows();
+        }
+        {
+            let o = OutRows::new(out, rows);
+            let acts = &*acts;
+            pool.run(tasks.len(), &|t| {
+                let (i, t0, t1) = tasks[t];
+                if let Part::Fast(p) = &self.parts[i] {
+                    p.matmul_tiles(acts, t0..t1, &o.part(offs[i], p.rows));
+                }
+            });
+        }
+        for (i, p) in self.parts.iter().enumerate() {
+            if let Part::Candle { mm, rows: pr, .. } = p {
                 use candle_core::Module;
                 let t = candle_core::Tensor::from_slice(
-                    &x[..n * cols],
-                    (n, *cols),
+                    &x[..n * self.cols],
+                    (n, self.cols),
                     &candle_core::Device::Cpu,
                 )?;
                 let y = mm.forward(&t)?.flatten_all()?.to_vec1::<f32>()?;
-                out.copy_from_slice(&y);
-            }
-            Linear::Stack(parts) => {
-                let mut off = 0;
-                let mut tmp = Vec::new();
-                for part in parts {
-                    let pr = part.rows();
-                    part.forward(pool, x, n, acts, &mut tmp)?;
-                    for c in 0..n {
-                        out[c * rows + off..c * rows + off + pr]
-                            .copy_from_slice(&tmp[c * pr..(c + 1) * pr]);
-                    }
-                    off += pr;
+                for c in 0..n {
+                    out[c * rows + offs[i]..c * rows + offs[i] + pr]
+                        .copy_from_slice(&y[c * pr..(c + 1) * pr]);
                 }
             }
         }
@@ -199,81 +143,86 @@ impl Linear {
 
     /// Loads the tensors `names` (same column count) as one layer whose
     /// rows are theirs stacked in order.
-    fn load(g: &mut Gguf, names: &[&str]) -> Result<Linear> {
-        let mut shapes = Vec::new();
-        for n in names {
-            shapes.push(g.shape(n)?);
-        }
-        let cols = shapes[0].2;
-        let ty = shapes[0].0;
-        let same = shapes.iter().all(|s| s.0 == ty && s.2 == cols);
-        if same
-            && matches!(ty, GgmlDType::Q4_1 | GgmlDType::Q8_0 | GgmlDType::F32 | GgmlDType::F16)
-            && cols % 32 == 0
-        {
-            let rows: usize = shapes.iter().map(|s| s.1).sum();
-            if matches!(ty, GgmlDType::Q4_1 | GgmlDType::Q8_0) {
-                // Repacked a slice of rows at a time: a tensor is never held
-                // twice (the tied output matrix alone is 30 MB on the default
-                // model, and peak RSS is a target).
-                let mut p = Packed::empty(ty == GgmlDType::Q8_0, rows, cols);
-                let row_bytes = cols / 32 * ty.type_size();
-                let mut buf = Vec::new();
-                let mut base = 0;
-                for (n, s) in names.iter().zip(&shapes) {
-                    let mut r = 0;
-                    while r < s.1 {
-                        let take = (s.1 - r).min(256);
-                        buf.resize(take * row_bytes, 0);
-                        g.read_rows(n, r, &mut buf)?;
-                        p.fill(base + r, &buf);
-                        r += take;
-                    }
-                    base += s.1;
-                }
-                return Ok(Linear::Packed(p));
+    pub(crate) fn load(g: &mut Gguf, names: &[&str]) -> Result<Linear> {
+        let mut parts = Vec::with_capacity(names.len());
+        let mut cols = None;
+        let mut rows = 0;
+        for name in names {
+            let (ty, r, c) = g.shape(name)?;
+            if *cols.get_or_insert(c) != c {
+                return Err(model_err(format!(
+                    "tensor `{name}` has rows of {c} values, but `{}` has {}",
+                    names[0],
+                    cols.unwrap_or(0)
+                )));
             }
-            let mut raw = Vec::new();
-            for n in names {
-                raw.extend_from_slice(&g.bytes(n)?);
-            }
-            let qt = if ty == GgmlDType::F32 { QType::F32 } else { QType::F16 };
-            let mut w = vec![0f32; rows * cols];
-            for (r, chunk) in w.chunks_exact_mut(cols).enumerate() {
-                let rb = qt.row_bytes(cols);
-                dequantize_row(qt, &raw[r * rb..(r + 1) * rb], chunk);
-            }
-            return Ok(Linear::Packed(Packed::f32(w, rows, cols)));
+            parts.push(load_part(g, name, ty, r, c)?);
+            rows += r;
         }
-        let mut parts = Vec::new();
-        for (n, (_, rows, cols)) in names.iter().zip(&shapes) {
-            let qt = g.qtensor(n)?;
-            parts.push(Linear::Candle { mm: QMatMul::from_qtensor(qt)?, rows: *rows, cols: *cols });
-        }
-        Ok(if parts.len() == 1 { parts.pop().expect("one part") } else { Linear::Stack(parts) })
+        Ok(Linear { parts, rows, cols: cols.unwrap_or(0) })
     }
+}
+
+fn load_part(g: &mut Gguf, name: &str, ty: GgmlType, rows: usize, cols: usize) -> Result<Part> {
+    if Packed::tiles_for(ty) && cols.is_multiple_of(32) {
+        // Repacked a slice of rows at a time: a tensor is never held twice.
+        let mut p = Packed::empty(ty == GgmlType::Q8_0, rows, cols);
+        let row_bytes = ty.row_bytes(cols).unwrap_or(0);
+        let mut buf = Vec::new();
+        let mut r = 0;
+        while r < rows {
+            let take = (rows - r).min(256);
+            buf.resize(take * row_bytes, 0);
+            g.read_rows(name, r, &mut buf)?;
+            p.fill(r, &buf);
+            r += take;
+        }
+        return Ok(Part::Fast(p));
+    }
+    if ty == GgmlType::F32 {
+        let raw = g.bytes(name)?;
+        let mut w = vec![0f32; rows * cols];
+        dequantize_row(ty, &raw, &mut w);
+        return Ok(Part::Fast(Packed::f32(w, rows, cols)));
+    }
+    if let Some(fmt) = Fmt::from_ggml(ty) {
+        return Ok(Part::Fast(Packed::rows(fmt, g.bytes(name)?, rows, cols)));
+    }
+    let qt = g.qtensor(name)?;
+    Ok(Part::Candle { mm: QMatMul::from_qtensor(qt)?, rows, ty })
 }
 
 #[derive(Debug)]
 struct Layer {
     attn_norm: Vec<f32>,
     qkv: Linear,
+    qkv_types: Vec<GgmlType>,
     bias: Option<Vec<f32>>,
     q_norm: Option<Vec<f32>>,
     k_norm: Option<Vec<f32>>,
     wo: Linear,
+    wo_type: GgmlType,
+    /// gemma: norms of the attention and feed-forward outputs.
+    post_attn_norm: Option<Vec<f32>>,
     ffn_norm: Vec<f32>,
     gate_up: Linear,
+    gate_up_types: Vec<GgmlType>,
     down: Linear,
+    down_type: GgmlType,
+    post_ffn_norm: Option<Vec<f32>>,
+    /// Sliding-window attention in this layer (the window is `Config::swa`).
+    swa: bool,
+    /// RoPE frequency base of this layer.
+    rope_base: f32,
 }
 
 #[derive(Debug)]
 enum Embedding {
-    /// Rows looked up in the (packed) output matrix.
+    /// Rows looked up in the output matrix (tied weights).
     Tied,
-    /// Raw GGUF rows of a type the fast path reads.
-    Raw { ty: QType, data: Vec<u8> },
-    /// Dequantized rows.
+    /// Raw GGUF rows, dequantized on lookup.
+    Raw { ty: GgmlType, data: Vec<u8>, row_bytes: usize },
+    /// Dequantized rows (types the fast path cannot read).
     F32(Vec<f32>),
 }
 
@@ -282,9 +231,11 @@ enum Embedding {
 pub(crate) struct Model {
     pub(crate) cfg: Config,
     emb: Embedding,
+    emb_type: GgmlType,
     layers: Vec<Layer>,
     out_norm: Vec<f32>,
     output: Linear,
+    output_type: GgmlType,
 }
 
 fn vector(g: &mut Gguf, name: &str, len: usize) -> Result<Vec<f32>> {
@@ -292,94 +243,136 @@ fn vector(g: &mut Gguf, name: &str, len: usize) -> Result<Vec<f32>> {
     if rows * cols != len {
         return Err(model_err(format!("tensor `{name}` has {} values, want {len}", rows * cols)));
     }
+    if !matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16) {
+        return Err(model_err(format!("tensor `{name}` has type {ty}, want f32")));
+    }
     let raw = g.bytes(name)?;
-    let qt = match ty {
-        GgmlDType::F32 => QType::F32,
-        GgmlDType::F16 => QType::F16,
-        other => return Err(model_err(format!("tensor `{name}` has type {other:?}, want F32"))),
-    };
     let mut v = vec![0f32; len];
-    dequantize_row(qt, &raw, &mut v);
+    dequantize_row(ty, &raw, &mut v);
     Ok(v)
 }
 
-fn qtype(ty: GgmlDType) -> Option<QType> {
-    Some(match ty {
-        GgmlDType::F32 => QType::F32,
-        GgmlDType::F16 => QType::F16,
-        GgmlDType::Q4_0 => QType::Q4_0,
-        GgmlDType::Q4_1 => QType::Q4_1,
-        GgmlDType::Q8_0 => QType::Q8_0,
-        _ => return None,
-    })
+fn opt_vector(g: &mut Gguf, name: &str, len: usize) -> Result<Option<Vec<f32>>> {
+    if g.has(name) {
+        Ok(Some(vector(g, name, len)?))
+    } else {
+        Ok(None)
+    }
 }
 
 impl Model {
     pub(crate) fn load(g: &mut Gguf) -> Result<Model> {
         let cfg = Config::read(g)?;
         let d = cfg.n_embd;
+        let (qd, kd) = (cfg.n_head * cfg.head_dim, cfg.n_kv * cfg.head_dim);
         let mut layers = Vec::with_capacity(cfg.n_layer);
         for i in 0..cfg.n_layer {
             let t = |s: &str| format!("blk.{i}.{s}");
             let (q, k, v) = (t("attn_q.weight"), t("attn_k.weight"), t("attn_v.weight"));
+            let shape = |g: &Gguf, n: &str, rows: usize, cols: usize| -> Result<GgmlType> {
+                let (ty, r, c) = g.shape(n)?;
+                if (r, c) != (rows, cols) {
+                    return Err(model_err(format!(
+                        "tensor `{n}` is {r}×{c}, want {rows}×{cols} for this model's shape"
+                    )));
+                }
+                Ok(ty)
+            };
+            let qkv_types = vec![shape(g, &q, qd, d)?, shape(g, &k, kd, d)?, shape(g, &v, kd, d)?];
+            let wo_type = shape(g, &t("attn_output.weight"), d, qd)?;
+            let gate_up_types = vec![
+                shape(g, &t("ffn_gate.weight"), cfg.n_ff, d)?,
+                shape(g, &t("ffn_up.weight"), cfg.n_ff, d)?,
+            ];
+            let down_type = shape(g, &t("ffn_down.weight"), d, cfg.n_ff)?;
             let bias = if g.has(&t("attn_q.bias")) {
-                let mut b = vector(g, &t("attn_q.bias"), cfg.n_head * cfg.head_dim)?;
-                b.extend(vector(g, &t("attn_k.bias"), cfg.n_kv * cfg.head_dim)?);
-                b.extend(vector(g, &t("attn_v.bias"), cfg.n_kv * cfg.head_dim)?);
+                let mut b = vector(g, &t("attn_q.bias"), qd)?;
+                b.extend(vector(g, &t("attn_k.bias"), kd)?);
+                b.extend(vector(g, &t("attn_v.bias"), kd)?);
                 Some(b)
             } else {
                 None
             };
-            let q_norm = if g.has(&t("attn_q_norm.weight")) {
-                Some(vector(g, &t("attn_q_norm.weight"), cfg.head_dim)?)
-            } else {
-                None
-            };
-            let k_norm = if g.has(&t("attn_k_norm.weight")) {
-                Some(vector(g, &t("attn_k_norm.weight"), cfg.head_dim)?)
-            } else {
-                None
-            };
+            let swa = cfg.layer_swa(i);
             layers.push(Layer {
                 attn_norm: vector(g, &t("attn_norm.weight"), d)?,
                 qkv: Linear::load(g, &[&q, &k, &v])?,
+                qkv_types,
                 bias,
-                q_norm,
-                k_norm,
+                q_norm: opt_vector(g, &t("attn_q_norm.weight"), cfg.head_dim)?,
+                k_norm: opt_vector(g, &t("attn_k_norm.weight"), cfg.head_dim)?,
                 wo: Linear::load(g, &[&t("attn_output.weight")])?,
+                wo_type,
+                post_attn_norm: opt_vector(g, &t("post_attention_norm.weight"), d)?,
                 ffn_norm: vector(g, &t("ffn_norm.weight"), d)?,
                 gate_up: Linear::load(g, &[&t("ffn_gate.weight"), &t("ffn_up.weight")])?,
+                gate_up_types,
                 down: Linear::load(g, &[&t("ffn_down.weight")])?,
+                down_type,
+                post_ffn_norm: opt_vector(g, &t("post_ffw_norm.weight"), d)?,
+                swa,
+                rope_base: if swa { cfg.rope_base_swa } else { cfg.rope_base },
             });
         }
         let out_norm = vector(g, "output_norm.weight", d)?;
-        let (emb_ty, _, _) = g.shape("token_embd.weight")?;
-        let (output, emb) = if g.has("output.weight") {
-            let output = Linear::load(g, &["output.weight"])?;
-            let emb = match qtype(emb_ty) {
-                Some(ty) => Embedding::Raw { ty, data: g.bytes("token_embd.weight")? },
-                None => Embedding::F32(
+        let (emb_type, _, _) = g.shape("token_embd.weight")?;
+        let raw_emb = |g: &mut Gguf| -> Result<Embedding> {
+            if crate::quant::dequantizes(emb_type) {
+                Ok(Embedding::Raw {
+                    ty: emb_type,
+                    data: g.bytes("token_embd.weight")?,
+                    row_bytes: emb_type.row_bytes(d).unwrap_or(0),
+                })
+            } else {
+                Ok(Embedding::F32(
                     g.qtensor("token_embd.weight")?
                         .dequantize(&candle_core::Device::Cpu)?
                         .flatten_all()?
                         .to_vec1()?,
-                ),
-            };
-            (output, emb)
+                ))
+            }
+        };
+        let (output, output_type, emb) = if g.has("output.weight") {
+            let (ot, _, _) = g.shape("output.weight")?;
+            (Linear::load(g, &["output.weight"])?, ot, raw_emb(g)?)
         } else {
             let output = Linear::load(g, &["token_embd.weight"])?;
-            let emb = match &output {
-                Linear::Packed(_) => Embedding::Tied,
-                _ => Embedding::F32(
-                    g.qtensor("token_embd.weight")?
-                        .dequantize(&candle_core::Device::Cpu)?
-                        .flatten_all()?
-                        .to_vec1()?,
-                ),
+            let emb = match output.parts.first() {
+                Some(Part::Fast(_)) => Embedding::Tied,
+                _ => raw_emb(g)?,
             };
-            (output, emb)
+            (output, emb_type, emb)
         };
-        Ok(Model { cfg, emb, layers, out_norm, output })
+        if output.rows() != cfg.n_vocab {
+            return Err(model_err(format!(
+                "the output matrix has {} rows but the vocabulary {} tokens",
+                output.rows(),
+                cfg.n_vocab
+            )));
+        }
+        Ok(Model { cfg, emb, emb_type, layers, out_norm, output, output_type })
+    }
+
+    /// Whether some matrix's numbers depend on llama.cpp's grouping of
+    /// columns and on the width of its products (`attn::Route`).
+    pub(crate) fn route_matters(&self) -> (bool, bool) {
+        let mut r = (false, false);
+        let mut see = |l: &Linear| {
+            for p in &l.parts {
+                if let Part::Fast(p) = p {
+                    let (g, w) = p.route_matters();
+                    r = (r.0 || g, r.1 || w);
+                }
+            }
+        };
+        see(&self.output);
+        for l in &self.layers {
+            see(&l.qkv);
+            see(&l.wo);
+            see(&l.gate_up);
+            see(&l.down);
+        }
+        r
     }
 
     /// Bytes of weights held.
@@ -395,25 +388,54 @@ impl Model {
         }
     }
 
+    /// Which kernel runs each tensor type, with how many tensors of it
+    /// (`agentd bench --json` reports it).
+    pub(crate) fn kernels(&self) -> Vec<(String, String, usize)> {
+        let mut all: Vec<(GgmlType, String)> = Vec::new();
+        for l in &self.layers {
+            all.extend(l.qkv.kernels(&l.qkv_types));
+            all.extend(l.wo.kernels(&[l.wo_type]));
+            all.extend(l.gate_up.kernels(&l.gate_up_types));
+            all.extend(l.down.kernels(&[l.down_type]));
+        }
+        all.extend(self.output.kernels(&[self.output_type]));
+        let emb = match &self.emb {
+            Embedding::Tied => None,
+            Embedding::Raw { ty, .. } => Some((*ty, "dequantize-rows".to_owned())),
+            Embedding::F32(_) => Some((self.emb_type, "f32-rows".to_owned())),
+        };
+        all.extend(emb);
+        let mut out: Vec<(String, String, usize)> = Vec::new();
+        for (ty, k) in all {
+            match out.iter_mut().find(|(t, kk, _)| t == ty.name() && *kk == k) {
+                Some(e) => e.2 += 1,
+                None => out.push((ty.name().to_owned(), k, 1)),
+            }
+        }
+        out
+    }
+
     fn embed(&self, token: u32, out: &mut [f32]) -> Result<()> {
         let d = self.cfg.n_embd;
         let t = token as usize;
         if t >= self.cfg.n_vocab {
-            return Err(crate::error::Error::new(
-                crate::error::ErrorKind::Input,
+            return Err(Error::new(
+                ErrorKind::Input,
                 format!("token id {token} is outside the vocabulary ({} tokens)", self.cfg.n_vocab),
             ));
         }
         match &self.emb {
-            Embedding::Tied => match &self.output {
-                Linear::Packed(p) => p.dequantize_row(t, out),
-                _ => unreachable!("tied embeddings are packed"),
+            Embedding::Tied => match self.output.parts.first() {
+                Some(Part::Fast(p)) => p.dequantize_row(t, out),
+                _ => return Err(model_err("tied embeddings need a fast output matrix")),
             },
-            Embedding::Raw { ty, data } => {
-                let rb = ty.row_bytes(d);
-                dequantize_row(*ty, &data[t * rb..(t + 1) * rb], out);
+            Embedding::Raw { ty, data, row_bytes } => {
+                dequantize_row(*ty, &data[t * row_bytes..(t + 1) * row_bytes], out)
             }
             Embedding::F32(v) => out.copy_from_slice(&v[t * d..(t + 1) * d]),
+        }
+        if let Some(s) = self.cfg.embd_scale {
+            out.iter_mut().for_each(|v| *v *= s);
         }
         Ok(())
     }
@@ -463,10 +485,17 @@ pub(crate) struct Scratch {
     gu: Vec<f32>,
     act: Vec<f32>,
     acts: Acts,
-    /// RoPE cos/sin pairs of the positions being run.
+    /// RoPE cos/sin pairs of the positions being run, per base in use.
     rope: Vec<f32>,
+    rope_swa: Vec<f32>,
     /// Each row's sequence (index into the pass's `Seq`s) and position.
     rows: Vec<(usize, usize)>,
+    /// Each row's `attn::Route::grouped` and `wide`.
+    grouped: Vec<bool>,
+    wide: Vec<bool>,
+    /// Rows that are their sequence's last (the last layer's feed-forward
+    /// runs only on them, as llama.cpp's does on its output rows).
+    last: Vec<usize>,
     /// Rows on the one-query attention path.
     vec_rows: Vec<usize>,
     /// Runs of rows (one sequence each) on the tiled path.
@@ -481,7 +510,7 @@ fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     }
 }
 
-/// [`rms_norm`] in place (the per-head q/k norms).
+/// [`rms_norm`] in place (the per-head q/k norms, gemma's output norms).
 fn rms_norm_in_place(x: &mut [f32], w: &[f32], eps: f32) {
     let scale = rms_scale(x, eps);
     for (v, g) in x.iter_mut().zip(w) {
@@ -501,9 +530,9 @@ fn rms_scale(x: &[f32], eps: f32) -> f32 {
 /// llama.cpp's RoPE cache for one position (`ggml_rope_cache_init`,
 /// no YaRN): `θ = pos · base^(-2i/dims)` by repeated multiplication, then
 /// `cos θ`, `sin θ` per rotated pair.
-fn rope_cache(pos: usize, cfg: &Config, out: &mut [f32]) {
+fn rope_cache(pos: usize, base: f32, cfg: &Config, out: &mut [f32]) {
     let dims = cfg.rope_dims.min(cfg.head_dim);
-    let scale = cfg.rope_base.powf(-2.0 / dims as f32);
+    let scale = base.powf(-2.0 / dims as f32);
     let mut theta = pos as f32;
     for pair in out[..dims].chunks_exact_mut(2) {
         pair[0] = theta.cos();
@@ -544,6 +573,10 @@ pub(crate) struct Seq<'a> {
     pub(crate) n: usize,
     /// The attention path of its rows (llama.cpp's, see `kernels::attn`).
     pub(crate) mode: Mode,
+    /// Its positions below this are `attn::Route::grouped`, below the
+    /// other `wide`.
+    pub(crate) grouped_upto: usize,
+    pub(crate) wide_upto: usize,
     pub(crate) logits: &'a mut Vec<f32>,
 }
 
@@ -553,16 +586,19 @@ impl Model {
     /// `scratch.logits`. Attention takes llama.cpp's path `mode` for every
     /// token (see `kernels::attn`); nothing else depends on how tokens are
     /// grouped into calls.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn forward(
         &self,
         pool: &Pool,
         tokens: &[u32],
         mode: Mode,
+        grouped_upto: usize,
+        wide_upto: usize,
         kv: &mut KvCache,
         s: &mut Scratch,
     ) -> Result<()> {
         let mut logits = std::mem::take(&mut s.logits);
-        let seq = Seq { kv, n: tokens.len(), mode, logits: &mut logits };
+        let seq = Seq { kv, n: tokens.len(), mode, grouped_upto, wide_upto, logits: &mut logits };
         let r = self.forward_seqs(pool, tokens, &mut [seq], s);
         s.logits = logits;
         r
@@ -583,7 +619,9 @@ impl Model {
     ) -> Result<()> {
         let cfg = &self.cfg;
         let (n, d) = (tokens.len(), cfg.n_embd);
-        assert_eq!(n, seqs.iter().map(|q| q.n).sum::<usize>(), "tokens and sequences disagree");
+        if n != seqs.iter().map(|q| q.n).sum::<usize>() {
+            return Err(Error::new(ErrorKind::Input, "tokens and sequences disagree"));
+        }
         if n == 0 {
             return Ok(());
         }
@@ -591,6 +629,9 @@ impl Model {
         // Each row's sequence and absolute position; the rows that take the
         // one-query path; the runs of rows that take the tiled one.
         s.rows.clear();
+        s.grouped.clear();
+        s.wide.clear();
+        s.last.clear();
         s.vec_rows.clear();
         s.spans.clear();
         for (j, q) in seqs.iter_mut().enumerate() {
@@ -606,6 +647,14 @@ impl Model {
                 q.kv.v = vec![Vec::new(); cfg.n_layer];
             }
             s.rows.extend((0..q.n).map(|t| (j, q.kv.len + t)));
+            if q.n == 0 {
+                return Err(Error::new(ErrorKind::Input, "a sequence of the batch has no tokens"));
+            }
+            s.grouped.extend((0..q.n).map(|t| q.kv.len + t < q.grouped_upto));
+            s.wide.extend((0..q.n).map(|t| q.kv.len + t < q.wide_upto));
+            if q.n > 0 {
+                s.last.push(s.rows.len() - 1);
+            }
             // KV storage grows in steps of KV_STEP positions, exactly: Vec's
             // doubling would hold up to twice the cache (peak RSS is a target).
             let want = (q.kv.len + q.n).div_ceil(KV_STEP) * KV_STEP * kd;
@@ -624,7 +673,13 @@ impl Model {
         let rd = cfg.rope_dims.min(cfg.head_dim);
         s.rope.resize(n * rd, 0.0);
         for (i, &(_, pos)) in s.rows.iter().enumerate() {
-            rope_cache(pos, cfg, &mut s.rope[i * rd..(i + 1) * rd]);
+            rope_cache(pos, cfg.rope_base, cfg, &mut s.rope[i * rd..(i + 1) * rd]);
+        }
+        if cfg.swa.is_some() && cfg.rope_base_swa != cfg.rope_base {
+            s.rope_swa.resize(n * rd, 0.0);
+            for (i, &(_, pos)) in s.rows.iter().enumerate() {
+                rope_cache(pos, cfg.rope_base_swa, cfg, &mut s.rope_swa[i * rd..(i + 1) * rd]);
+            }
         }
         for (li, layer) in self.layers.iter().enumerate() {
             for i in 0..n {
@@ -635,8 +690,13 @@ impl Model {
                     &mut s.h[i * d..(i + 1) * d],
                 );
             }
-            layer.qkv.forward(pool, &s.h, n, &mut s.acts, &mut s.qkv)?;
+            layer.qkv.forward(pool, &s.h, n, &s.grouped, &s.wide, &mut s.acts, &mut s.qkv)?;
             let w = qd + 2 * kd;
+            let rope_tab = if layer.rope_base != cfg.rope_base && !s.rope_swa.is_empty() {
+                &s.rope_swa
+            } else {
+                &s.rope
+            };
             for i in 0..n {
                 let row = &mut s.qkv[i * w..(i + 1) * w];
                 if let Some(b) = &layer.bias {
@@ -652,17 +712,38 @@ impl Model {
                         rms_norm_in_place(h, kn, cfg.eps);
                     }
                 }
-                let cache = &s.rope[i * rd..(i + 1) * rd];
+                let cache = &rope_tab[i * rd..(i + 1) * rd];
                 rope(&mut row[..qd], cache, cfg);
                 rope(&mut row[qd..qd + kd], cache, cfg);
+                if let Some(qs) = cfg.q_scale {
+                    row[..qd].iter_mut().for_each(|v| *v *= qs);
+                }
                 let kv = &mut *seqs[s.rows[i].0].kv;
                 kv.k[li].extend(row[qd..qd + kd].iter().map(|&v| f16::from_f32(v)));
                 kv.v[li].extend(row[qd + kd..].iter().map(|&v| f16::from_f32(v)));
             }
-            self.attention(pool, li, seqs, s);
-            layer.wo.forward(pool, &s.att, n, &mut s.acts, &mut s.proj)?;
+            self.attention(pool, li, layer.swa, seqs, s);
+            layer.wo.forward(pool, &s.att, n, &s.grouped, &s.wide, &mut s.acts, &mut s.proj)?;
+            if let Some(pn) = &layer.post_attn_norm {
+                for p in s.proj.chunks_exact_mut(d) {
+                    rms_norm_in_place(p, pn, cfg.eps);
+                }
+            }
             s.x.iter_mut().zip(&s.proj).for_each(|(x, p)| *x += p);
-            for i in 0..n {
+            // In the last layer only each sequence's last row goes on (its
+            // keys and values are cached already): llama.cpp's output rows,
+            // one column each.
+            let nr = if li + 1 == self.layers.len() {
+                for (j, &r) in s.last.iter().enumerate() {
+                    s.x.copy_within(r * d..(r + 1) * d, j * d);
+                }
+                s.grouped.iter_mut().for_each(|g| *g = false);
+                s.wide.iter_mut().for_each(|g| *g = false);
+                s.last.len()
+            } else {
+                n
+            };
+            for i in 0..nr {
                 rms_norm(
                     &s.x[i * d..(i + 1) * d],
                     &layer.ffn_norm,
@@ -674,41 +755,58 @@ impl Model {
             // activations are the widest (2·n_ff per position), and each
             // position's arithmetic does not depend on its neighbours.
             let ff = cfg.n_ff;
-            for c0 in (0..n).step_by(FFN_SLICE) {
-                let m = (n - c0).min(FFN_SLICE);
+            for c0 in (0..nr).step_by(FFN_SLICE) {
+                let m = (nr - c0).min(FFN_SLICE);
                 layer.gate_up.forward(
                     pool,
                     &s.h[c0 * d..(c0 + m) * d],
                     m,
+                    &s.grouped[c0..c0 + m],
+                    &s.wide[c0..c0 + m],
                     &mut s.acts,
                     &mut s.gu,
                 )?;
                 s.act.resize(m * ff, 0.0);
                 for i in 0..m {
                     let (g, u) = s.gu[i * 2 * ff..(i + 1) * 2 * ff].split_at(ff);
-                    swiglu(g, u, &mut s.act[i * ff..(i + 1) * ff]);
+                    glu(cfg.act, g, u, &mut s.act[i * ff..(i + 1) * ff]);
                 }
-                layer.down.forward(pool, &s.act, m, &mut s.acts, &mut s.proj)?;
+                layer.down.forward(
+                    pool,
+                    &s.act,
+                    m,
+                    &s.grouped[c0..c0 + m],
+                    &s.wide[c0..c0 + m],
+                    &mut s.acts,
+                    &mut s.proj,
+                )?;
+                if let Some(pn) = &layer.post_ffn_norm {
+                    for p in s.proj.chunks_exact_mut(d) {
+                        rms_norm_in_place(p, pn, cfg.eps);
+                    }
+                }
                 s.x[c0 * d..(c0 + m) * d].iter_mut().zip(&s.proj).for_each(|(x, p)| *x += p);
             }
         }
-        // Each sequence's last row: final norm, then one output matmul.
+        // Each sequence's last row (compacted in the last layer): final
+        // norm, then one output matmul.
         let m = seqs.len();
         s.h.resize(m * d, 0.0);
-        let mut last = 0;
         for (j, q) in seqs.iter_mut().enumerate() {
             q.kv.len += q.n;
-            last += q.n;
-            let r = last - 1;
             rms_norm(
-                &s.x[r * d..(r + 1) * d],
+                &s.x[j * d..(j + 1) * d],
                 &self.out_norm,
                 cfg.eps,
                 &mut s.h[j * d..(j + 1) * d],
             );
         }
         let mut out = std::mem::take(&mut s.proj);
-        self.output.forward(pool, &s.h[..m * d], m, &mut s.acts, &mut out)?;
+        self.output.forward(pool, &s.h[..m * d], m, &[], &[], &mut s.acts, &mut out)?;
+        if let Some(cap) = cfg.final_softcap {
+            // ggml_scale, ggml_tanh, ggml_scale.
+            out.iter_mut().for_each(|v| *v = (*v * (1.0 / cap)).tanh() * cap);
+        }
         let vocab = out.len() / m;
         for (j, q) in seqs.iter_mut().enumerate() {
             q.logits.clear();
@@ -720,15 +818,19 @@ impl Model {
 
     /// Attention of the pass's rows (`s.rows`: sequence and position) over
     /// their sequences' caches, which already hold the rows' own keys: the
-    /// one-query path for `s.vec_rows`, the tiled one for `s.spans`.
-    fn attention(&self, pool: &Pool, li: usize, seqs: &[Seq<'_>], s: &mut Scratch) {
+    /// one-query path for `s.vec_rows`, the tiled one for `s.spans`. A
+    /// sliding-window layer sees only the last `Config::swa` positions.
+    fn attention(&self, pool: &Pool, li: usize, swa: bool, seqs: &[Seq<'_>], s: &mut Scratch) {
         let cfg = &self.cfg;
         let hd = cfg.head_dim;
-        assert!(hd <= MAX_HEAD, "head size {hd} is over {MAX_HEAD}");
         let (qd, kd) = (cfg.n_head * hd, cfg.n_kv * hd);
         let w = qd + 2 * kd;
         let group = cfg.n_head / cfg.n_kv;
-        let scale = 1.0 / (hd as f32).sqrt();
+        let scale = cfg.attn_scale;
+        let softcap = cfg.attn_softcap;
+        let window = if swa { cfg.swa } else { None };
+        // The first position a query at `pos` sees.
+        let from = |pos: usize| window.map_or(0, |wn| (pos + 1).saturating_sub(wn));
         let (rows, vec_rows, spans) = (&s.rows, &s.vec_rows, &s.spans);
         let cache = |i: usize| {
             let kv = &*seqs[rows[i].0].kv;
@@ -742,8 +844,9 @@ impl Model {
                 let (i, h) = (vec_rows[task / cfg.n_head], task % cfg.n_head);
                 let lane = Lane { stride: kd, offset: (h / group) * hd };
                 let (kc, vc) = cache(i);
-                let mut o = [0f32; MAX_HEAD];
-                attend_vec(q(i, h), kc, vc, lane, rows[i].1 + 1, scale, &mut o[..hd]);
+                let mut o = [0f32; crate::kernels::attn::MAX_HEAD];
+                let pos = rows[i].1;
+                attend_vec(q(i, h), kc, vc, lane, from(pos), pos + 1, scale, softcap, &mut o[..hd]);
                 for (j, v) in o[..hd].iter().enumerate() {
                     out.set(i, h * hd + j, *v);
                 }
@@ -762,11 +865,15 @@ impl Model {
                 let trows: Vec<TiledRow<'_>> = pos
                     .clone()
                     .flat_map(|i| heads.clone().map(move |h| (i, h)))
-                    .map(|(i, h)| TiledRow { q: q(i, h), upto: rows[i].1 + 1 })
+                    .map(|(i, h)| TiledRow {
+                        q: q(i, h),
+                        from: from(rows[i].1),
+                        upto: rows[i].1 + 1,
+                    })
                     .collect();
                 TILED.with_borrow_mut(|(tile, o)| {
                     o.resize(trows.len() * hd, 0.0);
-                    attend_tiled(&trows, kc, vc, lane, scale, tile, o);
+                    attend_tiled(&trows, kc, vc, lane, scale, softcap, tile, o);
                     let mut at = 0;
                     for i in pos {
                         for h in heads.clone() {

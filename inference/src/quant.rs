@@ -1,20 +1,26 @@
-//! Quantized block formats as GGUF stores them, and the quantization of
-//! activations that the integer dot products consume.
+//! Quantized block formats as GGUF stores them: rows dequantized to f32 (the
+//! token-embedding lookup), and the quantization of activations that the
+//! integer dot products consume.
 //!
-//! INVARIANT: activation quantization reproduces llama.cpp's x86 path bit for
-//! bit (block max, `d = max / 127` rounded to f16, `round-half-even(x · 127 /
-//! max)`, `s = d · Σq` rounded to f16), so the dot products built on it give
-//! the numbers llama.cpp gives.
+//! INVARIANT: activation quantization reproduces llama.cpp bit for bit —
+//! Q8_0/Q8_1 as its x86 `quantize_row_q8_0/1` (block max, `d = max / 127`
+//! rounded to f16, `round-half-even(x · 127 / max)`, `s = d · Σq` rounded to
+//! f16), Q8_K as `quantize_row_q8_K_ref` (`iscale = −127 / max` of the
+//! signed largest value, `d = 1 / iscale` in f32, sums per 16) — and
+//! dequantization reproduces ggml's `dequantize_row_*` (plain f32
+//! arithmetic, no fused multiply-add), so the numbers built on them are the
+//! ones llama.cpp computes.
 
+use crate::gguf::GgmlType;
 use half::f16;
 
-/// Elements per block of Q4_0, Q4_1, Q8_0 and Q8_1.
+/// Elements per block of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and Q8_1.
 pub(crate) const QK: usize = 32;
+/// Elements per K-quant super-block.
+pub(crate) const QK_K: usize = 256;
 
 /// GGUF Q4_1 block: `w = d · q + m`, q in 0..16, 20 bytes.
 pub(crate) const Q4_1_BYTES: usize = 20;
-/// GGUF Q4_0 block: `w = d · (q − 8)`, 18 bytes.
-pub(crate) const Q4_0_BYTES: usize = 18;
 /// GGUF Q8_0 block: `w = d · q`, q in −127..=127, 34 bytes.
 pub(crate) const Q8_0_BYTES: usize = 34;
 
@@ -43,83 +49,202 @@ pub(crate) fn quantize_q8(x: &[f32], out: &mut Q8Row) {
     out.s.clear();
     out.q.reserve(nb * QK);
     for blk in x.chunks_exact(QK) {
-        let amax = blk.iter().fold(0f32, |m, v| m.max(v.abs()));
-        let d = amax / 127.0;
-        let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
-        let mut sum = 0i32;
-        for v in blk {
-            let q = (v * id).round_ties_even() as i32;
-            sum += q;
-            out.q.push(q.clamp(-128, 127) as i8);
-        }
-        out.d.push(f16::from_f32(d).to_f32());
-        out.s.push(f16::from_f32(d * sum as f32).to_f32());
+        let (q, d, s) = quantize_block_q8(blk);
+        out.q.extend_from_slice(&q);
+        out.d.push(d);
+        out.s.push(s);
     }
 }
 
-/// Dequantizes one row of a GGUF tensor of type `ty` into `out`.
-pub(crate) fn dequantize_row(ty: QType, raw: &[u8], out: &mut [f32]) {
+/// One block of [`quantize_q8`]: values, `d`, `s`.
+#[inline]
+pub(crate) fn quantize_block_q8(blk: &[f32]) -> ([i8; QK], f32, f32) {
+    let amax = blk.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let d = amax / 127.0;
+    let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+    let mut sum = 0i32;
+    let mut q = [0i8; QK];
+    for (o, v) in q.iter_mut().zip(blk) {
+        let r = (v * id).round_ties_even() as i32;
+        sum += r;
+        *o = r.clamp(-128, 127) as i8;
+    }
+    (q, f16::from_f32(d).to_f32(), f16::from_f32(d * sum as f32).to_f32())
+}
+
+/// Quantizes one K-quant super-block of activations (`x`: 256 values) as
+/// llama.cpp's `quantize_row_q8_K_ref`: returns `d` and writes the values
+/// and the sums of each 16.
+#[inline]
+pub(crate) fn quantize_block_q8k(x: &[f32], q: &mut [i8], bsums: &mut [i16]) -> f32 {
+    let (mut max, mut amax) = (0f32, 0f32);
+    for &v in &x[..QK_K] {
+        let a = v.abs();
+        if a > amax {
+            amax = a;
+            max = v;
+        }
+    }
+    if amax == 0.0 {
+        q[..QK_K].fill(0);
+        bsums[..QK_K / 16].fill(0);
+        return 0.0;
+    }
+    let iscale = -127.0 / max;
+    for (o, &v) in q[..QK_K].iter_mut().zip(&x[..QK_K]) {
+        *o = nearest_int(iscale * v).min(127) as i8;
+    }
+    for (j, b) in bsums[..QK_K / 16].iter_mut().enumerate() {
+        *b = q[16 * j..16 * j + 16].iter().map(|&v| v as i16).sum();
+    }
+    1.0 / iscale
+}
+
+/// ggml's `nearest_int`: round half to even (|v| < 2²²).
+#[inline]
+fn nearest_int(v: f32) -> i32 {
+    let val = v + 12_582_912.0;
+    (val.to_bits() & 0x007F_FFFF) as i32 - 0x0040_0000
+}
+
+/// The 6-bit scale and minimum of sub-block `j` of a Q4_K/Q5_K block
+/// (ggml's `get_scale_min_k4`).
+#[inline]
+pub(crate) fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
+    if j < 4 {
+        (q[j] & 63, q[j + 4] & 63)
+    } else {
+        ((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4), (q[j + 4] >> 4) | ((q[j] >> 6) << 4))
+    }
+}
+
+/// Whether [`dequantize_row`] reads this type.
+pub(crate) fn dequantizes(ty: GgmlType) -> bool {
+    use GgmlType::*;
+    matches!(ty, F32 | F16 | BF16 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q4_K | Q5_K | Q6_K)
+}
+
+/// Dequantizes one row of a GGUF tensor of type `ty` into `out` (which sets
+/// the row length) as ggml's `dequantize_row_*` does. Types that
+/// [`dequantizes`] refuses leave `out` untouched.
+pub(crate) fn dequantize_row(ty: GgmlType, raw: &[u8], out: &mut [f32]) {
+    use GgmlType::*;
     match ty {
-        QType::F32 => {
+        F32 => {
             for (o, c) in out.iter_mut().zip(raw.chunks_exact(4)) {
                 *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
             }
         }
-        QType::F16 => {
+        F16 => {
             for (o, c) in out.iter_mut().zip(raw.chunks_exact(2)) {
                 *o = f16::from_le_bytes([c[0], c[1]]).to_f32();
             }
         }
-        QType::Q8_0 => {
+        BF16 => {
+            for (o, c) in out.iter_mut().zip(raw.chunks_exact(2)) {
+                *o = f32::from_bits((u16::from_le_bytes([c[0], c[1]]) as u32) << 16);
+            }
+        }
+        Q8_0 => {
             for (o, b) in out.chunks_exact_mut(QK).zip(raw.chunks_exact(Q8_0_BYTES)) {
                 let d = f16_at(b, 0);
                 for (j, v) in o.iter_mut().enumerate() {
-                    *v = d * (b[2 + j] as i8) as f32;
+                    *v = (b[2 + j] as i8) as f32 * d;
                 }
             }
         }
-        QType::Q4_0 => {
-            for (o, b) in out.chunks_exact_mut(QK).zip(raw.chunks_exact(Q4_0_BYTES)) {
+        Q4_0 => {
+            for (o, b) in out.chunks_exact_mut(QK).zip(raw.chunks_exact(18)) {
                 let d = f16_at(b, 0);
                 for j in 0..16 {
-                    o[j] = d * ((b[2 + j] & 15) as i32 - 8) as f32;
-                    o[j + 16] = d * ((b[2 + j] >> 4) as i32 - 8) as f32;
+                    o[j] = ((b[2 + j] & 15) as i32 - 8) as f32 * d;
+                    o[j + 16] = ((b[2 + j] >> 4) as i32 - 8) as f32 * d;
                 }
             }
         }
-        QType::Q4_1 => {
+        Q4_1 => {
             for (o, b) in out.chunks_exact_mut(QK).zip(raw.chunks_exact(Q4_1_BYTES)) {
                 let d = f16_at(b, 0);
                 let m = f16_at(b, 2);
                 for j in 0..16 {
-                    o[j] = d * (b[4 + j] & 15) as f32 + m;
-                    o[j + 16] = d * (b[4 + j] >> 4) as f32 + m;
+                    o[j] = (b[4 + j] & 15) as f32 * d + m;
+                    o[j + 16] = (b[4 + j] >> 4) as f32 * d + m;
                 }
             }
         }
-    }
-}
-
-/// The tensor types the fast CPU path reads directly.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum QType {
-    F32,
-    F16,
-    Q4_0,
-    Q4_1,
-    Q8_0,
-}
-
-impl QType {
-    /// Bytes of one row of `cols` elements.
-    pub(crate) fn row_bytes(self, cols: usize) -> usize {
-        match self {
-            QType::F32 => cols * 4,
-            QType::F16 => cols * 2,
-            QType::Q4_0 => cols / QK * Q4_0_BYTES,
-            QType::Q4_1 => cols / QK * Q4_1_BYTES,
-            QType::Q8_0 => cols / QK * Q8_0_BYTES,
+        Q5_0 | Q5_1 => {
+            let one = ty == Q5_1;
+            let bb = if one { 24 } else { 22 };
+            for (o, b) in out.chunks_exact_mut(QK).zip(raw.chunks_exact(bb)) {
+                let d = f16_at(b, 0);
+                let m = if one { f16_at(b, 2) } else { 0.0 };
+                let h = if one { 4 } else { 2 };
+                let qh = u32::from_le_bytes([b[h], b[h + 1], b[h + 2], b[h + 3]]);
+                let qs = &b[h + 4..h + 20];
+                let off = if one { 0 } else { 16 };
+                for j in 0..16 {
+                    let h0 = ((qh >> j) << 4) & 0x10;
+                    let h1 = (qh >> (j + 12)) & 0x10;
+                    let x0 = ((qs[j] as u32 & 0x0F) | h0) as i32 - off;
+                    let x1 = ((qs[j] as u32 >> 4) | h1) as i32 - off;
+                    if one {
+                        o[j] = x0 as f32 * d + m;
+                        o[j + 16] = x1 as f32 * d + m;
+                    } else {
+                        o[j] = x0 as f32 * d;
+                        o[j + 16] = x1 as f32 * d;
+                    }
+                }
+            }
         }
+        Q4_K | Q5_K => {
+            let five = ty == Q5_K;
+            let bb = if five { 176 } else { 144 };
+            for (o, b) in out.chunks_exact_mut(QK_K).zip(raw.chunks_exact(bb)) {
+                let (d, min) = (f16_at(b, 0), f16_at(b, 2));
+                let sc = &b[4..16];
+                let (qh, qs) =
+                    if five { (&b[16..48], &b[48..176]) } else { (&b[0..0], &b[16..144]) };
+                for j in 0..4 {
+                    let (s1, m1) = scale_min_k4(2 * j, sc);
+                    let (s2, m2) = scale_min_k4(2 * j + 1, sc);
+                    let (d1, m1) = (d * s1 as f32, min * m1 as f32);
+                    let (d2, m2) = (d * s2 as f32, min * m2 as f32);
+                    let q = &qs[32 * j..32 * j + 32];
+                    for l in 0..32 {
+                        let (mut lo, mut hi) = ((q[l] & 0xF) as u32, (q[l] >> 4) as u32);
+                        if five {
+                            lo += if qh[l] & (1 << (2 * j)) != 0 { 16 } else { 0 };
+                            hi += if qh[l] & (2 << (2 * j)) != 0 { 16 } else { 0 };
+                        }
+                        o[64 * j + l] = d1 * lo as f32 - m1;
+                        o[64 * j + 32 + l] = d2 * hi as f32 - m2;
+                    }
+                }
+            }
+        }
+        Q6_K => {
+            for (o, b) in out.chunks_exact_mut(QK_K).zip(raw.chunks_exact(210)) {
+                let (ql, qh, sc) = (&b[0..128], &b[128..192], &b[192..208]);
+                let d = f16_at(b, 208);
+                for h in 0..2 {
+                    let (ql, qh, sc) = (&ql[64 * h..], &qh[32 * h..], &sc[8 * h..]);
+                    let y = &mut o[128 * h..];
+                    for l in 0..32 {
+                        let is = l / 16;
+                        let q1 = ((ql[l] & 0xF) | ((qh[l] & 3) << 4)) as i32 - 32;
+                        let q2 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) as i32 - 32;
+                        let q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) as i32 - 32;
+                        let q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) as i32 - 32;
+                        y[l] = d * (sc[is] as i8) as f32 * q1 as f32;
+                        y[l + 32] = d * (sc[is + 2] as i8) as f32 * q2 as f32;
+                        y[l + 64] = d * (sc[is + 4] as i8) as f32 * q3 as f32;
+                        y[l + 96] = d * (sc[is + 6] as i8) as f32 * q4 as f32;
+                    }
+                }
+            }
+        }
+        _ => {}
     }
 }
 
@@ -139,5 +264,20 @@ mod tests {
         assert_eq!(&r.q[..4], &[127, 0, 2, -2]);
         assert_eq!(r.d[0], 1.0);
         assert_eq!(r.s[0], 127.0);
+    }
+
+    #[test]
+    fn q8k_takes_the_sign_of_the_largest_value() {
+        let mut x = vec![0.25f32; 256];
+        x[3] = -2.0;
+        x[9] = 2.0; // same magnitude, later: the first one sets the sign
+        let (mut q, mut bs) = (vec![0i8; 256], vec![0i16; 16]);
+        let d = quantize_block_q8k(&x, &mut q, &mut bs);
+        // max = -2 (the first), iscale = -127 / -2 = 63.5, d = 1 / 63.5.
+        assert_eq!(d, 2.0 / 127.0);
+        assert_eq!((q[3], q[9], q[0]), (-127, 127, 16));
+        assert_eq!(bs[0], 16 * 14);
+        assert_eq!(nearest_int(2.5), 2);
+        assert_eq!(nearest_int(-3.5), -4);
     }
 }

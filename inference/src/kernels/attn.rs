@@ -76,6 +76,43 @@ impl Mode {
     }
 }
 
+/// How llama.cpp computes a position: its attention path, and the two
+/// choices of its matrix products whose numbers depend on the batch the
+/// position was evaluated in:
+///
+/// - `grouped`: ggml's repacked Q4_K `gemm` takes four columns at a time and
+///   rounds per 64 values, where its one-column `gemv` rounds per 256;
+/// - `wide`: a product of 8 columns or more takes ggml's tiled K-quant
+///   kernel (Q6_K, Q5_K, Q4_K not repacked), which rounds once per
+///   super-block, where `vec_dot` keeps eight lanes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Route {
+    pub(crate) attn: Mode,
+    pub(crate) grouped: bool,
+    pub(crate) wide: bool,
+}
+
+/// Columns from which ggml's matrix product takes its tiled K-quant kernel
+/// (`ggml_tiled_min_batch`).
+pub(crate) const WIDE: usize = 8;
+
+impl Route {
+    /// A generated token: one query, one column.
+    #[cfg(test)]
+    pub(crate) const DECODE: Route = Route { attn: Mode::Vec, grouped: false, wide: false };
+
+    /// The path of position `p` of a prompt of `len` tokens evaluated from
+    /// an empty cache: batches of [`UBATCH`]; in each, columns in groups of
+    /// four, the rest one by one — so every position but the last `len % 4`
+    /// (`UBATCH` is a multiple of four) is grouped — and a batch of [`WIDE`]
+    /// tokens or more is wide.
+    pub(crate) fn in_prompt(p: usize, len: usize) -> Route {
+        let full = len / UBATCH * UBATCH;
+        let wide = p < full || len - full >= WIDE;
+        Route { attn: Mode::in_prompt(p, len), grouped: p < len - len % 4, wide }
+    }
+}
+
 /// ggml's AVX-512 `expf` (`ggml_v_expf`, max error 1.45 ulp + 0.5), one lane.
 #[inline]
 pub(crate) fn v_expf(x: f32) -> f32 {
@@ -103,23 +140,39 @@ fn scalef(j: f32, n: f32) -> f32 {
     (j as f64 * p) as f32
 }
 
+/// `act(g) · u`: the feed-forward block's gated activation.
+pub(crate) fn glu(act: crate::arch::Act, g: &[f32], u: &[f32], out: &mut [f32]) {
+    match act {
+        crate::arch::Act::SwiGlu => swiglu(g, u, out),
+        crate::arch::Act::GeGlu => geglu(g, u, out),
+    }
+}
+
 /// `silu(g) · u` as ggml's `ggml_vec_swiglu_f32`: 16 lanes at a time with
 /// `x / (1 + ggml_v_expf(0 - x))`, the rest with the C library's `expf`.
 pub(crate) fn swiglu(g: &[f32], u: &[f32], out: &mut [f32]) {
     let n = out.len().min(g.len()).min(u.len());
     let body = n / 16 * 16;
     #[cfg(target_arch = "x86_64")]
-    if super::isa() == super::Isa::Avx512Vnni {
-        // SAFETY: the CPU has the features (`isa`).
-        unsafe { super::x86::swiglu(&g[..body], &u[..body], &mut out[..body]) };
-        swiglu_tail(&g[body..n], &u[body..n], &mut out[body..n]);
-        return;
+    {
+        if super::isa() == super::Isa::Avx512Vnni {
+            // SAFETY: the CPU has the features (`isa`).
+            unsafe { super::x86::swiglu(&g[..body], &u[..body], &mut out[..body]) };
+            swiglu_tail(&g[body..n], &u[body..n], &mut out[body..n]);
+            return;
+        }
+        if super::isa().avx2() {
+            // SAFETY: the CPU has the features (`isa`).
+            unsafe { super::avx2::swiglu(&g[..body], &u[..body], &mut out[..body]) };
+            swiglu_tail(&g[body..n], &u[body..n], &mut out[body..n]);
+            return;
+        }
     }
     swiglu_scalar(&g[..body], &u[..body], &mut out[..body]);
     swiglu_tail(&g[body..n], &u[body..n], &mut out[body..n]);
 }
 
-fn swiglu_scalar(g: &[f32], u: &[f32], out: &mut [f32]) {
+pub(crate) fn swiglu_scalar(g: &[f32], u: &[f32], out: &mut [f32]) {
     for ((o, &g), &u) in out.iter_mut().zip(g).zip(u) {
         *o = g / (1.0 + v_expf(0.0 - g)) * u;
     }
@@ -128,6 +181,38 @@ fn swiglu_scalar(g: &[f32], u: &[f32], out: &mut [f32]) {
 fn swiglu_tail(g: &[f32], u: &[f32], out: &mut [f32]) {
     for ((o, &g), &u) in out.iter_mut().zip(g).zip(u) {
         *o = g / (1.0 + (-g).exp()) * u;
+    }
+}
+
+/// ggml's `ggml_gelu_f32` (tanh approximation), as GCC compiles it for the
+/// CPU backend: `1 + a·x·x` contracted into one fused multiply-add.
+fn gelu_f32(x: f32) -> f32 {
+    const A: f32 = 0.044715;
+    const S: f32 = 0.797_884_6;
+    let inner = (A * x).mul_add(x, 1.0);
+    (0.5 * x) * (1.0 + (S * x * inner).tanh())
+}
+
+/// ggml's `ggml_table_gelu_f16`: GELU of every f16 value, rounded to f16.
+fn gelu_table() -> &'static [f16] {
+    static T: std::sync::OnceLock<Vec<f16>> = std::sync::OnceLock::new();
+    T.get_or_init(|| {
+        (0..=u16::MAX).map(|i| f16::from_f32(gelu_f32(f16::from_bits(i).to_f32()))).collect()
+    })
+}
+
+/// `gelu(g) · u` as ggml's `ggml_vec_geglu_f32` (GGML_GELU_FP16): 0 below
+/// −10, `g · u` above 10, else the f16 table at `g` rounded to f16.
+pub(crate) fn geglu(g: &[f32], u: &[f32], out: &mut [f32]) {
+    let t = gelu_table();
+    for ((o, &x), &u) in out.iter_mut().zip(g).zip(u) {
+        *o = if x <= -10.0 {
+            0.0
+        } else if x >= 10.0 {
+            x * u
+        } else {
+            t[f16::from_f32(x).to_bits() as usize].to_f32() * u
+        };
     }
 }
 
@@ -177,34 +262,49 @@ fn dot_f16(q: &[f16], k: &[f16]) -> f32 {
     s as f32
 }
 
-/// [`Mode::Vec`] for one query.
+/// [`Mode::Vec`] for one query over positions `from..upto` (a sliding
+/// window starts at `from`; ggml skips the masked positions). With a
+/// soft-cap (gemma2) each score is `cap · tanh(s · scale / cap)`.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn attend_vec(
     q: &[f32],
     kc: &[f16],
     vc: &[f16],
     lane: Lane,
+    from: usize,
     upto: usize,
     scale: f32,
+    softcap: Option<f32>,
     out: &mut [f32],
 ) {
-    assert!(q.len() <= MAX_HEAD && out.len() == q.len());
+    assert!(q.len() <= MAX_HEAD && out.len() == q.len() && from <= upto);
     assert!(upto == 0 || lane.at(upto - 1) + q.len() <= kc.len().min(vc.len()));
     #[cfg(target_arch = "x86_64")]
-    if super::isa() == super::Isa::Avx512Vnni && q.len().is_multiple_of(64) {
-        // SAFETY: the CPU has the features (`isa`); sizes asserted above.
-        unsafe { super::x86::attend_vec(q, kc, vc, lane, upto, scale, out) };
-        return;
+    if softcap.is_none() && q.len().is_multiple_of(64) {
+        if super::isa() == super::Isa::Avx512Vnni {
+            // SAFETY: the CPU has the features (`isa`); sizes asserted above.
+            unsafe { super::x86::attend_vec(q, kc, vc, lane, from, upto, scale, out) };
+            return;
+        }
+        if super::isa().avx2() {
+            // SAFETY: the CPU has the features (`isa`); sizes asserted above.
+            unsafe { super::avx2::attend_vec(q, kc, vc, lane, from, upto, scale, out) };
+            return;
+        }
     }
-    attend_vec_scalar(q, kc, vc, lane, upto, scale, out)
+    attend_vec_scalar(q, kc, vc, lane, from, upto, scale, softcap, out)
 }
 
-fn attend_vec_scalar(
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn attend_vec_scalar(
     q: &[f32],
     kc: &[f16],
     vc: &[f16],
     lane: Lane,
+    from: usize,
     upto: usize,
     scale: f32,
+    softcap: Option<f32>,
     out: &mut [f32],
 ) {
     let hd = q.len();
@@ -213,9 +313,13 @@ fn attend_vec_scalar(
     let (qh, acc) = (&mut qh[..hd], &mut acc[..hd]);
     qh.iter_mut().zip(q).for_each(|(h, &v)| *h = f16::from_f32(v));
     let (mut s_sum, mut m) = (0f32, f32::NEG_INFINITY);
-    for t in 0..upto {
+    let scale = softcap.map_or(scale, |c| scale / c);
+    for t in from..upto {
         let at = lane.at(t);
-        let s = dot_f16(qh, &kc[at..at + hd]) * scale;
+        let mut s = dot_f16(qh, &kc[at..at + hd]) * scale;
+        if let Some(c) = softcap {
+            s = c * s.tanh();
+        }
         let (mut ms, mut vs) = (1f32, 1f32);
         if s > m {
             let old = m;
@@ -238,11 +342,12 @@ fn attend_vec_scalar(
     }
 }
 
-/// One query of a [`Mode::Tiled`] batch: its vector and how many positions
-/// it sees (its own position + 1).
+/// One query of a [`Mode::Tiled`] batch: its vector and the positions it
+/// sees, `from..upto` (`upto` is its own position + 1).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct TiledRow<'a> {
     pub(crate) q: &'a [f32],
+    pub(crate) from: usize,
     pub(crate) upto: usize,
 }
 
@@ -260,12 +365,14 @@ pub(crate) struct TiledScratch {
 
 /// [`Mode::Tiled`] for queries that share one KV head (`lane`); row `r`'s
 /// output goes to `out[r · head ..]`.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn attend_tiled(
     rows: &[TiledRow<'_>],
     kc: &[f16],
     vc: &[f16],
     lane: Lane,
     scale: f32,
+    softcap: Option<f32>,
     tile: &mut TiledScratch,
     out: &mut [f32],
 ) {
@@ -286,8 +393,16 @@ pub(crate) fn attend_tiled(
     let simd = super::isa() == super::Isa::Avx512Vnni && hd % 16 == 0;
     #[cfg(not(target_arch = "x86_64"))]
     let simd = false;
+    #[cfg(target_arch = "x86_64")]
+    let simd2 = !simd && super::isa().avx2() && hd % 16 == 0;
+    #[cfg(not(target_arch = "x86_64"))]
+    let simd2 = false;
+    let from = rows.iter().map(|r| r.from).min().unwrap_or(0);
+    let scale = softcap.map_or(scale, |c| scale / c);
     let mut kq = [0f32; TILE];
-    for c in (0..upto).step_by(TILE) {
+    // Tiles of keys from position 0, as ggml's; tiles wholly before every
+    // row's window are masked entirely and skipped.
+    for c in (from / TILE * TILE..upto).step_by(TILE) {
         // The tile's keys transposed (`[head][TILE]`) and its values, in
         // f32 (exact); whole rows converted at once.
         let nk = TILE.min(upto - c);
@@ -303,6 +418,9 @@ pub(crate) fn attend_tiled(
             if row.upto <= c {
                 continue;
             }
+            if row.from >= c + TILE {
+                continue;
+            }
             let valid = TILE.min(row.upto - c);
             let acc = &mut out[r * hd..(r + 1) * hd];
             if simd {
@@ -312,10 +430,22 @@ pub(crate) fn attend_tiled(
                 unsafe {
                     super::x86::tiled_scores(row.q, &tile.kt, scale, &mut kq)
                 };
+            } else if simd2 {
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: as above, for AVX2.
+                unsafe {
+                    super::avx2::tiled_scores(row.q, &tile.kt, scale, &mut kq)
+                };
             } else {
                 tiled_scores(row.q, &tile.kt, scale, &mut kq);
             }
+            if let Some(cap) = softcap {
+                kq.iter_mut().for_each(|v| *v = cap * v.tanh());
+            }
             kq[valid..].iter_mut().for_each(|v| *v = f32::NEG_INFINITY);
+            kq[..row.from.saturating_sub(c).min(TILE)]
+                .iter_mut()
+                .for_each(|v| *v = f32::NEG_INFINITY);
             let tile_max = kq[..valid].iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
             let (m, s) = (&mut tile.m[r], &mut tile.s[r]);
             let mnew = m.max(tile_max);
@@ -333,6 +463,14 @@ pub(crate) fn attend_tiled(
                 }
                 #[cfg(not(target_arch = "x86_64"))]
                 unreachable!()
+            } else if simd2 {
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: as above.
+                unsafe {
+                    super::avx2::tiled_softmax(&mut kq, mnew)
+                }
+                #[cfg(not(target_arch = "x86_64"))]
+                unreachable!()
             } else {
                 tiled_softmax(&mut kq, mnew)
             };
@@ -342,6 +480,12 @@ pub(crate) fn attend_tiled(
                 // SAFETY: as above.
                 unsafe {
                     super::x86::tiled_accumulate(&kq[..valid], &tile.v32, acc)
+                };
+            } else if simd2 {
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: as above.
+                unsafe {
+                    super::avx2::tiled_accumulate(&kq[..valid], &tile.v32, acc)
                 };
             } else {
                 tiled_accumulate(&kq[..valid], &tile.v32, acc);
@@ -358,7 +502,7 @@ pub(crate) fn attend_tiled(
 /// Scores of `q` against the 64 keys of a transposed tile, each a
 /// sequential fma chain over the head, then scaled (`simd_gemm`,
 /// `ggml_vec_scale_f32`).
-fn tiled_scores(q: &[f32], kt: &[f32], scale: f32, kq: &mut [f32; TILE]) {
+pub(crate) fn tiled_scores(q: &[f32], kt: &[f32], scale: f32, kq: &mut [f32; TILE]) {
     *kq = [0.0; TILE];
     for (d, &qd) in q.iter().enumerate() {
         let col = &kt[d * TILE..(d + 1) * TILE];
@@ -371,7 +515,7 @@ fn tiled_scores(q: &[f32], kt: &[f32], scale: f32, kq: &mut [f32; TILE]) {
 
 /// `ggml_vec_soft_max_f32` over a tile: `kq[i] = v_expf(kq[i] - max)`, the
 /// sum of each 16 lanes reduced and added in f64.
-fn tiled_softmax(kq: &mut [f32; TILE], max: f32) -> f64 {
+pub(crate) fn tiled_softmax(kq: &mut [f32; TILE], max: f32) -> f64 {
     let mut sum = 0f64;
     for chunk in kq.chunks_exact_mut(16) {
         let mut e = [0f32; 16];
@@ -386,7 +530,7 @@ fn tiled_softmax(kq: &mut [f32; TILE], max: f32) -> f64 {
 
 /// `acc[d] += Σ_t p[t] · v[t][d]`, one fma per key in key order
 /// (`simd_gemm`).
-fn tiled_accumulate(p: &[f32], v32: &[f32], acc: &mut [f32]) {
+pub(crate) fn tiled_accumulate(p: &[f32], v32: &[f32], acc: &mut [f32]) {
     let hd = acc.len();
     for (t, &pt) in p.iter().enumerate() {
         for (a, &v) in acc.iter_mut().zip(&v32[t * hd..(t + 1) * hd]) {
@@ -427,11 +571,11 @@ mod tests {
         out: &mut [f32],
     ) {
         match mode {
-            Mode::Vec => attend_vec(q, kc, vc, lane, upto, scale, out),
+            Mode::Vec => attend_vec(q, kc, vc, lane, 0, upto, scale, None, out),
             Mode::Tiled => {
-                let rows = [TiledRow { q, upto }];
+                let rows = [TiledRow { q, from: 0, upto }];
                 let mut tile = TiledScratch::default();
-                attend_tiled(&rows, kc, vc, lane, scale, &mut tile, out);
+                attend_tiled(&rows, kc, vc, lane, scale, None, &mut tile, out);
             }
         }
     }
@@ -485,6 +629,87 @@ mod tests {
                 assert_eq!(s.to_bits(), v_expf(*x).to_bits(), "v_expf({x})");
             }
         }
+        #[cfg(target_arch = "x86_64")]
+        if isa().avx2() {
+            // SAFETY: the CPU has AVX2 and FMA (`isa`).
+            let simd = unsafe { crate::kernels::avx2::v_expf_all(&xs) };
+            for (x, s) in xs.iter().zip(simd) {
+                assert_eq!(s.to_bits(), v_expf(*x).to_bits(), "avx2 v_expf({x})");
+            }
+        }
+    }
+
+    /// A sliding window (`from > 0`): the one-query paths agree with each
+    /// other and with the exact attention over the window; the tiled path
+    /// skips the keys before it.
+    #[test]
+    fn windowed_attention_sees_only_the_window() {
+        let (hd, heads, len) = (64usize, 2usize, 300usize);
+        let kc = cache(len * heads * hd, 3, 2.0);
+        let vc = cache(len * heads * hd, 4, 1.5);
+        let scale = 0.125;
+        for (from, upto) in [(0usize, 10usize), (5, 10), (100, 300), (299, 300), (70, 130)] {
+            let lane = Lane { stride: heads * hd, offset: hd };
+            let q = vector(hd, from as u64 + 1, 3.0);
+            let mut a = vec![0f32; hd];
+            let mut b = vec![0f32; hd];
+            attend_vec_scalar(&q, &kc, &vc, lane, from, upto, scale, None, &mut a);
+            attend_vec(&q, &kc, &vc, lane, from, upto, scale, None, &mut b);
+            assert_eq!(a, b, "vec {from}..{upto}");
+            // The window alone, shifted to start at 0, is the same attention.
+            let shift = lane.at(from) - lane.offset;
+            let mut c = vec![0f32; hd];
+            attend_vec_scalar(
+                &q,
+                &kc[shift..],
+                &vc[shift..],
+                lane,
+                0,
+                upto - from,
+                scale,
+                None,
+                &mut c,
+            );
+            assert_eq!(a, c, "vec window {from}..{upto}");
+            let rows = [TiledRow { q: &q, from, upto }];
+            let mut t = vec![0f32; hd];
+            attend_tiled(&rows, &kc, &vc, lane, scale, None, &mut TiledScratch::default(), &mut t);
+            let want = reference(&q, &kc[shift..], &vc[shift..], lane, upto - from, scale);
+            for d in 0..hd {
+                assert!((t[d] as f64 - want[d]).abs() < 1e-4, "tiled {from}..{upto} {d}");
+            }
+        }
+    }
+
+    /// ggml's GELU table, as `ggml_cpu_init` fills it: the FNV-1a hash of
+    /// the little-endian f16 values at every finite input of a llama.cpp
+    /// build's `ggml_table_gelu_f16` (commit 0c1e570, dumped after
+    /// `ggml_cpu_init`; NaN payloads are nobody's business).
+    #[test]
+    fn gelu_table_is_ggmls() {
+        let t = gelu_table();
+        assert_eq!(t.len(), 65536);
+        let mut h = 0xcbf2_9ce4_8422_2325u64;
+        let finite = t.iter().enumerate().filter(|(i, _)| f16::from_bits(*i as u16).is_finite());
+        for b in finite.flat_map(|(_, v)| v.to_bits().to_le_bytes()) {
+            h = (h ^ b as u64).wrapping_mul(0x0100_0000_01b3);
+        }
+        assert_eq!(h, 0xdd1e_e17e_273b_67fa, "the GELU table differs from ggml's");
+        assert_eq!(gelu_table()[f16::from_f32(1.0).to_bits() as usize].to_f32(), 0.8413086);
+        let g = vector(4096, 8, 14.0);
+        let u = vector(4096, 9, 2.0);
+        let mut out = vec![0f32; 4096];
+        geglu(&g, &u, &mut out);
+        for i in 0..4096 {
+            let x = g[i] as f64;
+            let want =
+                0.5 * x * (1.0 + (0.7978845608 * (x + 0.044715 * x * x * x)).tanh()) * u[i] as f64;
+            assert!(
+                (out[i] as f64 - want).abs() < 1e-2 * (1.0 + want.abs()),
+                "{i}: {} vs {want}",
+                out[i]
+            );
+        }
     }
 
     #[test]
@@ -507,7 +732,7 @@ mod tests {
     /// attention; the tiled path does not depend on which rows share a call.
     #[test]
     fn attention_paths_simd_match_scalar() {
-        for hd in [64usize, 128, 48] {
+        for hd in [64usize, 128, 256, 48] {
             let (heads, len) = (3usize, 200usize);
             let kc = cache(len * heads * hd, hd as u64, 2.0);
             let vc = cache(len * heads * hd, hd as u64 + 1, 1.5);
@@ -517,9 +742,9 @@ mod tests {
                 let q = vector(hd, upto as u64 * 7 + head as u64, 3.0);
                 let want = reference(&q, &kc, &vc, lane, upto, scale);
                 let mut vec_s = vec![0f32; hd];
-                attend_vec_scalar(&q, &kc, &vc, lane, upto, scale, &mut vec_s);
+                attend_vec_scalar(&q, &kc, &vc, lane, 0, upto, scale, None, &mut vec_s);
                 let mut vec_d = vec![0f32; hd];
-                attend_vec(&q, &kc, &vc, lane, upto, scale, &mut vec_d);
+                attend_vec(&q, &kc, &vc, lane, 0, upto, scale, None, &mut vec_d);
                 assert_eq!(vec_s, vec_d, "vec hd={hd} upto={upto}");
                 let mut tiled = vec![0f32; hd];
                 attend(Mode::Tiled, &q, &kc, &vc, lane, upto, scale, &mut tiled);
@@ -540,12 +765,21 @@ mod tests {
                 // The same row among others, through the portable kernels.
                 let other = vector(hd, 99, 3.0);
                 let rows = [
-                    TiledRow { q: &other, upto: 3 },
-                    TiledRow { q: &q, upto },
-                    TiledRow { q: &other, upto: 200 },
+                    TiledRow { q: &other, from: 0, upto: 3 },
+                    TiledRow { q: &q, from: 0, upto },
+                    TiledRow { q: &other, from: 0, upto: 200 },
                 ];
                 let mut out = vec![0f32; 3 * hd];
-                attend_tiled(&rows, &kc, &vc, lane, scale, &mut TiledScratch::default(), &mut out);
+                attend_tiled(
+                    &rows,
+                    &kc,
+                    &vc,
+                    lane,
+                    scale,
+                    None,
+                    &mut TiledScratch::default(),
+                    &mut out,
+                );
                 assert_eq!(&out[hd..2 * hd], &tiled[..], "tiled rows hd={hd} upto={upto}");
                 let mut portable = vec![0f32; hd];
                 tiled_portable(&q, &kc, &vc, lane, upto, scale, &mut portable);
@@ -602,5 +836,13 @@ mod tests {
         assert_eq!(Mode::in_prompt(511, 540), Mode::Tiled);
         assert_eq!(Mode::in_prompt(512, 540), Mode::Vec);
         assert_eq!(Mode::in_prompt(512, 600), Mode::Tiled);
+        // ggml's repacked gemm groups four columns; the rest go one by one.
+        assert!(Route::in_prompt(0, 7).grouped && Route::in_prompt(3, 7).grouped);
+        assert!(!Route::in_prompt(4, 7).grouped && !Route::in_prompt(6, 7).grouped);
+        assert!(Route::in_prompt(599, 600).grouped && !Route::in_prompt(600, 601).grouped);
+        assert!(!Route::in_prompt(0, 1).grouped && !Route::DECODE.grouped);
+        assert!(Route::in_prompt(0, 8).wide && !Route::in_prompt(0, 7).wide);
+        assert!(Route::in_prompt(511, 519).wide && !Route::in_prompt(512, 519).wide);
+        const { assert!(!Route::DECODE.wide) };
     }
 }

@@ -1,20 +1,29 @@
-//! Matrix kernels of the fast CPU path: quantized weights packed for SIMD,
-//! activations quantized per column, and the products of the two.
+//! Matrix kernels of the fast CPU path: quantized weights (as GGUF stores
+//! them, or packed for AVX-512), activations quantized per column, and the
+//! products of the two.
 //!
 //! INVARIANT: every (row, column) result is computed in one canonical order —
-//! llama.cpp's: eight lanes of four-product integer sums, each lane
-//! accumulated `acc = fma(d_w · d_a, lane, acc)` over the blocks in order, the
-//! lanes summed as `((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7))`, plus (Q4_1)
-//! `Σ fma(m, s)` in block order. The scalar and SIMD paths, decode (one
-//! column) and prompt (many columns) all give bit-identical numbers, so
-//! reusing a cached prefix cannot change greedy output.
+//! llama.cpp's for that tensor type (`rows.rs` says which, per format). The
+//! portable, AVX2 and AVX-512 paths, decode (one column) and prompt (many
+//! columns) all give bit-identical numbers, so reusing a cached prefix, or
+//! batching sequences together, cannot change greedy output.
+//!
+//! Formats and paths: every format runs row-major on the portable path and
+//! on AVX2 (`rows.rs`, `avx2.rs`); on CPUs with AVX-512 VNNI, Q4_1 and Q8_0
+//! are packed in row tiles for the AVX-512 kernels (`x86.rs`, `scalar.rs`).
+//! AMX is never used: some of these machines report it in cpuid, but its
+//! first instruction dies with SIGILL.
 
 pub(crate) mod attn;
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+pub(crate) mod rows;
 mod scalar;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
-use crate::quant::{quantize_q8, Q8Row, Q4_1_BYTES, Q8_0_BYTES, QK};
+use crate::quant::{quantize_q8, Q8Row, Q4_1_BYTES, Q8_0_BYTES, QK, QK_K};
+use rows::{ActKind, RowMat};
 
 pub(crate) fn u16_at(b: &[u8], at: usize) -> u16 {
     u16::from_le_bytes([b[at], b[at + 1]])
@@ -32,27 +41,52 @@ use std::sync::OnceLock;
 pub enum Isa {
     /// AVX-512 (F, BW, VL) with VNNI, FMA and F16C.
     Avx512Vnni,
+    /// AVX2 with FMA and F16C.
+    Avx2,
     /// Portable Rust; the compiler vectorises what it can.
     Scalar,
 }
 
-/// The kernels in use: the best this CPU has, unless `AGENTD_KERNELS=scalar`.
+impl Isa {
+    /// `avx512-vnni`, `avx2` or `scalar`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Isa::Avx512Vnni => "avx512-vnni",
+            Isa::Avx2 => "avx2",
+            Isa::Scalar => "scalar",
+        }
+    }
+
+    /// Whether the AVX2 kernels run (AVX-512 machines have AVX2 too).
+    pub(crate) fn avx2(self) -> bool {
+        matches!(self, Isa::Avx2 | Isa::Avx512Vnni)
+    }
+}
+
+/// The kernels in use: the best this CPU has, unless `AGENTD_KERNELS` says
+/// `scalar` or `avx2` (for tests and comparisons).
 pub fn isa() -> Isa {
     static ISA: OnceLock<Isa> = OnceLock::new();
     *ISA.get_or_init(|| {
-        if std::env::var("AGENTD_KERNELS").is_ok_and(|v| v == "scalar") {
+        let want = std::env::var("AGENTD_KERNELS").unwrap_or_default();
+        if want == "scalar" {
             return Isa::Scalar;
         }
         #[cfg(target_arch = "x86_64")]
-        if x86::available() {
-            return Isa::Avx512Vnni;
+        {
+            if want != "avx2" && x86::available() {
+                return Isa::Avx512Vnni;
+            }
+            if avx2::available() {
+                return Isa::Avx2;
+            }
         }
         Isa::Scalar
     })
 }
 
-/// A weight matrix `[rows × cols]` packed for the kernels. Rows are padded
-/// to a multiple of [`ROW_TILE`] with zeros.
+/// A weight matrix `[rows × cols]` for the kernels. Tile-packed kinds pad
+/// rows to a multiple of [`ROW_TILE`] with zeros.
 #[derive(Debug)]
 pub(crate) struct Packed {
     pub(crate) rows: usize,
@@ -77,6 +111,8 @@ pub(crate) enum PackedKind {
     Q8_0 { data: Vec<u8> },
     /// Plain f32 rows (norm-sized tensors and small models).
     F32 { w: Vec<f32> },
+    /// GGUF rows as the file stores them (`rows.rs`).
+    Rows(RowMat),
 }
 
 /// Bytes of a Q4_1 record (row tile × block).
@@ -135,7 +171,7 @@ impl Packed {
                     }
                 }
             }
-            PackedKind::F32 { .. } => {}
+            PackedKind::F32 { .. } | PackedKind::Rows(_) => {}
         }
     }
 
@@ -160,11 +196,70 @@ impl Packed {
         Packed { rows, cols, kind: PackedKind::F32 { w } }
     }
 
+    /// GGUF rows of `fmt`, as the file stores them.
+    pub(crate) fn rows(fmt: rows::Fmt, data: Vec<u8>, rows: usize, cols: usize) -> Packed {
+        let row_bytes = fmt.row_bytes(cols);
+        let chain = fmt.chain(rows);
+        Packed { rows, cols, kind: PackedKind::Rows(RowMat { fmt, chain, data, row_bytes }) }
+    }
+
+    /// Whether a GGUF Q4_1/Q8_0 tensor is tile-packed for the AVX-512
+    /// kernels (rather than kept as rows).
+    pub(crate) fn tiles_for(ty: crate::gguf::GgmlType) -> bool {
+        isa() == Isa::Avx512Vnni
+            && matches!(ty, crate::gguf::GgmlType::Q4_1 | crate::gguf::GgmlType::Q8_0)
+    }
+
     /// Bytes held.
     pub(crate) fn bytes(&self) -> usize {
         match &self.kind {
             PackedKind::Q4_1 { data } | PackedKind::Q8_0 { data } => data.len(),
             PackedKind::F32 { w } => 4 * w.len(),
+            PackedKind::Rows(m) => m.data.len(),
+        }
+    }
+
+    /// Whether its numbers depend on llama.cpp's grouping of columns
+    /// (`attn::Route::grouped`: repacked Q4_K), and on the width of the
+    /// product (`attn::Route::wide`: Q6_K, Q5_K, Q4_K not repacked).
+    pub(crate) fn route_matters(&self) -> (bool, bool) {
+        match &self.kind {
+            PackedKind::Rows(m) => (
+                m.fmt == rows::Fmt::Q4K && m.chain,
+                matches!(m.fmt, rows::Fmt::Q6K | rows::Fmt::Q5K)
+                    || (m.fmt == rows::Fmt::Q4K && !m.chain),
+            ),
+            _ => (false, false),
+        }
+    }
+
+    /// Which kernel runs this matrix (for `agentd bench --json`).
+    pub(crate) fn kernel(&self) -> String {
+        match &self.kind {
+            PackedKind::Q4_1 { .. } | PackedKind::Q8_0 { .. } => {
+                format!("{}-tiles", isa().as_str())
+            }
+            PackedKind::F32 { .. } => "f32".to_owned(),
+            PackedKind::Rows(m) => {
+                let portable = matches!(m.fmt, rows::Fmt::F16 | rows::Fmt::BF16)
+                    || (m.fmt == rows::Fmt::Q4K && !m.chain);
+                let path = if isa().avx2() && !portable { "avx2" } else { "scalar" };
+                format!("{path}-rows")
+            }
+        }
+    }
+
+    /// The activations the kernels of this matrix read.
+    pub(crate) fn needs(&self) -> Needs {
+        match &self.kind {
+            PackedKind::Q4_1 { .. } => Needs { tile4: true, ..Needs::default() },
+            PackedKind::Q8_0 { .. } => Needs { tile8: true, ..Needs::default() },
+            PackedKind::F32 { .. } => Needs { f32: true, ..Needs::default() },
+            PackedKind::Rows(m) => match m.fmt.acts() {
+                ActKind::B32 => Needs { b32: true, ..Needs::default() },
+                ActKind::K256 => Needs { k256: true, ..Needs::default() },
+                ActKind::F32 => Needs { f32: true, ..Needs::default() },
+            },
         }
     }
 
@@ -179,6 +274,18 @@ impl Packed {
         tiles: std::ops::Range<usize>,
         out: &OutRows<'_>,
     ) {
+        if let PackedKind::Rows(m) = &self.kind {
+            let rows = tiles.start * ROW_TILE..(tiles.end * ROW_TILE).min(self.rows);
+            #[cfg(target_arch = "x86_64")]
+            if isa().avx2() {
+                // SAFETY: `isa()` reports AVX2 only after checking that the
+                // CPU has every feature the AVX2 kernels enable.
+                unsafe { avx2::matmul(m, acts, rows, out) };
+                return;
+            }
+            rows::matmul(m, acts, rows, out);
+            return;
+        }
         match isa() {
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512Vnni => {
@@ -216,6 +323,25 @@ impl Packed {
                 }
             }
             PackedKind::F32 { w } => out.copy_from_slice(&w[r * self.cols..(r + 1) * self.cols]),
+            PackedKind::Rows(m) => {
+                let ty = match m.fmt {
+                    rows::Fmt::Q4_0 => crate::gguf::GgmlType::Q4_0,
+                    rows::Fmt::Q4_1 => crate::gguf::GgmlType::Q4_1,
+                    rows::Fmt::Q5_0 => crate::gguf::GgmlType::Q5_0,
+                    rows::Fmt::Q5_1 => crate::gguf::GgmlType::Q5_1,
+                    rows::Fmt::Q8_0 => crate::gguf::GgmlType::Q8_0,
+                    rows::Fmt::Q4K => crate::gguf::GgmlType::Q4_K,
+                    rows::Fmt::Q5K => crate::gguf::GgmlType::Q5_K,
+                    rows::Fmt::Q6K => crate::gguf::GgmlType::Q6_K,
+                    rows::Fmt::F16 => crate::gguf::GgmlType::F16,
+                    rows::Fmt::BF16 => crate::gguf::GgmlType::BF16,
+                };
+                crate::quant::dequantize_row(
+                    ty,
+                    &m.data[r * m.row_bytes..(r + 1) * m.row_bytes],
+                    out,
+                );
+            }
         }
     }
 
@@ -225,12 +351,18 @@ impl Packed {
     }
 }
 
-/// Where a matmul writes: `[cols × rows]`, possibly shared between threads
-/// that each own disjoint row tiles.
+/// Where a matmul writes: `[cols × stride]`, possibly shared between
+/// threads that each own disjoint rows; a view may start at a row offset
+/// (one part of a stacked layer).
 #[derive(Debug)]
 pub(crate) struct OutRows<'a> {
     ptr: *mut f32,
     len: usize,
+    /// Rows per column in the buffer.
+    stride: usize,
+    /// First buffer row of this view.
+    off: usize,
+    /// Rows of this view.
     rows: usize,
     _life: std::marker::PhantomData<&'a mut [f32]>,
 }
@@ -241,7 +373,20 @@ unsafe impl Sync for OutRows<'_> {}
 
 impl<'a> OutRows<'a> {
     pub(crate) fn new(out: &'a mut [f32], rows: usize) -> OutRows<'a> {
-        OutRows { ptr: out.as_mut_ptr(), len: out.len(), rows, _life: std::marker::PhantomData }
+        OutRows {
+            ptr: out.as_mut_ptr(),
+            len: out.len(),
+            stride: rows,
+            off: 0,
+            rows,
+            _life: std::marker::PhantomData,
+        }
+    }
+
+    /// The view of rows `off..off + rows` of this one.
+    pub(crate) fn part(&self, off: usize, rows: usize) -> OutRows<'a> {
+        assert!(off + rows <= self.rows, "rows {off}..{} of {}", off + rows, self.rows);
+        OutRows { off: self.off + off, rows, ..*self }
     }
 
     /// Writes row `r` of column `c`; rows at or past `rows` are ignored.
@@ -250,10 +395,37 @@ impl<'a> OutRows<'a> {
     #[inline]
     pub(crate) fn set(&self, c: usize, r: usize, v: f32) {
         if r < self.rows {
-            let i = c * self.rows + r;
+            let i = c * self.stride + self.off + r;
             assert!(i < self.len);
             // SAFETY: in bounds (checked), and no other thread writes index i.
             unsafe { *self.ptr.add(i) = v }
+        }
+    }
+}
+
+/// Which activation layouts a matmul needs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Needs {
+    /// Plain f32 (f32/f16/bf16 weights).
+    pub(crate) f32: bool,
+    /// Q8_0/Q8_1 blocks (`q`, `d`, `s`).
+    pub(crate) b32: bool,
+    /// Q8_0/Q8_1 blocks plus the AVX-512 4-bit tile layout (`nib`).
+    pub(crate) tile4: bool,
+    /// Q8_0 blocks plus the AVX-512 8-bit tile layout (`dup`, `corr`).
+    pub(crate) tile8: bool,
+    /// Q8_K super-blocks (`kq`, `kd`, `kbs`).
+    pub(crate) k256: bool,
+}
+
+impl Needs {
+    pub(crate) fn or(self, o: Needs) -> Needs {
+        Needs {
+            f32: self.f32 || o.f32,
+            b32: self.b32 || o.b32,
+            tile4: self.tile4 || o.tile4,
+            tile8: self.tile8 || o.tile8,
+            k256: self.k256 || o.k256,
         }
     }
 }
@@ -264,95 +436,186 @@ impl<'a> OutRows<'a> {
 pub(crate) struct Acts {
     pub(crate) n: usize,
     pub(crate) k: usize,
-    /// The f32 values `[n × k]` (for f32 weights).
+    /// The f32 values `[n × k]` (for f32/f16/bf16 weights).
     pub(crate) x: Vec<f32>,
-    /// Per column and block: scale and `d · Σq`.
+    /// Per column and block of 32: scale and `d · Σq` (Q8_0/Q8_1).
     pub(crate) d: Vec<f32>,
     pub(crate) s: Vec<f32>,
     /// Per column and block: the 32 quantized values.
     pub(crate) q: Vec<i8>,
     /// Per column and block, 64 bytes `[a0..16, a0..16, a16..32, a16..32]`:
-    /// the layout the packed 4-bit weights meet.
+    /// the layout the tile-packed 4-bit weights meet (AVX-512).
     pub(crate) nib: Vec<u8>,
-    /// Per column and block, 64 bytes `[a0..32, a0..32]` for 8-bit weights.
+    /// Per column and block, 64 bytes `[a0..32, a0..32]` for tile-packed
+    /// 8-bit weights (AVX-512).
     pub(crate) dup: Vec<u8>,
     /// Per column and block, 16 lanes: `128 · (a[4j]+…+a[4j+3])` (twice),
-    /// the offset the unsigned 8-bit weights add.
+    /// the offset the unsigned 8-bit tile weights add.
     pub(crate) corr: Vec<i32>,
+    /// Per column and super-block of 256 (Q8_K): scale (f32), values, and
+    /// the sums of each 16 values.
+    pub(crate) kd: Vec<f32>,
+    pub(crate) kq: Vec<i8>,
+    pub(crate) kbs: Vec<i16>,
+    /// Columns that llama.cpp computes as part of a group of four
+    /// (`attn::Route::grouped`); empty means none.
+    pub(crate) grouped: Vec<bool>,
+    /// Columns of a product ggml computes with its tiled K-quant kernel
+    /// (`attn::Route::wide`); empty means none.
+    pub(crate) wide: Vec<bool>,
 }
 
 impl Acts {
-    /// Prepares `x` (`n` columns of `k` values) for weights like `w`,
+    /// Prepares `x` (`n` columns of `k` values) in the layouts `need` says,
     /// quantizing columns in parallel on `pool` when there are many.
     pub(crate) fn prepare(
         &mut self,
         x: &[f32],
         n: usize,
         k: usize,
-        w: &Packed,
+        need: Needs,
         pool: &crate::pool::Pool,
     ) {
         self.n = n;
         self.k = k;
         self.x.clear();
-        let four = matches!(w.kind, PackedKind::Q4_1 { .. });
-        if matches!(w.kind, PackedKind::F32 { .. }) {
+        if need.f32 {
             self.x.extend_from_slice(&x[..n * k]);
+        }
+        let per = 8;
+        let chunks = n.div_ceil(per);
+        let run = |job: &(dyn Fn(usize) + Sync)| {
+            if chunks > 1 {
+                pool.run(chunks, job);
+            } else {
+                (0..chunks).for_each(job);
+            }
+        };
+        if need.k256 && k.is_multiple_of(QK_K) {
+            let nb = k / QK_K;
+            self.kd.resize(n * nb, 0.0);
+            self.kq.resize(n * k, 0);
+            self.kbs.resize(n * nb * 16, 0);
+            let cols = KWriter {
+                d: self.kd.as_mut_ptr(),
+                q: self.kq.as_mut_ptr(),
+                bs: self.kbs.as_mut_ptr(),
+                nb,
+            };
+            run(&|i: usize| {
+                for c in i * per..((i + 1) * per).min(n) {
+                    // SAFETY: every column writes only its own disjoint
+                    // ranges of the buffers sized above; `c < n`.
+                    unsafe { cols.column(&x[c * k..(c + 1) * k], c) };
+                }
+            });
+        }
+        let b32 = need.b32 || need.tile4 || need.tile8;
+        if !b32 {
             return;
         }
+        let four = need.tile4;
+        let eight = need.tile8;
         let nb = k / QK;
         self.d.resize(n * nb, 0.0);
         self.s.resize(n * nb, 0.0);
         self.q.resize(n * nb * QK, 0);
-        if four {
-            self.nib.resize(n * nb * 64, 0);
-            self.dup.clear();
-            self.corr.clear();
-        } else {
-            self.nib.clear();
-            self.dup.resize(n * nb * 64, 0);
-            self.corr.resize(n * nb * 16, 0);
-        }
+        self.nib.resize(if four { n * nb * 64 } else { 0 }, 0);
+        self.dup.resize(if eight { n * nb * 64 } else { 0 }, 0);
+        self.corr.resize(if eight { n * nb * 16 } else { 0 }, 0);
         let cols = ColWriter {
             d: self.d.as_mut_ptr(),
             s: self.s.as_mut_ptr(),
             q: self.q.as_mut_ptr(),
-            lay: if four { self.nib.as_mut_ptr() } else { self.dup.as_mut_ptr() },
-            corr: self.corr.as_mut_ptr(),
+            nib: if four { self.nib.as_mut_ptr() } else { std::ptr::null_mut() },
+            dup: if eight { self.dup.as_mut_ptr() } else { std::ptr::null_mut() },
+            corr: if eight { self.corr.as_mut_ptr() } else { std::ptr::null_mut() },
             nb,
-            four,
         };
-        let per = 8;
-        let chunks = n.div_ceil(per);
-        let job = |i: usize| {
+        run(&|i: usize| {
             for c in i * per..((i + 1) * per).min(n) {
                 // SAFETY: every column writes only its own disjoint ranges of
                 // the buffers sized above; `c < n`.
                 unsafe { cols.column(&x[c * k..(c + 1) * k], c) };
             }
-        };
-        if chunks > 1 {
-            pool.run(chunks, &job);
-        } else {
-            (0..chunks).for_each(job);
-        }
+        });
     }
 
     pub(crate) fn blocks(&self) -> usize {
         self.k / QK
     }
+
+    /// Sets which columns are grouped and wide (`attn::Route`).
+    pub(crate) fn set_route(&mut self, grouped: &[bool], wide: &[bool]) {
+        self.grouped.clear();
+        self.grouped.extend_from_slice(grouped);
+        self.wide.clear();
+        self.wide.extend_from_slice(wide);
+    }
+
+    /// Whether column `c` belongs to a product ggml runs tiled.
+    #[inline]
+    pub(crate) fn wide(&self, c: usize) -> bool {
+        self.wide.get(c).copied().unwrap_or(false)
+    }
+
+    /// Whether column `c` is computed as part of a group of four.
+    #[inline]
+    pub(crate) fn grouped(&self, c: usize) -> bool {
+        self.grouped.get(c).copied().unwrap_or(false)
+    }
 }
 
-/// Raw views of an [`Acts`]'s buffers, written one column at a time.
+/// Raw views of an [`Acts`]'s Q8_K buffers, written one column at a time.
+#[derive(Clone, Copy)]
+struct KWriter {
+    d: *mut f32,
+    q: *mut i8,
+    bs: *mut i16,
+    nb: usize,
+}
+
+// SAFETY: columns write disjoint ranges (see `column`).
+unsafe impl Send for KWriter {}
+unsafe impl Sync for KWriter {}
+
+impl KWriter {
+    /// Quantizes column `c` (`x`, `nb · 256` values) into its ranges.
+    ///
+    /// # Safety
+    /// The buffers hold at least `c + 1` columns, and no other thread writes
+    /// column `c`.
+    unsafe fn column(&self, x: &[f32], c: usize) {
+        let nb = self.nb;
+        // SAFETY: ranges of column c, in bounds by the caller's contract.
+        let (d, q, bs) = unsafe {
+            (
+                std::slice::from_raw_parts_mut(self.d.add(c * nb), nb),
+                std::slice::from_raw_parts_mut(self.q.add(c * nb * QK_K), nb * QK_K),
+                std::slice::from_raw_parts_mut(self.bs.add(c * nb * 16), nb * 16),
+            )
+        };
+        for b in 0..nb {
+            d[b] = crate::quant::quantize_block_q8k(
+                &x[b * QK_K..(b + 1) * QK_K],
+                &mut q[b * QK_K..(b + 1) * QK_K],
+                &mut bs[b * 16..(b + 1) * 16],
+            );
+        }
+    }
+}
+
+/// Raw views of an [`Acts`]'s Q8_0/Q8_1 buffers, written one column at a
+/// time; the tile layouts are written only when their pointers are set.
 #[derive(Clone, Copy)]
 struct ColWriter {
     d: *mut f32,
     s: *mut f32,
     q: *mut i8,
-    lay: *mut u8,
+    nib: *mut u8,
+    dup: *mut u8,
     corr: *mut i32,
     nb: usize,
-    four: bool,
 }
 
 // SAFETY: columns write disjoint ranges (see `column`).
@@ -363,30 +626,47 @@ impl ColWriter {
     /// Quantizes column `c` (`x`, `nb · 32` values) into its ranges.
     ///
     /// # Safety
-    /// The buffers hold at least `c + 1` columns, and no other thread writes
-    /// column `c`.
+    /// The buffers hold at least `c + 1` columns (the tile buffers too when
+    /// their pointers are not null), and no other thread writes column `c`.
     unsafe fn column(&self, x: &[f32], c: usize) {
         let nb = self.nb;
         // SAFETY: ranges of column c, in bounds by the caller's contract.
-        let (d, s, q, lay) = unsafe {
+        let (d, s, q) = unsafe {
             (
                 std::slice::from_raw_parts_mut(self.d.add(c * nb), nb),
                 std::slice::from_raw_parts_mut(self.s.add(c * nb), nb),
                 std::slice::from_raw_parts_mut(self.q.add(c * nb * QK), nb * QK),
-                std::slice::from_raw_parts_mut(self.lay.add(c * nb * 64), nb * 64),
             )
         };
-        let corr = if self.four {
-            &mut [][..]
-        } else {
+        let four = !self.nib.is_null();
+        let eight = !self.dup.is_null();
+        if !four && !eight {
+            for b in 0..nb {
+                let (qb, db, sb) = crate::quant::quantize_block_q8(&x[b * QK..(b + 1) * QK]);
+                q[b * QK..(b + 1) * QK].copy_from_slice(&qb);
+                d[b] = db;
+                s[b] = sb;
+            }
+            return;
+        }
+        for (lay, on, is_four) in [(self.nib, four, true), (self.dup, eight, false)] {
+            if !on {
+                continue;
+            }
             // SAFETY: as above.
-            unsafe { std::slice::from_raw_parts_mut(self.corr.add(c * nb * 16), nb * 16) }
-        };
-        match isa() {
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: the CPU has the features (`isa`).
-            Isa::Avx512Vnni => unsafe { x86::quantize_column(x, d, s, q, lay, corr, self.four) },
-            _ => quantize_column_scalar(x, d, s, q, lay, corr, self.four),
+            let lay = unsafe { std::slice::from_raw_parts_mut(lay.add(c * nb * 64), nb * 64) };
+            let corr = if is_four {
+                &mut [][..]
+            } else {
+                // SAFETY: as above.
+                unsafe { std::slice::from_raw_parts_mut(self.corr.add(c * nb * 16), nb * 16) }
+            };
+            match isa() {
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: the CPU has the features (`isa`).
+                Isa::Avx512Vnni => unsafe { x86::quantize_column(x, d, s, q, lay, corr, is_four) },
+                _ => quantize_column_scalar(x, d, s, q, lay, corr, is_four),
+            }
         }
     }
 }
@@ -482,16 +762,166 @@ mod tests {
 
     fn run(w: &Packed, x: &[f32], n: usize, forced: Option<Isa>) -> Vec<f32> {
         let mut acts = Acts::default();
-        acts.prepare(x, n, w.cols, w, &crate::pool::Pool::new(2));
+        acts.prepare(x, n, w.cols, w.needs(), &crate::pool::Pool::new(2));
+        // As ggml batches a matmul of n columns: groups of four, then one by one.
+        let grouped: Vec<bool> = (0..n).map(|c| c < n - n % 4).collect();
+        acts.set_route(&grouped, &vec![n >= attn::WIDE; n]);
         let mut out = vec![f32::NAN; n * w.rows];
         {
             let o = OutRows::new(&mut out, w.rows);
-            match forced {
-                Some(Isa::Scalar) => scalar::matmul_tiles(w, &acts, 0..w.tiles(), &o),
+            match (forced, &w.kind) {
+                (Some(Isa::Scalar), PackedKind::Rows(m)) => rows::matmul(m, &acts, 0..w.rows, &o),
+                (Some(Isa::Scalar), _) => scalar::matmul_tiles(w, &acts, 0..w.tiles(), &o),
                 _ => w.matmul_tiles(&acts, 0..w.tiles(), &o),
             }
         }
         out
+    }
+
+    /// One fixture of `tests/data/kernels` (see `gen/mulmat.c`): weights of
+    /// a GGUF type, activations, and the product llama.cpp's CPU backend
+    /// computed for them.
+    struct Fixture {
+        name: String,
+        ty: crate::gguf::GgmlType,
+        rows: usize,
+        cols: usize,
+        n: usize,
+        w: Vec<u8>,
+        x: Vec<f32>,
+        y: Vec<f32>,
+    }
+
+    fn fixtures() -> Vec<Fixture> {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/kernels");
+        let mut out = Vec::new();
+        let mut paths: Vec<_> = std::fs::read_dir(&dir)
+            .expect("tests/data/kernels")
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|e| e == "agkf"))
+            .collect();
+        paths.sort();
+        for p in paths {
+            let b = std::fs::read(&p).unwrap();
+            assert_eq!(&b[..4], b"AGKF");
+            let u =
+                |i: usize| u32::from_le_bytes(b[4 + 4 * i..8 + 4 * i].try_into().unwrap()) as usize;
+            let (ty, rows, cols, n) = (u(1), u(2), u(3), u(4));
+            let wb = u64::from_le_bytes(b[24..32].try_into().unwrap()) as usize;
+            let mut at = 32;
+            let w = b[at..at + wb].to_vec();
+            at += wb;
+            let f = |at: usize, len: usize| -> Vec<f32> {
+                b[at..at + 4 * len]
+                    .chunks_exact(4)
+                    .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+                    .collect()
+            };
+            let x = f(at, n * cols);
+            at += 4 * n * cols;
+            let y = f(at, n * rows);
+            assert_eq!(at + 4 * n * rows, b.len(), "{}", p.display());
+            out.push(Fixture {
+                name: p.file_name().unwrap().to_string_lossy().into_owned(),
+                ty: crate::gguf::GgmlType::from_id(ty as u32).unwrap(),
+                rows,
+                cols,
+                n,
+                w,
+                x,
+                y,
+            });
+        }
+        out
+    }
+
+    fn pack(f: &Fixture) -> Packed {
+        use crate::gguf::GgmlType as G;
+        if Packed::tiles_for(f.ty) {
+            let mut p = Packed::empty(f.ty == G::Q8_0, f.rows, f.cols);
+            p.fill(0, &f.w);
+            return p;
+        }
+        if f.ty == G::F32 {
+            let mut w = vec![0f32; f.rows * f.cols];
+            crate::quant::dequantize_row(f.ty, &f.w, &mut w);
+            return Packed::f32(w, f.rows, f.cols);
+        }
+        Packed::rows(rows::Fmt::from_ggml(f.ty).unwrap(), f.w.clone(), f.rows, f.cols)
+    }
+
+    /// Every quantized format gives llama.cpp's numbers bit for bit, on every
+    /// path this CPU has, for one column (decode) and for several (prompt);
+    /// f16/bf16/f32 weights, which ggml rounds through f16 activations, agree
+    /// within rounding.
+    #[test]
+    fn kernels_reproduce_llama_cpp() {
+        let all = fixtures();
+        assert!(all.len() >= 20, "{} fixtures", all.len());
+        for f in &all {
+            let w = pack(f);
+            for forced in [Some(Isa::Scalar), None] {
+                let got = run(&w, &f.x, f.n, forced);
+                if std::env::var("KDEBUG").is_ok() {
+                    let bad: Vec<usize> = (0..f.n)
+                        .map(|c| {
+                            (0..f.rows)
+                                .filter(|&r| {
+                                    got[c * f.rows + r].to_bits() != f.y[c * f.rows + r].to_bits()
+                                })
+                                .count()
+                        })
+                        .collect();
+                    eprintln!("{} {forced:?}: mismatches per column {bad:?}", f.name);
+                }
+                for c in 0..f.n {
+                    for r in 0..f.rows {
+                        let (g, e) = (got[c * f.rows + r], f.y[c * f.rows + r]);
+                        let tol = match f.ty {
+                            crate::gguf::GgmlType::BF16 => 2e-2,
+                            crate::gguf::GgmlType::F16 | crate::gguf::GgmlType::F32 => 2e-3,
+                            _ => 0.0,
+                        };
+                        if tol > 0.0 {
+                            assert!(
+                                (g - e).abs() <= tol * e.abs().max(1.0),
+                                "{} {forced:?} r{r} c{c}: {g} vs {e}",
+                                f.name
+                            );
+                        } else {
+                            assert_eq!(
+                                g.to_bits(),
+                                e.to_bits(),
+                                "{} {forced:?} ({}) r{r} c{c}: {g} vs {e}",
+                                f.name,
+                                w.kernel()
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The embedding lookup dequantizes a row as ggml does: dot products of
+    /// dequantized rows with the activations approximate ggml's products.
+    #[test]
+    fn dequantized_rows_match_the_products() {
+        for f in fixtures() {
+            let w = pack(&f);
+            let mut row = vec![0f32; f.cols];
+            for r in 0..f.rows {
+                w.dequantize_row(r, &mut row);
+                let want = f.y[r];
+                let got: f32 = row.iter().zip(&f.x[..f.cols]).map(|(a, b)| a * b).sum();
+                let scale: f32 = row.iter().zip(&f.x[..f.cols]).map(|(a, b)| (a * b).abs()).sum();
+                assert!(
+                    (got - want).abs() <= 0.02 * scale + 1e-4,
+                    "{} r{r}: {got} vs {want}",
+                    f.name
+                );
+            }
+        }
     }
 
     /// Column quantization: the SIMD path equals the scalar one bit for bit,
@@ -541,8 +971,11 @@ mod tests {
                 } else {
                     Packed::q8_0(&raw, rows, cols)
                 };
-                let ty =
-                    if w.is_none() { crate::quant::QType::Q4_1 } else { crate::quant::QType::Q8_0 };
+                let ty = if w.is_none() {
+                    crate::gguf::GgmlType::Q4_1
+                } else {
+                    crate::gguf::GgmlType::Q8_0
+                };
                 for n in [1usize, 3, 7] {
                     let x = random_x(n * cols, 3);
                     let simd = run(&packed, &x, n, None);
@@ -554,7 +987,8 @@ mod tests {
                         for r in 0..rows {
                             crate::quant::dequantize_row(
                                 ty,
-                                &raw[r * ty.row_bytes(cols)..(r + 1) * ty.row_bytes(cols)],
+                                &raw[r * ty.row_bytes(cols).unwrap()
+                                    ..(r + 1) * ty.row_bytes(cols).unwrap()],
                                 &mut row,
                             );
                             let want: f32 =

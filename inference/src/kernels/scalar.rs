@@ -54,6 +54,7 @@ pub(super) fn matmul_tiles(w: &Packed, acts: &Acts, tiles: Range<usize>, out: &O
                     let k = acts.k;
                     dot_f32(&wf[r * k..(r + 1) * k], &acts.x[c * k..(c + 1) * k])
                 }
+                PackedKind::Rows(_) => unreachable!("row-major matrices run in rows.rs"),
             };
             out.set(c, r, v);
         }

@@ -105,6 +105,7 @@ pub(super) unsafe fn matmul_tiles(w: &Packed, acts: &Acts, tiles: Range<usize>, 
                 }
             }
         }
+        PackedKind::Rows(_) => unreachable!("row-major matrices run in rows.rs / avx2.rs"),
         PackedKind::F32 { w: wf } => {
             let k = acts.k;
             for r in tiles.start * ROW_TILE..(tiles.end * ROW_TILE).min(w.rows) {
@@ -394,11 +395,13 @@ unsafe fn q8_0_tile<const N: usize>(
 /// 64, at most 256, `out.len() == q.len()`, and the caches hold `upto`
 /// positions of `lane` (all asserted by the caller).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn attend_vec(
     q: &[f32],
     kc: &[half::f16],
     vc: &[half::f16],
     lane: super::attn::Lane,
+    from: usize,
     upto: usize,
     scale: f32,
     out: &mut [f32],
@@ -417,7 +420,7 @@ pub(super) unsafe fn attend_vec(
         }
         let mut acc = [_mm256_setzero_si256(); 16];
         let (mut s_sum, mut m) = (0f32, f32::NEG_INFINITY);
-        for t in 0..upto {
+        for t in from..upto {
             let at = t * lane.stride + lane.offset;
             let kp = kc.as_ptr().add(at) as *const __m256i;
             // Four 16-lane partial sums per 64 elements.

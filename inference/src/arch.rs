@@ -1,0 +1,212 @@
+//! The model families this engine runs and how each reads its
+//! hyper-parameters from the GGUF metadata into one [`Config`]: the llama
+//! family (llama, mistral, qwen2, qwen3: SwiGLU, RMS norms, RoPE) and the
+//! gemma family (gemma2, gemma3: scaled embeddings, GeGLU, norms after
+//! attention and feed-forward, sliding-window layers, soft-capping where
+//! present), with llama.cpp's defaults where a key is absent.
+
+use crate::error::{model_err, Result};
+use crate::gguf::Gguf;
+
+/// Architectures the forward pass implements.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Arch {
+    /// llama, SmolLM2, Llama 3.x, Mistral (normal RoPE).
+    Llama,
+    /// qwen2 (NeoX RoPE, q/k/v biases).
+    Qwen2,
+    /// qwen3 (NeoX RoPE, per-head q/k RMS norms).
+    Qwen3,
+    /// gemma2 (GeGLU, post norms, soft-capped attention and logits,
+    /// sliding window on every other layer).
+    Gemma2,
+    /// gemma3 (GeGLU, post norms, q/k norms, sliding window on five layers
+    /// of six with their own RoPE base).
+    Gemma3,
+}
+
+/// The gated activation of the feed-forward block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Act {
+    /// `silu(gate) · up`.
+    SwiGlu,
+    /// `gelu_tanh(gate) · up`, as ggml's f16-table GELU.
+    GeGlu,
+}
+
+/// Hyper-parameters read from the GGUF metadata.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The architecture.
+    pub arch: Arch,
+    /// The GGUF `general.architecture` string.
+    pub arch_name: String,
+    /// Transformer blocks.
+    pub n_layer: usize,
+    /// Hidden size.
+    pub n_embd: usize,
+    /// Query heads.
+    pub n_head: usize,
+    /// Key/value heads.
+    pub n_kv: usize,
+    /// Size of one head.
+    pub head_dim: usize,
+    /// Feed-forward size.
+    pub n_ff: usize,
+    /// Vocabulary size.
+    pub n_vocab: usize,
+    /// Context the model was trained for.
+    pub n_ctx_train: usize,
+    pub(crate) rope_base: f32,
+    /// RoPE base of sliding-window layers.
+    pub(crate) rope_base_swa: f32,
+    pub(crate) rope_dims: usize,
+    pub(crate) rope_neox: bool,
+    pub(crate) eps: f32,
+    /// The feed-forward activation.
+    pub(crate) act: Act,
+    /// Embeddings multiplied by this after lookup (gemma: √n_embd).
+    pub(crate) embd_scale: Option<f32>,
+    /// Queries multiplied by this before attention (gemma); attention's own
+    /// scale is then `attn_scale`.
+    pub(crate) q_scale: Option<f32>,
+    /// Scale of the attention scores.
+    pub(crate) attn_scale: f32,
+    /// Soft-capping of attention scores (gemma2).
+    pub(crate) attn_softcap: Option<f32>,
+    /// Soft-capping of the logits (gemma2).
+    pub(crate) final_softcap: Option<f32>,
+    /// Sliding window (positions a query sees, itself included).
+    pub(crate) swa: Option<usize>,
+    /// Which layers use the sliding window.
+    swa_layers: Vec<bool>,
+}
+
+impl Config {
+    pub(crate) fn read(g: &Gguf) -> Result<Config> {
+        let arch_name = g
+            .string("general.architecture")
+            .ok_or_else(|| model_err("GGUF metadata `general.architecture` is missing"))?
+            .to_owned();
+        let arch = match arch_name.as_str() {
+            "llama" | "mistral" => Arch::Llama,
+            "qwen2" => Arch::Qwen2,
+            "qwen3" => Arch::Qwen3,
+            "gemma2" => Arch::Gemma2,
+            "gemma3" => Arch::Gemma3,
+            other => {
+                return Err(model_err(format!(
+                "architecture `{other}` is not supported (supported: llama, mistral, qwen2, qwen3, gemma2, gemma3)"
+            )))
+            }
+        };
+        let k = |s: &str| format!("{arch_name}.{s}");
+        let need = |s: &str| -> Result<usize> {
+            let v = g.need_u32(&k(s))? as usize;
+            if v == 0 || v > 1 << 20 {
+                return Err(model_err(format!("metadata `{}` is {v}, which no model has", k(s))));
+            }
+            Ok(v)
+        };
+        let n_embd = need("embedding_length")?;
+        let n_head = need("attention.head_count")?;
+        let n_layer = need("block_count")?;
+        let n_kv = g.u32(&k("attention.head_count_kv")).map(|v| v as usize).unwrap_or(n_head);
+        let head_dim =
+            g.u32(&k("attention.key_length")).map(|v| v as usize).unwrap_or(n_embd / n_head.max(1));
+        let (_, n_vocab, emb_cols) = g.shape("token_embd.weight")?;
+        if emb_cols != n_embd {
+            return Err(model_err(format!(
+                "tensor `token_embd.weight` has rows of {emb_cols} values, but `{}` is {n_embd}",
+                k("embedding_length")
+            )));
+        }
+        let rope_base = g.f32(&k("rope.freq_base")).unwrap_or(10_000.0);
+        let gemma = matches!(arch, Arch::Gemma2 | Arch::Gemma3);
+        let swa = if gemma {
+            let default = if arch == Arch::Gemma2 { Some(4096) } else { None };
+            g.u32(&k("attention.sliding_window")).map(|v| v as usize).filter(|&v| v > 0).or(default)
+        } else {
+            None
+        };
+        // llama.cpp's `set_swa_pattern(n)`: layer il slides when il % n < n - 1.
+        let pattern = match arch {
+            Arch::Gemma2 => 2,
+            Arch::Gemma3 => 6,
+            _ => 0,
+        };
+        let swa_layers: Vec<bool> = (0..n_layer)
+            .map(|il| swa.is_some() && pattern > 0 && il % pattern < pattern - 1)
+            .collect();
+        let rope_base_swa = match arch {
+            Arch::Gemma3 => g.f32(&k("rope.freq_base_swa")).unwrap_or(10_000.0),
+            _ => g.f32(&k("rope.freq_base_swa")).unwrap_or(rope_base),
+        };
+        // gemma_pytorch's query scaling (llama.cpp `f_attention_scale`).
+        let gemma_scale = || {
+            if n_layer == 46 || n_layer == 62 {
+                1.0 / ((n_embd / n_head) as f32).sqrt()
+            } else {
+                1.0 / (head_dim as f32).sqrt()
+            }
+        };
+        let softcap = |s: &str| g.f32(&k(s)).filter(|v| *v != 0.0);
+        let cfg = Config {
+            arch,
+            arch_name: arch_name.clone(),
+            n_layer,
+            n_embd,
+            n_head,
+            n_kv,
+            head_dim,
+            n_ff: need("feed_forward_length")?,
+            n_vocab,
+            n_ctx_train: g.u32(&k("context_length")).unwrap_or(4096) as usize,
+            rope_base,
+            rope_base_swa,
+            rope_dims: g.u32(&k("rope.dimension_count")).map(|v| v as usize).unwrap_or(head_dim),
+            rope_neox: arch != Arch::Llama,
+            eps: g.f32(&k("attention.layer_norm_rms_epsilon")).unwrap_or(1e-5),
+            act: if gemma { Act::GeGlu } else { Act::SwiGlu },
+            embd_scale: gemma.then(|| (n_embd as f32).sqrt()),
+            q_scale: gemma.then(gemma_scale),
+            attn_scale: if gemma { 1.0 } else { 1.0 / (head_dim as f32).sqrt() },
+            attn_softcap: if arch == Arch::Gemma2 {
+                softcap("attn_logit_softcapping")
+            } else {
+                None
+            },
+            final_softcap: if gemma { softcap("final_logit_softcapping") } else { None },
+            swa,
+            swa_layers,
+        };
+        if cfg.n_kv == 0
+            || !cfg.n_head.is_multiple_of(cfg.n_kv)
+            || !cfg.head_dim.is_multiple_of(2)
+            || cfg.head_dim > crate::kernels::attn::MAX_HEAD
+            || cfg.rope_dims > cfg.head_dim
+            || !cfg.rope_dims.is_multiple_of(2)
+        {
+            return Err(model_err(format!(
+                "unsupported attention shape: {} heads, {} kv heads, head size {} (at most {}), {} rotated dimensions",
+                cfg.n_head,
+                cfg.n_kv,
+                cfg.head_dim,
+                crate::kernels::attn::MAX_HEAD,
+                cfg.rope_dims
+            )));
+        }
+        if !cfg.n_embd.is_multiple_of(32) || !cfg.n_ff.is_multiple_of(32) {
+            return Err(model_err(format!(
+                "hidden size {} and feed-forward size {} must be multiples of 32",
+                cfg.n_embd, cfg.n_ff
+            )));
+        }
+        Ok(cfg)
+    }
+
+    /// Whether layer `il` attends through the sliding window.
+    pub(crate) fn layer_swa(&self, il: usize) -> bool {
+        self.swa_layers.get(il).copied().unwrap_or(false)
+    }
+}

@@ -1,0 +1,384 @@
+//! Weight matrices kept as GGUF stores them (row after row of blocks), and
+//! the portable kernels over them that define the numbers; `avx2.rs` has
+//! their SIMD twins, bit-identical.
+//!
+//! INVARIANT: each format's product is computed the way llama.cpp's x86 CPU
+//! backend computes it at inference, so greedy output follows llama.cpp's:
+//!
+//! - *lanes* (`ggml_vec_dot_*` and tinyBLAS: Q8_0, Q5_0, Q4_1, Q5_1, Q5_K,
+//!   Q6_K, and Q4_0/Q4_K whose row count is not a multiple of 8): eight
+//!   integer lanes of four consecutive products per 32 values (scaled per
+//!   sub-block for K-quants), each lane accumulated in f32 with its own
+//!   fused multiply-add block after block, the lanes summed
+//!   `((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7))`, plus the block-offset terms
+//!   (`Σ fma(m, s)` for Q4_1/Q5_1, `Σ fma(−d·dmin, Σ m·bsum)` for Q5_K, a
+//!   4-lane `−d·dmin` accumulator for Q4_K);
+//! - *chain* (the repacked `q4_0_8x8` and `q4_K_8x8` kernels, which ggml
+//!   uses for Q4_0 and Q4_K tensors whose row count is a multiple of 8): one
+//!   exact integer dot product per block, one fused multiply-add per block
+//!   into one accumulator (and one more for the Q4_K minimums,
+//!   subtracted at the end).
+//!
+//! Every integer sum is exact (no saturation is possible at these
+//! magnitudes), so only the float steps above fix the result, and a row's
+//! result never depends on which other rows or columns run with it.
+
+use super::{hsum8, OutRows};
+use crate::quant::{f16_at, scale_min_k4, QK, QK_K};
+
+/// A weight format the row kernels read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Fmt {
+    Q4_0,
+    Q4_1,
+    Q5_0,
+    Q5_1,
+    Q8_0,
+    Q4K,
+    Q5K,
+    Q6K,
+    F16,
+    BF16,
+}
+
+/// The activations a format's kernels consume.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ActKind {
+    /// Q8_0/Q8_1 blocks of 32 (`Acts::{q, d, s}`).
+    B32,
+    /// Q8_K super-blocks of 256 (`Acts::{kq, kd, kbs}`).
+    K256,
+    /// Plain f32 (`Acts::x`).
+    F32,
+}
+
+impl Fmt {
+    pub(crate) fn from_ggml(ty: crate::gguf::GgmlType) -> Option<Fmt> {
+        use crate::gguf::GgmlType as G;
+        Some(match ty {
+            G::Q4_0 => Fmt::Q4_0,
+            G::Q4_1 => Fmt::Q4_1,
+            G::Q5_0 => Fmt::Q5_0,
+            G::Q5_1 => Fmt::Q5_1,
+            G::Q8_0 => Fmt::Q8_0,
+            G::Q4_K => Fmt::Q4K,
+            G::Q5_K => Fmt::Q5K,
+            G::Q6_K => Fmt::Q6K,
+            G::F16 => Fmt::F16,
+            G::BF16 => Fmt::BF16,
+            _ => return None,
+        })
+    }
+
+    /// `(elements, bytes)` per block.
+    pub(crate) fn block(self) -> (usize, usize) {
+        match self {
+            Fmt::Q4_0 => (QK, 18),
+            Fmt::Q4_1 => (QK, 20),
+            Fmt::Q5_0 => (QK, 22),
+            Fmt::Q5_1 => (QK, 24),
+            Fmt::Q8_0 => (QK, 34),
+            Fmt::Q4K => (QK_K, 144),
+            Fmt::Q5K => (QK_K, 176),
+            Fmt::Q6K => (QK_K, 210),
+            Fmt::F16 | Fmt::BF16 => (1, 2),
+        }
+    }
+
+    pub(crate) fn acts(self) -> ActKind {
+        match self {
+            Fmt::Q4_0 | Fmt::Q4_1 | Fmt::Q5_0 | Fmt::Q5_1 | Fmt::Q8_0 => ActKind::B32,
+            Fmt::Q4K | Fmt::Q5K | Fmt::Q6K => ActKind::K256,
+            Fmt::F16 | Fmt::BF16 => ActKind::F32,
+        }
+    }
+
+    pub(crate) fn row_bytes(self, cols: usize) -> usize {
+        let (e, b) = self.block();
+        cols / e * b
+    }
+
+    /// Whether a tensor of `rows` rows takes the *chain* numerics (see the
+    /// module INVARIANT): the types ggml repacks, when it can.
+    pub(crate) fn chain(self, rows: usize) -> bool {
+        matches!(self, Fmt::Q4_0 | Fmt::Q4K) && rows.is_multiple_of(8)
+    }
+}
+
+/// A row-major GGUF matrix.
+#[derive(Debug)]
+pub(crate) struct RowMat {
+    pub(crate) fmt: Fmt,
+    pub(crate) chain: bool,
+    pub(crate) data: Vec<u8>,
+    pub(crate) row_bytes: usize,
+}
+
+/// The columns a kernel call handles at once (weights decoded once for all).
+pub(crate) const MAX_N: usize = 4;
+/// Columns per cache block: their activations stay in L2 while every row of
+/// a task passes over them.
+pub(crate) const COL_BLOCK: usize = 64;
+
+/// `out[c · rows + r]` for rows `rows` and all columns, on the portable path.
+pub(crate) fn matmul(
+    w: &RowMat,
+    acts: &super::Acts,
+    rows: std::ops::Range<usize>,
+    out: &OutRows<'_>,
+) {
+    let mut wf = Vec::new();
+    for c0 in (0..acts.n).step_by(COL_BLOCK) {
+        let c1 = (c0 + COL_BLOCK).min(acts.n);
+        for r in rows.clone() {
+            let row = &w.data[r * w.row_bytes..(r + 1) * w.row_bytes];
+            if matches!(w.fmt, Fmt::F16 | Fmt::BF16) {
+                wf.resize(acts.k, 0.0);
+                crate::quant::dequantize_row(
+                    if w.fmt == Fmt::F16 {
+                        crate::gguf::GgmlType::F16
+                    } else {
+                        crate::gguf::GgmlType::BF16
+                    },
+                    row,
+                    &mut wf,
+                );
+            }
+            for c in c0..c1 {
+                let v = match w.fmt {
+                    Fmt::F16 | Fmt::BF16 => {
+                        super::scalar::dot_f32(&wf, &acts.x[c * acts.k..(c + 1) * acts.k])
+                    }
+                    _ => dot(w.fmt, w.chain, row, acts, c),
+                };
+                out.set(c, r, v);
+            }
+        }
+    }
+}
+
+/// One row against column `c`: the canonical numbers.
+pub(crate) fn dot(fmt: Fmt, chain: bool, row: &[u8], acts: &super::Acts, c: usize) -> f32 {
+    let k = acts.k;
+    match fmt {
+        Fmt::Q4_0 | Fmt::Q5_0 | Fmt::Q8_0 | Fmt::Q4_1 | Fmt::Q5_1 => {
+            let nb = k / QK;
+            let (aq, ad, asum) = (&acts.q[c * k..], &acts.d[c * nb..], &acts.s[c * nb..]);
+            let bb = fmt.block().1;
+            let mut lanes = [0f32; 8];
+            let (mut acc, mut summs) = (0f32, 0f32);
+            for b in 0..nb {
+                let blk = &row[b * bb..(b + 1) * bb];
+                let mut w = [0i32; QK];
+                b32_values(fmt, blk, &mut w);
+                let a = &aq[b * QK..(b + 1) * QK];
+                let dw = f16_at(blk, 0);
+                if chain {
+                    let isum: i32 = (0..QK).map(|e| w[e] * a[e] as i32).sum();
+                    acc = (isum as f32).mul_add(dw * ad[b], acc);
+                    continue;
+                }
+                let dd = dw * ad[b];
+                for (l, lane) in lanes.iter_mut().enumerate() {
+                    let s: i32 = (4 * l..4 * l + 4).map(|e| w[e] * a[e] as i32).sum();
+                    *lane = dd.mul_add(s as f32, *lane);
+                }
+                if matches!(fmt, Fmt::Q4_1 | Fmt::Q5_1) {
+                    summs = f16_at(blk, 2).mul_add(asum[b], summs);
+                }
+            }
+            if chain {
+                acc
+            } else {
+                hsum8(&lanes) + summs
+            }
+        }
+        Fmt::Q4K | Fmt::Q5K | Fmt::Q6K => {
+            let nb = k / QK_K;
+            let (aq, ad, abs) = (&acts.kq[c * k..], &acts.kd[c * nb..], &acts.kbs[c * nb * 16..]);
+            let bb = fmt.block().1;
+            let mut lanes = [0f32; 8];
+            let mut mins4 = [0f32; 4];
+            let (mut acc, mut accm, mut summs) = (0f32, 0f32, 0f32);
+            for b in 0..nb {
+                let blk = &row[b * bb..(b + 1) * bb];
+                let a = &aq[b * QK_K..(b + 1) * QK_K];
+                let bs = &abs[b * 16..(b + 1) * 16];
+                let da = ad[b];
+                let mut w = [0i32; QK_K];
+                let mut sc = [0i32; 16];
+                let mut mn = [0i32; 8];
+                k_values(fmt, blk, &mut w, &mut sc, &mut mn);
+                let dw = f16_at(blk, if fmt == Fmt::Q6K { 208 } else { 0 });
+                // Integer lanes: lane l of chunk ch (32 values) is values
+                // 32·ch + 4l .. + 4, scaled by their sub-block's scale.
+                let per = if fmt == Fmt::Q6K { 16 } else { 32 };
+                let mut il = [0i32; 8];
+                for ch in 0..8 {
+                    for (l, v) in il.iter_mut().enumerate() {
+                        let e0 = 32 * ch + 4 * l;
+                        let s: i32 = (e0..e0 + 4).map(|e| w[e] * a[e] as i32).sum();
+                        *v += sc[e0 / per] * s;
+                    }
+                }
+                match fmt {
+                    Fmt::Q4K if chain => {
+                        // One step per super-block (ggml's gemv), or per 64
+                        // values for a column ggml grouped (its gemm).
+                        let steps = if acts.grouped(c) { 4 } else { 1 };
+                        let per_step = 8 / steps;
+                        for st in 0..steps {
+                            let subs = st * per_step..(st + 1) * per_step;
+                            let isum: i32 = subs
+                                .clone()
+                                .map(|sb| {
+                                    (0..32)
+                                        .map(|e| w[32 * sb + e] * a[32 * sb + e] as i32)
+                                        .sum::<i32>()
+                                        * sc[sb]
+                                })
+                                .sum();
+                            let imin: i32 =
+                                subs.map(|sb| mn[sb] * (bs[2 * sb] + bs[2 * sb + 1]) as i32).sum();
+                            acc = (isum as f32).mul_add(dw * da, acc);
+                            accm = (imin as f32).mul_add(f16_at(blk, 2) * da, accm);
+                        }
+                    }
+                    _ if acts.wide(c) => {
+                        // ggml's tiled K-quant kernel: one exact integer per
+                        // super-block, `d·s1 − dmin·s2` fused, then one
+                        // fused multiply-add by the activation scale.
+                        let mut s1: i32 = il.iter().sum();
+                        let mut res;
+                        if fmt == Fmt::Q6K {
+                            s1 -= 32 * (0..16).map(|s| sc[s] * bs[s] as i32).sum::<i32>();
+                            res = dw * s1 as f32;
+                        } else {
+                            let s2: i32 =
+                                (0..8).map(|s| mn[s] * (bs[2 * s] + bs[2 * s + 1]) as i32).sum();
+                            res = dw * s1 as f32;
+                            res = (-f16_at(blk, 2)).mul_add(s2 as f32, res);
+                        }
+                        acc = res.mul_add(da, acc);
+                    }
+                    Fmt::Q4K | Fmt::Q5K => {
+                        let d = da * dw;
+                        for (lane, &v) in lanes.iter_mut().zip(&il) {
+                            *lane = d.mul_add(v as f32, *lane);
+                        }
+                        let dmin = -da * f16_at(blk, 2);
+                        let q8s: [i32; 8] =
+                            std::array::from_fn(|s| (bs[2 * s] + bs[2 * s + 1]) as i32);
+                        if fmt == Fmt::Q4K {
+                            for (m, acc_m) in mins4.iter_mut().enumerate() {
+                                let p = mn[2 * m] * q8s[2 * m] + mn[2 * m + 1] * q8s[2 * m + 1];
+                                *acc_m = dmin.mul_add(p as f32, *acc_m);
+                            }
+                        } else {
+                            let imin: i32 = (0..8).map(|s| mn[s] * q8s[s]).sum();
+                            summs = dmin.mul_add(imin as f32, summs);
+                        }
+                    }
+                    _ => {
+                        // Q6K: the −32 offset of every value, per lane.
+                        let d = da * dw;
+                        for (l, lane) in lanes.iter_mut().enumerate() {
+                            let corr = 32
+                                * (bs[2 * l] as i32 * sc[2 * l]
+                                    + bs[2 * l + 1] as i32 * sc[2 * l + 1]);
+                            *lane = d.mul_add((il[l] - corr) as f32, *lane);
+                        }
+                    }
+                }
+            }
+            match fmt {
+                _ if acts.wide(c) && !(fmt == Fmt::Q4K && chain) => acc,
+                Fmt::Q4K if chain => acc - accm,
+                Fmt::Q4K => hsum8(&lanes) + ((mins4[0] + mins4[2]) + (mins4[1] + mins4[3])),
+                Fmt::Q5K => hsum8(&lanes) + summs,
+                _ => hsum8(&lanes),
+            }
+        }
+        Fmt::F16 | Fmt::BF16 => unreachable!("f16/bf16 rows are dequantized by `matmul`"),
+    }
+}
+
+/// The 32 integer values of a block of 32 (Q4_0/Q5_0 signed, Q4_1/Q5_1
+/// unsigned, as the kernels multiply them).
+#[inline]
+pub(crate) fn b32_values(fmt: Fmt, blk: &[u8], w: &mut [i32; QK]) {
+    match fmt {
+        Fmt::Q8_0 => {
+            for (o, &b) in w.iter_mut().zip(&blk[2..34]) {
+                *o = b as i8 as i32;
+            }
+        }
+        Fmt::Q4_0 | Fmt::Q4_1 => {
+            let (qs, off) = if fmt == Fmt::Q4_0 { (&blk[2..18], 8) } else { (&blk[4..20], 0) };
+            for j in 0..16 {
+                w[j] = (qs[j] & 15) as i32 - off;
+                w[j + 16] = (qs[j] >> 4) as i32 - off;
+            }
+        }
+        _ => {
+            let (h, off) = if fmt == Fmt::Q5_0 { (2, 16) } else { (4, 0) };
+            let qh = u32::from_le_bytes([blk[h], blk[h + 1], blk[h + 2], blk[h + 3]]);
+            let qs = &blk[h + 4..h + 20];
+            for j in 0..16 {
+                w[j] = ((qs[j] & 15) as i32 | (((qh >> j) & 1) << 4) as i32) - off;
+                w[j + 16] = ((qs[j] >> 4) as i32 | (((qh >> (j + 16)) & 1) << 4) as i32) - off;
+            }
+        }
+    }
+}
+
+/// A K-quant super-block's 256 unsigned values, its scales (Q4_K/Q5_K: 8
+/// per 32 values; Q6_K: 16 signed, per 16) and its minimums (Q4_K/Q5_K).
+#[inline]
+pub(crate) fn k_values(
+    fmt: Fmt,
+    blk: &[u8],
+    w: &mut [i32; QK_K],
+    sc: &mut [i32; 16],
+    mn: &mut [i32; 8],
+) {
+    match fmt {
+        Fmt::Q6K => {
+            let (ql, qh) = (&blk[0..128], &blk[128..192]);
+            for (s, &v) in sc.iter_mut().zip(&blk[192..208]) {
+                *s = v as i8 as i32;
+            }
+            for h in 0..2 {
+                for l in 0..32 {
+                    let (a, b, hb) = (ql[64 * h + l], ql[64 * h + 32 + l], qh[32 * h + l]);
+                    w[128 * h + l] = ((a & 15) | ((hb & 3) << 4)) as i32;
+                    w[128 * h + 32 + l] = ((b & 15) | (((hb >> 2) & 3) << 4)) as i32;
+                    w[128 * h + 64 + l] = ((a >> 4) | (((hb >> 4) & 3) << 4)) as i32;
+                    w[128 * h + 96 + l] = ((b >> 4) | (((hb >> 6) & 3) << 4)) as i32;
+                }
+            }
+        }
+        _ => {
+            let five = fmt == Fmt::Q5K;
+            for s in 0..8 {
+                let (a, m) = scale_min_k4(s, &blk[4..16]);
+                sc[s] = a as i32;
+                mn[s] = m as i32;
+            }
+            let (qh, qs) =
+                if five { (&blk[16..48], &blk[48..176]) } else { (&blk[0..0], &blk[16..144]) };
+            for j in 0..4 {
+                for l in 0..32 {
+                    let q = qs[32 * j + l];
+                    let (mut lo, mut hi) = ((q & 15) as i32, (q >> 4) as i32);
+                    if five {
+                        lo |= (((qh[l] >> (2 * j)) & 1) << 4) as i32;
+                        hi |= (((qh[l] >> (2 * j + 1)) & 1) << 4) as i32;
+                    }
+                    w[64 * j + l] = lo;
+                    w[64 * j + 32 + l] = hi;
+                }
+            }
+        }
+    }
+}
