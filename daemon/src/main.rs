@@ -1,28 +1,24 @@
-//! The `agentd` binary: command line, server, research loop, tools and
-//! store. It is the only crate that knows JSON wire formats, HTTP, SQLite and
-//! tokio; it converts from the types of `inference`, `prompts` and
-//! `toolparse`, which know nothing of it.
+//! The `agentd` binary: the command line (this file) over its rooms —
+//! `research` (the budgeted research loop), `provider` (who runs the
+//! model), `tools` (what the host runs for it), `server` (`agentd serve`),
+//! `commands` (the other command-line fronts), `state` (the store,
+//! settings, policies, registry and home folder) and `events` (the closed
+//! enum a run reports through). It is the only crate that knows JSON wire
+//! formats, HTTP, SQLite and tokio; it converts from the types of
+//! `inference`, `prompts` and `toolparse`, which know nothing of it.
 
-mod ask;
-mod client;
-mod engine_cmd;
+mod commands;
 mod events;
-mod home;
-mod policy;
 mod provider;
-mod provider_build;
-mod pull;
-mod registry;
-mod replay;
 mod research;
-mod runs;
 mod server;
-mod settings;
-mod store;
+mod state;
 mod tools;
 
 use clap::{Parser, Subcommand};
-use engine_cmd::EngineArgs;
+use commands::engine::EngineArgs;
+use commands::{ask, engine as engine_cmd, parse as replay, runs};
+use state::{policy, settings, store};
 use std::io::Read;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};

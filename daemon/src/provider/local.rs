@@ -5,7 +5,7 @@
 //! and the format's call-start token is forbidden.
 
 use super::{fold_event, Provider, ProviderError, TurnEvent, TurnFinish, TurnReply, TurnRequest};
-use crate::engine_cmd::{EngineArgs, Resolved};
+use crate::commands::engine::{EngineArgs, Resolved};
 use anyhow::{Context, Result};
 use inference::{Engine, ErrorKind, Finish, GenParams, Generation, Sampling, Session, Step};
 use prompts::{ChatTemplate, Message, ToolDef, ToolStyle};

@@ -3,6 +3,7 @@
 //! (turns from a file, for tests). The research loop sees one stream of
 //! events whatever runs the model.
 
+pub(crate) mod build;
 pub(crate) mod local;
 pub(crate) mod openai;
 pub(crate) mod scripted;
@@ -125,7 +126,7 @@ pub(crate) fn fold_event(
 ) {
     use toolparse::Event;
     let call = |c: toolparse::ToolCall| Call {
-        id: c.id.unwrap_or_else(|| crate::store::new_id("call")),
+        id: c.id.unwrap_or_else(|| crate::state::store::new_id("call")),
         name: c.name,
         arguments: c.arguments,
     };

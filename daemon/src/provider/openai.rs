@@ -217,7 +217,7 @@ impl OpenAi {
                 _ => json!({"_raw": args}).to_string(),
             };
             let call = Call {
-                id: if id.is_empty() { crate::store::new_id("call") } else { id },
+                id: if id.is_empty() { crate::state::store::new_id("call") } else { id },
                 name,
                 arguments,
             };

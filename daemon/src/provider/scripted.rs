@@ -176,7 +176,7 @@ impl Provider for Scripted {
                     .get("id")
                     .and_then(Value::as_str)
                     .map(str::to_owned)
-                    .unwrap_or_else(|| crate::store::new_id("call")),
+                    .unwrap_or_else(|| crate::state::store::new_id("call")),
                 name: c.get("name").and_then(Value::as_str).unwrap_or_default().to_owned(),
                 arguments: c
                     .get("arguments")

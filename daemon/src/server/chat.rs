@@ -299,7 +299,7 @@ pub(super) async fn completions(AxState(st): AxState<State>, req: Request) -> Re
         Ok(p) => p,
         Err(r) => return *r,
     };
-    let id = crate::store::new_id("chatcmpl");
+    let id = crate::state::store::new_id("chatcmpl");
     let (cancel, guard) = st.track(id.clone());
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let job = Job::Chat { messages: p.messages, tools: p.tools, params: p.params, cancel, tx };
@@ -330,8 +330,11 @@ pub(super) async fn completions(AxState(st): AxState<State>, req: Request) -> Re
             .iter()
             .enumerate()
             .map(|(i, c)| {
-                let mut v =
-                    call_json(i, c, &c.id.clone().unwrap_or_else(|| crate::store::new_id("call")));
+                let mut v = call_json(
+                    i,
+                    c,
+                    &c.id.clone().unwrap_or_else(|| crate::state::store::new_id("call")),
+                );
                 v.as_object_mut().map(|m| m.remove("index"));
                 v
             })
@@ -385,7 +388,8 @@ pub(super) async fn completions(AxState(st): AxState<State>, req: Request) -> Re
                     send(chunk(json!({"reasoning_content": s}), None))
                 }
                 ChatMsg::Event(Event::CallEnd { call, .. }) => {
-                    let cid = call.id.clone().unwrap_or_else(|| crate::store::new_id("call"));
+                    let cid =
+                        call.id.clone().unwrap_or_else(|| crate::state::store::new_id("call"));
                     let v = call_json(calls, &call, &cid);
                     calls += 1;
                     send(chunk(json!({"tool_calls": [v]}), None))

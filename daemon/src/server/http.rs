@@ -288,7 +288,7 @@ async fn metrics(AxState(st): AxState<State>) -> Response {
 async fn models(AxState(st): AxState<State>) -> Response {
     let mut data =
         vec![json!({"id": st.model, "object": "model", "created": 0, "owned_by": "agentd"})];
-    if let Ok(reg) = crate::registry::Registry::load() {
+    if let Ok(reg) = crate::state::registry::Registry::load() {
         for (name, e) in &reg.entries {
             if *name != st.model && e.local_path().is_file() {
                 data.push(json!({"id": name, "object": "model", "created": 0, "owned_by": "agentd", "loaded": false}));
@@ -375,7 +375,7 @@ async fn research(AxState(st): AxState<State>, req: Request) -> Response {
             return error(StatusCode::BAD_REQUEST, "invalid_request", "`stream` must be a boolean")
         }
     };
-    let (cancel, guard) = st.track(crate::store::new_id("req"));
+    let (cancel, guard) = st.track(crate::state::store::new_id("req"));
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let opts = crate::research::RunOptions {
         question: question.to_owned(),
@@ -416,10 +416,10 @@ async fn research(AxState(st): AxState<State>, req: Request) -> Response {
 }
 
 async fn blocking<T: Send + 'static>(
-    f: impl FnOnce(&crate::store::Store) -> anyhow::Result<T> + Send + 'static,
+    f: impl FnOnce(&crate::state::store::Store) -> anyhow::Result<T> + Send + 'static,
 ) -> Result<T, Response> {
     let r = tokio::task::spawn_blocking(move || {
-        let store = crate::store::Store::open()?;
+        let store = crate::state::store::Store::open()?;
         f(&store)
     })
     .await;
@@ -433,7 +433,7 @@ async fn blocking<T: Send + 'static>(
 }
 
 async fn run_get(Path(id): Path<String>) -> Response {
-    match blocking(move |s| Ok(crate::runs::record(s, &id).ok())).await {
+    match blocking(move |s| Ok(crate::commands::runs::record(s, &id).ok())).await {
         Ok(Some(v)) => axum::Json(v).into_response(),
         Ok(None) => error(StatusCode::NOT_FOUND, "run_not_found", "no such run"),
         Err(r) => r,
@@ -445,7 +445,9 @@ async fn run_cancel(AxState(st): AxState<State>, Path(id): Path<String>) -> Resp
         f.store(true, Ordering::Relaxed);
         return axum::Json(json!({"run_id": id, "status": "cancel requested"})).into_response();
     }
-    match blocking(move |s| Ok(crate::runs::cancel(s, &id, true).map(|r| (id, r)).ok())).await {
+    match blocking(move |s| Ok(crate::commands::runs::cancel(s, &id, true).map(|r| (id, r)).ok()))
+        .await
+    {
         Ok(Some((id, r))) => axum::Json(json!({"run_id": id, "status": r})).into_response(),
         Ok(None) => error(StatusCode::NOT_FOUND, "run_not_found", "no such run"),
         Err(r) => r,
@@ -461,7 +463,7 @@ async fn run_resume(AxState(st): AxState<State>, Path(id): Path<String>, req: Re
         let id = id.clone();
         blocking(move |s| {
             s.mark_interrupted(true)?;
-            Ok(crate::runs::record(s, &id)
+            Ok(crate::commands::runs::record(s, &id)
                 .ok()
                 .map(|r| r["status"].as_str().unwrap_or_default().to_owned()))
         })
@@ -535,7 +537,7 @@ async fn chat_get(Path(id): Path<String>) -> Response {
 
 async fn settings_list() -> Response {
     match blocking(|s| {
-        Ok(crate::settings::list(s)?.into_iter().map(|e| e.to_json()).collect::<Vec<_>>())
+        Ok(crate::state::settings::list(s)?.into_iter().map(|e| e.to_json()).collect::<Vec<_>>())
     })
     .await
     {
@@ -553,7 +555,7 @@ async fn settings_put(
         Ok(b) => b,
         Err(r) => return r,
     };
-    if crate::settings::def(&key).is_err() {
+    if crate::state::settings::def(&key).is_err() {
         return error(
             StatusCode::NOT_FOUND,
             "setting_not_found",
@@ -572,7 +574,9 @@ async fn settings_put(
         }
     };
     match blocking(move |s| {
-        Ok(crate::settings::set(s, &key, &raw).map(|e| e.to_json()).map_err(|e| e.to_string()))
+        Ok(crate::state::settings::set(s, &key, &raw)
+            .map(|e| e.to_json())
+            .map_err(|e| e.to_string()))
     })
     .await
     {
@@ -583,14 +587,14 @@ async fn settings_put(
 }
 
 async fn settings_delete(Path(key): Path<String>) -> Response {
-    if crate::settings::def(&key).is_err() {
+    if crate::state::settings::def(&key).is_err() {
         return error(
             StatusCode::NOT_FOUND,
             "setting_not_found",
             format!("unknown setting {key:?}"),
         );
     }
-    match blocking(move |s| Ok(crate::settings::reset(s, &key)?.to_json())).await {
+    match blocking(move |s| Ok(crate::state::settings::reset(s, &key)?.to_json())).await {
         Ok(v) => axum::Json(v).into_response(),
         Err(r) => r,
     }

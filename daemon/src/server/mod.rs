@@ -12,7 +12,7 @@ mod http;
 pub(crate) mod metrics;
 mod worker;
 
-use crate::engine_cmd::EngineArgs;
+use crate::commands::engine::EngineArgs;
 use anyhow::{bail, Context, Result};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -35,7 +35,7 @@ pub(crate) fn default_socket() -> PathBuf {
         Some(d) if std::env::var_os("AGENTD_HOME").is_none() => {
             PathBuf::from(d).join("agentd.sock")
         }
-        _ => crate::home::home().join("agentd.sock"),
+        _ => crate::state::home::home().join("agentd.sock"),
     }
 }
 
@@ -71,17 +71,17 @@ pub(crate) fn run(a: ServeArgs) -> Result<()> {
         }
         (None, _) => None,
     };
-    let store = crate::store::Store::open()?;
+    let store = crate::state::store::Store::open()?;
     let interrupted = store.mark_interrupted(false)?;
     if interrupted > 0 {
         eprintln!("agentd serve: {interrupted} run(s) from a previous process are marked interrupted (see `agentd runs list`)");
     }
-    let policies = crate::policy::Policies::load(&store)?;
+    let policies = crate::state::policy::Policies::load(&store)?;
     drop(store);
     let local = crate::provider::local::Local::load(
         &a.engine,
         a.engine.tool_format.as_deref(),
-        Some(policies.get(crate::policy::CONTEXT) as usize),
+        Some(policies.get(crate::state::policy::CONTEXT) as usize),
     )?;
     let model = local.resolved.name.clone();
     let context = local.engine.info().context;
@@ -89,12 +89,12 @@ pub(crate) fn run(a: ServeArgs) -> Result<()> {
     let abs =
         |p: &PathBuf| std::fs::canonicalize(p).unwrap_or_else(|_| p.clone()).display().to_string();
     let config = serde_json::json!({
-        "engine": crate::runs::engine_json(&a.engine),
+        "engine": crate::commands::runs::engine_json(&a.engine),
         "corpus": a.corpus.iter().map(abs).collect::<Vec<_>>(),
         "notes": a.notes.as_ref().map(abs),
     });
-    let capacity = policies.get(crate::policy::QUEUE) as usize;
-    let body_limit = policies.get(crate::policy::BODY_LIMIT) as usize;
+    let capacity = policies.get(crate::state::policy::QUEUE) as usize;
+    let body_limit = policies.get(crate::state::policy::BODY_LIMIT) as usize;
     let worker = worker::Worker::start(
         worker::Setup {
             local,

@@ -11,14 +11,14 @@
 //! like any other, ahead of the capacity check (the run was admitted).
 
 use crate::events::Ev;
-use crate::policy::Policies;
 use crate::provider::local::{
     admit_turn, empty_reply, turn_finish, turn_params, ChatOutput, ChatParams, ChatRun, ChatStep,
     Local,
 };
 use crate::provider::{fold_event, Provider, ProviderError, TurnEvent, TurnReply, TurnRequest};
 use crate::research::RunOptions;
-use crate::store::Store;
+use crate::state::policy::Policies;
+use crate::state::store::Store;
 use crate::tools::Host;
 use inference::Sampling;
 use prompts::{Message, ToolDef};
@@ -231,14 +231,14 @@ impl Provider for EngineLink {
 }
 
 fn host(setup: &RunSetup) -> Result<Host, String> {
-    let limits = crate::runs::tool_limits(&setup.policies);
+    let limits = crate::commands::runs::tool_limits(&setup.policies);
     let corpus = if setup.corpus.is_empty() {
         None
     } else {
         Some(
             crate::tools::corpus::Corpus::open(
                 &setup.corpus,
-                setup.policies.get(crate::policy::SEGMENT) as usize,
+                setup.policies.get(crate::state::policy::SEGMENT) as usize,
             )
             .map_err(|e| format!("{e:#}"))?,
         )
@@ -258,7 +258,7 @@ struct Active {
 /// there is room, steps the batch, answers token counts, and starts
 /// research threads while there are slots.
 fn serve_jobs(setup: &mut Setup, rx: &Receiver<(Job, bool)>, worker: &Worker) {
-    let batch = (setup.policies.get(crate::policy::DECODE_BATCH) as usize).max(1);
+    let batch = (setup.policies.get(crate::state::policy::DECODE_BATCH) as usize).max(1);
     let run_setup = RunSetup {
         policies: setup.policies.clone(),
         corpus: setup.corpus.clone(),
@@ -465,8 +465,8 @@ fn research_job(job: Job, setup: &RunSetup, worker: Worker) {
             let mut policies = setup.policies.clone();
             if let Some(n) = max_tool_iters {
                 // A request may only lower the setting.
-                let cur = policies.get(crate::policy::ROUNDS);
-                policies.values.insert(crate::policy::ROUNDS.into(), cur.min(n as i64));
+                let cur = policies.get(crate::state::policy::ROUNDS);
+                policies.values.insert(crate::state::policy::ROUNDS.into(), cur.min(n as i64));
             }
             opts.config = setup.config.clone();
             let done = crate::research::run(
@@ -485,9 +485,15 @@ fn research_job(job: Job, setup: &RunSetup, worker: Worker) {
             setup.metrics.research(&done);
         }
         Job::Resume { run_id, cancel, tx, err } => {
-            match crate::runs::resume_with(&store, &run_id, &mut link(&cancel), &cancel, &mut |e| {
-                let _ = tx.send(e.clone());
-            }) {
+            match crate::commands::runs::resume_with(
+                &store,
+                &run_id,
+                &mut link(&cancel),
+                &cancel,
+                &mut |e| {
+                    let _ = tx.send(e.clone());
+                },
+            ) {
                 Ok(done) => setup.metrics.research(&done),
                 Err(e) => {
                     let _ = err.send(format!("{e:#}"));

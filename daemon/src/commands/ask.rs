@@ -3,11 +3,11 @@
 //! per line. Exit status: 0 for an answer, an excerpt or a spoken fallback,
 //! 1 for an error, 130 when cancelled.
 
-use crate::engine_cmd::EngineArgs;
+use crate::commands::engine::EngineArgs;
 use crate::events::{Done, Ev, Outcome};
-use crate::policy::{self, Policies};
 use crate::research::{self, RunOptions};
-use crate::store::Store;
+use crate::state::policy::{self, Policies};
+use crate::state::store::Store;
 use crate::tools::corpus::Corpus;
 use crate::tools::Host;
 use anyhow::Result;
@@ -45,10 +45,11 @@ pub(crate) fn run(a: &AskArgs, cancel: &AtomicBool) -> Result<ExitCode> {
     } else {
         Some(Corpus::open(&a.corpus, policies.get(policy::SEGMENT) as usize)?)
     };
-    let mut host = Host::new(corpus, a.notes.clone(), crate::runs::tool_limits(&policies));
-    let mut provider = crate::provider_build::build(
+    let mut host =
+        Host::new(corpus, a.notes.clone(), crate::commands::runs::tool_limits(&policies));
+    let mut provider = crate::provider::build::build(
         &a.engine,
-        crate::runs::retry(&policies),
+        crate::commands::runs::retry(&policies),
         Some(policies.get(policy::CONTEXT) as usize),
     )?;
     let abs =
@@ -59,7 +60,7 @@ pub(crate) fn run(a: &AskArgs, cancel: &AtomicBool) -> Result<ExitCode> {
         voice: a.voice,
         provider: provider.describe(),
         config: serde_json::json!({
-            "engine": crate::runs::engine_json(&a.engine),
+            "engine": crate::commands::runs::engine_json(&a.engine),
             "corpus": a.corpus.iter().map(abs).collect::<Vec<_>>(),
             "notes": a.notes.as_ref().map(abs),
         }),
@@ -148,17 +149,23 @@ fn connected(a: &AskArgs, sock: &str, cancel: &AtomicBool) -> Result<ExitCode> {
     let body = serde_json::json!({"question": a.question, "chat_id": a.chat, "voice": a.voice, "stream": true});
     let mut printer = Printer::new(a.events);
     let mut last: Option<serde_json::Value> = None;
-    let r = crate::client::post_sse(&socket_of(sock), "/v1/research", &body, cancel, &mut |data| {
-        let Ok(v) = serde_json::from_str::<serde_json::Value>(data) else { return };
-        if a.events {
-            println!("{v}");
-        } else if let Some(ev) = crate::events::from_json(&v) {
-            printer.emit(&ev);
-        }
-        if v["type"] == "done" {
-            last = Some(v);
-        }
-    });
+    let r = crate::commands::client::post_sse(
+        &socket_of(sock),
+        "/v1/research",
+        &body,
+        cancel,
+        &mut |data| {
+            let Ok(v) = serde_json::from_str::<serde_json::Value>(data) else { return };
+            if a.events {
+                println!("{v}");
+            } else if let Some(ev) = crate::events::from_json(&v) {
+                printer.emit(&ev);
+            }
+            if v["type"] == "done" {
+                last = Some(v);
+            }
+        },
+    );
     if cancel.load(std::sync::atomic::Ordering::Relaxed) {
         if !a.events {
             eprintln!("agentd: cancelled");
@@ -189,7 +196,7 @@ fn connected(a: &AskArgs, sock: &str, cancel: &AtomicBool) -> Result<ExitCode> {
 pub(crate) fn chat(sock: &str, cancel: &AtomicBool) -> Result<ExitCode> {
     use std::io::{BufRead, IsTerminal};
     let socket = socket_of(sock);
-    let chat_id = crate::store::new_id("chat");
+    let chat_id = crate::state::store::new_id("chat");
     let tty = std::io::stdin().is_terminal();
     if tty {
         eprintln!(
@@ -209,15 +216,21 @@ pub(crate) fn chat(sock: &str, cancel: &AtomicBool) -> Result<ExitCode> {
         cancel.store(false, std::sync::atomic::Ordering::Relaxed);
         let body = serde_json::json!({"question": line.trim(), "chat_id": chat_id, "stream": true});
         let mut printer = Printer::new(false);
-        let r = crate::client::post_sse(&socket, "/v1/research", &body, cancel, &mut |data| {
-            if let Some(ev) = serde_json::from_str::<serde_json::Value>(data)
-                .ok()
-                .as_ref()
-                .and_then(crate::events::from_json)
-            {
-                printer.emit(&ev);
-            }
-        });
+        let r = crate::commands::client::post_sse(
+            &socket,
+            "/v1/research",
+            &body,
+            cancel,
+            &mut |data| {
+                if let Some(ev) = serde_json::from_str::<serde_json::Value>(data)
+                    .ok()
+                    .as_ref()
+                    .and_then(crate::events::from_json)
+                {
+                    printer.emit(&ev);
+                }
+            },
+        );
         println!();
         if let Err(e) = r {
             if cancel.load(std::sync::atomic::Ordering::Relaxed) {

@@ -7,9 +7,9 @@
 //! spoken fallback).
 
 use crate::events::{Done, Ev, Outcome, RunError, Stop};
-use crate::policy::{self, Policies};
 use crate::provider::{Call, Phase, Provider, ProviderError, TurnEvent, TurnFinish, TurnRequest};
-use crate::store::{new_id, Store, StoredMessage};
+use crate::state::policy::{self, Policies};
+use crate::state::store::{new_id, Store, StoredMessage};
 use crate::tools::{Host, Kind};
 use prompts::fallback::{self, Evidence};
 use prompts::{texts, Message, ToolCallMsg};
@@ -201,13 +201,13 @@ impl Ctx<'_> {
             rusqlite::params![
                 self.run_id,
                 self.budget.elapsed().as_millis() as i64,
-                crate::store::now()
+                crate::state::store::now()
             ],
         );
     }
 
     fn ledger_open(&self, n: usize, phase: Phase) -> Option<i64> {
-        let t = crate::store::now();
+        let t = crate::state::store::now();
         self.store
             .conn
             .execute(
@@ -228,13 +228,13 @@ impl Ctx<'_> {
         if let Some(id) = id {
             let _ = self.store.conn.execute(
                 "UPDATE ledger SET outcome = ?2, classification = ?3, detail = ?4, updated = ?5 WHERE id = ?1",
-                rusqlite::params![id, outcome, classification, detail, crate::store::now()],
+                rusqlite::params![id, outcome, classification, detail, crate::state::store::now()],
             );
         }
     }
 
     fn ledger_refusal(&self, phase: Phase) {
-        let t = crate::store::now();
+        let t = crate::state::store::now();
         let _ = self.store.conn.execute(
             "INSERT INTO ledger(run_id, n, phase, outcome, classification, detail, created, updated)
              VALUES (?1, ?2, ?3, 'refused', 'local_budget_exhausted', ?4, ?5, ?5)",
@@ -398,7 +398,7 @@ pub(crate) fn run(
         "voice": opts.voice,
         "provider": opts.provider,
     });
-    let t = crate::store::now();
+    let t = crate::state::store::now();
     let _ = store.conn.execute(
         "INSERT INTO runs(id, chat_id, question, status, snapshot, pid, created, updated) VALUES (?1, ?2, ?3, 'running', ?4, ?5, ?6, ?6)",
         rusqlite::params![run_id, chat_id, opts.question, snapshot.to_string(), std::process::id() as i64, t],
@@ -493,7 +493,7 @@ pub(crate) fn drive(
             done.outcome.as_str(),
             done.stop.as_str(),
             done.error.as_ref().map(|e| json!({"code": e.code, "classification": e.classification, "message": e.message}).to_string()),
-            crate::store::now()
+            crate::state::store::now()
         ],
     );
     cx.emit(Ev::Done(done.clone()));

@@ -1,6 +1,6 @@
 //! Building the provider an `ENGINE` option set names.
 
-use crate::engine_cmd::EngineArgs;
+use crate::commands::engine::EngineArgs;
 use crate::provider::local::Local;
 use crate::provider::openai::{OpenAi, Retry};
 use crate::provider::scripted::Scripted;
@@ -32,7 +32,7 @@ pub(crate) fn build(
             let model = args.model.clone().unwrap_or_else(|| "default".into());
             let format = match &args.tool_format {
                 Some(f) => Format::from_name(f)?,
-                None => crate::registry::Registry::load()
+                None => crate::state::registry::Registry::load()
                     .ok()
                     .and_then(|r| r.entries.get(&model).and_then(|e| e.tool_format.clone()))
                     .map(|f| Format::from_name(&f))

@@ -1,7 +1,7 @@
 //! The engine commands: `pull`, `models`, `tokenize`, `generate`, `bench`,
 //! and the model resolution every engine-using command shares.
 
-use crate::registry::{Entry, Registry};
+use crate::state::registry::{Entry, Registry};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use inference::{Engine, EngineOptions, GenParams, Sampling};
@@ -62,7 +62,7 @@ pub(crate) fn resolve(model: Option<&str>) -> Result<Resolved> {
         return Ok(Resolved { path: as_path, entry: None, name: name.to_owned() });
     }
     let entry = reg.get(name)?.clone();
-    let path = crate::pull::ensure(&entry)?;
+    let path = crate::state::pull::ensure(&entry)?;
     Ok(Resolved { path, name: entry.name.clone(), entry: Some(entry) })
 }
 
@@ -103,7 +103,7 @@ fn tracing_note(msg: &str) {
 pub(crate) fn pull(name: Option<&str>) -> Result<()> {
     let reg = Registry::load()?;
     let entry = reg.get(name.unwrap_or(&reg.default))?;
-    let path = crate::pull::pull(entry)?;
+    let path = crate::state::pull::pull(entry)?;
     println!("{}", path.display());
     Ok(())
 }
@@ -115,7 +115,7 @@ pub(crate) fn models(json_out: bool) -> Result<()> {
         let path = e.local_path();
         let state = if !path.is_file() {
             "missing"
-        } else if crate::pull::verified(&path, &e.sha256)? {
+        } else if crate::state::pull::verified(&path, &e.sha256)? {
             "present"
         } else {
             "corrupt"

@@ -71,7 +71,7 @@ pub(crate) fn new_id(prefix: &str) -> String {
 impl Store {
     /// Opens (and creates) the store under the state folder.
     pub(crate) fn open() -> Result<Store> {
-        let home = crate::home::home();
+        let home = crate::state::home::home();
         std::fs::create_dir_all(&home)
             .with_context(|| format!("cannot create {}", home.display()))?;
         Store::open_at(home.join("agentd.db"))

@@ -3,11 +3,11 @@
 //! provider, model, corpus, limits — and its ledger: a newer, larger
 //! default never enlarges it and used requests stay used.
 
-use crate::engine_cmd::EngineArgs;
+use crate::commands::engine::EngineArgs;
 use crate::events::Ev;
-use crate::policy::{self, Policies};
 use crate::research::{self, Budget, Progress, RunOptions};
-use crate::store::Store;
+use crate::state::policy::{self, Policies};
+use crate::state::store::Store;
 use crate::tools::{HandleRec, Host};
 use anyhow::{bail, Context, Result};
 use prompts::{Message, ToolCallMsg};
@@ -123,7 +123,7 @@ pub(crate) fn cancel(store: &Store, id: &str, in_daemon: bool) -> Result<&'stati
         .conn
         .query_row("SELECT status FROM runs WHERE id = ?1", [id], |r| r.get(0))
         .with_context(|| format!("no run {id:?}"))?;
-    let t = crate::store::now();
+    let t = crate::state::store::now();
     Ok(match status.as_str() {
         "running" => {
             store.conn.execute(
@@ -311,7 +311,7 @@ fn resume_inner(
     let provider: &mut dyn crate::provider::Provider = match given {
         Some(p) => p,
         None => {
-            built = crate::provider_build::build(
+            built = crate::provider::build::build(
                 &engine,
                 retry(&policies),
                 Some(policies.get(policy::CONTEXT) as usize),
@@ -321,7 +321,7 @@ fn resume_inner(
     };
     store.conn.execute(
         "UPDATE runs SET status = 'running', pid = ?2, updated = ?3 WHERE id = ?1",
-        rusqlite::params![id, std::process::id() as i64, crate::store::now()],
+        rusqlite::params![id, std::process::id() as i64, crate::state::store::now()],
     )?;
     let opts = RunOptions {
         question: rec["question"].as_str().unwrap_or_default().to_owned(),
