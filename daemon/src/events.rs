@@ -61,6 +61,22 @@ pub(crate) struct RunError {
     pub(crate) message: String,
 }
 
+impl RunError {
+    pub(crate) fn new(code: &str, classification: &str, message: impl Into<String>) -> RunError {
+        RunError {
+            code: code.into(),
+            classification: classification.into(),
+            message: message.into(),
+        }
+    }
+
+    /// `{code, classification, message}`, as `done.error` and the run's row
+    /// hold it.
+    pub(crate) fn to_json(&self) -> Value {
+        json!({"code": self.code, "classification": self.classification, "message": self.message})
+    }
+}
+
 /// The last event of a run.
 #[derive(Debug, Clone)]
 pub(crate) struct Done {
@@ -110,7 +126,7 @@ impl Ev {
             Ev::Done(d) => json!({
                 "type": "done", "outcome": d.outcome.as_str(), "stop": d.stop.as_str(), "rounds": d.rounds,
                 "model_requests": d.model_requests, "answer": d.answer,
-                "error": d.error.as_ref().map(|e| json!({"code": e.code, "classification": e.classification, "message": e.message})),
+                "error": d.error.as_ref().map(RunError::to_json),
                 "invalid_citations": d.invalid_citations,
             }),
         }

@@ -1,10 +1,11 @@
 //! The command-line fronts besides the server: `ask` (one research reply,
-//! in process or through a daemon, and the interactive `chat`) over the
-//! socket `client`, `runs` (list, show, cancel, resume), the `engine`
+//! in process or through a daemon), `chat` (an interactive session with a
+//! daemon) over the socket `client`, `runs` (`list`, `show`), the `engine`
 //! commands (`pull`, `models`, `tokenize`, `generate`, `bench`) and the
-//! tool-call `parse`r's conformance `replay`.
+//! tool-call `parse`r commands (`toolparse replay`, `toolparse parse`).
 
 pub(crate) mod ask;
+pub(crate) mod chat;
 pub(crate) mod client;
 pub(crate) mod engine;
 pub(crate) mod parse;

@@ -4,7 +4,8 @@
 //! into `tool_calls`; with `tool_choice: none` or no tools, call markup
 //! never reaches `content`.
 
-use super::http::{busy, error, json_body, State};
+use super::json::{busy, error, json_body};
+use super::shared::State;
 use super::worker::{ChatMsg, Job};
 use crate::provider::local::{ChatOutput, ChatParams};
 use crate::provider::ProviderError;
@@ -12,6 +13,7 @@ use axum::extract::{Request, State as AxState};
 use axum::http::StatusCode;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
+use futures_util::StreamExt;
 use inference::{Finish, Sampling};
 use prompts::{Message, ToolCallMsg, ToolDef};
 use serde_json::{json, Value};
@@ -291,7 +293,7 @@ fn provider_error(e: &ProviderError) -> Response {
 }
 
 pub(super) async fn completions(AxState(st): AxState<State>, req: Request) -> Response {
-    let body = match json_body(&st, req).await {
+    let body = match json_body(st.body_limit, req).await {
         Ok(b) => b,
         Err(r) => return r,
     };
@@ -424,5 +426,3 @@ pub(super) async fn completions(AxState(st): AxState<State>, req: Request) -> Re
         .map(|d| Ok::<_, std::convert::Infallible>(SseEvent::default().data(d)));
     Sse::new(s).keep_alive(KeepAlive::default()).into_response()
 }
-
-use futures_util::StreamExt;
