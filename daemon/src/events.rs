@@ -3,6 +3,24 @@
 
 use serde_json::{json, Value};
 
+/// What kind of request a turn is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Phase {
+    Research,
+    Final,
+    Correction,
+}
+
+impl Phase {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Phase::Research => "research",
+            Phase::Final => "final",
+            Phase::Correction => "correction",
+        }
+    }
+}
+
 /// Why research ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Stop {
@@ -94,7 +112,7 @@ pub(crate) struct Done {
 #[derive(Debug, Clone)]
 pub(crate) enum Ev {
     Run { run_id: String, chat_id: String, max_tool_iters: usize },
-    Request { n: usize, phase: &'static str },
+    Request { n: usize, phase: Phase },
     Reasoning(String),
     Content(String),
     ToolCall { round: usize, id: String, name: String, arguments: Value },
@@ -110,7 +128,7 @@ impl Ev {
             Ev::Run { run_id, chat_id, max_tool_iters } => {
                 json!({"type": "run", "run_id": run_id, "chat_id": chat_id, "max_tool_iters": max_tool_iters})
             }
-            Ev::Request { n, phase } => json!({"type": "request", "n": n, "phase": phase}),
+            Ev::Request { n, phase } => json!({"type": "request", "n": n, "phase": phase.as_str()}),
             Ev::Reasoning(d) => json!({"type": "reasoning", "delta": d}),
             Ev::Content(d) => json!({"type": "content", "delta": d}),
             Ev::ToolCall { round, id, name, arguments } => {

@@ -11,27 +11,10 @@ pub(crate) mod local;
 pub(crate) mod openai;
 pub(crate) mod scripted;
 
+use crate::events::Phase;
 use prompts::{Message, ToolDef};
 use std::sync::atomic::AtomicBool;
 use toolparse::{ToolSpec, Tools};
-
-/// What kind of request a turn is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Phase {
-    Research,
-    Final,
-    Correction,
-}
-
-impl Phase {
-    pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            Phase::Research => "research",
-            Phase::Final => "final",
-            Phase::Correction => "correction",
-        }
-    }
-}
 
 /// One model request.
 #[derive(Debug, Clone)]

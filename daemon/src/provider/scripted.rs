@@ -13,9 +13,10 @@
 //! left, the last fitting line repeats.
 
 use super::{
-    fold_event, tool_specs, Call, Phase, Provider, ProviderError, Refused, TurnEvent, TurnFinish,
+    fold_event, tool_specs, Call, Provider, ProviderError, Refused, TurnEvent, TurnFinish,
     TurnReply, TurnRequest,
 };
+use crate::events::Phase;
 use anyhow::{Context, Result};
 use prompts::{Message, ToolDef};
 use serde_json::Value;

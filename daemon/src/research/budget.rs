@@ -5,8 +5,9 @@
 //! spend the reserve, within the hard deadline. Requests and time are
 //! checked together; a refusal is the run's own (`local_budget_exhausted`).
 
+use crate::events::Phase;
 use crate::events::{RunError, Stop};
-use crate::provider::{Phase, Refused};
+use crate::provider::Refused;
 use crate::state::policy::{self, Policies};
 use crate::state::store::Usage;
 use std::time::{Duration, Instant};

@@ -6,8 +6,8 @@
 
 use super::run::{done, Progress};
 use super::Ctx;
-use crate::events::{Done, Ev, Outcome, Stop};
-use crate::provider::{Phase, Provider, TurnFinish};
+use crate::events::{Done, Ev, Outcome, Phase, Stop};
+use crate::provider::{Provider, TurnFinish};
 use prompts::{texts, Message};
 use std::collections::BTreeSet;
 

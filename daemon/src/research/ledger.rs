@@ -5,7 +5,8 @@
 //! budget refuses is written `refused` and never sent. The run time spent
 //! is kept beside it, so a recovered run continues its own clock.
 
-use crate::provider::{Phase, ProviderError, TurnFinish, TurnReply};
+use crate::events::Phase;
+use crate::provider::{ProviderError, TurnFinish, TurnReply};
 use crate::state::store::{LedgerOutcome, Store};
 use std::time::Duration;
 

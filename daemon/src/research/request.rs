@@ -6,7 +6,8 @@
 use super::ledger::Attempts;
 use super::Ctx;
 use crate::events::Ev;
-use crate::provider::{Phase, Provider, ProviderError, TurnEvent, TurnReply, TurnRequest};
+use crate::events::Phase;
+use crate::provider::{Provider, ProviderError, TurnEvent, TurnReply, TurnRequest};
 use prompts::{Message, ToolDef};
 use serde_json::Value;
 use std::cell::RefCell;
@@ -35,7 +36,7 @@ impl Ctx<'_> {
             }
             let n = budget.requests();
             ledger.sent(&mut attempts, n, phase);
-            (*emit.borrow_mut())(&Ev::Request { n, phase: phase.as_str() });
+            (*emit.borrow_mut())(&Ev::Request { n, phase });
             Ok(())
         };
         let mut on = |e: TurnEvent| {

@@ -5,8 +5,8 @@
 //! process user; writes are small and immediate so that text already
 //! streamed survives a crash.
 
+use crate::events::Phase;
 use crate::events::{Outcome, Stop};
-use crate::provider::Phase;
 use anyhow::{Context, Result};
 use rusqlite::types::{FromSql, FromSqlError, FromSqlResult, ToSql, ToSqlOutput, ValueRef};
 use rusqlite::{params, Connection, OptionalExtension};
