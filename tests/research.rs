@@ -1,10 +1,27 @@
 //! The research loop end to end (ADR 0101's test sentence), driving the
-//! built `agentd ask --events` with the scripted provider and a mock
-//! OpenAI-compatible server.
+//! built `agentd ask --events` with the scripted provider, a mock
+//! OpenAI-compatible server and (opt-in, `AGENTD_TEST_MODEL`) the real
+//! default model.
 
 use agentd_tests::{done, events, of, Home, MockOpenAi, Reply};
 use serde_json::Value;
-use std::io::Read;
+use std::io::{Read, Write};
+
+/// The real default model's GGUF (`AGENTD_TEST_MODEL`, the path `agentd
+/// pull` prints); `None`, said on stderr past the test harness's capture,
+/// when it is not set.
+fn real_model(test: &str) -> Option<String> {
+    match std::env::var("AGENTD_TEST_MODEL") {
+        Ok(p) if !p.is_empty() => Some(p),
+        _ => {
+            let _ = writeln!(
+                std::io::stderr(),
+                "SKIPPED {test}: AGENTD_TEST_MODEL is not set (`agentd pull` prints the default model's path)"
+            );
+            None
+        }
+    }
+}
 
 fn script(h: &Home, lines: &[&str]) -> String {
     h.write("script.jsonl", &lines.join("\n")).display().to_string()
@@ -386,4 +403,42 @@ fn openai_mock_that_always_calls_tools() {
         assert_eq!(d["answer"], "Two requests are reserved.");
         assert_eq!(of(&evs, "discarded_call").len(), 1);
     }
+}
+
+/// The local provider on the real default model: whatever a 135M model
+/// writes, the run is admitted, every request is numbered and in the
+/// ledger's order, and the reply ends with an answer or the labelled
+/// excerpt, never an error.
+#[test]
+fn the_real_default_model_researches_and_always_completes() {
+    let Some(model) = real_model("the_real_default_model_researches_and_always_completes") else {
+        return;
+    };
+    let h = Home::new();
+    let corpus = h.corpus();
+    let out = h
+        .cmd(&[
+            "ask",
+            "--model",
+            &model,
+            "--corpus",
+            corpus.to_str().unwrap(),
+            "--events",
+            "How many requests does the run reserve for the final answer?",
+        ])
+        .env("AGENTD_CHAT_MAX_TOOL_ITERS", "1")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let evs = events(&out);
+    assert_eq!(evs[0]["type"], "run");
+    assert_eq!(evs[0]["max_tool_iters"], 1);
+    let n: Vec<u64> = of(&evs, "request").iter().map(|r| r["n"].as_u64().unwrap()).collect();
+    assert!(!n.is_empty());
+    assert_eq!(n, (1..=n.len() as u64).collect::<Vec<_>>());
+    let d = done(&evs);
+    assert!(matches!(d["outcome"].as_str(), Some("answered" | "excerpt")), "{d}");
+    assert!(d["rounds"].as_u64().unwrap() <= 1, "{d}");
+    assert_eq!(d["model_requests"].as_u64().unwrap() as usize, n.len());
+    assert!(!d["answer"].as_str().unwrap().trim().is_empty(), "{d}");
 }

@@ -3,6 +3,24 @@
 
 use serde_json::{json, Value};
 
+/// What kind of request a turn is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Phase {
+    Research,
+    Final,
+    Correction,
+}
+
+impl Phase {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Phase::Research => "research",
+            Phase::Final => "final",
+            Phase::Correction => "correction",
+        }
+    }
+}
+
 /// Why research ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Stop {
@@ -61,6 +79,22 @@ pub(crate) struct RunError {
     pub(crate) message: String,
 }
 
+impl RunError {
+    pub(crate) fn new(code: &str, classification: &str, message: impl Into<String>) -> RunError {
+        RunError {
+            code: code.into(),
+            classification: classification.into(),
+            message: message.into(),
+        }
+    }
+
+    /// `{code, classification, message}`, as `done.error` and the run's row
+    /// hold it.
+    pub(crate) fn to_json(&self) -> Value {
+        json!({"code": self.code, "classification": self.classification, "message": self.message})
+    }
+}
+
 /// The last event of a run.
 #[derive(Debug, Clone)]
 pub(crate) struct Done {
@@ -78,7 +112,7 @@ pub(crate) struct Done {
 #[derive(Debug, Clone)]
 pub(crate) enum Ev {
     Run { run_id: String, chat_id: String, max_tool_iters: usize },
-    Request { n: usize, phase: &'static str },
+    Request { n: usize, phase: Phase },
     Reasoning(String),
     Content(String),
     ToolCall { round: usize, id: String, name: String, arguments: Value },
@@ -94,7 +128,7 @@ impl Ev {
             Ev::Run { run_id, chat_id, max_tool_iters } => {
                 json!({"type": "run", "run_id": run_id, "chat_id": chat_id, "max_tool_iters": max_tool_iters})
             }
-            Ev::Request { n, phase } => json!({"type": "request", "n": n, "phase": phase}),
+            Ev::Request { n, phase } => json!({"type": "request", "n": n, "phase": phase.as_str()}),
             Ev::Reasoning(d) => json!({"type": "reasoning", "delta": d}),
             Ev::Content(d) => json!({"type": "content", "delta": d}),
             Ev::ToolCall { round, id, name, arguments } => {
@@ -110,7 +144,7 @@ impl Ev {
             Ev::Done(d) => json!({
                 "type": "done", "outcome": d.outcome.as_str(), "stop": d.stop.as_str(), "rounds": d.rounds,
                 "model_requests": d.model_requests, "answer": d.answer,
-                "error": d.error.as_ref().map(|e| json!({"code": e.code, "classification": e.classification, "message": e.message})),
+                "error": d.error.as_ref().map(RunError::to_json),
                 "invalid_citations": d.invalid_citations,
             }),
         }

@@ -1,33 +1,29 @@
-//! The `agentd` binary: command line, server, research loop, tools and
-//! store. It is the only crate that knows JSON wire formats, HTTP, SQLite and
-//! tokio; it converts from the types of `inference`, `prompts` and
-//! `toolparse`, which know nothing of it.
+//! The `agentd` binary: the command line (this file) over its rooms —
+//! `research` (the budgeted research loop and its policies), `provider`
+//! (who runs the model), `tools` (what the host runs for it), `server`
+//! (`agentd serve`), `commands` (the other command-line fronts), `state`
+//! (the store, settings, registry and home folder) and `events` (the closed
+//! enum a run reports through). It is the only crate that knows JSON wire
+//! formats, HTTP, SQLite and tokio; it converts from the types of
+//! `inference`, `prompts` and `toolparse`, which know nothing of it.
 
-mod ask;
-mod client;
-mod engine_cmd;
+mod commands;
 mod events;
-mod home;
-mod policy;
 mod provider;
-mod provider_build;
-mod pull;
-mod registry;
-mod replay;
 mod research;
-mod runs;
 mod server;
-mod settings;
-mod store;
+mod state;
 mod tools;
 
 use clap::{Parser, Subcommand};
-use engine_cmd::EngineArgs;
-use std::io::Read;
+use commands::{ask, engine, parse, runs};
+use provider::build::EngineArgs;
+use state::policy::Policies;
+use state::settings;
+use state::store::Store;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use toolparse::{FinishReason, Format, Options};
 
 #[derive(Parser, Debug)]
 #[command(name = "agentd", version, about = "A local model-serving agent daemon")]
@@ -245,32 +241,36 @@ fn run(cli: Cli, cancel: &AtomicBool) -> anyhow::Result<ExitCode> {
                 cancel,
             );
         }
-        Command::Chat { connect } => return ask::chat(connect.as_deref().unwrap_or(""), cancel),
+        Command::Chat { connect } => {
+            return commands::chat::run(connect.as_deref().unwrap_or(""), cancel)
+        }
         Command::Serve { engine, corpus, notes, socket, listen, token_file } => {
             server::run(server::ServeArgs { engine, corpus, notes, socket, listen, token_file })?
         }
         Command::Runs { command } => {
-            let store = store::Store::open()?;
+            let store = Store::open()?;
             match command {
                 RunsCommand::List => runs::list(&store)?,
                 RunsCommand::Show { id } => runs::show(&store, &id)?,
-                RunsCommand::Cancel { id } => println!("{}", runs::cancel(&store, &id, false)?),
+                RunsCommand::Cancel { id } => {
+                    println!("{}", research::runs::cancel(&store, &id, false)?)
+                }
                 RunsCommand::Resume { id, events } => {
                     let mut printer = ask::Printer::new(events);
-                    let done = runs::resume(&store, &id, cancel, &mut |e| printer.emit(e))?;
+                    let done = research::resume(&store, &id, cancel, &mut |e| printer.emit(e))?;
                     return Ok(printer.finish(&done));
                 }
             }
         }
         Command::Settings { command } => {
-            let store = store::Store::open()?;
+            let store = Store::open()?;
             match command {
                 SettingsCommand::List { policies } => {
                     for e in settings::list(&store)? {
                         println!("{}", e.to_json());
                     }
                     if policies {
-                        for p in policy::Policies::load(&store)?.describe() {
+                        for p in Policies::load(&store)?.describe() {
                             println!("{p}");
                         }
                     }
@@ -291,15 +291,15 @@ fn run(cli: Cli, cancel: &AtomicBool) -> anyhow::Result<ExitCode> {
                 }
             }
         }
-        Command::Pull { name } => engine_cmd::pull(name.as_deref())?,
-        Command::Models { json } => engine_cmd::models(json)?,
+        Command::Pull { name } => engine::pull(name.as_deref())?,
+        Command::Models { json } => engine::models(json)?,
         Command::Tokenize { model, special, text } => {
-            engine_cmd::tokenize(model.as_deref(), special, &text)?
+            engine::tokenize(model.as_deref(), special, &text)?
         }
-        Command::Generate { engine, max_tokens, temperature, seed, json, prompt } => {
-            let finish = engine_cmd::generate(
-                engine_cmd::GenerateArgs {
-                    engine: &engine,
+        Command::Generate { engine: e, max_tokens, temperature, seed, json, prompt } => {
+            let finish = engine::generate(
+                engine::GenerateArgs {
+                    engine: &e,
                     max_tokens,
                     temperature,
                     seed,
@@ -312,49 +312,16 @@ fn run(cli: Cli, cancel: &AtomicBool) -> anyhow::Result<ExitCode> {
                 return Ok(ExitCode::from(130));
             }
         }
-        Command::Bench { engine, prompt_tokens, gen_tokens, reps, parallel, json } => {
-            engine_cmd::bench(&engine, prompt_tokens, gen_tokens, reps, parallel, json)?
+        Command::Bench { engine: e, prompt_tokens, gen_tokens, reps, parallel, json } => {
+            engine::bench(&e, prompt_tokens, gen_tokens, reps, parallel, json)?
         }
         Command::Toolparse { command: ToolparseCommand::Replay } => {
-            replay::run(std::io::stdin().lock(), std::io::stdout().lock())?;
+            parse::replay(std::io::stdin().lock(), std::io::stdout().lock())?;
         }
         Command::Toolparse {
             command:
                 ToolparseCommand::Parse { format, generation_prompt, truncated, suppress, file },
-        } => {
-            let format = Format::from_name(&format)?;
-            let mut text = String::new();
-            if file == "-" {
-                std::io::stdin().read_to_string(&mut text)?;
-            } else {
-                text = std::fs::read_to_string(&file)
-                    .map_err(|e| anyhow::anyhow!("cannot read {file}: {e}"))?;
-            }
-            let opts = Options {
-                generation_prompt,
-                mode: if suppress { toolparse::Mode::Suppress } else { toolparse::Mode::Tools },
-                ..Options::default()
-            };
-            let reason = if truncated { FinishReason::Length } else { FinishReason::Stop };
-            let acc = toolparse::parse(format, opts, &text, reason);
-            let calls = |cs: &[toolparse::ToolCall]| {
-                cs.iter()
-                    .map(|c| {
-                        serde_json::json!({"id": c.id, "name": c.name,
-                            "arguments": serde_json::from_str::<serde_json::Value>(&c.arguments)
-                                .unwrap_or(serde_json::Value::Null)})
-                    })
-                    .collect::<Vec<_>>()
-            };
-            let out = serde_json::json!({
-                "format": format.name(),
-                "content": acc.content,
-                "reasoning": acc.reasoning,
-                "tool_calls": calls(&acc.calls),
-                "discarded_calls": calls(&acc.discarded),
-            });
-            println!("{}", serde_json::to_string_pretty(&out)?);
-        }
+        } => parse::parse(&format, generation_prompt, truncated, suppress, &file)?,
     }
     Ok(ExitCode::SUCCESS)
 }

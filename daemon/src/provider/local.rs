@@ -4,13 +4,16 @@
 //! the new part. In a turn without tools the parser runs in suppress mode
 //! and the format's call-start token is forbidden.
 
-use super::{fold_event, Provider, ProviderError, TurnEvent, TurnFinish, TurnReply, TurnRequest};
-use crate::engine_cmd::{EngineArgs, Resolved};
+use super::build::{EngineArgs, Resolved};
+use super::{
+    fold_event, tool_specs, Provider, ProviderError, Refused, TurnEvent, TurnFinish, TurnReply,
+    TurnRequest,
+};
 use anyhow::{Context, Result};
 use inference::{Engine, ErrorKind, Finish, GenParams, Generation, Sampling, Session, Step};
 use prompts::{ChatTemplate, Message, ToolDef, ToolStyle};
 use std::sync::atomic::AtomicBool;
-use toolparse::{Event, FinishReason, Format, Mode, Options, Parser, ToolSpec, Tools};
+use toolparse::{Event, FinishReason, Format, Mode, Options, Parser};
 
 /// A loaded local model ready for chat turns.
 #[derive(Debug)]
@@ -192,14 +195,11 @@ impl Local {
         }
         let tail: String =
             text.chars().rev().take(64).collect::<Vec<_>>().into_iter().rev().collect();
-        let specs = Tools(
-            tools.iter().map(|t| ToolSpec::from_json_schema(&t.name, &t.parameters)).collect(),
-        );
         let parser = Parser::new(
             self.format,
             Options {
                 generation_prompt: Some(tail),
-                tools: specs,
+                tools: tool_specs(tools),
                 mode: params.mode,
                 ..Options::default()
             },
@@ -316,13 +316,13 @@ impl Provider for Local {
         &mut self,
         req: &TurnRequest<'_>,
         cancel: &AtomicBool,
-        attempt: &mut dyn FnMut(u32) -> bool,
+        attempt: &mut dyn FnMut(u32) -> Result<(), Refused>,
         on: &mut dyn FnMut(TurnEvent),
     ) -> Result<TurnReply, ProviderError> {
         let tokens = self.prompt_tokens(req.messages, req.tools)?;
         admit_turn(tokens, self.engine.info().context, attempt)?;
         let params = turn_params(&self.sampling, req);
-        let mut reply = empty_reply();
+        let mut reply = TurnReply::empty();
         let out = self.chat(req.messages, req.tools, &params, cancel, &mut |e| {
             fold_event(&mut reply, e, on)
         })?;
@@ -349,16 +349,13 @@ impl Provider for Local {
 pub(crate) fn admit_turn(
     prompt_tokens: usize,
     limit: usize,
-    attempt: &mut dyn FnMut(u32) -> bool,
+    attempt: &mut dyn FnMut(u32) -> Result<(), Refused>,
 ) -> Result<(), ProviderError> {
     let need = prompt_tokens + 1;
     if need >= limit {
         return Err(ProviderError::Context { need, limit });
     }
-    if !attempt(1) {
-        return Err(ProviderError::Failed("the request was not admitted".into()));
-    }
-    Ok(())
+    attempt(1).map_err(|Refused| ProviderError::Budget { retrying: None })
 }
 
 /// The chat settings of a research turn: tools parsed when offered, else
@@ -369,15 +366,6 @@ pub(crate) fn turn_params(sampling: &Sampling, req: &TurnRequest<'_>) -> ChatPar
         sampling: sampling.clone(),
         stop: Vec::new(),
         mode: if req.tools.is_empty() { Mode::Suppress } else { Mode::Tools },
-    }
-}
-
-pub(crate) fn empty_reply() -> TurnReply {
-    TurnReply {
-        content: String::new(),
-        calls: Vec::new(),
-        discarded: Vec::new(),
-        finish: TurnFinish::Stop,
     }
 }
 

@@ -1,32 +1,20 @@
-//! Model providers behind one interface: `local` (a GGUF through
-//! `inference`), `openai` (any OpenAI-compatible server) and `scripted`
-//! (turns from a file, for tests). The research loop sees one stream of
-//! events whatever runs the model.
+//! Model providers behind one interface (`Provider`): `local` (a GGUF
+//! through `inference`), `openai` (any OpenAI-compatible server) and
+//! `scripted` (turns from a file, for tests); `build` makes the one an
+//! ENGINE option set names. The research loop sees one stream of events
+//! whatever runs the model, and every failure comes back as a
+//! `ProviderError` that names its owner — a refusal by the run's own
+//! allowance included.
 
+pub(crate) mod build;
 pub(crate) mod local;
 pub(crate) mod openai;
 pub(crate) mod scripted;
 
+use crate::events::Phase;
 use prompts::{Message, ToolDef};
 use std::sync::atomic::AtomicBool;
-
-/// What kind of request a turn is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Phase {
-    Research,
-    Final,
-    Correction,
-}
-
-impl Phase {
-    pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            Phase::Research => "research",
-            Phase::Final => "final",
-            Phase::Correction => "correction",
-        }
-    }
-}
+use toolparse::{ToolSpec, Tools};
 
 /// One model request.
 #[derive(Debug, Clone)]
@@ -73,6 +61,49 @@ pub(crate) struct TurnReply {
     pub(crate) finish: TurnFinish,
 }
 
+impl TurnReply {
+    /// A reply with nothing in it yet, ending normally.
+    pub(crate) fn empty() -> TurnReply {
+        TurnReply {
+            content: String::new(),
+            calls: Vec::new(),
+            discarded: Vec::new(),
+            finish: TurnFinish::Stop,
+        }
+    }
+
+    /// A turn cancelled before anything streamed.
+    pub(crate) fn cancelled() -> TurnReply {
+        TurnReply { finish: TurnFinish::Cancelled, ..TurnReply::empty() }
+    }
+
+    /// Keeps a complete call the upstream handed over whole: executable
+    /// when tools were offered, else discarded and reported.
+    pub(crate) fn push_call(
+        &mut self,
+        call: Call,
+        tools_offered: bool,
+        on: &mut dyn FnMut(TurnEvent),
+    ) {
+        if tools_offered {
+            self.calls.push(call);
+        } else {
+            self.discarded.push(call.clone());
+            on(TurnEvent::Discarded(call));
+        }
+    }
+}
+
+/// The parser's view of the tools offered (to type bare-text arguments).
+pub(crate) fn tool_specs(tools: &[ToolDef]) -> Tools {
+    Tools(tools.iter().map(|t| ToolSpec::from_json_schema(&t.name, &t.parameters)).collect())
+}
+
+/// The caller refused an attempt: the run's own allowance is spent, so it
+/// was not sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Refused;
+
 /// Why a turn failed, by owner.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum ProviderError {
@@ -86,6 +117,11 @@ pub(crate) enum ProviderError {
     Unavailable(String),
     /// Anything else (bad response, local engine failure).
     Failed(String),
+    /// The run's own allowance refused the attempt, so it was never sent
+    /// (`local_budget_exhausted`, never "provider unavailable"). When the
+    /// refused attempt was a retry, `retrying` is the transient failure of
+    /// the attempt before it.
+    Budget { retrying: Option<Box<ProviderError>> },
 }
 
 impl std::fmt::Display for ProviderError {
@@ -98,6 +134,9 @@ impl std::fmt::Display for ProviderError {
             ProviderError::Transient(m) => write!(f, "upstream failed after retries: {m}"),
             ProviderError::Unavailable(m) => write!(f, "provider unavailable: {m}"),
             ProviderError::Failed(m) => write!(f, "{m}"),
+            ProviderError::Budget { .. } => {
+                write!(f, "this run's own request allowance is spent; the request was not sent")
+            }
         }
     }
 }
@@ -111,6 +150,9 @@ impl ProviderError {
             ProviderError::Transient(_) => ("PROVIDER_TRANSIENT", "transient"),
             ProviderError::Unavailable(_) => ("PROVIDER_UNAVAILABLE", "provider_unavailable"),
             ProviderError::Failed(_) => ("PROVIDER_ERROR", "provider_error"),
+            ProviderError::Budget { .. } => {
+                ("PROVIDER_CALL_BUDGET_EXCEEDED", "local_budget_exhausted")
+            }
         }
     }
 }
@@ -125,7 +167,7 @@ pub(crate) fn fold_event(
 ) {
     use toolparse::Event;
     let call = |c: toolparse::ToolCall| Call {
-        id: c.id.unwrap_or_else(|| crate::store::new_id("call")),
+        id: c.id.unwrap_or_else(|| crate::state::store::new_id("call")),
         name: c.name,
         arguments: c.arguments,
     };
@@ -148,13 +190,14 @@ pub(crate) fn fold_event(
 /// Something that runs model turns.
 pub(crate) trait Provider {
     /// Runs one turn, streaming its text through `on`. `attempt` is called
-    /// before every HTTP attempt (first try and each retry) so the caller
-    /// can account for it; returning `false` forbids the attempt.
+    /// before every attempt (first try and each retry) so the caller can
+    /// account for it; when it refuses, the attempt is not made and the turn
+    /// fails with [`ProviderError::Budget`].
     fn turn(
         &mut self,
         req: &TurnRequest<'_>,
         cancel: &AtomicBool,
-        attempt: &mut dyn FnMut(u32) -> bool,
+        attempt: &mut dyn FnMut(u32) -> Result<(), Refused>,
         on: &mut dyn FnMut(TurnEvent),
     ) -> Result<TurnReply, ProviderError>;
 

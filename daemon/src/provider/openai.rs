@@ -8,15 +8,17 @@
 //! that says the quota or budget is exhausted is not.
 
 use super::{
-    fold_event, Call, Provider, ProviderError, TurnEvent, TurnFinish, TurnReply, TurnRequest,
+    fold_event, tool_specs, Call, Provider, ProviderError, Refused, TurnEvent, TurnFinish,
+    TurnReply, TurnRequest,
 };
+use crate::state::policy::{self, Policies};
 use prompts::{Message, ToolDef};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
-use toolparse::{FinishReason, Format, Mode, Options, Parser, ToolSpec, Tools};
+use toolparse::{FinishReason, Format, Mode, Options, Parser};
 
 /// Retry settings of the provider layer.
 #[derive(Debug, Clone, Copy)]
@@ -29,9 +31,14 @@ pub(crate) struct Retry {
     pub(crate) timeout: Duration,
 }
 
-impl Default for Retry {
-    fn default() -> Retry {
-        Retry { retries: 2, backoff: Duration::from_millis(250), timeout: Duration::from_secs(120) }
+impl Retry {
+    /// The retry settings of the provider layer's policies.
+    pub(crate) fn from_policies(p: &Policies) -> Retry {
+        Retry {
+            retries: p.get(policy::RETRIES) as u32,
+            backoff: Duration::from_millis(p.get(policy::BACKOFF) as u64),
+            timeout: Duration::from_secs(p.get(policy::TIMEOUT) as u64),
+        }
     }
 }
 
@@ -100,19 +107,11 @@ impl OpenAi {
             Err(ureq::Error::Transport(t)) => return Err(classify_transport(&t)),
         };
         let tools_mode = if req.tools.is_empty() { Mode::Suppress } else { Mode::Tools };
-        let specs = Tools(
-            req.tools.iter().map(|t| ToolSpec::from_json_schema(&t.name, &t.parameters)).collect(),
-        );
         let mut parser = Parser::new(
             self.format,
-            Options { tools: specs, mode: tools_mode, ..Options::default() },
+            Options { tools: tool_specs(req.tools), mode: tools_mode, ..Options::default() },
         );
-        let mut reply = TurnReply {
-            content: String::new(),
-            calls: Vec::new(),
-            discarded: Vec::new(),
-            finish: TurnFinish::Stop,
-        };
+        let mut reply = TurnReply::empty();
         let mut structured: BTreeMap<u64, (String, String, String)> = BTreeMap::new();
         let mut finish_reason = String::new();
         let streamed = resp.content_type().contains("event-stream");
@@ -217,16 +216,11 @@ impl OpenAi {
                 _ => json!({"_raw": args}).to_string(),
             };
             let call = Call {
-                id: if id.is_empty() { crate::store::new_id("call") } else { id },
+                id: if id.is_empty() { crate::state::store::new_id("call") } else { id },
                 name,
                 arguments,
             };
-            if req.tools.is_empty() {
-                reply.discarded.push(call.clone());
-                on(TurnEvent::Discarded(call));
-            } else {
-                reply.calls.push(call);
-            }
+            reply.push_call(call, !req.tools.is_empty(), on);
         }
         Ok(reply)
     }
@@ -305,26 +299,24 @@ impl Provider for OpenAi {
         &mut self,
         req: &TurnRequest<'_>,
         cancel: &AtomicBool,
-        attempt: &mut dyn FnMut(u32) -> bool,
+        attempt: &mut dyn FnMut(u32) -> Result<(), Refused>,
         on: &mut dyn FnMut(TurnEvent),
     ) -> Result<TurnReply, ProviderError> {
         let body = self.body(req).to_string();
         let mut last = String::new();
         for k in 0..=self.retry.retries {
             if cancel.load(Ordering::Relaxed) {
-                return Ok(TurnReply {
-                    content: String::new(),
-                    calls: Vec::new(),
-                    discarded: Vec::new(),
-                    finish: TurnFinish::Cancelled,
-                });
+                return Ok(TurnReply::cancelled());
             }
-            if !attempt(k + 1) {
-                return Err(ProviderError::Transient(if last.is_empty() {
-                    "the request was not admitted".into()
-                } else {
-                    format!("{last} (no allowance left for a retry)")
-                }));
+            if attempt(k + 1).is_err() {
+                // The run's own allowance refused it: never retried as a
+                // provider failure, never reported as one.
+                let retrying = (k > 0).then(|| {
+                    Box::new(ProviderError::Transient(format!(
+                        "{last} (no allowance left for a retry)"
+                    )))
+                });
+                return Err(ProviderError::Budget { retrying });
             }
             match self.once(&body, req, cancel, on) {
                 Ok(r) => return Ok(r),

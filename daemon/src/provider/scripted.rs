@@ -13,15 +13,17 @@
 //! left, the last fitting line repeats.
 
 use super::{
-    fold_event, Call, Phase, Provider, ProviderError, TurnEvent, TurnFinish, TurnReply, TurnRequest,
+    fold_event, tool_specs, Call, Provider, ProviderError, Refused, TurnEvent, TurnFinish,
+    TurnReply, TurnRequest,
 };
+use crate::events::Phase;
 use anyhow::{Context, Result};
 use prompts::{Message, ToolDef};
 use serde_json::Value;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
-use toolparse::{FinishReason, Format, Mode, Options, Parser, ToolSpec, Tools};
+use toolparse::{FinishReason, Format, Mode, Options, Parser};
 
 #[derive(Debug)]
 pub(crate) struct Scripted {
@@ -91,7 +93,7 @@ impl Provider for Scripted {
         &mut self,
         req: &TurnRequest<'_>,
         cancel: &AtomicBool,
-        attempt: &mut dyn FnMut(u32) -> bool,
+        attempt: &mut dyn FnMut(u32) -> Result<(), Refused>,
         on: &mut dyn FnMut(TurnEvent),
     ) -> Result<TurnReply, ProviderError> {
         if let Some(limit) = self.context {
@@ -104,8 +106,11 @@ impl Provider for Scripted {
         // Errors named `transient` are retried like the openai provider's.
         let retries = line.get("retries").and_then(Value::as_u64).unwrap_or(0) as u32;
         for k in 0..=retries {
-            if !attempt(k + 1) {
-                return Err(ProviderError::Transient("no allowance left for a retry".into()));
+            if attempt(k + 1).is_err() {
+                let retrying = (k > 0).then(|| {
+                    Box::new(ProviderError::Transient("no allowance left for a retry".into()))
+                });
+                return Err(ProviderError::Budget { retrying });
             }
             match line.get("error").and_then(Value::as_str) {
                 Some("transient") if k < retries => continue,
@@ -128,28 +133,17 @@ impl Provider for Scripted {
         let delay = line.get("delay_ms").and_then(Value::as_u64).unwrap_or(0);
         // The turn itself takes `delay` before anything streams.
         if !pause(delay, cancel) {
-            return Ok(TurnReply {
-                content: String::new(),
-                calls: Vec::new(),
-                discarded: Vec::new(),
-                finish: TurnFinish::Cancelled,
-            });
+            return Ok(TurnReply::cancelled());
         }
-        let mut reply = TurnReply {
-            content: String::new(),
-            calls: Vec::new(),
-            discarded: Vec::new(),
-            finish: TurnFinish::Stop,
-        };
+        let mut reply = TurnReply::empty();
         if let Some(r) = line.get("reasoning").and_then(Value::as_str) {
             on(TurnEvent::Reasoning(r.to_owned()));
         }
         let mode = if req.tools.is_empty() { Mode::Suppress } else { Mode::Tools };
-        let specs = Tools(
-            req.tools.iter().map(|t| ToolSpec::from_json_schema(&t.name, &t.parameters)).collect(),
+        let mut parser = Parser::new(
+            self.format,
+            Options { tools: tool_specs(req.tools), mode, ..Options::default() },
         );
-        let mut parser =
-            Parser::new(self.format, Options { tools: specs, mode, ..Options::default() });
         let text = line
             .get("raw")
             .or_else(|| line.get("content"))
@@ -176,7 +170,7 @@ impl Provider for Scripted {
                     .get("id")
                     .and_then(Value::as_str)
                     .map(str::to_owned)
-                    .unwrap_or_else(|| crate::store::new_id("call")),
+                    .unwrap_or_else(|| crate::state::store::new_id("call")),
                 name: c.get("name").and_then(Value::as_str).unwrap_or_default().to_owned(),
                 arguments: c
                     .get("arguments")
@@ -184,12 +178,7 @@ impl Provider for Scripted {
                     .unwrap_or(Value::Object(Default::default()))
                     .to_string(),
             };
-            if req.tools.is_empty() {
-                reply.discarded.push(call.clone());
-                on(TurnEvent::Discarded(call));
-            } else {
-                reply.calls.push(call);
-            }
+            reply.push_call(call, !req.tools.is_empty(), on);
         }
         Ok(reply)
     }

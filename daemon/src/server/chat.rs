@@ -4,7 +4,8 @@
 //! into `tool_calls`; with `tool_choice: none` or no tools, call markup
 //! never reaches `content`.
 
-use super::http::{busy, error, json_body, State};
+use super::json::{busy, error, json_body};
+use super::shared::State;
 use super::worker::{ChatMsg, Job};
 use crate::provider::local::{ChatOutput, ChatParams};
 use crate::provider::ProviderError;
@@ -12,6 +13,7 @@ use axum::extract::{Request, State as AxState};
 use axum::http::StatusCode;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
+use futures_util::StreamExt;
 use inference::{Finish, Sampling};
 use prompts::{Message, ToolCallMsg, ToolDef};
 use serde_json::{json, Value};
@@ -291,7 +293,7 @@ fn provider_error(e: &ProviderError) -> Response {
 }
 
 pub(super) async fn completions(AxState(st): AxState<State>, req: Request) -> Response {
-    let body = match json_body(&st, req).await {
+    let body = match json_body(st.body_limit, req).await {
         Ok(b) => b,
         Err(r) => return r,
     };
@@ -299,7 +301,7 @@ pub(super) async fn completions(AxState(st): AxState<State>, req: Request) -> Re
         Ok(p) => p,
         Err(r) => return *r,
     };
-    let id = crate::store::new_id("chatcmpl");
+    let id = crate::state::store::new_id("chatcmpl");
     let (cancel, guard) = st.track(id.clone());
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let job = Job::Chat { messages: p.messages, tools: p.tools, params: p.params, cancel, tx };
@@ -330,8 +332,11 @@ pub(super) async fn completions(AxState(st): AxState<State>, req: Request) -> Re
             .iter()
             .enumerate()
             .map(|(i, c)| {
-                let mut v =
-                    call_json(i, c, &c.id.clone().unwrap_or_else(|| crate::store::new_id("call")));
+                let mut v = call_json(
+                    i,
+                    c,
+                    &c.id.clone().unwrap_or_else(|| crate::state::store::new_id("call")),
+                );
                 v.as_object_mut().map(|m| m.remove("index"));
                 v
             })
@@ -385,7 +390,8 @@ pub(super) async fn completions(AxState(st): AxState<State>, req: Request) -> Re
                     send(chunk(json!({"reasoning_content": s}), None))
                 }
                 ChatMsg::Event(Event::CallEnd { call, .. }) => {
-                    let cid = call.id.clone().unwrap_or_else(|| crate::store::new_id("call"));
+                    let cid =
+                        call.id.clone().unwrap_or_else(|| crate::state::store::new_id("call"));
                     let v = call_json(calls, &call, &cid);
                     calls += 1;
                     send(chunk(json!({"tool_calls": [v]}), None))
@@ -420,5 +426,3 @@ pub(super) async fn completions(AxState(st): AxState<State>, req: Request) -> Re
         .map(|d| Ok::<_, std::convert::Infallible>(SseEvent::default().data(d)));
     Sse::new(s).keep_alive(KeepAlive::default()).into_response()
 }
-
-use futures_util::StreamExt;

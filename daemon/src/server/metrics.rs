@@ -1,6 +1,6 @@
 //! Counters for `/metrics` (Prometheus text format).
 
-use crate::events::{Done, Outcome};
+use crate::events::Done;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -48,7 +48,6 @@ impl Metrics {
         if let (Some(e), Ok(mut m)) = (&d.error, self.errors.lock()) {
             *m.entry(e.classification.clone()).or_default() += 1;
         }
-        let _ = d.outcome == Outcome::Answered;
     }
 
     /// The Prometheus text exposition.

@@ -3,16 +3,26 @@
 //! bearer token. Routes and status codes: CONTRACTS.md "HTTP".
 //!
 //! The model runs on one engine thread fed by a bounded queue (503 with
-//! `Retry-After` beyond it); HTTP runs on tokio. A client that disconnects
-//! cancels its generation within one token; SIGTERM cancels the replies in
-//! flight, which persist their text, and exits.
+//! `Retry-After` beyond it; `worker`); HTTP runs on tokio (`http`: the
+//! router and listeners). A client that disconnects cancels its generation
+//! within one token; SIGTERM cancels the replies in flight, which persist
+//! their text, and exits. The routes: `chat` (chat completions), `runs`
+//! (research and runs), `records` (chats and settings); what they share:
+//! `shared` (state, replies in flight, store access) and `json` (bodies and
+//! errors); `metrics` for `/metrics`.
 
 mod chat;
 mod http;
+mod json;
 pub(crate) mod metrics;
+mod records;
+mod runs;
+mod shared;
 mod worker;
 
-use crate::engine_cmd::EngineArgs;
+use crate::provider::build::EngineArgs;
+use crate::research::RunConfig;
+use crate::state::policy::{self, Policies};
 use anyhow::{bail, Context, Result};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -28,22 +38,11 @@ pub(crate) struct ServeArgs {
     pub(crate) token_file: Option<PathBuf>,
 }
 
-/// The default socket: `$XDG_RUNTIME_DIR/agentd.sock`, else under the state
-/// folder.
-pub(crate) fn default_socket() -> PathBuf {
-    match std::env::var_os("XDG_RUNTIME_DIR").filter(|v| !v.is_empty()) {
-        Some(d) if std::env::var_os("AGENTD_HOME").is_none() => {
-            PathBuf::from(d).join("agentd.sock")
-        }
-        _ => crate::home::home().join("agentd.sock"),
-    }
-}
-
 pub(crate) fn run(a: ServeArgs) -> Result<()> {
     if a.engine.provider != "local" {
         bail!("agentd serve runs the local engine; --provider {} is for `ask`", a.engine.provider);
     }
-    let socket = a.socket.clone().unwrap_or_else(default_socket);
+    let socket = a.socket.clone().unwrap_or_else(crate::state::home::default_socket);
     // A live daemon on the socket: refuse. A stale file: replace it.
     if socket.exists() {
         if std::os::unix::net::UnixStream::connect(&socket).is_ok() {
@@ -71,42 +70,29 @@ pub(crate) fn run(a: ServeArgs) -> Result<()> {
         }
         (None, _) => None,
     };
-    let store = crate::store::Store::open()?;
+    let store = crate::state::store::Store::open()?;
     let interrupted = store.mark_interrupted(false)?;
     if interrupted > 0 {
         eprintln!("agentd serve: {interrupted} run(s) from a previous process are marked interrupted (see `agentd runs list`)");
     }
-    let policies = crate::policy::Policies::load(&store)?;
+    let policies = Policies::load(&store)?;
     drop(store);
     let local = crate::provider::local::Local::load(
         &a.engine,
         a.engine.tool_format.as_deref(),
-        Some(policies.get(crate::policy::CONTEXT) as usize),
+        Some(policies.get(policy::CONTEXT) as usize),
     )?;
     let model = local.resolved.name.clone();
     let context = local.engine.info().context;
     let metrics = Arc::new(metrics::Metrics::default());
-    let abs =
-        |p: &PathBuf| std::fs::canonicalize(p).unwrap_or_else(|_| p.clone()).display().to_string();
-    let config = serde_json::json!({
-        "engine": crate::runs::engine_json(&a.engine),
-        "corpus": a.corpus.iter().map(abs).collect::<Vec<_>>(),
-        "notes": a.notes.as_ref().map(abs),
-    });
-    let capacity = policies.get(crate::policy::QUEUE) as usize;
-    let body_limit = policies.get(crate::policy::BODY_LIMIT) as usize;
+    let config = RunConfig { engine: a.engine, corpus: a.corpus, notes: a.notes };
+    let capacity = policies.get(policy::QUEUE) as usize;
+    let body_limit = policies.get(policy::BODY_LIMIT) as usize;
     let worker = worker::Worker::start(
-        worker::Setup {
-            local,
-            policies,
-            corpus: a.corpus.clone(),
-            notes: a.notes.clone(),
-            metrics: Arc::clone(&metrics),
-            config,
-        },
+        worker::Setup { local, policies, metrics: Arc::clone(&metrics), config },
         capacity,
     );
-    let state = http::State::new(worker, metrics, model, context, body_limit);
+    let state = shared::State::new(worker, metrics, model, context, body_limit);
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     rt.block_on(http::serve(state, socket, a.listen, token))
 }

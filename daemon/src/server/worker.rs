@@ -11,15 +11,15 @@
 //! like any other, ahead of the capacity check (the run was admitted).
 
 use crate::events::Ev;
-use crate::policy::Policies;
 use crate::provider::local::{
-    admit_turn, empty_reply, turn_finish, turn_params, ChatOutput, ChatParams, ChatRun, ChatStep,
-    Local,
+    admit_turn, turn_finish, turn_params, ChatOutput, ChatParams, ChatRun, ChatStep, Local,
 };
-use crate::provider::{fold_event, Provider, ProviderError, TurnEvent, TurnReply, TurnRequest};
-use crate::research::RunOptions;
-use crate::store::Store;
-use crate::tools::Host;
+use crate::provider::{
+    fold_event, Provider, ProviderError, Refused, TurnEvent, TurnReply, TurnRequest,
+};
+use crate::research::{RunConfig, RunOptions};
+use crate::state::policy::{self, Policies};
+use crate::state::store::Store;
 use inference::Sampling;
 use prompts::{Message, ToolDef};
 use std::collections::VecDeque;
@@ -36,6 +36,16 @@ pub(crate) enum ChatMsg {
     Done(Result<ChatOutput, ProviderError>),
 }
 
+/// A `POST /v1/research` request.
+#[derive(Debug)]
+pub(crate) struct ResearchRequest {
+    pub(crate) question: String,
+    pub(crate) chat_id: Option<String>,
+    pub(crate) voice: bool,
+    /// Lowers the setting for this run (never raises it).
+    pub(crate) max_tool_iters: Option<usize>,
+}
+
 /// A unit of work for the model.
 pub(crate) enum Job {
     Chat {
@@ -46,8 +56,7 @@ pub(crate) enum Job {
         tx: UnboundedSender<ChatMsg>,
     },
     Research {
-        opts: RunOptions,
-        max_tool_iters: Option<usize>,
+        request: ResearchRequest,
         cancel: Arc<AtomicBool>,
         tx: UnboundedSender<Ev>,
     },
@@ -58,7 +67,11 @@ pub(crate) enum Job {
         err: UnboundedSender<String>,
     },
     /// Prompt tokens of a research turn (for fitting it to the context).
-    Count { messages: Vec<Message>, tools: Vec<ToolDef>, tx: Sender<Result<usize, ProviderError>> },
+    Count {
+        messages: Vec<Message>,
+        tools: Vec<ToolDef>,
+        tx: Sender<Result<usize, ProviderError>>,
+    },
     /// A research thread ended: its slot is free.
     Finished,
 }
@@ -92,10 +105,9 @@ pub(crate) struct Full;
 pub(crate) struct Setup {
     pub(crate) local: Local,
     pub(crate) policies: Policies,
-    pub(crate) corpus: Vec<std::path::PathBuf>,
-    pub(crate) notes: Option<std::path::PathBuf>,
     pub(crate) metrics: Arc<super::metrics::Metrics>,
-    pub(crate) config: serde_json::Value,
+    /// What every research run uses: the daemon's engine, corpus, notes.
+    pub(crate) config: RunConfig,
 }
 
 impl Worker {
@@ -138,10 +150,8 @@ impl Worker {
 #[derive(Clone)]
 struct RunSetup {
     policies: Policies,
-    corpus: Vec<std::path::PathBuf>,
-    notes: Option<std::path::PathBuf>,
     metrics: Arc<super::metrics::Metrics>,
-    config: serde_json::Value,
+    config: RunConfig,
     context: usize,
     name: String,
     sampling: Sampling,
@@ -175,7 +185,7 @@ impl Provider for EngineLink {
         &mut self,
         req: &TurnRequest<'_>,
         cancel: &AtomicBool,
-        attempt: &mut dyn FnMut(u32) -> bool,
+        attempt: &mut dyn FnMut(u32) -> Result<(), Refused>,
         on: &mut dyn FnMut(TurnEvent),
     ) -> Result<TurnReply, ProviderError> {
         admit_turn(self.tokens(req.messages, req.tools)?, self.context, attempt)?;
@@ -189,7 +199,7 @@ impl Provider for EngineLink {
         })?;
         // The loop passes the run's own flag; any other is relayed.
         let relay = !std::ptr::eq(cancel, &*self.cancel);
-        let mut reply = empty_reply();
+        let mut reply = TurnReply::empty();
         loop {
             let msg = if relay {
                 match rx.try_recv() {
@@ -230,22 +240,6 @@ impl Provider for EngineLink {
     }
 }
 
-fn host(setup: &RunSetup) -> Result<Host, String> {
-    let limits = crate::runs::tool_limits(&setup.policies);
-    let corpus = if setup.corpus.is_empty() {
-        None
-    } else {
-        Some(
-            crate::tools::corpus::Corpus::open(
-                &setup.corpus,
-                setup.policies.get(crate::policy::SEGMENT) as usize,
-            )
-            .map_err(|e| format!("{e:#}"))?,
-        )
-    };
-    Ok(Host::new(corpus, setup.notes.clone(), limits))
-}
-
 /// A chat completion decoding in the batch.
 struct Active {
     run: ChatRun,
@@ -258,11 +252,9 @@ struct Active {
 /// there is room, steps the batch, answers token counts, and starts
 /// research threads while there are slots.
 fn serve_jobs(setup: &mut Setup, rx: &Receiver<(Job, bool)>, worker: &Worker) {
-    let batch = (setup.policies.get(crate::policy::DECODE_BATCH) as usize).max(1);
+    let batch = (setup.policies.get(policy::DECODE_BATCH) as usize).max(1);
     let run_setup = RunSetup {
         policies: setup.policies.clone(),
-        corpus: setup.corpus.clone(),
-        notes: setup.notes.clone(),
         metrics: Arc::clone(&setup.metrics),
         config: setup.config.clone(),
         context: setup.local.engine.info().context,
@@ -454,23 +446,30 @@ fn research_job(job: Job, setup: &RunSetup, worker: Worker) {
         sampling: setup.sampling.clone(),
     };
     match job {
-        Job::Research { mut opts, max_tool_iters, cancel, tx } => {
-            let mut host = match host(setup) {
+        Job::Research { request, cancel, tx } => {
+            let mut host = match setup.config.host(&setup.policies) {
                 Ok(h) => h,
                 Err(e) => {
-                    let _ = tx.send(Ev::Notice { kind: "error", text: e });
+                    let _ = tx.send(Ev::Notice { kind: "error", text: format!("{e:#}") });
                     return;
                 }
             };
             let mut policies = setup.policies.clone();
-            if let Some(n) = max_tool_iters {
+            if let Some(n) = request.max_tool_iters {
                 // A request may only lower the setting.
-                let cur = policies.get(crate::policy::ROUNDS);
-                policies.values.insert(crate::policy::ROUNDS.into(), cur.min(n as i64));
+                let cur = policies.get(policy::ROUNDS);
+                policies.values.insert(policy::ROUNDS.into(), cur.min(n as i64));
             }
-            opts.config = setup.config.clone();
+            let mut link = link(&cancel);
+            let opts = RunOptions {
+                question: request.question,
+                chat_id: request.chat_id,
+                voice: request.voice,
+                provider: link.describe(),
+                config: setup.config.clone(),
+            };
             let done = crate::research::run(
-                &mut link(&cancel),
+                &mut link,
                 &mut host,
                 &store,
                 &policies,
@@ -485,9 +484,15 @@ fn research_job(job: Job, setup: &RunSetup, worker: Worker) {
             setup.metrics.research(&done);
         }
         Job::Resume { run_id, cancel, tx, err } => {
-            match crate::runs::resume_with(&store, &run_id, &mut link(&cancel), &cancel, &mut |e| {
-                let _ = tx.send(e.clone());
-            }) {
+            match crate::research::resume_with(
+                &store,
+                &run_id,
+                &mut link(&cancel),
+                &cancel,
+                &mut |e| {
+                    let _ = tx.send(e.clone());
+                },
+            ) {
                 Ok(done) => setup.metrics.research(&done),
                 Err(e) => {
                     let _ = err.send(format!("{e:#}"));

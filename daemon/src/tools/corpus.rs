@@ -246,7 +246,7 @@ impl Corpus {
             h.update([0]);
         }
         let key: String = h.finalize().iter().take(8).map(|b| format!("{b:02x}")).collect();
-        let dir = crate::home::home().join("index").join(key);
+        let dir = crate::state::home::home().join("index").join(key);
         let manifest: String = std::iter::once(format!("v{SCHEMA_VERSION} seg{segment_chars}"))
             .chain(files.iter().map(|f| format!("{}\t{}\t{}", f.rel, f.size, f.mtime)))
             .collect::<Vec<_>>()

@@ -1,14 +1,23 @@
-//! The built-in tools the daemon executes: `search_sources` and
-//! `read_source` over the `--corpus` folders (run-scoped source handles
-//! `S1`, `S2`, …) and `save_note`, a write under `--notes`. Failures go back
-//! to the model as results; they never end the loop.
+//! The built-in tools the daemon runs for a research run (`Host`):
+//! `search_sources` and `read_source` over the `--corpus` folders
+//! (`corpus`), through run-scoped source handles (`handles`), and
+//! `save_note`, a write under `--notes`. Every call returns a typed
+//! `ToolOutput` (`output`); failures go back to the model as error results,
+//! they never end the loop. The host owns the tools' policies (`tools/…`)
+//! and authorizes every call against its quotas.
 
 pub(crate) mod corpus;
+mod handles;
+mod output;
 
+pub(crate) use handles::Handles;
+pub(crate) use output::{Coverage, ToolOutput};
+
+use crate::state::policy::{self, Policies};
 use corpus::Corpus;
+use output::{Found, Hit, Passage};
 use prompts::ToolDef;
 use serde_json::{json, Value};
-use std::collections::{BTreeSet, HashMap};
 use std::path::PathBuf;
 
 /// Whether a tool only reads or also changes something.
@@ -18,134 +27,8 @@ pub(crate) enum Kind {
     Write,
 }
 
-/// A tool call's result, as the model and the events see it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct ToolResult {
-    pub(crate) ok: bool,
-    /// JSON text.
-    pub(crate) content: String,
-}
-
-fn error(code: &str, message: impl Into<String>) -> ToolResult {
-    ToolResult {
-        ok: false,
-        content: json!({"error": {"code": code, "message": message.into()}}).to_string(),
-    }
-}
-
-/// One registered handle, as stored with the run (for recovery).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct HandleRec {
-    pub(crate) handle: String,
-    pub(crate) path: String,
-    pub(crate) segment: usize,
-    pub(crate) title: String,
-    /// Seconds since the Unix epoch when it was issued.
-    pub(crate) issued: u64,
-    pub(crate) read_ok: bool,
-}
-
-fn epoch() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
-}
-
-/// Run-scoped source handles: a source (file and segment) keeps the handle
-/// it was first given. Capacity and lifetime come from policies; a failed
-/// registration is never returned as a handle.
-#[derive(Debug, Default)]
-pub(crate) struct Handles {
-    by_source: HashMap<(String, usize), String>,
-    recs: HashMap<String, HandleRec>,
-    read_ok: BTreeSet<String>,
-    next: usize,
-    capacity: usize,
-    lifetime: u64,
-    /// Records changed since the last `take_changed`.
-    changed: Vec<String>,
-}
-
-impl Handles {
-    fn new(capacity: usize, lifetime: u64) -> Handles {
-        Handles { capacity, lifetime, ..Handles::default() }
-    }
-
-    /// The handle of a source, registering it; `None` when the registry is
-    /// full.
-    fn register(&mut self, path: &str, segment: usize, title: &str) -> Option<String> {
-        if let Some(h) = self.by_source.get(&(path.to_owned(), segment)) {
-            return Some(h.clone());
-        }
-        if self.recs.len() >= self.capacity {
-            return None;
-        }
-        self.next += 1;
-        let h = format!("S{}", self.next);
-        self.by_source.insert((path.to_owned(), segment), h.clone());
-        let rec = HandleRec {
-            handle: h.clone(),
-            path: path.into(),
-            segment,
-            title: title.into(),
-            issued: epoch(),
-            read_ok: false,
-        };
-        self.recs.insert(h.clone(), rec);
-        self.changed.push(h.clone());
-        Some(h)
-    }
-
-    fn lookup(&self, h: &str) -> Result<&HandleRec, String> {
-        let r = self
-            .recs
-            .get(h)
-            .ok_or_else(|| format!("{h:?} is not a handle from search_sources in this run"))?;
-        if epoch().saturating_sub(r.issued) > self.lifetime {
-            return Err(format!("{h} expired ({} s after it was issued)", self.lifetime));
-        }
-        Ok(r)
-    }
-
-    fn mark_read(&mut self, h: &str) {
-        self.read_ok.insert(h.to_owned());
-        if let Some(r) = self.recs.get_mut(h) {
-            r.read_ok = true;
-            self.changed.push(h.to_owned());
-        }
-    }
-
-    /// Handles read successfully in this run.
-    pub(crate) fn read(&self) -> &BTreeSet<String> {
-        &self.read_ok
-    }
-
-    /// Title of a handle.
-    #[allow(dead_code)]
-    pub(crate) fn title(&self, h: &str) -> Option<&str> {
-        self.recs.get(h).map(|r| r.title.as_str())
-    }
-
-    /// Records registered or read since the last call (to store with the run).
-    pub(crate) fn take_changed(&mut self) -> Vec<HandleRec> {
-        let mut hs = std::mem::take(&mut self.changed);
-        hs.dedup();
-        hs.iter().filter_map(|h| self.recs.get(h).cloned()).collect()
-    }
-
-    /// Restores handles stored with a run (recovery).
-    pub(crate) fn restore(&mut self, recs: Vec<HandleRec>) {
-        for r in recs {
-            let n: usize = r.handle.trim_start_matches('S').parse().unwrap_or(0);
-            self.next = self.next.max(n);
-            self.by_source.insert((r.path.clone(), r.segment), r.handle.clone());
-            if r.read_ok {
-                self.read_ok.insert(r.handle.clone());
-            }
-            self.recs.insert(r.handle.clone(), r);
-        }
-    }
+fn error(code: &'static str, message: impl Into<String>) -> ToolOutput {
+    ToolOutput::error(code, message)
 }
 
 /// The tool limits of a run (from its policies).
@@ -158,14 +41,15 @@ pub(crate) struct Limits {
     pub(crate) handle_lifetime: u64,
 }
 
-impl Default for Limits {
-    fn default() -> Limits {
+impl Limits {
+    /// The limits a set of policies allows.
+    pub(crate) fn from_policies(p: &Policies) -> Limits {
         Limits {
-            results_per_search: 5,
-            searches: 32,
-            reads: 64,
-            handle_capacity: 256,
-            handle_lifetime: 7200,
+            results_per_search: p.get(policy::RESULTS) as usize,
+            searches: p.get(policy::SEARCHES) as usize,
+            reads: p.get(policy::READS) as usize,
+            handle_capacity: p.get(policy::HANDLE_CAPACITY) as usize,
+            handle_lifetime: p.get(policy::HANDLE_LIFETIME) as u64,
         }
     }
 }
@@ -177,17 +61,17 @@ pub(crate) struct Host {
     notes: Option<PathBuf>,
     pub(crate) handles: Handles,
     limits: Limits,
-    pub(crate) searches: usize,
-    pub(crate) reads: usize,
+    searches: usize,
+    reads: usize,
 }
 
 /// Why a tool is not offered (or a call is refused) right now.
-pub(crate) fn unavailable(name: &str, why: &str) -> ToolResult {
+pub(crate) fn unavailable(name: &str, why: &str) -> ToolOutput {
     error("TOOL_NOT_AVAILABLE", format!("{name} cannot run now: {why}"))
 }
 
-const SEARCH: &str = "search_sources";
-const READ: &str = "read_source";
+pub(crate) const SEARCH: &str = "search_sources";
+pub(crate) const READ: &str = "read_source";
 const NOTE: &str = "save_note";
 
 impl Host {
@@ -199,6 +83,31 @@ impl Host {
             limits,
             searches: 0,
             reads: 0,
+        }
+    }
+
+    /// The host of a run: its corpus folders indexed at the segment size of
+    /// `policies`, its notes folder, the tool limits of `policies`.
+    pub(crate) fn for_run(
+        corpus: &[PathBuf],
+        notes: Option<PathBuf>,
+        policies: &Policies,
+    ) -> anyhow::Result<Host> {
+        let corpus = if corpus.is_empty() {
+            None
+        } else {
+            Some(Corpus::open(corpus, policies.get(policy::SEGMENT) as usize)?)
+        };
+        Ok(Host::new(corpus, notes, Limits::from_policies(policies)))
+    }
+
+    /// Counts a call of `name` a recovered run made before, against the
+    /// quota it spent.
+    pub(crate) fn count_recovered(&mut self, name: &str) {
+        match name {
+            SEARCH => self.searches += 1,
+            READ => self.reads += 1,
+            _ => {}
         }
     }
 
@@ -259,7 +168,7 @@ impl Host {
     }
 
     /// Runs one call. Never fails: problems become error results.
-    pub(crate) fn execute(&mut self, name: &str, arguments: &str) -> ToolResult {
+    pub(crate) fn call(&mut self, name: &str, arguments: &str) -> ToolOutput {
         let args: Value = match serde_json::from_str(arguments) {
             Ok(v @ Value::Object(_)) => v,
             _ => {
@@ -292,7 +201,7 @@ impl Host {
         }
     }
 
-    fn search(&mut self, args: &Value) -> ToolResult {
+    fn search(&mut self, args: &Value) -> ToolOutput {
         let Some(corpus) = &self.corpus else {
             return error("NOT_AVAILABLE", "no corpus was given (--corpus DIR)");
         };
@@ -312,30 +221,34 @@ impl Host {
             Ok(h) => h,
             Err(e) => return error("SEARCH_FAILED", format!("{e:#}")),
         };
-        let mut partial = false;
-        let results: Vec<Value> = hits
-            .iter()
+        let mut coverage = Coverage::Complete;
+        let hits: Vec<Hit> = hits
+            .into_iter()
             .filter_map(|h| match self.handles.register(&h.path, h.segment, &h.title) {
-                Some(handle) => Some(json!({"handle": handle, "title": h.title, "path": h.path, "segment": h.segment, "snippet": h.snippet})),
+                Some(handle) => Some(Hit {
+                    handle,
+                    title: h.title,
+                    path: h.path,
+                    segment: h.segment,
+                    snippet: h.snippet,
+                }),
                 None => {
                     // Never hand out a handle that was not registered.
-                    partial = true;
+                    coverage = Coverage::Partial;
                     None
                 }
             })
             .collect();
-        let mut out =
-            json!({"results": results, "coverage": if partial { "partial" } else { "complete" }});
-        if partial {
-            out["note"] = json!(format!(
+        let note = (coverage == Coverage::Partial).then(|| {
+            format!(
                 "the handle registry is full ({} handles); only sources that could be registered are listed",
                 self.limits.handle_capacity
-            ));
-        }
-        ToolResult { ok: true, content: out.to_string() }
+            )
+        });
+        ToolOutput::Search(Found { hits, coverage, note })
     }
 
-    fn read(&mut self, args: &Value) -> ToolResult {
+    fn read(&mut self, args: &Value) -> ToolOutput {
         let Some(corpus) = &self.corpus else {
             return error("NOT_AVAILABLE", "no corpus was given (--corpus DIR)");
         };
@@ -365,10 +278,13 @@ impl Host {
                     }
                 };
                 self.handles.mark_read(&h);
-                ToolResult {
-                    ok: true,
-                    content: json!({"handle": h, "title": s.title, "segment": s.segment, "segments": s.segments, "text": s.text}).to_string(),
-                }
+                ToolOutput::Read(Passage {
+                    handle: h,
+                    title: s.title,
+                    segment: s.segment,
+                    segments: s.segments,
+                    text: s.text,
+                })
             }
             Ok(Some(s)) => error(
                 "INVALID_SEGMENT",
@@ -382,7 +298,7 @@ impl Host {
         }
     }
 
-    fn save_note(&mut self, args: &Value) -> ToolResult {
+    fn save_note(&mut self, args: &Value) -> ToolOutput {
         let Some(dir) = &self.notes else {
             return error("NOT_AVAILABLE", "no notes folder was given (--notes DIR)");
         };
@@ -413,7 +329,7 @@ impl Host {
             n += 1;
         }
         match std::fs::write(dir.join(&name), format!("# {title}\n\n{text}\n")) {
-            Ok(()) => ToolResult { ok: true, content: json!({"saved": name}).to_string() },
+            Ok(()) => ToolOutput::Saved(name),
             Err(e) => error("WRITE_FAILED", format!("cannot write {name}: {e}")),
         }
     }

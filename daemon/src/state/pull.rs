@@ -4,7 +4,7 @@
 //! `.partial` file, checks its sha256 and only then renames it into place,
 //! so a partial or corrupt download is never loaded.
 
-use crate::registry::Entry;
+use super::registry::Entry;
 use anyhow::{anyhow, bail, Context, Result};
 use sha2::{Digest, Sha256};
 use std::io::{IsTerminal, Read, Write};
@@ -26,7 +26,7 @@ pub(crate) fn ensure(entry: &Entry) -> Result<PathBuf> {
 
 /// Downloads the model (hub first, then mirrors) and returns its path.
 pub(crate) fn pull(entry: &Entry) -> Result<PathBuf> {
-    let dir = crate::home::models_dir();
+    let dir = super::home::models_dir();
     std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let path = entry.local_path();
     if path.is_file() && verified(&path, &entry.sha256)? {
@@ -115,7 +115,7 @@ fn hub_reachable() -> Result<()> {
 
 fn from_hub(entry: &Entry, partial: &Path) -> Result<()> {
     hub_reachable().context("the Hub cannot be reached")?;
-    let cache = crate::home::models_dir().join(".hf-cache");
+    let cache = super::home::models_dir().join(".hf-cache");
     let api = hf_hub::api::sync::ApiBuilder::from_env()
         .with_cache_dir(cache.clone())
         .with_progress(std::io::stderr().is_terminal())

@@ -7,7 +7,7 @@ use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-const BUILTIN: &str = include_str!("../../models.toml");
+const BUILTIN: &str = include_str!("../../../models.toml");
 
 /// One registry entry.
 #[derive(Debug, Clone, Deserialize)]
@@ -73,7 +73,7 @@ impl Registry {
         let mut default =
             builtin.default.context("the built-in models.toml names no default model")?;
         let mut entries = builtin.models;
-        let user: PathBuf = crate::home::home().join("models.toml");
+        let user: PathBuf = super::home::home().join("models.toml");
         if user.is_file() {
             let text = std::fs::read_to_string(&user)
                 .with_context(|| format!("cannot read {}", user.display()))?;
@@ -103,7 +103,7 @@ impl Registry {
 impl Entry {
     /// Where the file lives once pulled.
     pub(crate) fn local_path(&self) -> PathBuf {
-        crate::home::models_dir().join(&self.file)
+        super::home::models_dir().join(&self.file)
     }
 }
 

@@ -209,7 +209,7 @@ impl Policies {
 
     /// Every module's declarations, the configuration file, the user
     /// settings; then the composition checks.
-    pub(crate) fn load(store: &crate::store::Store) -> Result<Policies> {
+    pub(crate) fn load(store: &super::store::Store) -> Result<Policies> {
         let mut ps = Policies { decls: BTreeMap::new(), values: BTreeMap::new() };
         for (origin, list) in [
             ("research-runtime", research_runtime()),
@@ -224,7 +224,7 @@ impl Policies {
         }
         let path = std::env::var_os("AGENTD_POLICIES")
             .map(std::path::PathBuf::from)
-            .unwrap_or_else(|| crate::home::home().join("policies.toml"));
+            .unwrap_or_else(|| super::home::home().join("policies.toml"));
         if path.is_file() {
             let origin = path.display().to_string();
             let text =
@@ -238,13 +238,13 @@ impl Policies {
                 ps.set(&id, v, &origin)?;
             }
         }
-        for d in crate::settings::DEFS {
+        for d in super::settings::DEFS {
             if let Some(p) =
                 ps.decls.values().find(|p| p.setting.as_deref() == Some(d.key)).cloned()
             {
-                let e = crate::settings::get(store, d.key)?;
+                let e = super::settings::get(store, d.key)?;
                 // A setting left at its default does not override the file.
-                if e.source != crate::settings::Source::Default {
+                if e.source != super::settings::Source::Default {
                     ps.set(&p.id, e.value, &format!("setting {}", d.key))?;
                 }
             }

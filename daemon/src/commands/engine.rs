@@ -1,109 +1,21 @@
-//! The engine commands: `pull`, `models`, `tokenize`, `generate`, `bench`,
-//! and the model resolution every engine-using command shares.
+//! The engine commands: `pull`, `models`, `tokenize`, `generate` and
+//! `bench` (llama-bench's measurements, and decode of several sequences
+//! together as `serve` runs them).
 
-use crate::registry::{Entry, Registry};
-use anyhow::{bail, Context, Result};
-use clap::Args;
-use inference::{Engine, EngineOptions, GenParams, Sampling};
+use crate::provider::build::{resolve, EngineArgs};
+use crate::state::pull;
+use crate::state::registry::Registry;
+use anyhow::Result;
+use inference::{GenParams, Sampling};
 use serde_json::json;
 use std::io::Write;
-use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::time::Instant;
-
-/// Options shared by commands that run a model (CONTRACTS.md "ENGINE").
-#[derive(Args, Debug, Clone, Default)]
-pub(crate) struct EngineArgs {
-    /// Registry name or path to a .gguf file (default: the registry's default)
-    #[arg(long)]
-    pub(crate) model: Option<String>,
-    /// Where to run: auto, cpu, cuda[:N], metal, candle-cpu (the GPU code path on the CPU, for checking it)
-    #[arg(long, default_value = "auto")]
-    pub(crate) device: String,
-    /// Compute threads (default: all available CPUs)
-    #[arg(long)]
-    pub(crate) threads: Option<usize>,
-    /// Who runs the model: local, openai (an OpenAI-compatible server), scripted (tests)
-    #[arg(long, default_value = "local")]
-    pub(crate) provider: String,
-    /// Base URL of the OpenAI-compatible server (e.g. http://127.0.0.1:8080/v1)
-    #[arg(long)]
-    pub(crate) base_url: Option<String>,
-    /// Environment variable that holds the API key for --provider openai
-    #[arg(long)]
-    pub(crate) api_key_env: Option<String>,
-    /// Tool-call format of the model's text (default: from models.toml, else hermes)
-    #[arg(long)]
-    pub(crate) tool_format: Option<String>,
-    /// Turns file for --provider scripted
-    #[arg(long)]
-    pub(crate) script: Option<PathBuf>,
-}
-
-/// A model to run: its file and, for registry models, the entry.
-#[derive(Debug, Clone)]
-pub(crate) struct Resolved {
-    pub(crate) path: PathBuf,
-    pub(crate) entry: Option<Entry>,
-    pub(crate) name: String,
-}
-
-/// Finds (and pulls when missing) the model named by `--model`.
-pub(crate) fn resolve(model: Option<&str>) -> Result<Resolved> {
-    let reg = Registry::load()?;
-    let name = model.unwrap_or(&reg.default);
-    let as_path = PathBuf::from(name);
-    if !reg.entries.contains_key(name)
-        && (as_path.is_file() || name.ends_with(".gguf") || name.contains('/'))
-    {
-        if !as_path.is_file() {
-            bail!("model file {} does not exist", as_path.display());
-        }
-        return Ok(Resolved { path: as_path, entry: None, name: name.to_owned() });
-    }
-    let entry = reg.get(name)?.clone();
-    let path = crate::pull::ensure(&entry)?;
-    Ok(Resolved { path, name: entry.name.clone(), entry: Some(entry) })
-}
-
-impl EngineArgs {
-    pub(crate) fn load(&self) -> Result<(Resolved, Engine)> {
-        self.load_with(None)
-    }
-
-    /// Loads the model with its context bounded by `cap` tokens.
-    pub(crate) fn load_with(&self, cap: Option<usize>) -> Result<(Resolved, Engine)> {
-        if self.provider != "local" {
-            anyhow::bail!(
-                "this command runs the local engine; --provider {} is for `ask` and `serve`",
-                self.provider
-            );
-        }
-        let r = resolve(self.model.as_deref())?;
-        let device = self.device.parse()?;
-        let context = match (r.entry.as_ref().and_then(|e| e.context), cap) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
-        let t = Instant::now();
-        let engine =
-            Engine::load(&r.path, &EngineOptions { threads: self.threads, device, context })
-                .with_context(|| format!("cannot load {}", r.path.display()))?;
-        tracing_note(&format!("loaded {} in {:.2}s", r.name, t.elapsed().as_secs_f64()));
-        Ok((r, engine))
-    }
-}
-
-fn tracing_note(msg: &str) {
-    if std::env::var_os("AGENTD_VERBOSE").is_some() {
-        eprintln!("agentd: {msg}");
-    }
-}
 
 pub(crate) fn pull(name: Option<&str>) -> Result<()> {
     let reg = Registry::load()?;
     let entry = reg.get(name.unwrap_or(&reg.default))?;
-    let path = crate::pull::pull(entry)?;
+    let path = pull::pull(entry)?;
     println!("{}", path.display());
     Ok(())
 }
@@ -115,7 +27,7 @@ pub(crate) fn models(json_out: bool) -> Result<()> {
         let path = e.local_path();
         let state = if !path.is_file() {
             "missing"
-        } else if crate::pull::verified(&path, &e.sha256)? {
+        } else if pull::verified(&path, &e.sha256)? {
             "present"
         } else {
             "corrupt"
@@ -192,7 +104,7 @@ pub(crate) fn generate(a: GenerateArgs<'_>, cancel: &AtomicBool) -> Result<infer
 }
 
 /// Peak resident set size of this process in MB (VmHWM).
-pub(crate) fn peak_rss_mb() -> Option<f64> {
+fn peak_rss_mb() -> Option<f64> {
     let s = std::fs::read_to_string("/proc/self/status").ok()?;
     let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
     let kb: f64 = line.split_whitespace().nth(1)?.parse().ok()?;

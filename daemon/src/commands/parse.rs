@@ -1,13 +1,59 @@
-//! `agentd toolparse replay`: the conformance wire of
-//! `../shared/conformance/REPLAY.md`. JSON lines in, one JSON line out per
-//! request; logs go to stderr.
+//! The tool-call parser on the command line: `agentd toolparse replay`, the
+//! conformance wire of `../shared/conformance/REPLAY.md` (JSON lines in,
+//! one JSON line out per request; logs go to stderr), and `agentd toolparse
+//! parse`, what a client receives from one raw model output.
 
 use serde_json::{json, Value};
-use std::io::{BufRead, Write};
+use std::io::{BufRead, Read, Write};
 use toolparse::{Accumulator, FinishReason, Format, Options, Parser, ToolSpec, Tools};
 
-/// Reads requests from `input` until it ends, writing one reply line each.
-pub(crate) fn run(input: impl BufRead, mut output: impl Write) -> anyhow::Result<()> {
+/// `toolparse parse`: the content, reasoning, calls and discarded calls of
+/// the raw output in `file` (`-`: stdin), printed as JSON.
+pub(crate) fn parse(
+    format: &str,
+    generation_prompt: Option<String>,
+    truncated: bool,
+    suppress: bool,
+    file: &str,
+) -> anyhow::Result<()> {
+    let format = Format::from_name(format)?;
+    let mut text = String::new();
+    if file == "-" {
+        std::io::stdin().read_to_string(&mut text)?;
+    } else {
+        text = std::fs::read_to_string(file)
+            .map_err(|e| anyhow::anyhow!("cannot read {file}: {e}"))?;
+    }
+    let opts = Options {
+        generation_prompt,
+        mode: if suppress { toolparse::Mode::Suppress } else { toolparse::Mode::Tools },
+        ..Options::default()
+    };
+    let reason = if truncated { FinishReason::Length } else { FinishReason::Stop };
+    let acc = toolparse::parse(format, opts, &text, reason);
+    let calls = |cs: &[toolparse::ToolCall]| {
+        cs.iter()
+            .map(|c| {
+                json!({"id": c.id, "name": c.name,
+                    "arguments": serde_json::from_str::<Value>(&c.arguments)
+                        .unwrap_or(Value::Null)})
+            })
+            .collect::<Vec<_>>()
+    };
+    let out = json!({
+        "format": format.name(),
+        "content": acc.content,
+        "reasoning": acc.reasoning,
+        "tool_calls": calls(&acc.calls),
+        "discarded_calls": calls(&acc.discarded),
+    });
+    println!("{}", serde_json::to_string_pretty(&out)?);
+    Ok(())
+}
+
+/// `toolparse replay`: reads requests from `input` until it ends, writing
+/// one reply line each.
+pub(crate) fn replay(input: impl BufRead, mut output: impl Write) -> anyhow::Result<()> {
     for (n, line) in input.lines().enumerate() {
         let line = line?;
         if line.trim().is_empty() {

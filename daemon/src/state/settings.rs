@@ -1,7 +1,7 @@
 //! User settings: declared with their metadata, stored in SQLite, overridden
 //! by environment variables, reset to their defaults.
 
-use crate::store::Store;
+use super::store::Store;
 use anyhow::{bail, Result};
 use serde_json::{json, Value};
 

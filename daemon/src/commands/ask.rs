@@ -1,15 +1,15 @@
-//! `agentd ask`: one research reply in this process. Without `--events` the
-//! answer streams to stdout and notices to stderr; with it, one JSON event
-//! per line. Exit status: 0 for an answer, an excerpt or a spoken fallback,
-//! 1 for an error, 130 when cancelled.
+//! `agentd ask`: one research reply in this process, or through a running
+//! daemon with `--connect`. Without `--events` the answer streams to stdout
+//! and notices to stderr (`Printer`); with it, one JSON event per line.
+//! Exit status: 0 for an answer, an excerpt or a spoken fallback, 1 for an
+//! error, 130 when cancelled.
 
-use crate::engine_cmd::EngineArgs;
+use super::client;
 use crate::events::{Done, Ev, Outcome};
-use crate::policy::{self, Policies};
-use crate::research::{self, RunOptions};
-use crate::store::Store;
-use crate::tools::corpus::Corpus;
-use crate::tools::Host;
+use crate::provider::build::EngineArgs;
+use crate::research::{self, RunConfig, RunOptions};
+use crate::state::policy::Policies;
+use crate::state::store::Store;
 use anyhow::Result;
 use std::io::Write;
 use std::path::PathBuf;
@@ -40,29 +40,16 @@ pub(crate) fn run(a: &AskArgs, cancel: &AtomicBool) -> Result<ExitCode> {
     let store = Store::open()?;
     store.mark_interrupted(false)?;
     let policies = Policies::load(&store)?;
-    let corpus = if a.corpus.is_empty() {
-        None
-    } else {
-        Some(Corpus::open(&a.corpus, policies.get(policy::SEGMENT) as usize)?)
-    };
-    let mut host = Host::new(corpus, a.notes.clone(), crate::runs::tool_limits(&policies));
-    let mut provider = crate::provider_build::build(
-        &a.engine,
-        crate::runs::retry(&policies),
-        Some(policies.get(policy::CONTEXT) as usize),
-    )?;
-    let abs =
-        |p: &PathBuf| std::fs::canonicalize(p).unwrap_or_else(|_| p.clone()).display().to_string();
+    let config =
+        RunConfig { engine: a.engine.clone(), corpus: a.corpus.clone(), notes: a.notes.clone() };
+    let mut host = config.host(&policies)?;
+    let mut provider = crate::provider::build::build(&a.engine, &policies)?;
     let opts = RunOptions {
         question: a.question.clone(),
         chat_id: a.chat.clone(),
         voice: a.voice,
         provider: provider.describe(),
-        config: serde_json::json!({
-            "engine": crate::runs::engine_json(&a.engine),
-            "corpus": a.corpus.iter().map(abs).collect::<Vec<_>>(),
-            "notes": a.notes.as_ref().map(abs),
-        }),
+        config,
     };
     let mut printer = Printer::new(a.events);
     let done =
@@ -73,6 +60,7 @@ pub(crate) fn run(a: &AskArgs, cancel: &AtomicBool) -> Result<ExitCode> {
 }
 
 /// Prints events: text to stdout and notices to stderr, or JSON lines.
+#[derive(Debug)]
 pub(crate) struct Printer {
     events: bool,
     pub(crate) wrote: bool,
@@ -131,15 +119,6 @@ impl Printer {
     }
 }
 
-/// The socket named by `--connect` (empty: the default).
-pub(crate) fn socket_of(arg: &str) -> PathBuf {
-    if arg.is_empty() {
-        crate::server::default_socket()
-    } else {
-        PathBuf::from(arg)
-    }
-}
-
 /// `ask --connect`: the same reply, researched by a running daemon.
 fn connected(a: &AskArgs, sock: &str, cancel: &AtomicBool) -> Result<ExitCode> {
     if !a.corpus.is_empty() || a.notes.is_some() {
@@ -148,17 +127,18 @@ fn connected(a: &AskArgs, sock: &str, cancel: &AtomicBool) -> Result<ExitCode> {
     let body = serde_json::json!({"question": a.question, "chat_id": a.chat, "voice": a.voice, "stream": true});
     let mut printer = Printer::new(a.events);
     let mut last: Option<serde_json::Value> = None;
-    let r = crate::client::post_sse(&socket_of(sock), "/v1/research", &body, cancel, &mut |data| {
-        let Ok(v) = serde_json::from_str::<serde_json::Value>(data) else { return };
-        if a.events {
-            println!("{v}");
-        } else if let Some(ev) = crate::events::from_json(&v) {
-            printer.emit(&ev);
-        }
-        if v["type"] == "done" {
-            last = Some(v);
-        }
-    });
+    let r =
+        client::post_sse(&client::socket_of(sock), "/v1/research", &body, cancel, &mut |data| {
+            let Ok(v) = serde_json::from_str::<serde_json::Value>(data) else { return };
+            if a.events {
+                println!("{v}");
+            } else if let Some(ev) = crate::events::from_json(&v) {
+                printer.emit(&ev);
+            }
+            if v["type"] == "done" {
+                last = Some(v);
+            }
+        });
     if cancel.load(std::sync::atomic::Ordering::Relaxed) {
         if !a.events {
             eprintln!("agentd: cancelled");
@@ -183,48 +163,4 @@ fn connected(a: &AskArgs, sock: &str, cancel: &AtomicBool) -> Result<ExitCode> {
             ExitCode::from(1)
         }
     })
-}
-
-/// `agentd chat`: an interactive session over the daemon's socket.
-pub(crate) fn chat(sock: &str, cancel: &AtomicBool) -> Result<ExitCode> {
-    use std::io::{BufRead, IsTerminal};
-    let socket = socket_of(sock);
-    let chat_id = crate::store::new_id("chat");
-    let tty = std::io::stdin().is_terminal();
-    if tty {
-        eprintln!(
-            "agentd chat {chat_id} on {} — an empty line or Ctrl-D ends; Ctrl-C stops a reply",
-            socket.display()
-        );
-    }
-    let stdin = std::io::stdin();
-    loop {
-        if tty {
-            eprint!("> ");
-        }
-        let mut line = String::new();
-        if stdin.lock().read_line(&mut line)? == 0 || line.trim().is_empty() {
-            return Ok(ExitCode::SUCCESS);
-        }
-        cancel.store(false, std::sync::atomic::Ordering::Relaxed);
-        let body = serde_json::json!({"question": line.trim(), "chat_id": chat_id, "stream": true});
-        let mut printer = Printer::new(false);
-        let r = crate::client::post_sse(&socket, "/v1/research", &body, cancel, &mut |data| {
-            if let Some(ev) = serde_json::from_str::<serde_json::Value>(data)
-                .ok()
-                .as_ref()
-                .and_then(crate::events::from_json)
-            {
-                printer.emit(&ev);
-            }
-        });
-        println!();
-        if let Err(e) = r {
-            if cancel.load(std::sync::atomic::Ordering::Relaxed) {
-                eprintln!("agentd: reply stopped");
-                continue;
-            }
-            return Err(e);
-        }
-    }
 }

@@ -6,9 +6,18 @@ use anyhow::{bail, Context, Result};
 use serde_json::Value;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
+
+/// The socket named by `--connect` (empty: the default).
+pub(crate) fn socket_of(arg: &str) -> PathBuf {
+    if arg.is_empty() {
+        crate::state::home::default_socket()
+    } else {
+        PathBuf::from(arg)
+    }
+}
 
 /// Reads the body of a chunked response as plain bytes.
 struct Chunked<R> {

@@ -1,0 +1,12 @@
+//! The command-line fronts besides the server: `ask` (one research reply,
+//! in process or through a daemon), `chat` (an interactive session with a
+//! daemon) over the socket `client`, `runs` (`list`, `show`), the `engine`
+//! commands (`pull`, `models`, `tokenize`, `generate`, `bench`) and the
+//! tool-call `parse`r commands (`toolparse replay`, `toolparse parse`).
+
+pub(crate) mod ask;
+pub(crate) mod chat;
+pub(crate) mod client;
+pub(crate) mod engine;
+pub(crate) mod parse;
+pub(crate) mod runs;

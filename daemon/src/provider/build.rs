@@ -1,0 +1,169 @@
+//! The ENGINE options (CONTRACTS.md "Command line") and what they build:
+//! the model file they resolve to (pulled when missing), the loaded engine,
+//! and the provider they name (`local`, `openai` or `scripted`).
+
+use super::local::Local;
+use super::openai::{OpenAi, Retry};
+use super::scripted::Scripted;
+use super::Provider;
+use crate::state::policy::{self, Policies};
+use crate::state::registry::{Entry, Registry};
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use inference::{Engine, EngineOptions};
+use serde_json::{json, Value};
+use std::path::PathBuf;
+use std::time::Instant;
+use toolparse::Format;
+
+/// Options shared by commands that run a model (CONTRACTS.md "ENGINE").
+#[derive(Args, Debug, Clone, Default)]
+pub(crate) struct EngineArgs {
+    /// Registry name or path to a .gguf file (default: the registry's default)
+    #[arg(long)]
+    pub(crate) model: Option<String>,
+    /// Where to run: auto, cpu, cuda[:N], metal, candle-cpu (the GPU code path on the CPU, for checking it)
+    #[arg(long, default_value = "auto")]
+    pub(crate) device: String,
+    /// Compute threads (default: all available CPUs)
+    #[arg(long)]
+    pub(crate) threads: Option<usize>,
+    /// Who runs the model: local, openai (an OpenAI-compatible server), scripted (tests)
+    #[arg(long, default_value = "local")]
+    pub(crate) provider: String,
+    /// Base URL of the OpenAI-compatible server (e.g. http://127.0.0.1:8080/v1)
+    #[arg(long)]
+    pub(crate) base_url: Option<String>,
+    /// Environment variable that holds the API key for --provider openai
+    #[arg(long)]
+    pub(crate) api_key_env: Option<String>,
+    /// Tool-call format of the model's text (default: from models.toml, else hermes)
+    #[arg(long)]
+    pub(crate) tool_format: Option<String>,
+    /// Turns file for --provider scripted
+    #[arg(long)]
+    pub(crate) script: Option<PathBuf>,
+}
+
+/// A model to run: its file and, for registry models, the entry.
+#[derive(Debug, Clone)]
+pub(crate) struct Resolved {
+    pub(crate) path: PathBuf,
+    pub(crate) entry: Option<Entry>,
+    pub(crate) name: String,
+}
+
+/// Finds (and pulls when missing) the model named by `--model`.
+pub(crate) fn resolve(model: Option<&str>) -> Result<Resolved> {
+    let reg = Registry::load()?;
+    let name = model.unwrap_or(&reg.default);
+    let as_path = PathBuf::from(name);
+    if !reg.entries.contains_key(name)
+        && (as_path.is_file() || name.ends_with(".gguf") || name.contains('/'))
+    {
+        if !as_path.is_file() {
+            bail!("model file {} does not exist", as_path.display());
+        }
+        return Ok(Resolved { path: as_path, entry: None, name: name.to_owned() });
+    }
+    let entry = reg.get(name)?.clone();
+    let path = crate::state::pull::ensure(&entry)?;
+    Ok(Resolved { path, name: entry.name.clone(), entry: Some(entry) })
+}
+
+impl EngineArgs {
+    /// The options as a run's admission snapshot keeps them.
+    pub(crate) fn to_json(&self) -> Value {
+        json!({"model": self.model, "device": self.device, "threads": self.threads, "provider": self.provider,
+               "base_url": self.base_url, "api_key_env": self.api_key_env, "tool_format": self.tool_format, "script": self.script})
+    }
+
+    /// The options a snapshot kept (`to_json`), defaults where it has none.
+    pub(crate) fn from_json(v: &Value) -> EngineArgs {
+        let s = |k: &str| v[k].as_str().map(str::to_owned);
+        EngineArgs {
+            model: s("model"),
+            device: s("device").unwrap_or_else(|| "auto".into()),
+            threads: v["threads"].as_u64().map(|n| n as usize),
+            provider: s("provider").unwrap_or_else(|| "local".into()),
+            base_url: s("base_url"),
+            api_key_env: s("api_key_env"),
+            tool_format: s("tool_format"),
+            script: s("script").map(PathBuf::from),
+        }
+    }
+
+    pub(crate) fn load(&self) -> Result<(Resolved, Engine)> {
+        self.load_with(None)
+    }
+
+    /// Loads the model with its context bounded by `cap` tokens.
+    pub(crate) fn load_with(&self, cap: Option<usize>) -> Result<(Resolved, Engine)> {
+        if self.provider != "local" {
+            anyhow::bail!(
+                "this command runs the local engine; --provider {} is for `ask` and `serve`",
+                self.provider
+            );
+        }
+        let r = resolve(self.model.as_deref())?;
+        let device = self.device.parse()?;
+        let context = match (r.entry.as_ref().and_then(|e| e.context), cap) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        let t = Instant::now();
+        let engine =
+            Engine::load(&r.path, &EngineOptions { threads: self.threads, device, context })
+                .with_context(|| format!("cannot load {}", r.path.display()))?;
+        tracing_note(&format!("loaded {} in {:.2}s", r.name, t.elapsed().as_secs_f64()));
+        Ok((r, engine))
+    }
+}
+
+fn tracing_note(msg: &str) {
+    if std::env::var_os("AGENTD_VERBOSE").is_some() {
+        eprintln!("agentd: {msg}");
+    }
+}
+
+/// The provider for `args`, under a run's policies: a local model's context
+/// is bounded by `prompts/context-budget`, an upstream's retries follow the
+/// provider layer's policies.
+pub(crate) fn build(args: &EngineArgs, policies: &Policies) -> Result<Box<dyn Provider>> {
+    let retry = Retry::from_policies(policies);
+    let context_cap = Some(policies.get(policy::CONTEXT) as usize);
+    match args.provider.as_str() {
+        "local" => Ok(Box::new(Local::load(args, args.tool_format.as_deref(), context_cap)?)),
+        "openai" => {
+            let base = args
+                .base_url
+                .as_deref()
+                .context("--provider openai needs --base-url (e.g. http://127.0.0.1:8080/v1)")?;
+            let key = match &args.api_key_env {
+                Some(var) => Some(
+                    std::env::var(var)
+                        .with_context(|| format!("--api-key-env {var}: the variable is not set"))?,
+                ),
+                None => None,
+            };
+            let model = args.model.clone().unwrap_or_else(|| "default".into());
+            let format = match &args.tool_format {
+                Some(f) => Format::from_name(f)?,
+                None => Registry::load()
+                    .ok()
+                    .and_then(|r| r.entries.get(&model).and_then(|e| e.tool_format.clone()))
+                    .map(|f| Format::from_name(&f))
+                    .transpose()?
+                    .or_else(|| Format::for_model(&model))
+                    .unwrap_or(Format::Hermes),
+            };
+            Ok(Box::new(OpenAi::new(base, key, &model, format, retry)))
+        }
+        "scripted" => {
+            let path = args.script.as_deref().context("--provider scripted needs --script FILE")?;
+            let format = Format::from_name(args.tool_format.as_deref().unwrap_or("hermes"))?;
+            Ok(Box::new(Scripted::load(path, format)?))
+        }
+        other => bail!("unknown provider {other:?}: use local, openai or scripted"),
+    }
+}

@@ -1,0 +1,147 @@
+//! Admission of a run (seed 003 "Admission", "Recovery"): a new run gets
+//! an id, its chat, its question and its admission snapshot — the policies
+//! in force and the run's own configuration (provider options, corpus,
+//! notes) — stored before its first request; its budget is carved from
+//! those policies. The snapshot is what a resumed run continues under,
+//! never a newer default.
+
+use super::budget::Budget;
+use super::run::{drive, Admitted, Progress};
+use super::view::chat_history;
+use crate::events::{Done, Ev};
+use crate::provider::build::EngineArgs;
+use crate::provider::Provider;
+use crate::state::policy::Policies;
+use crate::state::store::{new_id, MessageStatus, NewRun, Store, StoredMessage};
+use crate::tools::Host;
+use anyhow::{Context, Result};
+use serde_json::{json, Value};
+use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+
+/// What a run researches with besides its policies: the provider options,
+/// the corpus folders and the notes folder, as the user gave them.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct RunConfig {
+    pub(crate) engine: EngineArgs,
+    pub(crate) corpus: Vec<PathBuf>,
+    pub(crate) notes: Option<PathBuf>,
+}
+
+impl RunConfig {
+    /// The snapshot's form: folders as absolute paths, so a run resumed
+    /// from elsewhere finds them.
+    fn to_json(&self) -> Value {
+        let abs = |p: &PathBuf| {
+            std::fs::canonicalize(p).unwrap_or_else(|_| p.clone()).display().to_string()
+        };
+        json!({
+            "engine": self.engine.to_json(),
+            "corpus": self.corpus.iter().map(abs).collect::<Vec<_>>(),
+            "notes": self.notes.as_ref().map(abs),
+        })
+    }
+
+    fn from_json(v: &Value) -> RunConfig {
+        RunConfig {
+            engine: EngineArgs::from_json(&v["engine"]),
+            corpus: v["corpus"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_str)
+                .map(PathBuf::from)
+                .collect(),
+            notes: v["notes"].as_str().map(PathBuf::from),
+        }
+    }
+
+    /// The tools of a run under `policies`.
+    pub(crate) fn host(&self, policies: &Policies) -> Result<Host> {
+        Host::for_run(&self.corpus, self.notes.clone(), policies)
+    }
+}
+
+/// What one run is asked to do.
+#[derive(Debug, Clone)]
+pub(crate) struct RunOptions {
+    pub(crate) question: String,
+    pub(crate) chat_id: Option<String>,
+    pub(crate) voice: bool,
+    /// A description of the provider, stored with the run.
+    pub(crate) provider: String,
+    pub(crate) config: RunConfig,
+}
+
+/// A run's admission snapshot, as recovery reads it back.
+#[derive(Debug)]
+pub(super) struct Snapshot {
+    pub(super) policies: Policies,
+    pub(super) config: RunConfig,
+    pub(super) voice: bool,
+}
+
+impl Snapshot {
+    /// The stored form (JSON text) of the snapshot of a run admitted under
+    /// `policies` for `opts`.
+    fn encode(policies: &Policies, opts: &RunOptions) -> String {
+        json!({
+            "policies": policies.snapshot(),
+            "config": opts.config.to_json(),
+            "question": opts.question,
+            "voice": opts.voice,
+            "provider": opts.provider,
+        })
+        .to_string()
+    }
+
+    /// The snapshot stored as `text`; values it lacks keep their declared
+    /// defaults, never newer settings.
+    pub(super) fn decode(text: &str) -> Result<Snapshot> {
+        let v: Value = serde_json::from_str(text).unwrap_or(Value::Null);
+        Ok(Snapshot {
+            policies: Policies::from_snapshot(&v["policies"]).context("the run's snapshot")?,
+            config: RunConfig::from_json(&v["config"]),
+            voice: v["voice"].as_bool().unwrap_or(false),
+        })
+    }
+}
+
+/// Admits a new run: stores its snapshot (the policies in force and the
+/// run's own configuration) and its question, then researches it.
+pub(crate) fn run(
+    provider: &mut dyn Provider,
+    host: &mut Host,
+    store: &Store,
+    policies: &Policies,
+    opts: &RunOptions,
+    cancel: &AtomicBool,
+    emit: &mut dyn FnMut(&Ev),
+) -> Done {
+    let run_id = new_id("run");
+    let chat_id = opts.chat_id.clone().unwrap_or_else(|| new_id("chat"));
+    let _ = store.ensure_chat(&chat_id, &opts.question);
+    let _ = store.insert_run(&NewRun {
+        id: &run_id,
+        chat_id: &chat_id,
+        question: &opts.question,
+        snapshot: &Snapshot::encode(policies, opts),
+    });
+    let history = chat_history(store, &chat_id, None);
+    let _ = store.add_message(&StoredMessage {
+        chat_id: chat_id.clone(),
+        run_id: Some(run_id.clone()),
+        role: "user".into(),
+        content: opts.question.clone(),
+        status: MessageStatus::Complete,
+        ..Default::default()
+    });
+    let admitted = Admitted {
+        run_id,
+        chat_id,
+        history,
+        budget: Budget::from_policies(policies),
+        progress: Progress::default(),
+    };
+    drive(provider, host, store, admitted, opts, cancel, emit)
+}

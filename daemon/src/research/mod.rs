@@ -1,0 +1,75 @@
+//! The research loop (DESIGN.md "The research loop", seed 000) under the
+//! budget governance of seed 003. A question is admitted as a run with its
+//! snapshot (`admission`) and researched round by round until the model
+//! answers or a bound ends research, then one reserved, tools-free final
+//! turn answers from the evidence (`run`). Each model request is admitted
+//! against the run's `budget` and written to its `ledger` before it is sent
+//! (`request`); each round's calls are authorized, run and compared
+//! for repeats (`execution`); an answer citing what it did not read gets
+//! one correction (`citations`); a reply that cannot be answered completes
+//! with a labelled excerpt or a spoken fallback (`fallback`). The streamed
+//! text and its persistence are `reply`, what the model sees is `view`, the
+//! continuation of an interrupted run under its own snapshot and ledger is
+//! `recovery`, and a run's audit record and cancellation are `runs`. The
+//! limits it reads are declared in `state::policy`.
+
+mod admission;
+mod budget;
+mod citations;
+mod execution;
+mod fallback;
+mod ledger;
+mod recovery;
+mod reply;
+mod request;
+mod run;
+pub(crate) mod runs;
+mod view;
+
+pub(crate) use admission::{run, RunConfig, RunOptions};
+pub(crate) use recovery::{resume, resume_with};
+
+use crate::events::Ev;
+use crate::state::store::Store;
+use crate::tools::Host;
+use budget::Budget;
+use ledger::Ledger;
+use reply::Reply;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// A run in progress: what every part of the loop works on.
+struct Ctx<'a> {
+    host: &'a mut Host,
+    store: &'a Store,
+    cancel: &'a AtomicBool,
+    emit: &'a mut dyn FnMut(&Ev),
+    run_id: &'a str,
+    chat_id: &'a str,
+    budget: Budget,
+    ledger: Ledger<'a>,
+    reply: Reply<'a>,
+}
+
+impl Ctx<'_> {
+    fn emit(&mut self, e: Ev) {
+        (self.emit)(&e);
+    }
+
+    /// Streams visible text of the reply.
+    fn content(&mut self, s: &str) {
+        self.reply.content(s, self.emit);
+    }
+
+    /// Whether the run is cancelled: by this process, or by `agentd runs
+    /// cancel ID` from another one.
+    fn cancelled(&self) -> bool {
+        if self.cancel.load(Ordering::Relaxed) {
+            return true;
+        }
+        if self.store.cancel_requested(self.run_id) {
+            self.cancel.store(true, Ordering::Relaxed);
+            return true;
+        }
+        false
+    }
+}

@@ -1,0 +1,64 @@
+//! One model request of a run: every attempt the provider makes (first try
+//! and each retry) is admitted against the budget and written to the ledger
+//! before it is sent, or refused and written as refused; the turn's text,
+//! reasoning and discarded calls stream out as they arrive.
+
+use super::ledger::Attempts;
+use super::Ctx;
+use crate::events::Ev;
+use crate::events::Phase;
+use crate::provider::{Provider, ProviderError, TurnEvent, TurnReply, TurnRequest};
+use prompts::{Message, ToolDef};
+use serde_json::Value;
+use std::cell::RefCell;
+
+impl Ctx<'_> {
+    /// Sends one request of `phase`; a refusal by the run's own allowance is
+    /// [`ProviderError::Budget`].
+    pub(super) fn request(
+        &mut self,
+        provider: &mut dyn Provider,
+        phase: Phase,
+        messages: &[Message],
+        tools: &[ToolDef],
+    ) -> Result<TurnReply, ProviderError> {
+        self.reply.begin_turn();
+        let req = TurnRequest { messages, tools, phase, max_tokens: self.budget.turn_tokens };
+        let Ctx { budget, ledger, reply, emit, cancel, .. } = self;
+        let ledger = *ledger;
+        // Both the admission and the stream emit events, in order.
+        let emit = RefCell::new(&mut **emit);
+        let mut attempts = Attempts::default();
+        let mut attempt = |_k: u32| {
+            if let Err(refused) = budget.admit(phase) {
+                ledger.refused(budget.requests() + 1, phase, &budget.refusal());
+                return Err(refused);
+            }
+            let n = budget.requests();
+            ledger.sent(&mut attempts, n, phase);
+            (*emit.borrow_mut())(&Ev::Request { n, phase });
+            Ok(())
+        };
+        let mut on = |e: TurnEvent| {
+            let mut emit = emit.borrow_mut();
+            match e {
+                TurnEvent::Content(s) => reply.content(&s, &mut **emit),
+                TurnEvent::Reasoning(s) => (*emit)(&Ev::Reasoning(s)),
+                TurnEvent::Discarded(c) => (*emit)(&Ev::Discarded {
+                    name: c.name,
+                    arguments: arguments_value(&c.arguments),
+                }),
+            }
+        };
+        let result = provider.turn(&req, cancel, &mut attempt, &mut on);
+        ledger.settle(attempts, &result);
+        ledger.elapsed(budget.elapsed());
+        result
+    }
+}
+
+/// A call's arguments as a JSON value for events (`{}` when they are not
+/// JSON).
+pub(super) fn arguments_value(arguments: &str) -> Value {
+    serde_json::from_str(arguments).unwrap_or_else(|_| serde_json::json!({}))
+}

@@ -1,0 +1,216 @@
+//! The loop of seed 000: model turns that call tools, bounded in rounds,
+//! always followed by an answer. A turn without calls is the answer. At the
+//! round bound, after three identical read-only batches, when the budget's
+//! research allowance or its share of the deadline is spent, or when the
+//! context cannot hold another research request after tools have run, one
+//! reserved final turn runs with no tools offered; if it cannot produce
+//! answer text, the reply completes with a fallback. Cancellation stops all
+//! further work at once. When the loop ends the run is settled: its message
+//! saved, its row given the outcome, the `done` event emitted.
+
+use super::admission::RunOptions;
+use super::budget::Budget;
+use super::citations::check_citations;
+use super::execution::{projection, run_round, Repeats};
+use super::fallback::fallback;
+use super::ledger::Ledger;
+use super::reply::Reply;
+use super::{view, Ctx};
+use crate::events::{Done, Ev, Outcome, Phase, RunError, Stop};
+use crate::provider::{Provider, ProviderError, TurnFinish};
+use crate::state::store::{MessageStatus, RunStatus, Settled, Store};
+use crate::tools::Host;
+use prompts::fallback::Evidence;
+use prompts::Message;
+use std::sync::atomic::AtomicBool;
+
+/// The state of a run in progress: what a crash must not lose (recovery
+/// rebuilds it from the chat).
+#[derive(Debug, Default)]
+pub(super) struct Progress {
+    pub(super) exchanges: Vec<Message>,
+    pub(super) rounds: usize,
+    pub(super) repeats: Repeats,
+    pub(super) evidence: Vec<Evidence>,
+}
+
+/// A run ready to research: newly admitted, or recovered.
+#[derive(Debug)]
+pub(super) struct Admitted {
+    pub(super) run_id: String,
+    pub(super) chat_id: String,
+    /// The chat's earlier questions and answers.
+    pub(super) history: Vec<Message>,
+    pub(super) budget: Budget,
+    pub(super) progress: Progress,
+}
+
+/// Runs (or continues) research to its end and settles the run.
+pub(super) fn drive(
+    provider: &mut dyn Provider,
+    host: &mut Host,
+    store: &Store,
+    run: Admitted,
+    opts: &RunOptions,
+    cancel: &AtomicBool,
+    emit: &mut dyn FnMut(&Ev),
+) -> Done {
+    let Admitted { run_id, chat_id, history, budget, progress } = run;
+    let ledger = Ledger::new(store, &run_id);
+    let reply = Reply::new(store, ledger, budget.clock(), &chat_id, &run_id);
+    let mut cx = Ctx {
+        host,
+        store,
+        cancel,
+        emit,
+        run_id: &run_id,
+        chat_id: &chat_id,
+        budget,
+        ledger,
+        reply,
+    };
+    cx.emit(Ev::Run {
+        run_id: run_id.clone(),
+        chat_id: chat_id.clone(),
+        max_tool_iters: cx.budget.rounds,
+    });
+    let done = research(&mut cx, provider, opts, &history, progress);
+    let (message, status) = match done.outcome {
+        Outcome::Cancelled => (MessageStatus::Cancelled, RunStatus::Cancelled),
+        Outcome::Error => (MessageStatus::Error, RunStatus::Finished),
+        _ => (MessageStatus::Complete, RunStatus::Finished),
+    };
+    cx.reply.save(message, true);
+    let error = done.error.as_ref().map(|e| e.to_json().to_string());
+    let _ = store.settle_run(
+        &run_id,
+        &Settled { status, outcome: done.outcome, stop: done.stop, error: error.as_deref() },
+    );
+    cx.emit(Ev::Done(done.clone()));
+    done
+}
+
+/// The `done` of the run as it stands.
+pub(super) fn done(
+    cx: &Ctx<'_>,
+    outcome: Outcome,
+    stop: Stop,
+    rounds: usize,
+    error: Option<RunError>,
+) -> Done {
+    Done {
+        outcome,
+        stop,
+        rounds,
+        model_requests: cx.budget.requests(),
+        answer: if outcome == Outcome::Cancelled || outcome == Outcome::Error {
+            cx.reply.visible().to_owned()
+        } else {
+            cx.reply.answer()
+        },
+        error,
+        invalid_citations: Vec::new(),
+    }
+}
+
+fn cancelled(cx: &Ctx<'_>, p: &Progress) -> Done {
+    done(cx, Outcome::Cancelled, Stop::Cancelled, p.rounds, None)
+}
+
+fn failed(cx: &Ctx<'_>, p: &Progress, error: RunError) -> Done {
+    done(cx, Outcome::Error, Stop::Error, p.rounds, Some(error))
+}
+
+/// The research rounds, then the final turn when research was cut short.
+fn research(
+    cx: &mut Ctx<'_>,
+    provider: &mut dyn Provider,
+    opts: &RunOptions,
+    history: &[Message],
+    mut p: Progress,
+) -> Done {
+    let all_tools = cx.host.tools();
+    let stop = loop {
+        if cx.cancelled() {
+            return cancelled(cx, &p);
+        }
+        if p.rounds >= cx.budget.rounds {
+            break Stop::RoundLimit;
+        }
+        if let Err(stop) = cx.budget.research_open() {
+            break stop;
+        }
+        let tools = projection(cx.host, &all_tools);
+        let view = view::research(history, &opts.question, &p.exchanges);
+        let view = match view::fit(provider, &view, &tools, cx.budget.turn_tokens) {
+            Ok(v) => v,
+            Err(_) if p.rounds > 0 => break Stop::ContextLimit,
+            Err(o) => {
+                return failed(cx, &p, RunError::new("INPUT_TOO_LARGE", "input", o.to_string()))
+            }
+        };
+        let reply = match cx.request(provider, Phase::Research, &view, &tools) {
+            Ok(r) => r,
+            Err(ProviderError::Budget { .. }) => break Stop::Budget,
+            Err(ProviderError::Context { .. }) if p.rounds > 0 => break Stop::ContextLimit,
+            Err(e) => {
+                let (code, class) = e.code();
+                return failed(cx, &p, RunError::new(code, class, e.to_string()));
+            }
+        };
+        if reply.finish == TurnFinish::Cancelled || cx.cancelled() {
+            return cancelled(cx, &p);
+        }
+        if reply.calls.is_empty() {
+            if reply.content.trim().is_empty() {
+                // No calls and no text: nothing to show but the evidence.
+                return fallback(cx, opts, &p, Stop::Answer, "the model wrote no answer");
+            }
+            let answer = cx.reply.answer();
+            return check_citations(cx, provider, &view::as_final(&view), answer, Stop::Answer, &p);
+        }
+        p.rounds += 1;
+        let batch = run_round(cx, &reply.calls, &reply.content, p.rounds, &tools, &mut p);
+        if cx.cancelled() {
+            return cancelled(cx, &p);
+        }
+        if p.repeats.record(batch) {
+            break Stop::RepeatedBatches;
+        }
+    };
+    final_turn(cx, provider, opts, history, &p, stop)
+}
+
+/// The reserved final turn: no tools offered, the research strategy
+/// dropped, the question and every tool exchange kept.
+fn final_turn(
+    cx: &mut Ctx<'_>,
+    provider: &mut dyn Provider,
+    opts: &RunOptions,
+    history: &[Message],
+    p: &Progress,
+    stop: Stop,
+) -> Done {
+    cx.emit(Ev::Notice { kind: "finishing", text: "Finishing the answer".into() });
+    let view = view::final_turn(history, &opts.question, &p.exchanges);
+    let view = match view::fit(provider, &view, &[], cx.budget.turn_tokens) {
+        Ok(v) => v,
+        Err(o) => return fallback(cx, opts, p, stop, &o.to_string()),
+    };
+    match cx.request(provider, Phase::Final, &view, &[]) {
+        Ok(r) if r.finish == TurnFinish::Cancelled || cx.cancelled() => cancelled(cx, p),
+        Ok(r) if !r.content.trim().is_empty() && cx.reply.turn_has_content() => {
+            let answer = cx.reply.answer();
+            check_citations(cx, provider, &view, answer, stop, p)
+        }
+        Ok(_) => fallback(cx, opts, p, stop, "the final turn wrote no answer text"),
+        Err(ProviderError::Budget { .. }) => {
+            let e = cx.budget.exhausted();
+            let mut d =
+                fallback(cx, opts, p, Stop::Budget, "no request allowance is left for the answer");
+            d.error = Some(e);
+            d
+        }
+        Err(e) => fallback(cx, opts, p, stop, &e.to_string()),
+    }
+}

@@ -1,0 +1,103 @@
+//! What every request shares: the server `State` (the engine worker, the
+//! metrics, the model served, the replies in flight with their cancel flags)
+//! and access to the store from a handler, off the async threads
+//! (`blocking`).
+
+use super::json::error;
+use super::metrics::Metrics;
+use super::worker::Worker;
+use crate::state::store::Store;
+use axum::http::StatusCode;
+use axum::response::Response;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+/// Shared by every request.
+#[derive(Debug, Clone)]
+pub(crate) struct State {
+    pub(crate) worker: Worker,
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) model: String,
+    pub(crate) context: usize,
+    pub(crate) body_limit: usize,
+    /// Cancel flags of replies in flight (by run id, or a request id).
+    pub(crate) inflight: Arc<Mutex<HashMap<String, Arc<AtomicBool>>>>,
+    pub(crate) started: Instant,
+}
+
+impl State {
+    pub(crate) fn new(
+        worker: Worker,
+        metrics: Arc<Metrics>,
+        model: String,
+        context: usize,
+        body_limit: usize,
+    ) -> State {
+        State {
+            worker,
+            metrics,
+            model,
+            context,
+            body_limit,
+            inflight: Arc::default(),
+            started: Instant::now(),
+        }
+    }
+
+    /// A cancel flag registered until the guard drops.
+    pub(crate) fn track(&self, key: String) -> (Arc<AtomicBool>, Tracked) {
+        let flag = Arc::new(AtomicBool::new(false));
+        if let Ok(mut m) = self.inflight.lock() {
+            m.insert(key.clone(), Arc::clone(&flag));
+        }
+        (Arc::clone(&flag), Tracked { key, inflight: Arc::clone(&self.inflight), flag })
+    }
+}
+
+/// Unregisters a reply in flight and cancels it when dropped (a client that
+/// goes away cancels its generation).
+#[derive(Debug)]
+pub(crate) struct Tracked {
+    key: String,
+    inflight: Arc<Mutex<HashMap<String, Arc<AtomicBool>>>>,
+    flag: Arc<AtomicBool>,
+}
+
+impl Tracked {
+    /// Keeps the reply running after the guard drops (it finished).
+    pub(crate) fn done(self) {
+        if let Ok(mut m) = self.inflight.lock() {
+            m.remove(&self.key);
+        }
+        std::mem::forget(self);
+    }
+}
+
+impl Drop for Tracked {
+    fn drop(&mut self) {
+        self.flag.store(true, Ordering::Relaxed);
+        if let Ok(mut m) = self.inflight.lock() {
+            m.remove(&self.key);
+        }
+    }
+}
+
+/// Runs `f` on the store on a blocking thread; a failure is a 500 JSON error.
+pub(super) async fn blocking<T: Send + 'static>(
+    f: impl FnOnce(&Store) -> anyhow::Result<T> + Send + 'static,
+) -> Result<T, Response> {
+    let r = tokio::task::spawn_blocking(move || {
+        let store = Store::open()?;
+        f(&store)
+    })
+    .await;
+    match r {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => {
+            Err(error(StatusCode::INTERNAL_SERVER_ERROR, "store_error", format!("{e:#}")))
+        }
+        Err(_) => Err(error(StatusCode::INTERNAL_SERVER_ERROR, "internal", "the request failed")),
+    }
+}
