@@ -503,6 +503,7 @@ pub(crate) struct Scratch {
     pub(crate) logits: Vec<f32>,
 }
 
+#[inline(always)]
 fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     let scale = rms_scale(x, eps);
     for ((o, v), g) in out.iter_mut().zip(x).zip(w) {
@@ -511,6 +512,7 @@ fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
 }
 
 /// [`rms_norm`] in place (the per-head q/k norms, gemma's output norms).
+#[inline(always)]
 fn rms_norm_in_place(x: &mut [f32], w: &[f32], eps: f32) {
     let scale = rms_scale(x, eps);
     for (v, g) in x.iter_mut().zip(w) {
@@ -521,6 +523,7 @@ fn rms_norm_in_place(x: &mut [f32], w: &[f32], eps: f32) {
 /// As llama.cpp's `ggml_compute_forward_rms_norm_f32` (fused with the
 /// weight's MUL: `x · scale · w`): squares summed in order in f64, the mean
 /// rounded to f32.
+#[inline(always)]
 fn rms_scale(x: &[f32], eps: f32) -> f32 {
     let sum: f64 = x.iter().map(|v| (v * v) as f64).sum();
     let mean = (sum / x.len() as f64) as f32;
@@ -530,6 +533,7 @@ fn rms_scale(x: &[f32], eps: f32) -> f32 {
 /// llama.cpp's RoPE cache for one position (`ggml_rope_cache_init`,
 /// no YaRN): `θ = pos · base^(-2i/dims)` by repeated multiplication, then
 /// `cos θ`, `sin θ` per rotated pair.
+#[inline(always)]
 fn rope_cache(pos: usize, base: f32, cfg: &Config, out: &mut [f32]) {
     let dims = cfg.rope_dims.min(cfg.head_dim);
     let scale = base.powf(-2.0 / dims as f32);
@@ -544,6 +548,7 @@ fn rope_cache(pos: usize, base: f32, cfg: &Config, out: &mut [f32]) {
 /// Rotates every head of `x` by a position's [`rope_cache`]: llama.cpp's
 /// `rotate_pairs`, whose `x0·cos − x1·sin` and `x0·sin + x1·cos` GCC
 /// contracts (`-ffp-contract=fast`) into one fma on the first product.
+#[inline(always)]
 fn rope(x: &mut [f32], cache: &[f32], cfg: &Config) {
     let dims = cfg.rope_dims.min(cfg.head_dim);
     for head in x.chunks_exact_mut(cfg.head_dim) {
@@ -611,6 +616,41 @@ impl Model {
     /// a pass of that sequence alone gives (per-column matmuls, per-row
     /// norms and attention), so batching never changes an output.
     pub(crate) fn forward_seqs(
+        &self,
+        pool: &Pool,
+        tokens: &[u32],
+        seqs: &mut [Seq<'_>],
+        s: &mut Scratch,
+    ) -> Result<()> {
+        #[cfg(target_arch = "x86_64")]
+        if crate::kernels::isa().avx2() {
+            // SAFETY: the CPU has AVX2, FMA and F16C (`isa`).
+            return unsafe { self.forward_seqs_avx2(pool, tokens, seqs, s) };
+        }
+        self.forward_impl(pool, tokens, seqs, s)
+    }
+
+    /// [`Model::forward_seqs`] compiled for AVX2 and FMA: the element-wise
+    /// steps (norms, RoPE, residuals) vectorise and their fused
+    /// multiply-adds stay instructions instead of library calls. The
+    /// numbers are the same.
+    ///
+    /// # Safety
+    /// The CPU must support avx2, fma and f16c.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn forward_seqs_avx2(
+        &self,
+        pool: &Pool,
+        tokens: &[u32],
+        seqs: &mut [Seq<'_>],
+        s: &mut Scratch,
+    ) -> Result<()> {
+        self.forward_impl(pool, tokens, seqs, s)
+    }
+
+    #[inline(always)]
+    fn forward_impl(
         &self,
         pool: &Pool,
         tokens: &[u32],
@@ -820,6 +860,7 @@ impl Model {
     /// their sequences' caches, which already hold the rows' own keys: the
     /// one-query path for `s.vec_rows`, the tiled one for `s.spans`. A
     /// sliding-window layer sees only the last `Config::swa` positions.
+    #[inline(always)]
     fn attention(&self, pool: &Pool, li: usize, swa: bool, seqs: &[Seq<'_>], s: &mut Scratch) {
         let cfg = &self.cfg;
         let hd = cfg.head_dim;

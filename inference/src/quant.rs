@@ -57,7 +57,7 @@ pub(crate) fn quantize_q8(x: &[f32], out: &mut Q8Row) {
 }
 
 /// One block of [`quantize_q8`]: values, `d`, `s`.
-#[inline]
+#[inline(always)]
 pub(crate) fn quantize_block_q8(blk: &[f32]) -> ([i8; QK], f32, f32) {
     let amax = blk.iter().fold(0f32, |m, v| m.max(v.abs()));
     let d = amax / 127.0;
@@ -75,7 +75,7 @@ pub(crate) fn quantize_block_q8(blk: &[f32]) -> ([i8; QK], f32, f32) {
 /// Quantizes one K-quant super-block of activations (`x`: 256 values) as
 /// llama.cpp's `quantize_row_q8_K_ref`: returns `d` and writes the values
 /// and the sums of each 16.
-#[inline]
+#[inline(always)]
 pub(crate) fn quantize_block_q8k(x: &[f32], q: &mut [i8], bsums: &mut [i16]) -> f32 {
     let (mut max, mut amax) = (0f32, 0f32);
     for &v in &x[..QK_K] {
@@ -101,7 +101,7 @@ pub(crate) fn quantize_block_q8k(x: &[f32], q: &mut [i8], bsums: &mut [i16]) -> 
 }
 
 /// ggml's `nearest_int`: round half to even (|v| < 2²²).
-#[inline]
+#[inline(always)]
 fn nearest_int(v: f32) -> i32 {
     let val = v + 12_582_912.0;
     (val.to_bits() & 0x007F_FFFF) as i32 - 0x0040_0000
@@ -246,6 +246,67 @@ pub(crate) fn dequantize_row(ty: GgmlType, raw: &[u8], out: &mut [f32]) {
         }
         _ => {}
     }
+}
+
+/// [`quantize_block_q8`] and [`quantize_block_q8k`] over whole columns,
+/// compiled for AVX2 where the CPU has it (the rounding and the loops
+/// vectorise; the numbers are the same).
+pub(crate) fn quantize_column_q8(x: &[f32], q: &mut [i8], d: &mut [f32], s: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::kernels::isa().avx2() {
+        // SAFETY: the CPU has AVX2, FMA and F16C (`isa`).
+        unsafe { column_q8_avx2(x, q, d, s) };
+        return;
+    }
+    column_q8(x, q, d, s);
+}
+
+#[inline(always)]
+fn column_q8(x: &[f32], q: &mut [i8], d: &mut [f32], s: &mut [f32]) {
+    for (b, blk) in x.chunks_exact(QK).enumerate() {
+        let (qb, db, sb) = quantize_block_q8(blk);
+        q[b * QK..(b + 1) * QK].copy_from_slice(&qb);
+        d[b] = db;
+        s[b] = sb;
+    }
+}
+
+/// # Safety
+/// The CPU must support avx2, fma and f16c.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn column_q8_avx2(x: &[f32], q: &mut [i8], d: &mut [f32], s: &mut [f32]) {
+    column_q8(x, q, d, s);
+}
+
+/// See [`quantize_column_q8`], for Q8_K super-blocks.
+pub(crate) fn quantize_column_q8k(x: &[f32], q: &mut [i8], d: &mut [f32], bs: &mut [i16]) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::kernels::isa().avx2() {
+        // SAFETY: the CPU has AVX2, FMA and F16C (`isa`).
+        unsafe { column_q8k_avx2(x, q, d, bs) };
+        return;
+    }
+    column_q8k(x, q, d, bs);
+}
+
+#[inline(always)]
+fn column_q8k(x: &[f32], q: &mut [i8], d: &mut [f32], bs: &mut [i16]) {
+    for (b, db) in d.iter_mut().enumerate() {
+        *db = quantize_block_q8k(
+            &x[b * QK_K..(b + 1) * QK_K],
+            &mut q[b * QK_K..(b + 1) * QK_K],
+            &mut bs[b * 16..(b + 1) * 16],
+        );
+    }
+}
+
+/// # Safety
+/// The CPU must support avx2, fma and f16c.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn column_q8k_avx2(x: &[f32], q: &mut [i8], d: &mut [f32], bs: &mut [i16]) {
+    column_q8k(x, q, d, bs);
 }
 
 #[cfg(test)]

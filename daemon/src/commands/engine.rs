@@ -60,7 +60,8 @@ pub(crate) fn models(json_out: bool) -> Result<()> {
 pub(crate) fn tokenize(model: Option<&str>, special: bool, text: &str) -> Result<()> {
     let r = resolve(model)?;
     let tok = inference::Tok::load(&r.path)?;
-    let ids = tok.encode(text, special)?;
+    // As the model sees a prompt: BOS first when the file says so.
+    let ids = tok.encode_prompt(text, special)?;
     println!("{}", serde_json::to_string(&ids)?);
     Ok(())
 }
@@ -76,7 +77,7 @@ pub(crate) struct GenerateArgs<'a> {
 
 pub(crate) fn generate(a: GenerateArgs<'_>, cancel: &AtomicBool) -> Result<inference::Finish> {
     let (_, engine) = a.engine.load()?;
-    let prompt = engine.tokenize(a.prompt, true)?;
+    let prompt = engine.tokenize_prompt(a.prompt, true)?;
     let params = GenParams {
         max_tokens: a.max_tokens,
         sampling: Sampling { temperature: a.temperature, seed: a.seed, ..Sampling::default() },
@@ -180,7 +181,8 @@ pub(crate) fn bench(
             "{}",
             json!({"model": r.name, "threads": engine.info().threads, "pp_tok_s": pp_s, "tg_tok_s": tg_s,
                    "peak_rss_mb": rss, "prompt_tokens": pp, "gen_tokens": tg, "reps": reps, "parallel": parallel,
-                   "kernels": format!("{:?}", inference::kernels::isa())})
+                   "isa": engine.info().isa, "weight_mb": engine.info().weight_bytes as f64 / 1e6,
+                   "kernels": kernels(engine.info())})
         );
     } else {
         println!(
@@ -190,6 +192,19 @@ pub(crate) fn bench(
         );
     }
     Ok(())
+}
+
+/// `{tensor type: kernel}` (with `"kernel ×count"` when a type's tensors
+/// take several kernels).
+fn kernels(info: &inference::ModelInfo) -> serde_json::Value {
+    let mut m = serde_json::Map::new();
+    for (ty, k, n) in &info.kernels {
+        let entry = m.entry(ty.clone()).or_insert_with(|| serde_json::Value::String(String::new()));
+        let s = entry.as_str().unwrap_or_default();
+        let add = format!("{k} x{n}");
+        *entry = serde_json::Value::String(if s.is_empty() { add } else { format!("{s}, {add}") });
+    }
+    serde_json::Value::Object(m)
 }
 
 /// Aggregate decode speed of `n` sequences generating `tg` tokens each in

@@ -91,8 +91,10 @@ impl Local {
             .template
             .render(messages, tools, true)
             .map_err(|e| ProviderError::Failed(e.to_string()))?;
-        let ids =
-            self.engine.tokenize(&text, true).map_err(|e| ProviderError::Failed(e.to_string()))?;
+        let ids = self
+            .engine
+            .tokenize_prompt(&text, true)
+            .map_err(|e| ProviderError::Failed(e.to_string()))?;
         Ok((text, ids))
     }
 }

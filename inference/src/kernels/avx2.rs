@@ -1,15 +1,20 @@
 //! AVX2 kernels over row-major GGUF matrices (`rows.rs`), bit-identical to
 //! the portable ones there: the same integer lanes (`vpmaddubsw` pairs
 //! summed by `vpmaddwd`, as llama.cpp's AVX2 `ggml_vec_dot_*` form them)
-//! and the same float steps in the same order. Each call decodes a row's
-//! block once and applies it to up to [`MAX_N`] columns.
+//! and the same float steps in the same order.
+//!
+//! Each format is a [`Kern`], specialised at compile time; a call computes
+//! `R` rows against `N` columns with its accumulators in registers: four
+//! rows of one column when decoding (four weight streams in flight), one
+//! row against four columns on a prompt (each block decoded once for all).
+//! Also the attention, SwiGLU and softmax kernels of `attn.rs`.
 
 // Register arrays are indexed in lock step; index loops read clearest here.
 #![allow(clippy::needless_range_loop)]
 
-use super::rows::{Fmt, RowMat, COL_BLOCK, MAX_N};
+use super::rows::{Fmt, RowMat};
 use super::{hsum8, Acts, OutRows};
-use crate::quant::{scale_min_k4, QK, QK_K};
+use crate::quant::{QK, QK_K};
 use std::arch::x86_64::*;
 
 /// Whether this CPU runs these kernels.
@@ -17,6 +22,40 @@ pub(super) fn available() -> bool {
     is_x86_feature_detected!("avx2")
         && is_x86_feature_detected!("fma")
         && is_x86_feature_detected!("f16c")
+}
+
+/// Rows per call when the product has one column (decode).
+const DEC_ROWS: usize = 1;
+/// Columns per call on wider products.
+const COLS: usize = 8;
+/// Rows that share a group of columns (their weights stay in L1).
+const ROW_BLOCK: usize = 32;
+
+/// How far ahead of the block being read the kernels ask for memory.
+const PF_DIST: usize = 1024;
+
+/// Hints the cache to fetch the line at `p` (never faults, any address).
+#[inline(always)]
+fn prefetch(p: *const u8) {
+    // SAFETY: prefetch is a hint and never faults.
+    unsafe { _mm_prefetch::<_MM_HINT_T0>(p as *const i8) };
+}
+
+/// One format's kernel: rows `r0..r0 + R` against columns `c0..c0 + N`.
+trait Kern {
+    /// Columns per call on wide products (what fits the registers).
+    const COLS: usize = COLS;
+
+    /// # Safety
+    /// The CPU has avx2, fma and f16c; the rows and columns exist in `w`
+    /// and `acts` (each kernel asserts its bounds).
+    unsafe fn run<const R: usize, const N: usize>(
+        w: &RowMat,
+        acts: &Acts,
+        r0: usize,
+        c0: usize,
+        out: &mut [[f32; N]; R],
+    );
 }
 
 /// See `rows::matmul`.
@@ -37,52 +76,75 @@ pub(super) unsafe fn matmul(
         return;
     }
     assert!(w.data.len() >= rows.end * w.row_bytes);
-    for c0 in (0..acts.n).step_by(COL_BLOCK) {
-        let c1 = (c0 + COL_BLOCK).min(acts.n);
-        for r in rows.clone() {
-            let row = &w.data[r * w.row_bytes..(r + 1) * w.row_bytes];
-            let mut c = c0;
-            while c < c1 {
-                let n = (c1 - c).min(MAX_N);
-                let mut res = [0f32; MAX_N];
-                // SAFETY: the CPU has the features (caller); `row` is one
-                // whole row of `w.fmt` and `acts` holds columns `c..c + n` of
-                // `k` values in the layout the format reads (asserted inside).
-                unsafe {
-                    match n {
-                        4 => dot::<4>(w, row, acts, c, &mut res),
-                        3 => dot::<3>(w, row, acts, c, &mut res),
-                        2 => dot::<2>(w, row, acts, c, &mut res),
-                        _ => dot::<1>(w, row, acts, c, &mut res),
-                    }
-                }
-                for (j, v) in res[..n].iter().enumerate() {
-                    out.set(c + j, r, *v);
-                }
-                c += n;
-            }
+    // SAFETY: features checked by the caller; rows are within `w` (asserted)
+    // and every kernel asserts the activation bounds of its columns.
+    unsafe {
+        match (w.fmt, w.chain) {
+            (Fmt::Q8_0, _) => drive::<B32<0, false>>(w, acts, rows, out),
+            (Fmt::Q4_0, false) => drive::<B32<1, false>>(w, acts, rows, out),
+            (Fmt::Q4_0, true) => drive::<B32<1, true>>(w, acts, rows, out),
+            (Fmt::Q5_0, _) => drive::<B32<2, false>>(w, acts, rows, out),
+            (Fmt::Q4_1, _) => drive::<B32<3, false>>(w, acts, rows, out),
+            (Fmt::Q5_1, _) => drive::<B32<4, false>>(w, acts, rows, out),
+            (Fmt::Q4K, _) => drive::<Q4KChain>(w, acts, rows, out),
+            (Fmt::Q5K, _) => drive::<Q5K>(w, acts, rows, out),
+            (Fmt::Q6K, _) => drive::<Q6K>(w, acts, rows, out),
+            (Fmt::F16 | Fmt::BF16, _) => unreachable!("handled above"),
         }
     }
 }
 
 #[inline(always)]
-unsafe fn dot<const N: usize>(
-    w: &RowMat,
-    row: &[u8],
-    acts: &Acts,
-    c: usize,
-    res: &mut [f32; MAX_N],
-) {
+unsafe fn drive<K: Kern>(w: &RowMat, acts: &Acts, rows: std::ops::Range<usize>, out: &OutRows<'_>) {
+    // `R` rows from `r`, `N` columns from `c`, into `out`.
+    macro_rules! call {
+        ($r:expr, $c:expr, $R:literal, $N:literal) => {{
+            let mut o = [[0f32; $N]; $R];
+            K::run::<$R, $N>(w, acts, $r, $c, &mut o);
+            for (i, row) in o.iter().enumerate() {
+                for (j, v) in row.iter().enumerate() {
+                    out.set($c + j, $r + i, *v);
+                }
+            }
+        }};
+    }
     // SAFETY: forwarded from `matmul`.
     unsafe {
-        match w.fmt {
-            Fmt::Q8_0 | Fmt::Q4_0 | Fmt::Q5_0 | Fmt::Q4_1 | Fmt::Q5_1 => {
-                b32::<N>(w.fmt, w.chain, row, acts, c, res)
+        if acts.n == 1 {
+            let mut r = rows.start;
+            while r < rows.end {
+                let m = (rows.end - r).min(DEC_ROWS);
+                match m {
+                    4 => call!(r, 0, 4, 1),
+                    3 => call!(r, 0, 3, 1),
+                    2 => call!(r, 0, 2, 1),
+                    _ => call!(r, 0, 1, 1),
+                }
+                r += m;
             }
-            Fmt::Q4K => q4k_chain::<N>(row, acts, c, res),
-            Fmt::Q5K => q5k::<N>(row, acts, c, res),
-            Fmt::Q6K => q6k::<N>(row, acts, c, res),
-            Fmt::F16 | Fmt::BF16 => unreachable!(),
+            return;
+        }
+        // A block of rows against each group of columns in turn: the rows'
+        // weights and the group's activations stay in L1 together.
+        for rb in rows.clone().step_by(ROW_BLOCK) {
+            let re = (rb + ROW_BLOCK).min(rows.end);
+            let mut c = 0;
+            while c < acts.n {
+                let n = (acts.n - c).min(K::COLS);
+                for r in rb..re {
+                    match n {
+                        8 => call!(r, c, 1, 8),
+                        7 => call!(r, c, 1, 7),
+                        6 => call!(r, c, 1, 6),
+                        5 => call!(r, c, 1, 5),
+                        4 => call!(r, c, 1, 4),
+                        3 => call!(r, c, 1, 3),
+                        2 => call!(r, c, 1, 2),
+                        _ => call!(r, c, 1, 1),
+                    }
+                }
+                c += n;
+            }
         }
     }
 }
@@ -97,10 +159,23 @@ unsafe fn hsum8_reg(v: __m256) -> f32 {
 
 #[inline(always)]
 unsafe fn hsum_i32(v: __m256i) -> i32 {
-    let mut l = [0i32; 8];
-    // SAFETY: eight ints stored into an eight-int array.
-    unsafe { _mm256_storeu_si256(l.as_mut_ptr() as *mut __m256i, v) };
-    l.iter().sum()
+    // SAFETY: register arithmetic only.
+    unsafe {
+        let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+        let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+        let s = _mm_add_epi32(s, _mm_shuffle_epi32::<1>(s));
+        _mm_cvtsi128_si32(s)
+    }
+}
+
+/// An f16 at `p` as f32 (F16C).
+#[inline(always)]
+unsafe fn f16_at(p: *const u8) -> f32 {
+    // SAFETY: caller guarantees 2 readable bytes at p.
+    unsafe {
+        let bits = (p as *const u16).read_unaligned();
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
+    }
 }
 
 /// 32 nibbles of 16 bytes as 32 bytes: low nibbles first, then high
@@ -140,305 +215,435 @@ unsafe fn us_lanes(u: __m256i, s: __m256i) -> __m256i {
     unsafe { _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)) }
 }
 
-#[inline(always)]
-unsafe fn f16_at(p: *const u8) -> f32 {
-    // SAFETY: caller guarantees 2 readable bytes at p.
-    half::f16::from_bits(unsafe { (p as *const u16).read_unaligned() }).to_f32()
-}
+/// Blocks of 32 with Q8_0/Q8_1 activations. `F`: 0 Q8_0, 1 Q4_0, 2 Q5_0
+/// (signed values: ggml's sign trick), 3 Q4_1, 4 Q5_1 (unsigned, plus
+/// `Σ m·s`); `CH`: the *chain* numerics (repacked Q4_0).
+struct B32<const F: u8, const CH: bool>;
 
-/// Q8_0, Q4_0, Q5_0, Q4_1, Q5_1 (blocks of 32, Q8_0/Q8_1 activations).
-#[inline(always)]
-unsafe fn b32<const N: usize>(
-    fmt: Fmt,
-    chain: bool,
-    row: &[u8],
-    acts: &Acts,
-    c: usize,
-    res: &mut [f32; MAX_N],
-) {
-    let k = acts.k;
-    let nb = k / QK;
-    let bb = fmt.block().1;
-    assert!(row.len() >= nb * bb);
-    assert!(
-        (c + N) * k <= acts.q.len() && (c + N) * nb <= acts.d.len() && (c + N) * nb <= acts.s.len()
-    );
-    // SAFETY: every load below is within `row` (nb blocks) or within the
-    // activation buffers (columns c..c+N), asserted above.
-    unsafe {
-        let mut acc = [_mm256_setzero_ps(); N];
-        let mut facc = [0f32; N];
-        let mut summs = [0f32; N];
-        let rp = row.as_ptr();
-        for b in 0..nb {
-            let blk = rp.add(b * bb);
-            let dw = f16_at(blk);
-            // Signed values (sign trick) or unsigned ones (Q4_1, Q5_1).
-            let (x, signed) = match fmt {
-                Fmt::Q8_0 => (_mm256_loadu_si256(blk.add(2) as *const __m256i), true),
-                Fmt::Q4_0 => (_mm256_sub_epi8(nibbles(blk.add(2)), _mm256_set1_epi8(8)), true),
-                Fmt::Q5_0 => {
-                    let hi = _mm256_andnot_si256(bits(blk.add(2)), _mm256_set1_epi8(0xF0u8 as i8));
-                    (_mm256_or_si256(nibbles(blk.add(6)), hi), true)
-                }
-                Fmt::Q4_1 => (nibbles(blk.add(4)), false),
-                _ => {
-                    let hi = _mm256_and_si256(bits(blk.add(4)), _mm256_set1_epi8(0x10));
-                    (_mm256_or_si256(nibbles(blk.add(8)), hi), false)
-                }
-            };
-            let ax = if signed { _mm256_sign_epi8(x, x) } else { x };
-            for j in 0..N {
-                let col = c + j;
-                let y = _mm256_loadu_si256(acts.q.as_ptr().add(col * k + b * QK) as *const __m256i);
-                let sy = if signed { _mm256_sign_epi8(y, x) } else { y };
-                let lanes = us_lanes(ax, sy);
-                let da = *acts.d.get_unchecked(col * nb + b);
-                if chain {
-                    let isum = hsum_i32(lanes);
-                    facc[j] = (isum as f32).mul_add(dw * da, facc[j]);
-                } else {
-                    acc[j] =
-                        _mm256_fmadd_ps(_mm256_set1_ps(dw * da), _mm256_cvtepi32_ps(lanes), acc[j]);
-                    if !signed {
-                        let m = f16_at(blk.add(2));
-                        summs[j] = m.mul_add(*acts.s.get_unchecked(col * nb + b), summs[j]);
-                    }
-                }
-            }
-        }
-        for j in 0..N {
-            res[j] = if chain { facc[j] } else { hsum8_reg(acc[j]) + summs[j] };
-        }
-    }
-}
+impl<const F: u8, const CH: bool> Kern for B32<F, CH> {
+    // Q4_1/Q5_1 carry a second accumulator per column.
+    const COLS: usize = if F >= 3 { 4 } else { COLS };
 
-/// Sub-block `j`'s minimum-times-sum integer of a K-quant (`Σ m_s · bsum32_s`).
-#[inline(always)]
-fn k_mins(mn: &[i32; 8], bs: &[i16]) -> i32 {
-    (0..8).map(|s| mn[s] * (bs[2 * s] as i32 + bs[2 * s + 1] as i32)).sum()
-}
-
-/// Scales and minimums of a Q4_K/Q5_K block as i32.
-#[inline(always)]
-fn k4_scales(sc12: &[u8]) -> ([i32; 8], [i32; 8]) {
-    let mut sc = [0i32; 8];
-    let mut mn = [0i32; 8];
-    for s in 0..8 {
-        let (a, m) = scale_min_k4(s, sc12);
-        sc[s] = a as i32;
-        mn[s] = m as i32;
-    }
-    (sc, mn)
-}
-
-/// Q4_K on the *chain* numerics (ggml's repacked `q4_K_8x8`).
-#[inline(always)]
-unsafe fn q4k_chain<const N: usize>(row: &[u8], acts: &Acts, c: usize, res: &mut [f32; MAX_N]) {
-    let k = acts.k;
-    let nb = k / QK_K;
-    assert!(row.len() >= nb * 144);
-    assert!(
-        (c + N) * k <= acts.kq.len()
-            && (c + N) * nb <= acts.kd.len()
-            && (c + N) * nb * 16 <= acts.kbs.len()
-    );
-    // SAFETY: loads within `row` (nb blocks) and columns c..c+N (asserted).
-    unsafe {
-        let mut acc = [0f32; N];
-        let mut accm = [0f32; N];
-        let m4 = _mm256_set1_epi8(0x0F);
-        for b in 0..nb {
-            let blk = row.as_ptr().add(b * 144);
-            let (dw, dmin) = (f16_at(blk), f16_at(blk.add(2)));
-            let (sc, mn) = k4_scales(&row[b * 144 + 4..b * 144 + 16]);
-            let mut isum = [_mm256_setzero_si256(); N];
-            let grouped: [bool; N] = std::array::from_fn(|j| acts.grouped(c + j));
-            for g in 0..4 {
-                let q = _mm256_loadu_si256(blk.add(16 + 32 * g) as *const __m256i);
-                let lo = _mm256_and_si256(q, m4);
-                let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4);
-                let (sl, sh) =
-                    (_mm256_set1_epi16(sc[2 * g] as i16), _mm256_set1_epi16(sc[2 * g + 1] as i16));
-                for j in 0..N {
-                    let a = acts.kq.as_ptr().add((c + j) * k + b * QK_K + 64 * g);
-                    let al = _mm256_loadu_si256(a as *const __m256i);
-                    let ah = _mm256_loadu_si256(a.add(32) as *const __m256i);
-                    let pl = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, al), sl);
-                    let ph = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, ah), sh);
-                    isum[j] = _mm256_add_epi32(isum[j], _mm256_add_epi32(pl, ph));
-                    if grouped[j] {
-                        // ggml's gemm: one step per 64 values.
-                        let col = c + j;
-                        let da = *acts.kd.get_unchecked(col * nb + b);
-                        let bs = &acts.kbs[(col * nb + b) * 16..(col * nb + b + 1) * 16];
-                        let i = hsum_i32(isum[j]);
-                        isum[j] = _mm256_setzero_si256();
-                        let im = mn[2 * g] * (bs[4 * g] as i32 + bs[4 * g + 1] as i32)
-                            + mn[2 * g + 1] * (bs[4 * g + 2] as i32 + bs[4 * g + 3] as i32);
-                        acc[j] = (i as f32).mul_add(dw * da, acc[j]);
-                        accm[j] = (im as f32).mul_add(dmin * da, accm[j]);
-                    }
-                }
-            }
-            for j in 0..N {
-                if grouped[j] {
-                    continue;
-                }
-                let col = c + j;
-                let da = *acts.kd.get_unchecked(col * nb + b);
-                let bs = &acts.kbs[(col * nb + b) * 16..(col * nb + b + 1) * 16];
-                let i = hsum_i32(isum[j]);
-                acc[j] = (i as f32).mul_add(dw * da, acc[j]);
-                accm[j] = (k_mins(&mn, bs) as f32).mul_add(dmin * da, accm[j]);
-            }
-        }
-        for j in 0..N {
-            res[j] = acc[j] - accm[j];
-        }
-    }
-}
-
-/// Q5_K (ggml's AVX2 `ggml_vec_dot_q5_K_q8_K`).
-#[inline(always)]
-unsafe fn q5k<const N: usize>(row: &[u8], acts: &Acts, c: usize, res: &mut [f32; MAX_N]) {
-    let k = acts.k;
-    let nb = k / QK_K;
-    assert!(row.len() >= nb * 176);
-    assert!(
-        (c + N) * k <= acts.kq.len()
-            && (c + N) * nb <= acts.kd.len()
-            && (c + N) * nb * 16 <= acts.kbs.len()
-    );
-    // SAFETY: loads within `row` (nb blocks) and columns c..c+N (asserted).
-    unsafe {
-        let mut acc = [_mm256_setzero_ps(); N];
-        let mut summs = [0f32; N];
-        let mut facc = [0f32; N];
-        let wide: [bool; N] = std::array::from_fn(|j| acts.wide(c + j));
-        let m4 = _mm256_set1_epi8(0x0F);
-        for b in 0..nb {
-            let blk = row.as_ptr().add(b * 176);
-            let (dw, dminw) = (f16_at(blk), f16_at(blk.add(2)));
-            let (sc, mn) = k4_scales(&row[b * 176 + 4..b * 176 + 16]);
-            let hbits = _mm256_loadu_si256(blk.add(16) as *const __m256i);
-            let mut sumi = [_mm256_setzero_si256(); N];
-            for g in 0..4 {
-                let q = _mm256_loadu_si256(blk.add(48 + 32 * g) as *const __m256i);
-                let m0 = _mm256_set1_epi8(1 << (2 * g));
-                let m1 = _mm256_set1_epi8(2 << (2 * g));
-                let h0 = _mm256_and_si256(hbits, m0);
-                let h1 = _mm256_and_si256(hbits, m1);
-                // The chosen bit moved to bit 4 of its byte.
-                let (h0, h1) = match g {
-                    0 => (_mm256_slli_epi16::<4>(h0), _mm256_slli_epi16::<3>(h1)),
-                    1 => (_mm256_slli_epi16::<2>(h0), _mm256_slli_epi16::<1>(h1)),
-                    2 => (h0, _mm256_srli_epi16::<1>(h1)),
-                    _ => (_mm256_srli_epi16::<2>(h0), _mm256_srli_epi16::<3>(h1)),
-                };
-                let lo = _mm256_add_epi8(_mm256_and_si256(q, m4), h0);
-                let hi = _mm256_add_epi8(_mm256_and_si256(_mm256_srli_epi16::<4>(q), m4), h1);
-                let (sl, sh) =
-                    (_mm256_set1_epi16(sc[2 * g] as i16), _mm256_set1_epi16(sc[2 * g + 1] as i16));
-                for j in 0..N {
-                    let a = acts.kq.as_ptr().add((c + j) * k + b * QK_K + 64 * g);
-                    let al = _mm256_loadu_si256(a as *const __m256i);
-                    let ah = _mm256_loadu_si256(a.add(32) as *const __m256i);
-                    let pl = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, al), sl);
-                    let ph = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, ah), sh);
-                    sumi[j] = _mm256_add_epi32(sumi[j], _mm256_add_epi32(pl, ph));
-                }
-            }
-            for j in 0..N {
-                let col = c + j;
-                let da = *acts.kd.get_unchecked(col * nb + b);
-                let bs = &acts.kbs[(col * nb + b) * 16..(col * nb + b + 1) * 16];
-                if wide[j] {
-                    // ggml's tiled kernel (see `rows::dot`).
-                    let r = (-dminw).mul_add(k_mins(&mn, bs) as f32, dw * hsum_i32(sumi[j]) as f32);
-                    facc[j] = r.mul_add(da, facc[j]);
-                    continue;
-                }
-                acc[j] =
-                    _mm256_fmadd_ps(_mm256_set1_ps(da * dw), _mm256_cvtepi32_ps(sumi[j]), acc[j]);
-                summs[j] = (-da * dminw).mul_add(k_mins(&mn, bs) as f32, summs[j]);
-            }
-        }
-        for j in 0..N {
-            res[j] = if wide[j] { facc[j] } else { hsum8_reg(acc[j]) + summs[j] };
-        }
-    }
-}
-
-/// Q6_K (ggml's AVX2 `ggml_vec_dot_q6_K_q8_K`).
-#[inline(always)]
-unsafe fn q6k<const N: usize>(row: &[u8], acts: &Acts, c: usize, res: &mut [f32; MAX_N]) {
-    let k = acts.k;
-    let nb = k / QK_K;
-    assert!(row.len() >= nb * 210);
-    assert!(
-        (c + N) * k <= acts.kq.len()
-            && (c + N) * nb <= acts.kd.len()
-            && (c + N) * nb * 16 <= acts.kbs.len()
-    );
-    // SAFETY: loads within `row` (nb blocks) and columns c..c+N (asserted).
-    unsafe {
-        let mut acc = [_mm256_setzero_ps(); N];
-        let mut facc = [0f32; N];
-        let wide: [bool; N] = std::array::from_fn(|j| acts.wide(c + j));
-        let m15 = _mm256_set1_epi8(15);
-        for b in 0..nb {
-            let blk = row.as_ptr().add(b * 210);
-            let dw = f16_at(blk.add(208));
-            let scales = _mm_loadu_si128(blk.add(192) as *const __m128i);
-            let scales16 = _mm256_cvtepi8_epi16(scales);
-            let mut sumi = [_mm256_setzero_si256(); N];
-            for h in 0..2 {
-                let q1 = _mm256_loadu_si256(blk.add(64 * h) as *const __m256i);
-                let q2 = _mm256_loadu_si256(blk.add(64 * h + 32) as *const __m256i);
-                let qh = _mm256_loadu_si256(blk.add(128 + 32 * h) as *const __m256i);
-                let h0 = _mm256_slli_epi16::<4>(_mm256_and_si256(qh, _mm256_set1_epi8(3)));
-                let h1 = _mm256_slli_epi16::<2>(_mm256_and_si256(qh, _mm256_set1_epi8(12)));
-                let h2 = _mm256_and_si256(qh, _mm256_set1_epi8(48));
-                let h3 = _mm256_srli_epi16::<2>(_mm256_and_si256(qh, _mm256_set1_epi8(-64)));
-                let w = [
-                    _mm256_or_si256(_mm256_and_si256(q1, m15), h0),
-                    _mm256_or_si256(_mm256_and_si256(q2, m15), h1),
-                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(q1), m15), h2),
-                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(q2), m15), h3),
-                ];
-                for (kk, wk) in w.iter().enumerate() {
-                    // Scales of the chunk's two halves (16 values each).
-                    let s = (8 * h + 2 * kk) as i16;
-                    let lo = _mm_set1_epi16(*blk.add(192 + s as usize) as i8 as i16);
-                    let hi = _mm_set1_epi16(*blk.add(193 + s as usize) as i8 as i16);
-                    let sv = _mm256_set_m128i(hi, lo);
+    #[inline(always)]
+    unsafe fn run<const R: usize, const N: usize>(
+        w: &RowMat,
+        acts: &Acts,
+        r0: usize,
+        c0: usize,
+        out: &mut [[f32; N]; R],
+    ) {
+        let k = acts.k;
+        let nb = k / QK;
+        let bb = [34, 18, 22, 20, 24][F as usize];
+        let signed = F < 3;
+        assert!((r0 + R) * w.row_bytes <= w.data.len() && w.row_bytes >= nb * bb);
+        assert!((c0 + N) * k <= acts.q.len() && (c0 + N) * nb <= acts.d.len().min(acts.s.len()));
+        // SAFETY: loads within the R rows and N columns asserted above.
+        unsafe {
+            let mut acc = [[_mm256_setzero_ps(); N]; R];
+            let mut facc = [[0f32; N]; R];
+            let base = w.data.as_ptr().add(r0 * w.row_bytes);
+            for b in 0..nb {
+                for r in 0..R {
+                    let blk = base.add(r * w.row_bytes + b * bb);
+                    prefetch(blk.wrapping_add(PF_DIST));
+                    let dw = f16_at(blk);
+                    let x = match F {
+                        0 => _mm256_loadu_si256(blk.add(2) as *const __m256i),
+                        1 => _mm256_sub_epi8(nibbles(blk.add(2)), _mm256_set1_epi8(8)),
+                        2 => {
+                            let hi = _mm256_andnot_si256(
+                                bits(blk.add(2)),
+                                _mm256_set1_epi8(0xF0u8 as i8),
+                            );
+                            _mm256_or_si256(nibbles(blk.add(6)), hi)
+                        }
+                        3 => nibbles(blk.add(4)),
+                        _ => {
+                            let hi = _mm256_and_si256(bits(blk.add(4)), _mm256_set1_epi8(0x10));
+                            _mm256_or_si256(nibbles(blk.add(8)), hi)
+                        }
+                    };
+                    let ax = if signed { _mm256_sign_epi8(x, x) } else { x };
+                    let m = if signed { 0.0 } else { f16_at(blk.add(2)) };
                     for j in 0..N {
-                        let a = acts.kq.as_ptr().add((c + j) * k + b * QK_K + 128 * h + 32 * kk);
-                        let av = _mm256_loadu_si256(a as *const __m256i);
-                        let p = _mm256_madd_epi16(_mm256_maddubs_epi16(*wk, av), sv);
-                        sumi[j] = _mm256_add_epi32(sumi[j], p);
+                        let y = _mm256_loadu_si256(
+                            acts.q.as_ptr().add((c0 + j) * k + b * QK) as *const __m256i
+                        );
+                        let da = *acts.d.get_unchecked((c0 + j) * nb + b);
+                        let sy = if signed { _mm256_sign_epi8(y, x) } else { y };
+                        let lanes = us_lanes(ax, sy);
+                        if CH {
+                            let isum = hsum_i32(lanes);
+                            facc[r][j] = (isum as f32).mul_add(dw * da, facc[r][j]);
+                        } else {
+                            acc[r][j] = _mm256_fmadd_ps(
+                                _mm256_set1_ps(dw * da),
+                                _mm256_cvtepi32_ps(lanes),
+                                acc[r][j],
+                            );
+                            if !signed {
+                                let sa = *acts.s.get_unchecked((c0 + j) * nb + b);
+                                facc[r][j] = m.mul_add(sa, facc[r][j]);
+                            }
+                        }
                     }
                 }
             }
-            for j in 0..N {
-                let col = c + j;
-                let da = *acts.kd.get_unchecked(col * nb + b);
-                let bs = _mm256_loadu_si256(
-                    acts.kbs.as_ptr().add((col * nb + b) * 16) as *const __m256i
-                );
-                let corr = _mm256_slli_epi32::<5>(_mm256_madd_epi16(bs, scales16));
-                let s = _mm256_sub_epi32(sumi[j], corr);
-                if wide[j] {
-                    // ggml's tiled kernel (see `rows::dot`).
-                    facc[j] = (dw * hsum_i32(s) as f32).mul_add(da, facc[j]);
-                    continue;
+            for r in 0..R {
+                for j in 0..N {
+                    out[r][j] = if CH { facc[r][j] } else { hsum8_reg(acc[r][j]) + facc[r][j] };
                 }
-                acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(da * dw), _mm256_cvtepi32_ps(s), acc[j]);
             }
         }
-        for j in 0..N {
-            res[j] = if wide[j] { facc[j] } else { hsum8_reg(acc[j]) };
+    }
+}
+
+/// Scales and minimums of a Q4_K/Q5_K block (12 packed bytes at `p`) as
+/// bytes, the way ggml's AVX2 kernels unpack them: `[sc0..8, m0..8]`.
+#[inline(always)]
+unsafe fn k4_scales(p: *const u8) -> [u8; 16] {
+    const M1: u32 = 0x3f3f_3f3f;
+    const M2: u32 = 0x0f0f_0f0f;
+    const M3: u32 = 0x0303_0303;
+    // SAFETY: caller guarantees 12 readable bytes at p.
+    let (a, b, c) = unsafe {
+        (
+            (p as *const u32).read_unaligned(),
+            (p.add(4) as *const u32).read_unaligned(),
+            (p.add(8) as *const u32).read_unaligned(),
+        )
+    };
+    let u3 = ((c >> 4) & M2) | (((b >> 6) & M3) << 4);
+    let u2 = b & M1;
+    let u1 = (c & M2) | (((a >> 6) & M3) << 4);
+    let u0 = a & M1;
+    let mut out = [0u8; 16];
+    out[..4].copy_from_slice(&u0.to_le_bytes());
+    out[4..8].copy_from_slice(&u1.to_le_bytes());
+    out[8..12].copy_from_slice(&u2.to_le_bytes());
+    out[12..].copy_from_slice(&u3.to_le_bytes());
+    out
+}
+
+/// `Σ m_s · bsum32_s` over sub-blocks `subs`.
+#[inline(always)]
+fn k_mins(sm: &[u8; 16], bs: &[i16], subs: std::ops::Range<usize>) -> i32 {
+    subs.map(|s| sm[8 + s] as i32 * (bs[2 * s] as i32 + bs[2 * s + 1] as i32)).sum()
+}
+
+/// Q4_K on the *chain* numerics (ggml's repacked `q4_K_8x8` gemv, or its
+/// gemm for a grouped column: one step per 64 values).
+struct Q4KChain;
+
+impl Kern for Q4KChain {
+    #[inline(always)]
+    unsafe fn run<const R: usize, const N: usize>(
+        w: &RowMat,
+        acts: &Acts,
+        r0: usize,
+        c0: usize,
+        out: &mut [[f32; N]; R],
+    ) {
+        let k = acts.k;
+        let nb = k / QK_K;
+        assert!((r0 + R) * w.row_bytes <= w.data.len() && w.row_bytes >= nb * 144);
+        assert!((c0 + N) * k <= acts.kq.len() && (c0 + N) * nb <= acts.kd.len());
+        assert!((c0 + N) * nb * 16 <= acts.kbs.len());
+        // SAFETY: loads within the R rows and N columns asserted above.
+        unsafe {
+            let mut acc = [[0f32; N]; R];
+            let mut accm = [[0f32; N]; R];
+            let m4 = _mm256_set1_epi8(0x0F);
+            let grouped: [bool; N] = std::array::from_fn(|j| acts.grouped(c0 + j));
+            let base = w.data.as_ptr().add(r0 * w.row_bytes);
+            for b in 0..nb {
+                let mut dw = [0f32; R];
+                let mut dmin = [0f32; R];
+                let mut sm = [[0u8; 16]; R];
+                for r in 0..R {
+                    let blk = base.add(r * w.row_bytes + b * 144);
+                    for l in 0..3 {
+                        prefetch(blk.wrapping_add(PF_DIST + 64 * l));
+                    }
+                    dw[r] = f16_at(blk);
+                    dmin[r] = f16_at(blk.add(2));
+                    sm[r] = k4_scales(blk.add(4));
+                }
+                let mut da = [0f32; N];
+                for j in 0..N {
+                    da[j] = *acts.kd.get_unchecked((c0 + j) * nb + b);
+                }
+                let mut isum = [[_mm256_setzero_si256(); N]; R];
+                for g in 0..4 {
+                    let mut al = [_mm256_setzero_si256(); N];
+                    let mut ah = [_mm256_setzero_si256(); N];
+                    for j in 0..N {
+                        let a = acts.kq.as_ptr().add((c0 + j) * k + b * QK_K + 64 * g);
+                        al[j] = _mm256_loadu_si256(a as *const __m256i);
+                        ah[j] = _mm256_loadu_si256(a.add(32) as *const __m256i);
+                    }
+                    for r in 0..R {
+                        let q = _mm256_loadu_si256(
+                            base.add(r * w.row_bytes + b * 144 + 16 + 32 * g) as *const __m256i,
+                        );
+                        let lo = _mm256_and_si256(q, m4);
+                        let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4);
+                        let sl = _mm256_set1_epi16(sm[r][2 * g] as i16);
+                        let sh = _mm256_set1_epi16(sm[r][2 * g + 1] as i16);
+                        for j in 0..N {
+                            let pl = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, al[j]), sl);
+                            let ph = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, ah[j]), sh);
+                            isum[r][j] = _mm256_add_epi32(isum[r][j], _mm256_add_epi32(pl, ph));
+                            if grouped[j] {
+                                let bs = acts.kbs.get_unchecked((c0 + j) * nb * 16 + b * 16..);
+                                let i = hsum_i32(isum[r][j]);
+                                isum[r][j] = _mm256_setzero_si256();
+                                let im = k_mins(&sm[r], bs, 2 * g..2 * g + 2);
+                                acc[r][j] = (i as f32).mul_add(dw[r] * da[j], acc[r][j]);
+                                accm[r][j] = (im as f32).mul_add(dmin[r] * da[j], accm[r][j]);
+                            }
+                        }
+                    }
+                }
+                for r in 0..R {
+                    for j in 0..N {
+                        if grouped[j] {
+                            continue;
+                        }
+                        let bs = acts.kbs.get_unchecked((c0 + j) * nb * 16 + b * 16..);
+                        let i = hsum_i32(isum[r][j]);
+                        acc[r][j] = (i as f32).mul_add(dw[r] * da[j], acc[r][j]);
+                        accm[r][j] =
+                            (k_mins(&sm[r], bs, 0..8) as f32).mul_add(dmin[r] * da[j], accm[r][j]);
+                    }
+                }
+            }
+            for r in 0..R {
+                for j in 0..N {
+                    out[r][j] = acc[r][j] - accm[r][j];
+                }
+            }
+        }
+    }
+}
+
+/// Q5_K (ggml's AVX2 `ggml_vec_dot_q5_K_q8_K`, or its tiled kernel for a
+/// wide product).
+struct Q5K;
+
+impl Kern for Q5K {
+    #[inline(always)]
+    unsafe fn run<const R: usize, const N: usize>(
+        w: &RowMat,
+        acts: &Acts,
+        r0: usize,
+        c0: usize,
+        out: &mut [[f32; N]; R],
+    ) {
+        let k = acts.k;
+        let nb = k / QK_K;
+        assert!((r0 + R) * w.row_bytes <= w.data.len() && w.row_bytes >= nb * 176);
+        assert!((c0 + N) * k <= acts.kq.len() && (c0 + N) * nb <= acts.kd.len());
+        assert!((c0 + N) * nb * 16 <= acts.kbs.len());
+        // SAFETY: loads within the R rows and N columns asserted above.
+        unsafe {
+            let mut acc = [[_mm256_setzero_ps(); N]; R];
+            let mut facc = [[0f32; N]; R];
+            let m4 = _mm256_set1_epi8(0x0F);
+            let wide: [bool; N] = std::array::from_fn(|j| acts.wide(c0 + j));
+            let base = w.data.as_ptr().add(r0 * w.row_bytes);
+            for b in 0..nb {
+                let mut dw = [0f32; R];
+                let mut dminw = [0f32; R];
+                let mut sm = [[0u8; 16]; R];
+                for r in 0..R {
+                    let blk = base.add(r * w.row_bytes + b * 176);
+                    for l in 0..3 {
+                        prefetch(blk.wrapping_add(PF_DIST + 64 * l));
+                    }
+                    dw[r] = f16_at(blk);
+                    dminw[r] = f16_at(blk.add(2));
+                    sm[r] = k4_scales(blk.add(4));
+                }
+                let mut sumi = [[_mm256_setzero_si256(); N]; R];
+                for g in 0..4 {
+                    let mut al = [_mm256_setzero_si256(); N];
+                    let mut ah = [_mm256_setzero_si256(); N];
+                    for j in 0..N {
+                        let a = acts.kq.as_ptr().add((c0 + j) * k + b * QK_K + 64 * g);
+                        al[j] = _mm256_loadu_si256(a as *const __m256i);
+                        ah[j] = _mm256_loadu_si256(a.add(32) as *const __m256i);
+                    }
+                    for r in 0..R {
+                        let blk = base.add(r * w.row_bytes + b * 176);
+                        let hbits = _mm256_loadu_si256(blk.add(16) as *const __m256i);
+                        let q = _mm256_loadu_si256(blk.add(48 + 32 * g) as *const __m256i);
+                        let h0 = _mm256_and_si256(hbits, _mm256_set1_epi8(1 << (2 * g)));
+                        let h1 = _mm256_and_si256(hbits, _mm256_set1_epi8(2 << (2 * g)));
+                        // The chosen bit moved to bit 4 of its byte.
+                        let (h0, h1) = match g {
+                            0 => (_mm256_slli_epi16::<4>(h0), _mm256_slli_epi16::<3>(h1)),
+                            1 => (_mm256_slli_epi16::<2>(h0), _mm256_slli_epi16::<1>(h1)),
+                            2 => (h0, _mm256_srli_epi16::<1>(h1)),
+                            _ => (_mm256_srli_epi16::<2>(h0), _mm256_srli_epi16::<3>(h1)),
+                        };
+                        let lo = _mm256_add_epi8(_mm256_and_si256(q, m4), h0);
+                        let hi =
+                            _mm256_add_epi8(_mm256_and_si256(_mm256_srli_epi16::<4>(q), m4), h1);
+                        let sl = _mm256_set1_epi16(sm[r][2 * g] as i16);
+                        let sh = _mm256_set1_epi16(sm[r][2 * g + 1] as i16);
+                        for j in 0..N {
+                            let pl = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, al[j]), sl);
+                            let ph = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, ah[j]), sh);
+                            sumi[r][j] = _mm256_add_epi32(sumi[r][j], _mm256_add_epi32(pl, ph));
+                        }
+                    }
+                }
+                for j in 0..N {
+                    let col = c0 + j;
+                    let da = *acts.kd.get_unchecked(col * nb + b);
+                    let bs = acts.kbs.get_unchecked((col * nb + b) * 16..);
+                    for r in 0..R {
+                        let im = k_mins(&sm[r], bs, 0..8) as f32;
+                        if wide[j] {
+                            // ggml's tiled kernel (see `rows::dot`).
+                            let v = (-dminw[r]).mul_add(im, dw[r] * hsum_i32(sumi[r][j]) as f32);
+                            facc[r][j] = v.mul_add(da, facc[r][j]);
+                            continue;
+                        }
+                        acc[r][j] = _mm256_fmadd_ps(
+                            _mm256_set1_ps(da * dw[r]),
+                            _mm256_cvtepi32_ps(sumi[r][j]),
+                            acc[r][j],
+                        );
+                        facc[r][j] = (-da * dminw[r]).mul_add(im, facc[r][j]);
+                    }
+                }
+            }
+            for r in 0..R {
+                for j in 0..N {
+                    out[r][j] =
+                        if wide[j] { facc[r][j] } else { hsum8_reg(acc[r][j]) + facc[r][j] };
+                }
+            }
+        }
+    }
+}
+
+/// Q6_K (ggml's AVX2 `ggml_vec_dot_q6_K_q8_K`, or its tiled kernel for a
+/// wide product).
+struct Q6K;
+
+impl Kern for Q6K {
+    #[inline(always)]
+    unsafe fn run<const R: usize, const N: usize>(
+        w: &RowMat,
+        acts: &Acts,
+        r0: usize,
+        c0: usize,
+        out: &mut [[f32; N]; R],
+    ) {
+        let k = acts.k;
+        let nb = k / QK_K;
+        assert!((r0 + R) * w.row_bytes <= w.data.len() && w.row_bytes >= nb * 210);
+        assert!((c0 + N) * k <= acts.kq.len() && (c0 + N) * nb <= acts.kd.len());
+        assert!((c0 + N) * nb * 16 <= acts.kbs.len());
+        // SAFETY: loads within the R rows and N columns asserted above.
+        unsafe {
+            let mut acc = [[_mm256_setzero_ps(); N]; R];
+            let mut facc = [[0f32; N]; R];
+            let m15 = _mm256_set1_epi8(15);
+            let wide: [bool; N] = std::array::from_fn(|j| acts.wide(c0 + j));
+            let base = w.data.as_ptr().add(r0 * w.row_bytes);
+            for b in 0..nb {
+                for r in 0..R {
+                    let blk = base.add(r * w.row_bytes + b * 210);
+                    for l in 0..4 {
+                        prefetch(blk.wrapping_add(PF_DIST + 64 * l));
+                    }
+                }
+                let mut sumi = [[_mm256_setzero_si256(); N]; R];
+                for h in 0..2 {
+                    for kk in 0..4 {
+                        let mut av = [_mm256_setzero_si256(); N];
+                        for j in 0..N {
+                            let a =
+                                acts.kq.as_ptr().add((c0 + j) * k + b * QK_K + 128 * h + 32 * kk);
+                            av[j] = _mm256_loadu_si256(a as *const __m256i);
+                        }
+                        for r in 0..R {
+                            let blk = base.add(r * w.row_bytes + b * 210);
+                            let ql = _mm256_loadu_si256(
+                                blk.add(64 * h + 32 * (kk & 1)) as *const __m256i
+                            );
+                            let qh = _mm256_loadu_si256(blk.add(128 + 32 * h) as *const __m256i);
+                            // Chunk kk: low (kk < 2) or high nibbles of the
+                            // ql half, bits 2·kk..2·kk+2 of qh at bit 4.
+                            let low = if kk < 2 {
+                                _mm256_and_si256(ql, m15)
+                            } else {
+                                _mm256_and_si256(_mm256_srli_epi16::<4>(ql), m15)
+                            };
+                            let hb = match kk {
+                                0 => _mm256_slli_epi16::<4>(_mm256_and_si256(
+                                    qh,
+                                    _mm256_set1_epi8(3),
+                                )),
+                                1 => _mm256_slli_epi16::<2>(_mm256_and_si256(
+                                    qh,
+                                    _mm256_set1_epi8(12),
+                                )),
+                                2 => _mm256_and_si256(qh, _mm256_set1_epi8(48)),
+                                _ => _mm256_srli_epi16::<2>(_mm256_and_si256(
+                                    qh,
+                                    _mm256_set1_epi8(-64),
+                                )),
+                            };
+                            let wq = _mm256_or_si256(low, hb);
+                            let s = 8 * h + 2 * kk;
+                            let sv = _mm256_set_m128i(
+                                _mm_set1_epi16(*blk.add(193 + s) as i8 as i16),
+                                _mm_set1_epi16(*blk.add(192 + s) as i8 as i16),
+                            );
+                            for j in 0..N {
+                                let p = _mm256_madd_epi16(_mm256_maddubs_epi16(wq, av[j]), sv);
+                                sumi[r][j] = _mm256_add_epi32(sumi[r][j], p);
+                            }
+                        }
+                    }
+                }
+                for r in 0..R {
+                    let blk = base.add(r * w.row_bytes + b * 210);
+                    let dw = f16_at(blk.add(208));
+                    let scales16 =
+                        _mm256_cvtepi8_epi16(_mm_loadu_si128(blk.add(192) as *const __m128i));
+                    for j in 0..N {
+                        let col = c0 + j;
+                        let da = *acts.kd.get_unchecked(col * nb + b);
+                        let bs = _mm256_loadu_si256(
+                            acts.kbs.as_ptr().add((col * nb + b) * 16) as *const __m256i
+                        );
+                        let corr = _mm256_slli_epi32::<5>(_mm256_madd_epi16(bs, scales16));
+                        let s = _mm256_sub_epi32(sumi[r][j], corr);
+                        if wide[j] {
+                            // ggml's tiled kernel (see `rows::dot`).
+                            facc[r][j] = (dw * hsum_i32(s) as f32).mul_add(da, facc[r][j]);
+                        } else {
+                            acc[r][j] = _mm256_fmadd_ps(
+                                _mm256_set1_ps(da * dw),
+                                _mm256_cvtepi32_ps(s),
+                                acc[r][j],
+                            );
+                        }
+                    }
+                }
+            }
+            for r in 0..R {
+                for j in 0..N {
+                    out[r][j] = if wide[j] { facc[r][j] } else { hsum8_reg(acc[r][j]) };
+                }
+            }
         }
     }
 }

@@ -595,13 +595,7 @@ impl KWriter {
                 std::slice::from_raw_parts_mut(self.bs.add(c * nb * 16), nb * 16),
             )
         };
-        for b in 0..nb {
-            d[b] = crate::quant::quantize_block_q8k(
-                &x[b * QK_K..(b + 1) * QK_K],
-                &mut q[b * QK_K..(b + 1) * QK_K],
-                &mut bs[b * 16..(b + 1) * 16],
-            );
-        }
+        crate::quant::quantize_column_q8k(&x[..nb * QK_K], q, d, bs);
     }
 }
 
@@ -641,12 +635,7 @@ impl ColWriter {
         let four = !self.nib.is_null();
         let eight = !self.dup.is_null();
         if !four && !eight {
-            for b in 0..nb {
-                let (qb, db, sb) = crate::quant::quantize_block_q8(&x[b * QK..(b + 1) * QK]);
-                q[b * QK..(b + 1) * QK].copy_from_slice(&qb);
-                d[b] = db;
-                s[b] = sb;
-            }
+            crate::quant::quantize_column_q8(&x[..nb * QK], q, d, s);
             return;
         }
         for (lay, on, is_four) in [(self.nib, four, true), (self.dup, eight, false)] {

@@ -114,8 +114,6 @@ pub(crate) struct RowMat {
     pub(crate) row_bytes: usize,
 }
 
-/// The columns a kernel call handles at once (weights decoded once for all).
-pub(crate) const MAX_N: usize = 4;
 /// Columns per cache block: their activations stay in L2 while every row of
 /// a task passes over them.
 pub(crate) const COL_BLOCK: usize = 64;
