@@ -1,7 +1,19 @@
 //! A small thread pool for the matmuls of one model: the caller and N−1
-//! workers split a job's tasks through an atomic counter. Workers spin
-//! briefly between jobs (a decode step dispatches hundreds of jobs per token)
-//! and then sleep, so an idle engine costs no CPU.
+//! workers claim a job's tasks one by one. Workers spin briefly between jobs
+//! (a decode step dispatches hundreds of jobs per token) and then sleep, so
+//! an idle engine costs no CPU.
+//!
+//! A task is claimed with a compare-and-swap on `(epoch, next index)`, so a
+//! worker can only run a task of the job it read; the caller waits for the
+//! tasks that were claimed, never for workers that were not scheduled in
+//! time (on a busy machine a worker may wake after the caller has done
+//! everything itself, and then it finds nothing to claim).
+//!
+//! INVARIANT (soundness of the lifetime erasure in [`Pool::run`]): the job
+//! closure is called only for a claimed task, a task can only be claimed
+//! while its job's epoch is current, and `run` neither returns nor unwinds
+//! before every claimed task has finished. A panic in a task — the
+//! caller's or a worker's — is held until then and re-raised by `run`.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -10,14 +22,14 @@ use std::thread::JoinHandle;
 type Task<'a> = &'a (dyn Fn(usize) + Sync);
 
 struct Shared {
-    /// The current job, lifetime erased. INVARIANT: only read between an
-    /// epoch bump and the `done` count reaching the worker count; `run`
-    /// does not return (so the borrow stays alive) before that.
+    /// The current job, lifetime erased (see the module INVARIANT).
     job: Mutex<Option<Task<'static>>>,
+    /// `epoch << 32 | next task index`.
+    state: AtomicU64,
     tasks: AtomicUsize,
-    next: AtomicUsize,
-    done: AtomicUsize,
-    epoch: AtomicU64,
+    finished: AtomicUsize,
+    /// A worker's task panicked during the current job.
+    panicked: AtomicBool,
     stop: AtomicBool,
     sleep: Mutex<()>,
     wake: Condvar,
@@ -28,6 +40,8 @@ pub struct Pool {
     threads: usize,
     shared: Arc<Shared>,
     workers: Vec<JoinHandle<()>>,
+    /// `run` is not reentrant: one job at a time.
+    busy: Mutex<()>,
 }
 
 impl std::fmt::Debug for Pool {
@@ -39,30 +53,69 @@ impl std::fmt::Debug for Pool {
 /// Spin iterations before a worker sleeps (about a millisecond).
 const SPIN: u32 = 1 << 17;
 
+impl Shared {
+    /// Claims and runs tasks of `job` (epoch `epoch`) until none is left.
+    /// Returns the payload of a panic of one of them, if any.
+    fn drain(&self, epoch: u64, job: Task<'_>) -> Option<Box<dyn std::any::Any + Send>> {
+        let tasks = self.tasks.load(Ordering::Acquire) as u64;
+        let mut caught = None;
+        let mut cur = self.state.load(Ordering::Acquire);
+        loop {
+            if cur >> 32 != epoch || (cur & 0xFFFF_FFFF) >= tasks {
+                return caught;
+            }
+            match self.state.compare_exchange_weak(
+                cur,
+                cur + 1,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => {
+                    let i = (cur & 0xFFFF_FFFF) as usize;
+                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(i)));
+                    if let Err(p) = r {
+                        // Before `finished` counts it, so the caller that
+                        // sees every task finished also sees the panic.
+                        self.panicked.store(true, Ordering::Release);
+                        caught.get_or_insert(p);
+                    }
+                    self.finished.fetch_add(1, Ordering::AcqRel);
+                    cur = self.state.load(Ordering::Acquire);
+                }
+                Err(now) => cur = now,
+            }
+        }
+    }
+}
+
 impl Pool {
     /// A pool of `threads` threads in all (at least 1).
     pub fn new(threads: usize) -> Pool {
         let threads = threads.max(1);
         let shared = Arc::new(Shared {
             job: Mutex::new(None),
+            state: AtomicU64::new(0),
             tasks: AtomicUsize::new(0),
-            next: AtomicUsize::new(0),
-            done: AtomicUsize::new(0),
-            epoch: AtomicU64::new(0),
+            finished: AtomicUsize::new(0),
+            panicked: AtomicBool::new(false),
             stop: AtomicBool::new(false),
             sleep: Mutex::new(()),
             wake: Condvar::new(),
         });
-        let workers = (1..threads)
-            .map(|i| {
-                let s = Arc::clone(&shared);
-                std::thread::Builder::new()
-                    .name(format!("agentd-mm-{i}"))
-                    .spawn(move || worker(&s))
-                    .expect("spawning a matmul thread")
-            })
-            .collect();
-        Pool { threads, shared, workers }
+        let mut workers = Vec::with_capacity(threads - 1);
+        for i in 1..threads {
+            let s = Arc::clone(&shared);
+            match std::thread::Builder::new()
+                .name(format!("agentd-mm-{i}"))
+                .spawn(move || worker(&s))
+            {
+                Ok(h) => workers.push(h),
+                // Fewer threads than asked is slower, not wrong.
+                Err(_) => break,
+            }
+        }
+        let threads = workers.len() + 1;
+        Pool { threads, shared, workers, busy: Mutex::new(()) }
     }
 
     /// Threads in all.
@@ -71,48 +124,47 @@ impl Pool {
     }
 
     /// Runs `f(i)` for every `i` in `0..tasks`, spread over the pool; returns
-    /// when all are done.
+    /// when all are done. A panic of any task is re-raised here, after every
+    /// other claimed task has finished.
     pub fn run(&self, tasks: usize, f: &(dyn Fn(usize) + Sync)) {
         if self.threads == 1 || tasks <= 1 {
             (0..tasks).for_each(f);
             return;
         }
+        assert!(tasks < 1 << 32, "{tasks} tasks in one job");
+        let _one = self.busy.lock().unwrap_or_else(|e| e.into_inner());
         let s = &*self.shared;
-        // SAFETY: the erased borrow is used only until `done` reaches the
-        // worker count below, and this function does not return before.
+        // SAFETY: see the module INVARIANT: `f` is called only for tasks
+        // claimed under this job's epoch, and this function does not return
+        // or unwind before all of them have finished.
         let job: Task<'static> = unsafe { std::mem::transmute::<Task<'_>, Task<'static>>(f) };
+        let epoch = (s.state.load(Ordering::Acquire) >> 32) + 1;
         *s.job.lock().unwrap_or_else(|e| e.into_inner()) = Some(job);
-        s.tasks.store(tasks, Ordering::Relaxed);
-        s.next.store(0, Ordering::Relaxed);
-        s.done.store(0, Ordering::Relaxed);
+        s.tasks.store(tasks, Ordering::Release);
+        s.finished.store(0, Ordering::Release);
+        s.panicked.store(false, Ordering::Release);
         {
             let _g = s.sleep.lock().unwrap_or_else(|e| e.into_inner());
-            s.epoch.fetch_add(1, Ordering::Release);
+            s.state.store(epoch << 32, Ordering::Release);
             s.wake.notify_all();
         }
-        drain(s, f);
-        let workers = self.threads - 1;
+        let mine = s.drain(epoch, f);
         let mut spins = 0u32;
-        while s.done.load(Ordering::Acquire) < workers {
+        while s.finished.load(Ordering::Acquire) < tasks {
             spins = spins.wrapping_add(1);
-            if spins.is_multiple_of(1024) {
+            if spins.is_multiple_of(256) {
                 std::thread::yield_now();
             } else {
                 std::hint::spin_loop();
             }
         }
         *s.job.lock().unwrap_or_else(|e| e.into_inner()) = None;
-    }
-}
-
-fn drain(s: &Shared, f: Task<'_>) {
-    let tasks = s.tasks.load(Ordering::Relaxed);
-    loop {
-        let i = s.next.fetch_add(1, Ordering::Relaxed);
-        if i >= tasks {
-            break;
+        if let Some(p) = mine {
+            std::panic::resume_unwind(p);
         }
-        f(i);
+        if s.panicked.load(Ordering::Acquire) {
+            panic!("a task of the matmul pool panicked on a worker thread");
+        }
     }
 }
 
@@ -120,12 +172,13 @@ fn worker(s: &Shared) {
     let mut seen = 0u64;
     loop {
         let mut spins = 0u32;
-        loop {
+        let epoch = loop {
             if s.stop.load(Ordering::Acquire) {
                 return;
             }
-            if s.epoch.load(Ordering::Acquire) != seen {
-                break;
+            let e = s.state.load(Ordering::Acquire) >> 32;
+            if e != seen {
+                break e;
             }
             spins += 1;
             if spins < SPIN {
@@ -133,16 +186,19 @@ fn worker(s: &Shared) {
                 continue;
             }
             let g = s.sleep.lock().unwrap_or_else(|e| e.into_inner());
-            if s.epoch.load(Ordering::Acquire) == seen && !s.stop.load(Ordering::Acquire) {
+            if s.state.load(Ordering::Acquire) >> 32 == seen && !s.stop.load(Ordering::Acquire) {
                 drop(s.wake.wait(g).unwrap_or_else(|e| e.into_inner()));
             }
-        }
-        seen = s.epoch.load(Ordering::Acquire);
+        };
+        seen = epoch;
         let job = *s.job.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(job) = job {
-            drain(s, job);
+            // A stale job (the caller moved on) fails every claim: its
+            // epoch is no longer current.
+            // A panic is recorded in `panicked` by `drain`; the caller
+            // re-raises it.
+            let _ = s.drain(epoch, job);
         }
-        s.done.fetch_add(1, Ordering::Release);
     }
 }
 
@@ -173,5 +229,37 @@ mod tests {
             });
             assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1));
         }
+    }
+
+    /// A panicking task does not let `run` return while other tasks still
+    /// use the borrowed closure: every claimed task finishes first, then the
+    /// panic reaches the caller, and the pool goes on working.
+    #[test]
+    fn a_panic_waits_for_every_task_and_the_pool_survives() {
+        let pool = Pool::new(2);
+        for round in 0..20 {
+            let hits: Vec<AtomicUsize> = (0..64).map(|_| AtomicUsize::new(0)).collect();
+            let live = AtomicUsize::new(0);
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                pool.run(64, &|i| {
+                    live.fetch_add(1, Ordering::SeqCst);
+                    std::thread::sleep(std::time::Duration::from_micros(50));
+                    hits[i].fetch_add(1, Ordering::SeqCst);
+                    live.fetch_sub(1, Ordering::SeqCst);
+                    if i == (round * 7) % 64 {
+                        panic!("task {i}");
+                    }
+                })
+            }));
+            assert!(r.is_err());
+            // Nothing still runs once `run` has unwound.
+            assert_eq!(live.load(Ordering::SeqCst), 0);
+            assert!(hits.iter().all(|h| h.load(Ordering::SeqCst) == 1));
+        }
+        let n = AtomicUsize::new(0);
+        pool.run(10, &|_| {
+            n.fetch_add(1, Ordering::Relaxed);
+        });
+        assert_eq!(n.load(Ordering::Relaxed), 10);
     }
 }

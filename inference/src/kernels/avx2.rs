@@ -29,7 +29,10 @@ const DEC_ROWS: usize = 1;
 /// Columns per call on wider products.
 const COLS: usize = 8;
 /// Rows that share a group of columns (their weights stay in L1).
-const ROW_BLOCK: usize = 32;
+const ROW_BLOCK: usize = 16;
+/// Columns from which a format's `Kern::wide` pays for decoding its rows
+/// once into scratch.
+const WIDE_MIN: usize = 16;
 
 /// How far ahead of the block being read the kernels ask for memory.
 const PF_DIST: usize = 1024;
@@ -45,6 +48,21 @@ fn prefetch(p: *const u8) {
 trait Kern {
     /// Columns per call on wide products (what fits the registers).
     const COLS: usize = COLS;
+
+    /// A product of many columns done another way (rows decoded once for
+    /// all columns); `false` when the format has none.
+    ///
+    /// # Safety
+    /// As [`Kern::run`].
+    #[inline(always)]
+    unsafe fn wide(
+        _w: &RowMat,
+        _acts: &Acts,
+        _rows: std::ops::Range<usize>,
+        _out: &OutRows<'_>,
+    ) -> bool {
+        false
+    }
 
     /// # Safety
     /// The CPU has avx2, fma and f16c; the rows and columns exist in `w`
@@ -122,6 +140,9 @@ unsafe fn drive<K: Kern>(w: &RowMat, acts: &Acts, rows: std::ops::Range<usize>, 
                 }
                 r += m;
             }
+            return;
+        }
+        if acts.n >= WIDE_MIN && K::wide(w, acts, rows.clone(), out) {
             return;
         }
         // A block of rows against each group of columns in turn: the rows'
@@ -225,6 +246,21 @@ impl<const F: u8, const CH: bool> Kern for B32<F, CH> {
     const COLS: usize = if F >= 3 { 4 } else { COLS };
 
     #[inline(always)]
+    unsafe fn wide(
+        w: &RowMat,
+        acts: &Acts,
+        rows: std::ops::Range<usize>,
+        out: &OutRows<'_>,
+    ) -> bool {
+        if CH {
+            return false;
+        }
+        // SAFETY: forwarded.
+        unsafe { b32_wide::<F>(w, acts, rows, out) };
+        true
+    }
+
+    #[inline(always)]
     unsafe fn run<const R: usize, const N: usize>(
         w: &RowMat,
         acts: &Acts,
@@ -293,6 +329,162 @@ impl<const F: u8, const CH: bool> Kern for B32<F, CH> {
             for r in 0..R {
                 for j in 0..N {
                     out[r][j] = if CH { facc[r][j] } else { hsum8_reg(acc[r][j]) + facc[r][j] };
+                }
+            }
+        }
+    }
+}
+
+thread_local! {
+    /// Each thread's decoded rows for `b32_wide`.
+    static DECODED: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// [`B32`] on a product of many columns: each block of rows is decoded once
+/// (signed formats as value and magnitude, 32 bytes each, plus `d`, `m`)
+/// into scratch, then met by the columns eight at a time, their scales
+/// taken from the transposed `Acts::dt`/`st` eight at once. Same numbers as
+/// `B32::run` (the same lanes, the same fused multiply-adds per block).
+#[inline(always)]
+unsafe fn b32_wide<const F: u8>(
+    w: &RowMat,
+    acts: &Acts,
+    rows: std::ops::Range<usize>,
+    out: &OutRows<'_>,
+) {
+    // SAFETY: the caller has the features; the scratch is this thread's.
+    DECODED.with_borrow_mut(|dec| unsafe { b32_wide_in::<F>(dec, w, acts, rows, out) });
+}
+
+/// The body of [`b32_wide`], out of the thread-local's closure (which
+/// would not inherit the target features).
+///
+/// # Safety
+/// The CPU must support avx2, fma and f16c.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn b32_wide_in<const F: u8>(
+    dec: &mut Vec<u8>,
+    w: &RowMat,
+    acts: &Acts,
+    rows: std::ops::Range<usize>,
+    out: &OutRows<'_>,
+) {
+    let k = acts.k;
+    let n = acts.n;
+    let nb = k / QK;
+    let bb = [34usize, 18, 22, 20, 24][F as usize];
+    let signed = F < 3;
+    let dtw = n + 8;
+    assert!(rows.end * w.row_bytes <= w.data.len() && w.row_bytes >= nb * bb);
+    assert!(n * k <= acts.q.len() && nb * dtw <= acts.dt.len().min(acts.st.len()));
+    // Per row and block: 32 bytes x, 32 bytes |x| (signed formats), then
+    // d and m as f32 after all blocks.
+    let per_block = if signed { 64 } else { 32 };
+    let row_scratch = nb * per_block + nb * 8;
+    {
+        dec.resize(ROW_BLOCK * row_scratch + 32, 0);
+        // SAFETY: every pointer below stays within `dec` (sized above), the
+        // rows (asserted), `acts.q` (n columns of k) and `acts.dt`/`st`
+        // (nb rows of n + 8, so a load of 8 from any column < n fits).
+        unsafe {
+            let dp = dec.as_mut_ptr();
+            for rb in rows.clone().step_by(ROW_BLOCK) {
+                let re = (rb + ROW_BLOCK).min(rows.end);
+                for r in rb..re {
+                    let row = w.data.as_ptr().add(r * w.row_bytes);
+                    let o = dp.add((r - rb) * row_scratch);
+                    let scales = o.add(nb * per_block) as *mut f32;
+                    for b in 0..nb {
+                        let blk = row.add(b * bb);
+                        let x = match F {
+                            0 => _mm256_loadu_si256(blk.add(2) as *const __m256i),
+                            1 => _mm256_sub_epi8(nibbles(blk.add(2)), _mm256_set1_epi8(8)),
+                            2 => {
+                                let hi = _mm256_andnot_si256(
+                                    bits(blk.add(2)),
+                                    _mm256_set1_epi8(0xF0u8 as i8),
+                                );
+                                _mm256_or_si256(nibbles(blk.add(6)), hi)
+                            }
+                            3 => nibbles(blk.add(4)),
+                            _ => {
+                                let hi = _mm256_and_si256(bits(blk.add(4)), _mm256_set1_epi8(0x10));
+                                _mm256_or_si256(nibbles(blk.add(8)), hi)
+                            }
+                        };
+                        let at = o.add(b * per_block) as *mut __m256i;
+                        _mm256_storeu_si256(at, x);
+                        if signed {
+                            _mm256_storeu_si256(at.add(1), _mm256_sign_epi8(x, x));
+                        }
+                        scales.add(b).write_unaligned(f16_at(blk));
+                        scales.add(nb + b).write_unaligned(if signed {
+                            0.0
+                        } else {
+                            f16_at(blk.add(2))
+                        });
+                    }
+                }
+                let mut c = 0;
+                while c < n {
+                    let m = (n - c).min(8);
+                    for r in rb..re {
+                        let o = dp.add((r - rb) * row_scratch) as *const u8;
+                        let scales = o.add(nb * per_block) as *const f32;
+                        let mut acc = [_mm256_setzero_ps(); 8];
+                        let mut summs = _mm256_setzero_ps();
+                        for b in 0..nb {
+                            let x = _mm256_loadu_si256(o.add(b * per_block) as *const __m256i);
+                            let ax = if signed {
+                                _mm256_loadu_si256(o.add(b * per_block + 32) as *const __m256i)
+                            } else {
+                                x
+                            };
+                            let dw = scales.add(b).read_unaligned();
+                            // dw · da of the eight columns, each broadcast by a
+                            // shuffle within its 128-bit half.
+                            let dv = _mm256_mul_ps(
+                                _mm256_set1_ps(dw),
+                                _mm256_loadu_ps(acts.dt.as_ptr().add(b * dtw + c)),
+                            );
+                            let dlo = _mm256_permute2f128_ps::<0x00>(dv, dv);
+                            let dhi = _mm256_permute2f128_ps::<0x11>(dv, dv);
+                            if !signed {
+                                let mw = scales.add(nb + b).read_unaligned();
+                                let sv = _mm256_loadu_ps(acts.st.as_ptr().add(b * dtw + c));
+                                summs = _mm256_fmadd_ps(_mm256_set1_ps(mw), sv, summs);
+                            }
+                            macro_rules! col {
+                                ($j:literal, $half:ident, $imm:literal) => {
+                                    if $j < m {
+                                        let y = _mm256_loadu_si256(
+                                            acts.q.as_ptr().add((c + $j) * k + b * QK)
+                                                as *const __m256i,
+                                        );
+                                        let sy = if signed { _mm256_sign_epi8(y, x) } else { y };
+                                        let lanes = us_lanes(ax, sy);
+                                        let d = _mm256_shuffle_ps::<$imm>($half, $half);
+                                        acc[$j] =
+                                            _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(lanes), acc[$j]);
+                                    }
+                                };
+                            }
+                            col!(0, dlo, 0x00);
+                            col!(1, dlo, 0x55);
+                            col!(2, dlo, 0xAA);
+                            col!(3, dlo, 0xFF);
+                            col!(4, dhi, 0x00);
+                            col!(5, dhi, 0x55);
+                            col!(6, dhi, 0xAA);
+                            col!(7, dhi, 0xFF);
+                        }
+                        let mut sm = [0f32; 8];
+                        _mm256_storeu_ps(sm.as_mut_ptr(), summs);
+                        for j in 0..m {
+                            out.set(c + j, r, hsum8_reg(acc[j]) + sm[j]);
+                        }
+                    }
+                    c += m;
                 }
             }
         }

@@ -457,6 +457,11 @@ pub(crate) struct Acts {
     pub(crate) kd: Vec<f32>,
     pub(crate) kq: Vec<i8>,
     pub(crate) kbs: Vec<i16>,
+    /// `d` and `s` of the 32-blocks transposed, `[block][column]`, for
+    /// kernels that take several columns of one block at once (padded by
+    /// 8 columns so a vector load past the last is in bounds).
+    pub(crate) dt: Vec<f32>,
+    pub(crate) st: Vec<f32>,
     /// Columns that llama.cpp computes as part of a group of four
     /// (`attn::Route::grouped`); empty means none.
     pub(crate) grouped: Vec<bool>,
@@ -539,6 +544,19 @@ impl Acts {
                 unsafe { cols.column(&x[c * k..(c + 1) * k], c) };
             }
         });
+        if n > 1 {
+            let w = n + 8;
+            self.dt.clear();
+            self.dt.resize(nb * w, 0.0);
+            self.st.clear();
+            self.st.resize(nb * w, 0.0);
+            for c in 0..n {
+                for b in 0..nb {
+                    self.dt[b * w + c] = self.d[c * nb + b];
+                    self.st[b * w + c] = self.s[c * nb + b];
+                }
+            }
+        }
     }
 
     pub(crate) fn blocks(&self) -> usize {

@@ -32,6 +32,11 @@ for t in f16 bf16 f32; do
     "$tmp/mulmat" "$t" 16 576 7 "$seed" "$out/$t-16x576-n7.agkf"
     seed=$((seed + 1))
 done
+# Products of 17 columns: the engine's wide path for blocks of 32 (rows decoded once).
+for t in q5_0 q8_0 q4_1 q5_1 q4_0; do
+    "$tmp/mulmat" "$t" 12 576 17 "$seed" "$out/$t-12x576-n17.agkf"
+    seed=$((seed + 1))
+done
 # Products of 8 columns or more: ggml's tiled K-quant kernel (Q6_K, Q5_K, Q4_K not repacked).
 for t in q6_K q5_K; do
     "$tmp/mulmat" "$t" 16 512 9 "$seed" "$out/$t-16x512-n9.agkf"
