@@ -1,5 +1,11 @@
-//! The output side shared by every format: the visible-text channels with
-//! their separator-whitespace rule, call bookkeeping and suppress mode.
+//! The output side shared by every format: the visible-text channels, call
+//! bookkeeping and suppress mode.
+//!
+//! Text is kept verbatim: whitespace around and between calls stays where
+//! the model wrote it. Only the very edges of each channel are trimmed: the
+//! whitespace before its first visible character, and the whitespace after
+//! its last one at the end of the text (the same as a client that strips the
+//! reply; whitespace inside it is held until more text shows it is inside).
 //!
 //! INVARIANT: what is emitted depends only on the sequence of calls made by
 //! the format machine, never on how the input was split; machines keep that
@@ -23,8 +29,8 @@ enum Channel {
 struct TextState {
     /// Trailing whitespace not yet emitted.
     pending: String,
-    /// At the start of a run: leading whitespace is a separator.
-    at_start: bool,
+    /// Something visible was emitted: leading whitespace is text now.
+    started: bool,
 }
 
 /// The machine's view of the output.
@@ -35,7 +41,6 @@ pub(crate) struct Cx {
     tools: Tools,
     thinking: Option<bool>,
     text: [TextState; 2],
-    last: Option<Channel>,
     next_index: usize,
     open: Option<OpenCall>,
 }
@@ -54,11 +59,7 @@ impl Cx {
             mode: opts.mode,
             tools: opts.tools,
             thinking: opts.thinking,
-            text: [
-                TextState { pending: String::new(), at_start: true },
-                TextState { pending: String::new(), at_start: true },
-            ],
-            last: None,
+            text: [TextState::default(), TextState::default()],
             next_index: 0,
             open: None,
         }
@@ -90,27 +91,15 @@ impl Cx {
         self.text(Channel::Reasoning, s);
     }
 
-    /// Markup sits here: whitespace on either side of it is a separator.
-    pub(crate) fn boundary(&mut self) {
-        for t in &mut self.text {
-            t.pending.clear();
-            t.at_start = true;
-        }
-    }
-
     fn text(&mut self, ch: Channel, s: &str) {
-        if self.last.is_some_and(|l| l != ch) {
-            self.boundary();
-        }
-        self.last = Some(ch);
         let t = &mut self.text[ch as usize];
         let mut s = s;
-        if t.at_start {
+        if !t.started {
             s = s.trim_start();
             if s.is_empty() {
                 return;
             }
-            t.at_start = false;
+            t.started = true;
         }
         let body = s.trim_end().len();
         if body == 0 {
@@ -163,7 +152,6 @@ impl Cx {
         };
         debug_assert!(json::strict_object(&arguments).is_ok(), "arguments {arguments:?}");
         let call = ToolCall { id: open.id, name: open.name, arguments };
-        self.boundary();
         match self.mode {
             Mode::Tools => self.out.push(Event::CallEnd { index: open.index, call }),
             Mode::Suppress => self.out.push(Event::Discarded(call)),
@@ -184,7 +172,6 @@ impl Cx {
                 self.out.push(Event::CallDropped { index: open.index, reason });
             }
         }
-        self.boundary();
     }
 
     /// Whether a call is open.
@@ -199,21 +186,12 @@ impl Cx {
         if self.open.is_some() {
             self.drop_call(DropReason::Malformed);
         }
-        self.boundary();
         if self.mode == Mode::Tools && !raw.is_empty() {
-            self.flush_pending();
-            self.last = Some(Channel::Content);
-            self.out.push(Event::Content(raw.to_owned()));
-            self.text[Channel::Content as usize].at_start = false;
-        }
-    }
-
-    fn flush_pending(&mut self) {
-        for ch in [Channel::Content, Channel::Reasoning] {
-            let ws = std::mem::take(&mut self.text[ch as usize].pending);
-            if !ws.is_empty() {
-                self.emit_text(ch, ws);
-            }
+            let t = &mut self.text[Channel::Content as usize];
+            let mut piece = std::mem::take(&mut t.pending);
+            piece.push_str(raw);
+            t.started = true;
+            self.out.push(Event::Content(piece));
         }
     }
 

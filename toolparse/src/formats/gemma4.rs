@@ -25,10 +25,10 @@
 //! Turn and stop tokens (`<turn|>`, `<|tool_response>`, `<eos>`, …) are
 //! stripped; a stray `<|"|>` outside a call is dropped.
 
-use super::{prompt_opens, Machine};
+use super::{prompt_opens, Machine, Step};
 use crate::cx::Cx;
 use crate::json::{self, JsonType};
-use crate::scan::{find_first, starts_with, ws_len, Find, Prefix};
+use crate::scan::{ceil_boundary, find_first, starts_with, ws_len, Find, Prefix};
 use crate::{DropReason, FinishReason, Options};
 use serde_json::{Map, Value};
 
@@ -79,7 +79,7 @@ const HEADER_MAX: usize = 1024;
 const MAX_DEPTH: usize = 128;
 
 #[derive(Debug)]
-enum State {
+pub(crate) enum State {
     Content,
     /// After `<|channel>`: the `thought` label may follow.
     Label,
@@ -90,7 +90,7 @@ enum State {
 
 /// Progress through one call body.
 #[derive(Debug, Default)]
-struct Body {
+pub(crate) struct Body {
     /// Offset of the body's `{` and the call name, once seen.
     head: Option<(usize, Option<String>)>,
     /// Resume offset of the scan.
@@ -124,7 +124,13 @@ impl Gemma4 {
 }
 
 impl Machine for Gemma4 {
-    fn step(&mut self, input: &str, end: Option<FinishReason>, cx: &mut Cx) -> usize {
+    type State = State;
+
+    fn state(&self) -> &State {
+        &self.state
+    }
+
+    fn step(&mut self, input: &str, end: Option<FinishReason>, cx: &mut Cx) -> Step {
         let eof = end.is_some();
         match &mut self.state {
             State::Content => match find_first(input, &CONTENT_MARKERS, eof) {
@@ -132,40 +138,34 @@ impl Machine for Gemma4 {
                     cx.content(&input[..at]);
                     let m = CONTENT_MARKERS[idx];
                     match m {
-                        QUOTE => {}
-                        OPEN => {
-                            cx.boundary();
-                            self.state = State::Call(Body::default());
-                        }
-                        CH_OPEN => {
-                            cx.boundary();
-                            self.state = State::Label;
-                        }
-                        _ => cx.boundary(),
+                        OPEN => self.state = State::Call(Body::default()),
+                        CH_OPEN => self.state = State::Label,
+                        _ => {}
                     }
-                    at + m.len()
+                    Step::took(at + m.len())
                 }
                 Find::Clear { safe } => {
                     cx.content(&input[..safe]);
-                    safe
+                    Step::up_to(safe)
                 }
             },
             State::Label => match starts_with(input, LABEL, eof) {
-                Prefix::NeedMore => 0,
+                Prefix::NeedMore => Step::Wait,
                 Prefix::Yes => match input[LABEL.len()..].chars().next() {
-                    None if !eof => 0,
+                    None if !eof => Step::Wait,
                     Some(c) if !(c.is_whitespace() || c == '<') => {
+                        // A word that only starts like the label.
                         self.state = State::Reasoning;
-                        self.step(input, end, cx)
+                        Step::Transition
                     }
                     _ => {
                         self.state = State::Reasoning;
-                        LABEL.len()
+                        Step::took(LABEL.len())
                     }
                 },
                 Prefix::No => {
                     self.state = State::Reasoning;
-                    self.step(input, end, cx)
+                    Step::Transition
                 }
             },
             State::Reasoning => match find_first(input, &CONTENT_MARKERS, eof) {
@@ -173,32 +173,22 @@ impl Machine for Gemma4 {
                     cx.reasoning(&input[..at]);
                     let m = CONTENT_MARKERS[idx];
                     match m {
-                        QUOTE | CH_OPEN => {}
-                        CH_CLOSE => {
-                            cx.boundary();
-                            self.state = State::Content;
-                        }
-                        OPEN => {
-                            cx.boundary();
-                            self.state = State::Call(Body::default());
-                        }
-                        _ => cx.boundary(),
+                        CH_CLOSE => self.state = State::Content,
+                        OPEN => self.state = State::Call(Body::default()),
+                        _ => {}
                     }
-                    at + m.len()
+                    Step::took(at + m.len())
                 }
                 Find::Clear { safe } => {
                     cx.reasoning(&input[..safe]);
-                    safe
+                    Step::up_to(safe)
                 }
             },
             State::Call(body) => match call_step(body, input, end, cx) {
-                None => 0,
+                None => Step::Wait,
                 Some(n) => {
                     self.state = State::Content;
-                    if n == 0 && !input.is_empty() {
-                        return self.step(input, end, cx);
-                    }
-                    n
+                    Step::moved(n)
                 }
             },
         }
@@ -387,15 +377,6 @@ fn scan_body(body: &mut Body, input: &str, eof: bool) -> BodyScan {
         }
     }
     BodyScan::Partial
-}
-
-/// The first char boundary of `s` at or after `i` (or its length).
-fn ceil_boundary(s: &str, i: usize) -> usize {
-    let mut i = i.min(s.len());
-    while !s.is_char_boundary(i) {
-        i += 1;
-    }
-    i
 }
 
 /// The text ended inside a call: cut by the token limit, nothing is kept;
@@ -698,7 +679,8 @@ mod tests {
     fn text_before_and_between_calls() {
         let t = "Let me look.\n<|tool_call>call:a{}<tool_call|>\n<|tool_call>call:b{x:1}<tool_call|>\nDone.<turn|>";
         let a = run(t, THINK_OFF, FinishReason::Stop);
-        assert_eq!(a.content, "Let me look.Done.");
+        // The text around the calls is kept as the model wrote it.
+        assert_eq!(a.content, "Let me look.\n\n\nDone.");
         assert_eq!(a.calls, vec![call("a", "{}"), call("b", r#"{"x":1}"#)]);
     }
 

@@ -16,11 +16,21 @@
 //! (`<|start|>assistant to=functions.x<|channel|>commentary json`) or in the
 //! channel part (`<|channel|>commentary to=functions.x <|constrain|>json`);
 //! the content type (`<|constrain|>json`, a bare ` json`, or none) is
-//! ignored. A message with a recipient is a call: its body is one JSON
-//! object found by scanning JSON, so marker text inside an argument string
-//! does not end it. Without a recipient, the `analysis` channel is
-//! reasoning and every other channel (`final`, `commentary` preambles) is
-//! content.
+//! ignored. A message with a recipient is a call, named by the recipient
+//! (`functions.` dropped): a function (`to=functions.get_weather`) or a
+//! built-in tool (`to=python`, `to=browser.search`, `to=browser.open`,
+//! `to=container.exec`), on any channel. Its body is one JSON object found
+//! by scanning JSON, so marker text inside an argument string does not end
+//! it; a built-in tool's body that is no JSON object (`to=python code`
+//! writes Python) is its input text, up to the message's end, and the
+//! arguments are `{"code": TEXT}`:
+//!
+//! ```text
+//! <|start|>assistant<|channel|>analysis to=python code<|message|>print(2 + 2)<|call|>
+//! ```
+//!
+//! Without a recipient, the `analysis` channel is reasoning and every other
+//! channel (`final`, `commentary` preambles) is content.
 //!
 //! Marker-like text inside reasoning or content stays text where it cannot
 //! be markup: `<|call|>` and `<|return|>` end a text body only at the end of
@@ -28,10 +38,10 @@
 //! off by the end of the text is dropped; text outside any message is
 //! content.
 
-use super::Machine;
+use super::{Machine, Step};
 use crate::cx::Cx;
 use crate::json::{self, Scan, ValueEnd};
-use crate::scan::{find_first, starts_with, ws_len, Find, Prefix};
+use crate::scan::{find_first, push_capped, starts_with, ws_len, Find, Prefix};
 use crate::{DropReason, FinishReason, Options};
 
 const START: &str = "<|start|>";
@@ -57,21 +67,25 @@ const HEADER_CAP: usize = 1024;
 const WS_HOLD: usize = 4096;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
+pub(crate) enum Kind {
     Reasoning,
     Content,
 }
 
 #[derive(Debug)]
-enum State {
+pub(crate) enum State {
     /// Outside any message: stray text is content.
     Free,
     /// Inside a header (after `<|start|>`): its text so far.
     Header(String),
     /// In a message body shown as reasoning or content.
     Text(Kind),
-    /// In a call's body: the input starts with its JSON.
-    Call(ValueEnd),
+    /// In a call's body: the input starts with its JSON. `builtin`: the
+    /// recipient is a built-in tool, whose body may be text instead.
+    Call { scan: ValueEnd, builtin: bool },
+    /// In a built-in tool's text body; no end marker starts before
+    /// `searched`.
+    Code { searched: usize },
 }
 
 #[derive(Debug)]
@@ -145,9 +159,13 @@ fn channel_kind(channel: Option<&str>) -> Kind {
     }
 }
 
-/// The function name of a recipient (`functions.NAME` → `NAME`).
-fn function_name(recipient: &str) -> &str {
-    recipient.strip_prefix("functions.").unwrap_or(recipient)
+/// The call name of a recipient (`functions.NAME` → `NAME`; a built-in
+/// tool keeps its name) and whether it is a built-in tool.
+fn call_name(recipient: &str) -> (&str, bool) {
+    match recipient.strip_prefix("functions.") {
+        Some(name) => (name, false),
+        None => (recipient, true),
+    }
 }
 
 /// A header's visible text when it turns out not to be a header.
@@ -159,15 +177,6 @@ fn strip_markers(s: &str) -> String {
     out
 }
 
-/// The first char boundary of `s` at or after `i` (or its length).
-fn ceil_boundary(s: &str, i: usize) -> usize {
-    let mut i = i.min(s.len());
-    while !s.is_char_boundary(i) {
-        i += 1;
-    }
-    i
-}
-
 fn emit(cx: &mut Cx, kind: Kind, s: &str) {
     match kind {
         Kind::Reasoning => cx.reasoning(s),
@@ -176,13 +185,18 @@ fn emit(cx: &mut Cx, kind: Kind, s: &str) {
 }
 
 impl Machine for GptOss {
-    fn step(&mut self, input: &str, end: Option<FinishReason>, cx: &mut Cx) -> usize {
+    type State = State;
+
+    fn state(&self) -> &State {
+        &self.state
+    }
+
+    fn step(&mut self, input: &str, end: Option<FinishReason>, cx: &mut Cx) -> Step {
         let eof = end.is_some();
         match &mut self.state {
             State::Free => match find_first(input, &FREE_MARKERS, eof) {
                 Find::Found { at, idx } => {
                     cx.content(&input[..at]);
-                    cx.boundary();
                     let m = FREE_MARKERS[idx];
                     match m {
                         START => self.state = State::Header(String::new()),
@@ -190,11 +204,11 @@ impl Machine for GptOss {
                         MESSAGE => self.state = State::Text(Kind::Content),
                         _ => {}
                     }
-                    at + m.len()
+                    Step::took(at + m.len())
                 }
                 Find::Clear { safe } => {
                     cx.content(&input[..safe]);
-                    safe
+                    Step::up_to(safe)
                 }
             },
             State::Header(header) => {
@@ -210,35 +224,32 @@ impl Machine for GptOss {
                     Some(m @ (CHANNEL | CONSTRAIN)) => text.len() + m.len(),
                     _ => text.len(),
                 };
-                if header.len() + kept > HEADER_CAP {
-                    let k = ceil_boundary(&input[..kept], HEADER_CAP + 1 - header.len());
-                    header.push_str(&input[..k]);
+                if let Err(k) = push_capped(header, &input[..kept], HEADER_CAP) {
                     let shown = strip_markers(header);
                     cx.content(&shown);
                     self.state = State::Free;
-                    return k;
+                    return Step::took(k);
                 }
-                header.push_str(text);
-                let Some(m) = marker else { return text.len() };
-                let used = text.len() + m.len();
+                let Some(m) = marker else { return Step::up_to(text.len()) };
                 match m {
                     MESSAGE => {
                         let h = parse_header(header);
-                        cx.boundary();
                         self.state = match h.recipient {
                             Some(r) => {
-                                cx.start_call(None, function_name(&r));
-                                State::Call(ValueEnd::default())
+                                let (name, builtin) = call_name(&r);
+                                cx.start_call(None, name);
+                                State::Call { scan: ValueEnd::default(), builtin }
                             }
                             None => State::Text(channel_kind(h.channel.as_deref())),
                         };
                     }
                     START => self.state = State::Header(String::new()),
-                    CHANNEL | CONSTRAIN => header.push_str(m),
+                    // Kept in the header above.
+                    CHANNEL | CONSTRAIN => {}
                     // The message ended inside its header: nothing to show.
                     _ => self.state = State::Free,
                 }
-                used
+                Step::took(text.len() + m.len())
             }
             State::Text(kind) => {
                 let kind = *kind;
@@ -246,51 +257,67 @@ impl Machine for GptOss {
                     Find::Found { at, idx } => {
                         emit(cx, kind, &input[..at]);
                         let m = BODY_ENDS[idx];
-                        let rest = &input[at + m.len()..];
-                        let ws = ws_len(rest);
-                        let ends = if m == END {
-                            true
-                        } else if ws > WS_HOLD {
-                            false
-                        } else if ws == rest.len() {
-                            if !eof {
-                                return at; // wait: the end of text or a header may follow
-                            }
-                            true
-                        } else {
-                            match starts_with(&rest[ws..], START, eof) {
-                                Prefix::Yes => true,
-                                Prefix::No => false,
-                                Prefix::NeedMore => return at,
-                            }
+                        let Some(ends) = body_ends(m, &input[at + m.len()..], eof) else {
+                            // Wait: the end of text or a header may follow.
+                            return Step::up_to(at);
                         };
                         if ends {
-                            cx.boundary();
                             self.state = State::Free;
                         } else {
                             // Marker text inside the body (e.g. reasoning about `<|call|>`).
                             emit(cx, kind, m);
                         }
-                        at + m.len()
+                        Step::took(at + m.len())
                     }
                     Find::Clear { safe } => {
                         emit(cx, kind, &input[..safe]);
-                        safe
+                        Step::up_to(safe)
                     }
                 }
             }
-            State::Call(scan) => {
-                let (n, next) = call_step(scan, input, end, cx);
-                if let Some(next) = next {
-                    self.state = next;
-                    if n == 0 && !input.is_empty() {
-                        // Decided without consuming: the text goes to the
-                        // new state now (0 would read as "wait").
-                        return self.step(input, end, cx);
+            State::Call { scan, builtin } => {
+                let builtin = *builtin;
+                match call_step(scan, builtin, input, end, cx) {
+                    None => Step::Wait,
+                    Some((n, next)) => {
+                        self.state = next;
+                        Step::moved(n)
                     }
                 }
-                n
             }
+            State::Code { searched } => match find_first(&input[*searched..], &BODY_ENDS, eof) {
+                Find::Found { at, idx } => {
+                    let at = *searched + at;
+                    let m = BODY_ENDS[idx];
+                    let Some(ends) = body_ends(m, &input[at + m.len()..], eof) else {
+                        *searched = at;
+                        return Step::Wait;
+                    };
+                    if !ends {
+                        // Marker text inside the code.
+                        *searched = at + m.len();
+                        return Step::Wait;
+                    }
+                    finish_call(cx, code_args(&input[..at]));
+                    self.state = State::Free;
+                    Step::took(at + m.len())
+                }
+                Find::Clear { safe } if !eof => {
+                    *searched += safe;
+                    Step::Wait
+                }
+                Find::Clear { .. } => {
+                    // The stop token is not in the text: under Stop the body
+                    // is complete; cut by the token limit, it is not.
+                    if end == Some(FinishReason::Length) {
+                        cx.drop_call(DropReason::Truncated);
+                    } else {
+                        finish_call(cx, code_args(input));
+                    }
+                    self.state = State::Free;
+                    Step::moved(input.len())
+                }
+            },
         }
     }
 
@@ -305,7 +332,7 @@ impl Machine for GptOss {
             // Marker text and whitespace in a body: body text.
             State::Text(kind) => emit(cx, kind, text),
             // A call body: the rest of the body follows as content.
-            State::Call(_) => {
+            State::Call { .. } | State::Code { .. } => {
                 cx.malformed(text);
                 self.state = State::Text(Kind::Content);
             }
@@ -317,23 +344,51 @@ impl Machine for GptOss {
     }
 }
 
+/// Whether the end marker `m` of a text body, followed by `rest`, ends it:
+/// `<|end|>` always; `<|call|>` and `<|return|>` at the end of the text or
+/// before the next `<|start|>`. `None`: not known yet.
+fn body_ends(m: &str, rest: &str, eof: bool) -> Option<bool> {
+    if m == END {
+        return Some(true);
+    }
+    let ws = ws_len(rest);
+    if ws > WS_HOLD {
+        Some(false)
+    } else if ws == rest.len() {
+        eof.then_some(true)
+    } else {
+        match starts_with(&rest[ws..], START, eof) {
+            Prefix::Yes => Some(true),
+            Prefix::No => Some(false),
+            Prefix::NeedMore => None,
+        }
+    }
+}
+
+/// The arguments of a built-in tool whose body is text.
+fn code_args(body: &str) -> String {
+    json::to_text(&serde_json::Map::from_iter([("code".to_owned(), serde_json::Value::from(body))]))
+}
+
 /// One step inside a call body; returns bytes consumed and the next state
 /// (`None`: stay and wait for more text).
 fn call_step(
     scan: &mut ValueEnd,
+    builtin: bool,
     input: &str,
     end: Option<FinishReason>,
     cx: &mut Cx,
-) -> (usize, Option<State>) {
+) -> Option<(usize, State)> {
     let eof = end.is_some();
     match scan.scan(input) {
         Scan::Done(body_end) => {
             let body = &input[..body_end];
             let args = match json::object_text(body) {
                 Ok(args) => args,
+                Err(_) if builtin => return Some((0, State::Code { searched: 0 })),
                 Err(_) => {
                     cx.malformed(body);
-                    return (body_end, Some(State::Text(Kind::Content)));
+                    return Some((body_end, State::Text(Kind::Content)));
                 }
             };
             let after = &input[body_end..];
@@ -342,11 +397,11 @@ fn call_step(
             if ws > WS_HOLD {
                 // Decided at a fixed distance after the JSON, whatever the deltas.
                 finish_call(cx, args);
-                return (body_end, Some(State::Free));
+                return Some((body_end, State::Free));
             }
             if rest.is_empty() {
                 if !eof {
-                    return (0, None);
+                    return None;
                 }
                 // The <|call|> stop token is not in the text: under Stop the
                 // body is complete; cut by the token limit, it is not.
@@ -355,15 +410,15 @@ fn call_step(
                 } else {
                     finish_call(cx, args);
                 }
-                return (input.len(), Some(State::Free));
+                return Some((input.len(), State::Free));
             }
             for m in [CALL, END, RETURN] {
                 match starts_with(rest, m, eof) {
                     Prefix::Yes => {
                         finish_call(cx, args);
-                        return (body_end + ws + m.len(), Some(State::Free));
+                        return Some((body_end + ws + m.len(), State::Free));
                     }
-                    Prefix::NeedMore => return (0, None),
+                    Prefix::NeedMore => return None,
                     Prefix::No => {}
                 }
             }
@@ -372,19 +427,25 @@ fn call_step(
                     Prefix::Yes => {
                         // The next message began without <|call|>.
                         finish_call(cx, args);
-                        return (body_end + ws, Some(State::Free));
+                        return Some((body_end + ws, State::Free));
                     }
-                    Prefix::NeedMore => return (0, None),
+                    Prefix::NeedMore => return None,
                     Prefix::No => {}
                 }
             }
-            // Text after the JSON: not a call body.
+            // Text after the JSON: not a call body (a built-in tool's text).
+            if builtin {
+                return Some((0, State::Code { searched: 0 }));
+            }
             cx.malformed(body);
-            (body_end, Some(State::Text(Kind::Content)))
+            Some((body_end, State::Text(Kind::Content)))
         }
         Scan::Partial => {
             if !eof {
-                return (0, None);
+                return None;
+            }
+            if builtin && end == Some(FinishReason::Stop) && !input.trim().is_empty() {
+                return Some((0, State::Code { searched: 0 }));
             }
             if end == Some(FinishReason::Length) {
                 cx.drop_call(DropReason::Truncated);
@@ -393,7 +454,7 @@ fn call_step(
             } else {
                 cx.malformed(input);
             }
-            (input.len(), Some(State::Free))
+            Some((input.len(), State::Free))
         }
         Scan::Invalid => {
             // An empty body followed by the end marker: no arguments.
@@ -403,15 +464,19 @@ fn call_step(
                 match starts_with(rest, m, eof) {
                     Prefix::Yes => {
                         finish_call(cx, "{}".to_owned());
-                        return (ws + m.len(), Some(State::Free));
+                        return Some((ws + m.len(), State::Free));
                     }
-                    Prefix::NeedMore => return (0, None),
+                    Prefix::NeedMore => return None,
                     Prefix::No => {}
                 }
             }
-            // Not JSON (e.g. code for a built-in tool): the body is content.
+            if builtin {
+                // Not JSON: a built-in tool's text (code).
+                return Some((0, State::Code { searched: 0 }));
+            }
+            // Not JSON: the body is content.
             cx.malformed("");
-            (0, Some(State::Text(Kind::Content)))
+            Some((0, State::Text(Kind::Content)))
         }
     }
 }

@@ -22,7 +22,7 @@
 //! falls back to content. A prompt that ends inside `<think>` starts the
 //! parser in reasoning.
 
-use super::{prompt_opens, Machine};
+use super::{prompt_opens, Machine, Step};
 use crate::cx::Cx;
 use crate::json::{self, Scan, ValueEnd};
 use crate::scan::{find_first, starts_with, ws_len, Find, Prefix};
@@ -40,7 +40,7 @@ const CONTENT_MARKERS: [&str; 6] =
     [OPEN, THINK, UNTHINK, "<|im_end|>", "<|im_start|>", "<|endoftext|>"];
 
 #[derive(Debug)]
-enum State {
+pub(crate) enum State {
     Content,
     Reasoning,
     /// After `<tool_call>`: the input starts with the body.
@@ -85,35 +85,39 @@ pub(crate) fn call_from_object(body: &str) -> Option<(String, String)> {
 }
 
 impl Machine for Hermes {
-    fn step(&mut self, input: &str, end: Option<FinishReason>, cx: &mut Cx) -> usize {
+    type State = State;
+
+    fn state(&self) -> &State {
+        &self.state
+    }
+
+    fn step(&mut self, input: &str, end: Option<FinishReason>, cx: &mut Cx) -> Step {
         let eof = end.is_some();
         match &mut self.state {
             State::Reasoning => match find_first(input, &[UNTHINK], eof) {
                 Find::Found { at, .. } => {
                     cx.reasoning(&input[..at]);
-                    cx.boundary();
                     self.state = State::Content;
-                    at + UNTHINK.len()
+                    Step::took(at + UNTHINK.len())
                 }
                 Find::Clear { safe } => {
                     cx.reasoning(&input[..safe]);
-                    safe
+                    Step::up_to(safe)
                 }
             },
             State::Content => match find_first(input, &CONTENT_MARKERS, eof) {
                 Find::Found { at, idx } => {
                     cx.content(&input[..at]);
-                    cx.boundary();
                     match CONTENT_MARKERS[idx] {
                         OPEN => self.state = State::Call(ValueEnd::default()),
                         THINK => self.state = State::Reasoning,
                         _ => {}
                     }
-                    at + CONTENT_MARKERS[idx].len()
+                    Step::took(at + CONTENT_MARKERS[idx].len())
                 }
                 Find::Clear { safe } => {
                     cx.content(&input[..safe]);
-                    safe
+                    Step::up_to(safe)
                 }
             },
             State::Call(scan) => {
@@ -122,7 +126,7 @@ impl Machine for Hermes {
                         let after = &input[body_end..];
                         let ws = ws_len(after);
                         match starts_with(&after[ws..], CLOSE, eof) {
-                            Prefix::NeedMore => return 0,
+                            Prefix::NeedMore => return Step::Wait,
                             Prefix::Yes => {
                                 let used = body_end + ws + CLOSE.len();
                                 match call_from_object(&input[..body_end]) {
@@ -133,7 +137,7 @@ impl Machine for Hermes {
                             }
                             Prefix::No if ws == after.len() && !eof => {
                                 // Only whitespace so far: the close tag may follow.
-                                return 0;
+                                return Step::Wait;
                             }
                             Prefix::No => {
                                 // No close tag: the JSON alone decides, unless the
@@ -150,7 +154,7 @@ impl Machine for Hermes {
                     }
                     Scan::Partial => {
                         if !eof {
-                            return 0;
+                            return Step::Wait;
                         }
                         unfinished(input, end, cx);
                         input.len()
@@ -161,7 +165,7 @@ impl Machine for Hermes {
                             cx.malformed(&format!("{OPEN}{}", &input[..used]));
                             used
                         }
-                        Find::Clear { .. } if !eof => return 0,
+                        Find::Clear { .. } if !eof => return Step::Wait,
                         Find::Clear { .. } => {
                             unfinished(input, end, cx);
                             input.len()
@@ -169,7 +173,7 @@ impl Machine for Hermes {
                     },
                 };
                 self.state = State::Content;
-                n
+                Step::moved(n)
             }
         }
     }

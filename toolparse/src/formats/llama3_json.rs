@@ -27,9 +27,9 @@
 //! is returned.
 
 use crate::cx::Cx;
-use crate::formats::Machine;
+use crate::formats::{Machine, Step};
 use crate::json::{self, Scan, ValueEnd};
-use crate::scan::{find_first, starts_with, ws_len, Find, Prefix};
+use crate::scan::{find_first, floor_boundary, starts_with, ws_len, Find, Prefix};
 use crate::schema::Tools;
 use crate::{DropReason, FinishReason, Options};
 use serde_json::{Map, Value};
@@ -62,7 +62,7 @@ const CONTENT_MARKERS: [&str; 16] = [
 const HEAD_CAP: usize = 256;
 
 #[derive(Debug)]
-enum State {
+pub(crate) enum State {
     Content,
     /// After `<|python_tag|>`: the input starts with what follows it.
     AfterTag,
@@ -77,7 +77,9 @@ enum State {
         name: String,
         scan: ParenEnd,
     },
-    /// After a call: separator whitespace and one `;` are skipped.
+    /// After a call: `;` and the whitespace around it separate calls, and
+    /// so does whitespace before the next call; before other text the
+    /// whitespace is content.
     AfterCall,
 }
 
@@ -147,173 +149,171 @@ fn opens_candidate(s: &str, eof: bool) -> Option<bool> {
 }
 
 impl Machine for Llama3Json {
-    fn step(&mut self, input: &str, end: Option<FinishReason>, cx: &mut Cx) -> usize {
+    type State = State;
+
+    fn state(&self) -> &State {
+        &self.state
+    }
+
+    fn step(&mut self, input: &str, end: Option<FinishReason>, cx: &mut Cx) -> Step {
         let eof = end.is_some();
-        loop {
-            match &mut self.state {
-                State::Content => {
-                    return match find_first(input, &CONTENT_MARKERS, eof) {
-                        Find::Found { at, idx } => {
-                            cx.content(&input[..at]);
-                            let marker = CONTENT_MARKERS[idx];
-                            if marker == "{" || marker == "[" {
-                                match opens_candidate(&input[at..], eof) {
-                                    None => return at,
-                                    Some(false) => {
-                                        cx.content(marker);
-                                        return at + 1;
-                                    }
-                                    Some(true) => {
-                                        self.state = State::Candidate {
-                                            scan: ValueEnd::default(),
-                                            expected: false,
-                                        };
-                                        if at == 0 {
-                                            continue;
-                                        }
-                                        return at;
-                                    }
-                                }
+        match &mut self.state {
+            State::Content => match find_first(input, &CONTENT_MARKERS, eof) {
+                Find::Found { at, idx } => {
+                    cx.content(&input[..at]);
+                    let marker = CONTENT_MARKERS[idx];
+                    if marker == "{" || marker == "[" {
+                        return match opens_candidate(&input[at..], eof) {
+                            None => Step::up_to(at),
+                            Some(false) => {
+                                cx.content(marker);
+                                Step::took(at + 1)
                             }
-                            cx.boundary();
-                            if marker == PYTHON_TAG {
-                                self.state = State::AfterTag;
+                            Some(true) => {
+                                self.state =
+                                    State::Candidate { scan: ValueEnd::default(), expected: false };
+                                Step::moved(at)
                             }
-                            at + marker.len()
-                        }
-                        Find::Clear { safe } => {
-                            cx.content(&input[..safe]);
-                            safe
-                        }
-                    };
-                }
-                State::AfterTag => {
-                    // Only the first HEAD_CAP bytes decide, whatever the
-                    // deltas: what they leave open is no call.
-                    let (look, eof) = if input.len() > HEAD_CAP {
-                        let mut n = HEAD_CAP;
-                        while !input.is_char_boundary(n) {
-                            n -= 1;
-                        }
-                        (&input[..n], false)
-                    } else {
-                        (input, eof)
-                    };
-                    let w = ws_len(look);
-                    let rest = &look[w..];
-                    if rest.starts_with('{') || rest.starts_with('[') {
-                        self.state = State::Candidate { scan: ValueEnd::default(), expected: true };
-                        continue;
+                        };
                     }
-                    let ident = rest
-                        .find(|c: char| !(c.is_alphanumeric() || c == '_'))
-                        .unwrap_or(rest.len());
-                    let after = &rest[ident..];
-                    let decided = if ident == 0 {
-                        if rest.is_empty() && !eof {
-                            None
-                        } else {
-                            Some(false)
-                        }
-                    } else if after.is_empty() && !eof {
+                    if marker == PYTHON_TAG {
+                        self.state = State::AfterTag;
+                    }
+                    Step::took(at + marker.len())
+                }
+                Find::Clear { safe } => {
+                    cx.content(&input[..safe]);
+                    Step::up_to(safe)
+                }
+            },
+            State::AfterTag => {
+                // Only the first HEAD_CAP bytes decide, whatever the
+                // deltas: what they leave open is no call.
+                let (look, eof) = if input.len() > HEAD_CAP {
+                    (&input[..floor_boundary(input, HEAD_CAP)], false)
+                } else {
+                    (input, eof)
+                };
+                let w = ws_len(look);
+                let rest = &look[w..];
+                if rest.starts_with('{') || rest.starts_with('[') {
+                    self.state = State::Candidate { scan: ValueEnd::default(), expected: true };
+                    return Step::Transition;
+                }
+                let ident =
+                    rest.find(|c: char| !(c.is_alphanumeric() || c == '_')).unwrap_or(rest.len());
+                let after = &rest[ident..];
+                let decided = if ident == 0 {
+                    if rest.is_empty() && !eof {
                         None
                     } else {
-                        match starts_with(after, CALL_OPEN, eof) {
-                            Prefix::Yes => Some(true),
-                            Prefix::NeedMore => None,
-                            Prefix::No => Some(false),
-                        }
-                    };
-                    match decided {
-                        None if input.len() <= HEAD_CAP => return 0,
-                        Some(true) => {
-                            let name = rest[..ident].to_owned();
-                            self.state = State::Builtin { name, scan: ParenEnd::default() };
-                            return w + ident + CALL_OPEN.len();
-                        }
-                        // Not a call: the text is content (the tag is gone).
-                        _ => self.state = State::Content,
+                        Some(false)
+                    }
+                } else if after.is_empty() && !eof {
+                    None
+                } else {
+                    match starts_with(after, CALL_OPEN, eof) {
+                        Prefix::Yes => Some(true),
+                        Prefix::NeedMore => None,
+                        Prefix::No => Some(false),
+                    }
+                };
+                match decided {
+                    None if input.len() <= HEAD_CAP => Step::Wait,
+                    Some(true) => {
+                        let name = rest[..ident].to_owned();
+                        self.state = State::Builtin { name, scan: ParenEnd::default() };
+                        Step::took(w + ident + CALL_OPEN.len())
+                    }
+                    // Not a call: the text is content (the tag is gone).
+                    _ => {
+                        self.state = State::Content;
+                        Step::Transition
                     }
                 }
-                State::Candidate { scan, expected } => match scan.scan(input) {
-                    Scan::Done(body_end) => {
-                        let raw = &input[..body_end];
-                        match calls_from_json(raw, cx.tools()) {
-                            Some(calls) => {
-                                for (name, args) in calls {
-                                    cx.call(None, &name, args);
-                                }
-                                self.state = State::AfterCall;
-                            }
-                            None => {
-                                cx.content(raw);
-                                self.state = State::Content;
-                            }
-                        }
-                        return body_end;
-                    }
-                    Scan::Partial if !eof => return 0,
-                    Scan::Partial => {
-                        let call = *expected || looks_like_call(input);
-                        if end == Some(FinishReason::Length) && call {
-                            cx.drop_call(DropReason::Truncated);
-                        } else {
-                            cx.content(input);
-                        }
-                        self.state = State::Content;
-                        return input.len();
-                    }
-                    Scan::Invalid => self.state = State::Content,
-                },
-                State::Builtin { name, scan } => match scan.scan(input) {
-                    Some(close) => {
-                        let name = std::mem::take(name);
-                        let raw = &input[..close];
-                        let tools = cx.tools();
-                        let offered = tools.0.is_empty() || tools.get(&name).is_some();
-                        match kwargs(raw, &name, tools) {
-                            Some(args) if offered => {
+            }
+            State::Candidate { scan, expected } => match scan.scan(input) {
+                Scan::Done(body_end) => {
+                    let raw = &input[..body_end];
+                    match calls_from_json(raw, cx.tools()) {
+                        Some(calls) => {
+                            for (name, args) in calls {
                                 cx.call(None, &name, args);
-                                self.state = State::AfterCall;
                             }
-                            _ => {
-                                cx.malformed(&format!("{name}{CALL_OPEN}{raw})"));
-                                self.state = State::Content;
-                            }
+                            self.state = State::AfterCall;
                         }
-                        return close + 1;
-                    }
-                    None if !eof => return 0,
-                    None => {
-                        if end == Some(FinishReason::Length) {
-                            cx.drop_call(DropReason::Truncated);
-                        } else {
-                            let name = std::mem::take(name);
-                            cx.malformed(&format!("{name}{CALL_OPEN}{input}"));
+                        None => {
+                            cx.content(raw);
+                            self.state = State::Content;
                         }
-                        self.state = State::Content;
-                        return input.len();
                     }
-                },
-                State::AfterCall => {
-                    let w = ws_len(input);
-                    let rest = &input[w..];
-                    if let Some(sep) = rest.strip_prefix(';') {
-                        // `;` separates calls: skip it and the space around it.
-                        return w + 1 + ws_len(sep);
-                    }
-                    if rest.is_empty() {
-                        return input.len();
-                    }
-                    if rest.starts_with('{') || rest.starts_with('[') {
-                        self.state = State::Candidate { scan: ValueEnd::default(), expected: true };
-                    } else {
-                        self.state = State::Content;
-                    }
-                    if w > 0 {
-                        return w;
-                    }
+                    Step::took(body_end)
                 }
+                Scan::Partial if !eof => Step::Wait,
+                Scan::Partial => {
+                    let call = *expected || looks_like_call(input);
+                    if end == Some(FinishReason::Length) && call {
+                        cx.drop_call(DropReason::Truncated);
+                    } else {
+                        cx.content(input);
+                    }
+                    self.state = State::Content;
+                    Step::moved(input.len())
+                }
+                Scan::Invalid => {
+                    self.state = State::Content;
+                    Step::Transition
+                }
+            },
+            State::Builtin { name, scan } => match scan.scan(input) {
+                Some(close) => {
+                    let name = std::mem::take(name);
+                    let raw = &input[..close];
+                    let tools = cx.tools();
+                    let offered = tools.0.is_empty() || tools.get(&name).is_some();
+                    match kwargs(raw, &name, tools) {
+                        Some(args) if offered => {
+                            cx.call(None, &name, args);
+                            self.state = State::AfterCall;
+                        }
+                        _ => {
+                            cx.malformed(&format!("{name}{CALL_OPEN}{raw})"));
+                            self.state = State::Content;
+                        }
+                    }
+                    Step::took(close + 1)
+                }
+                None if !eof => Step::Wait,
+                None => {
+                    if end == Some(FinishReason::Length) {
+                        cx.drop_call(DropReason::Truncated);
+                    } else {
+                        let name = std::mem::take(name);
+                        cx.malformed(&format!("{name}{CALL_OPEN}{input}"));
+                    }
+                    self.state = State::Content;
+                    Step::moved(input.len())
+                }
+            },
+            State::AfterCall => {
+                let w = ws_len(input);
+                let rest = &input[w..];
+                if let Some(sep) = rest.strip_prefix(';') {
+                    // `;` separates calls: it and the space around it are markup.
+                    return Step::took(w + 1 + ws_len(sep));
+                }
+                if rest.is_empty() && !eof {
+                    // Whitespace so far: a separator if a call follows.
+                    return Step::Wait;
+                }
+                self.state = if rest.starts_with('{') || rest.starts_with('[') {
+                    // The value's leading whitespace goes with it: markup if
+                    // it is a call, content if it is not.
+                    State::Candidate { scan: ValueEnd::default(), expected: true }
+                } else {
+                    State::Content
+                };
+                Step::Transition
             }
         }
     }
@@ -342,7 +342,7 @@ impl Machine for Llama3Json {
 /// Finds the `)` that closes a Python call's argument list, incrementally
 /// (strings in either quote, nested brackets).
 #[derive(Debug, Default)]
-struct ParenEnd {
+pub(crate) struct ParenEnd {
     pos: usize,
     depth: u32,
     quote: Option<u8>,
@@ -543,7 +543,8 @@ mod tests {
             FinishReason::Stop,
         );
         assert_eq!(calls(&acc), [("a", r#"{"s":"{x}"}"#)]);
-        assert_eq!(acc.content, r#"Here:I used {a} and {"q": 1}."#);
+        // The text around the call is kept as the model wrote it.
+        assert_eq!(acc.content, r#"Here:  I used {a} and {"q": 1}."#);
     }
 
     #[test]

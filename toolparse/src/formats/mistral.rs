@@ -25,8 +25,8 @@
 //! marker: it is dropped and the text stays content. A name with no
 //! arguments at the end of the text is dropped. A call whose JSON closed
 //! but is not a valid call is malformed (its text becomes content).
-//! Truncated inside a call, nothing of it is returned; truncated inside a
-//! v3 array, the elements that were complete are kept.
+//! Truncated inside a call, nothing of it is returned; a v3 array is one
+//! JSON value, so truncated before it closes none of its calls is returned.
 //!
 //! Reasoning: `[THINK]…[/THINK]` (v13 reasoning models) and the plain-text
 //! `<think>…</think>` of Magistral 2506; a generation prompt that ends
@@ -34,7 +34,7 @@
 //! reasoning is reasoning (only the close tag ends it). Turn tokens (`</s>`,
 //! `[INST]`, `[/INST]`, `[TOOL_RESULTS]`, …) that are not calls are stripped.
 
-use super::{prompt_opens, Machine};
+use super::{prompt_opens, Machine, Step};
 use crate::cx::Cx;
 use crate::json::{self, Scan, ValueEnd};
 use crate::scan::{find_first, starts_with, ws_len, Find, Prefix};
@@ -77,7 +77,7 @@ const CONTENT_MARKERS: [&str; 17] = [
 const HEAD_CAP: usize = 512;
 
 #[derive(Debug)]
-enum State {
+pub(crate) enum State {
     Content,
     /// Inside reasoning, until this close tag.
     Reasoning(&'static str),
@@ -259,179 +259,155 @@ fn calls_from_json(text: &str) -> Option<Vec<CallParts>> {
     }
 }
 
-/// The leading elements of a v3 array cut off by the token limit that are
-/// complete calls.
-fn complete_elements(text: &str) -> Vec<CallParts> {
-    let mut out = Vec::new();
-    let t = text.trim_start();
-    let Some(body) = t.strip_prefix('[') else { return out };
-    let (mut depth, mut in_str, mut esc) = (0u32, false, false);
-    let mut start = 0;
-    for (i, c) in body.char_indices() {
-        if in_str {
-            if esc {
-                esc = false;
-            } else if c == '\\' {
-                esc = true;
-            } else if c == '"' {
-                in_str = false;
-            }
-            continue;
-        }
-        match c {
-            '"' => in_str = true,
-            '{' | '[' => depth += 1,
-            '}' | ']' => depth = depth.saturating_sub(1),
-            ',' if depth == 0 => {
-                let Ok(v) = json::strict_value(body[start..i].trim()) else { break };
-                let Some(call) = call_from_value(v) else { break };
-                out.push(call);
-                start = i + 1;
-            }
-            _ => {}
-        }
-    }
-    out
-}
-
 impl Machine for Mistral {
-    fn step(&mut self, input: &str, end: Option<FinishReason>, cx: &mut Cx) -> usize {
+    type State = State;
+
+    fn state(&self) -> &State {
+        &self.state
+    }
+
+    fn step(&mut self, input: &str, end: Option<FinishReason>, cx: &mut Cx) -> Step {
         let eof = end.is_some();
-        loop {
-            match &mut self.state {
-                State::Content => {
-                    return match find_first(input, &CONTENT_MARKERS, eof) {
-                        Find::Found { at, idx } => {
-                            cx.content(&input[..at]);
-                            cx.boundary();
-                            let marker = CONTENT_MARKERS[idx];
-                            match marker {
-                                TOOL_CALLS => self.state = State::Head,
-                                THINK => self.state = State::Reasoning(UNTHINK),
-                                TEXT_THINK => self.state = State::Reasoning(TEXT_UNTHINK),
-                                _ => {}
-                            }
-                            at + marker.len()
-                        }
-                        Find::Clear { safe } => {
-                            cx.content(&input[..safe]);
-                            safe
-                        }
-                    };
+        match &mut self.state {
+            State::Content => match find_first(input, &CONTENT_MARKERS, eof) {
+                Find::Found { at, idx } => {
+                    cx.content(&input[..at]);
+                    let marker = CONTENT_MARKERS[idx];
+                    match marker {
+                        TOOL_CALLS => self.state = State::Head,
+                        THINK => self.state = State::Reasoning(UNTHINK),
+                        TEXT_THINK => self.state = State::Reasoning(TEXT_UNTHINK),
+                        _ => {}
+                    }
+                    Step::took(at + marker.len())
                 }
-                State::Reasoning(close) => {
-                    let markers = [*close, EOS];
-                    return match find_first(input, &markers, eof) {
-                        Find::Found { at, idx } => {
-                            cx.reasoning(&input[..at]);
-                            cx.boundary();
-                            if idx == 0 {
-                                self.state = State::Content;
-                            }
-                            at + markers[idx].len()
-                        }
-                        Find::Clear { safe } => {
-                            cx.reasoning(&input[..safe]);
-                            safe
-                        }
-                    };
+                Find::Clear { safe } => {
+                    cx.content(&input[..safe]);
+                    Step::up_to(safe)
                 }
-                State::Head => match parse_head(input, eof) {
-                    Head::Wait => return 0,
-                    Head::Json => self.state = State::Array(ValueEnd::default()),
-                    Head::Call { name, id, args_at } => {
-                        cx.start_call(id, &name);
-                        let prefix = format!("{TOOL_CALLS}{}", &input[..args_at]);
-                        self.state = State::Args { scan: ValueEnd::default(), emitted: 0, prefix };
-                        return args_at;
-                    }
-                    Head::Dangling => {
-                        cx.boundary();
-                        self.state = State::Content;
-                        return input.len();
-                    }
-                    Head::Stray => self.state = State::Content,
-                },
-                State::AfterCall => match parse_head(input, eof) {
-                    _ if input.starts_with(char::is_whitespace) => self.state = State::Content,
-                    Head::Wait => return 0,
-                    Head::Call { name, id, args_at } if input[..args_at].ends_with(ARGS) => {
-                        cx.start_call(id, &name);
-                        let prefix = input[..args_at].to_owned();
-                        self.state = State::Args { scan: ValueEnd::default(), emitted: 0, prefix };
-                        return args_at;
-                    }
-                    _ => self.state = State::Content,
-                },
-                State::Args { scan, emitted, prefix } => match scan.scan(input) {
-                    Scan::Done(body_end) => {
-                        cx.call_args(&input[(*emitted).min(body_end)..body_end]);
-                        let raw = &input[..body_end];
-                        match json::object_text(raw) {
-                            Ok(args) => {
-                                cx.end_call(args);
-                                self.state = State::AfterCall;
-                            }
-                            Err(_) => {
-                                cx.malformed(&format!("{prefix}{raw}"));
-                                self.state = State::Content;
-                            }
+            },
+            State::Reasoning(close) => {
+                let markers = [*close, EOS];
+                match find_first(input, &markers, eof) {
+                    Find::Found { at, idx } => {
+                        cx.reasoning(&input[..at]);
+                        if idx == 0 {
+                            self.state = State::Content;
                         }
-                        return body_end;
+                        Step::took(at + markers[idx].len())
                     }
-                    Scan::Partial if !eof => {
-                        cx.call_args(&input[*emitted..]);
-                        *emitted = input.len();
-                        return 0;
+                    Find::Clear { safe } => {
+                        cx.reasoning(&input[..safe]);
+                        Step::up_to(safe)
                     }
-                    Scan::Partial => {
-                        if end == Some(FinishReason::Length) || input.trim().is_empty() {
-                            cx.drop_call(DropReason::Truncated);
-                        } else {
-                            cx.malformed(&format!("{prefix}{input}"));
+                }
+            }
+            State::Head => match parse_head(input, eof) {
+                Head::Wait => Step::Wait,
+                Head::Json => {
+                    self.state = State::Array(ValueEnd::default());
+                    Step::Transition
+                }
+                Head::Call { name, id, args_at } => {
+                    cx.start_call(id, &name);
+                    let prefix = format!("{TOOL_CALLS}{}", &input[..args_at]);
+                    self.state = State::Args { scan: ValueEnd::default(), emitted: 0, prefix };
+                    Step::moved(args_at)
+                }
+                Head::Dangling => {
+                    self.state = State::Content;
+                    Step::moved(input.len())
+                }
+                Head::Stray => {
+                    self.state = State::Content;
+                    Step::Transition
+                }
+            },
+            State::AfterCall => match parse_head(input, eof) {
+                _ if input.starts_with(char::is_whitespace) => {
+                    self.state = State::Content;
+                    Step::Transition
+                }
+                Head::Wait => Step::Wait,
+                Head::Call { name, id, args_at } if input[..args_at].ends_with(ARGS) => {
+                    cx.start_call(id, &name);
+                    let prefix = input[..args_at].to_owned();
+                    self.state = State::Args { scan: ValueEnd::default(), emitted: 0, prefix };
+                    Step::took(args_at)
+                }
+                _ => {
+                    self.state = State::Content;
+                    Step::Transition
+                }
+            },
+            State::Args { scan, emitted, prefix } => match scan.scan(input) {
+                Scan::Done(body_end) => {
+                    cx.call_args(&input[(*emitted).min(body_end)..body_end]);
+                    let raw = &input[..body_end];
+                    match json::object_text(raw) {
+                        Ok(args) => {
+                            cx.end_call(args);
+                            self.state = State::AfterCall;
                         }
-                        self.state = State::Content;
-                        return input.len();
-                    }
-                    Scan::Invalid => {
-                        // `[ARGS]` not followed by JSON: the markup is shown,
-                        // the text after it is content again.
-                        let prefix = std::mem::take(prefix);
-                        cx.malformed(&prefix);
-                        self.state = State::Content;
-                    }
-                },
-                State::Array(scan) => match scan.scan(input) {
-                    Scan::Done(body_end) => {
-                        let raw = &input[..body_end];
-                        match calls_from_json(raw) {
-                            Some(calls) => {
-                                for (id, name, args) in calls {
-                                    cx.call(id, &name, args);
-                                }
-                                cx.boundary();
-                            }
-                            None => cx.malformed(&format!("{TOOL_CALLS}{raw}")),
+                        Err(_) => {
+                            cx.malformed(&format!("{prefix}{raw}"));
+                            self.state = State::Content;
                         }
-                        self.state = State::Content;
-                        return body_end;
                     }
-                    Scan::Partial if !eof => return 0,
-                    Scan::Partial => {
-                        if end == Some(FinishReason::Length) {
-                            for (id, name, args) in complete_elements(input) {
+                    Step::took(body_end)
+                }
+                Scan::Partial if !eof => {
+                    cx.call_args(&input[*emitted..]);
+                    *emitted = input.len();
+                    Step::Wait
+                }
+                Scan::Partial => {
+                    if end == Some(FinishReason::Length) || input.trim().is_empty() {
+                        cx.drop_call(DropReason::Truncated);
+                    } else {
+                        cx.malformed(&format!("{prefix}{input}"));
+                    }
+                    self.state = State::Content;
+                    Step::moved(input.len())
+                }
+                Scan::Invalid => {
+                    // `[ARGS]` not followed by JSON: the markup is shown,
+                    // the text after it is content again.
+                    cx.malformed(prefix);
+                    self.state = State::Content;
+                    Step::Transition
+                }
+            },
+            State::Array(scan) => match scan.scan(input) {
+                Scan::Done(body_end) => {
+                    let raw = &input[..body_end];
+                    match calls_from_json(raw) {
+                        Some(calls) => {
+                            for (id, name, args) in calls {
                                 cx.call(id, &name, args);
                             }
-                            cx.boundary();
-                        } else {
-                            cx.malformed(&format!("{TOOL_CALLS}{input}"));
                         }
-                        self.state = State::Content;
-                        return input.len();
+                        None => cx.malformed(&format!("{TOOL_CALLS}{raw}")),
                     }
-                    Scan::Invalid => self.state = State::Content,
-                },
-            }
+                    self.state = State::Content;
+                    Step::took(body_end)
+                }
+                Scan::Partial if !eof => Step::Wait,
+                Scan::Partial => {
+                    // The array never closed: cut by the token limit, none of
+                    // its calls stands (it is one JSON value, not a list of
+                    // finished calls); left open by a stop, it is shown.
+                    if end == Some(FinishReason::Stop) {
+                        cx.malformed(&format!("{TOOL_CALLS}{input}"));
+                    }
+                    self.state = State::Content;
+                    Step::moved(input.len())
+                }
+                Scan::Invalid => {
+                    self.state = State::Content;
+                    Step::Transition
+                }
+            },
         }
     }
 
@@ -563,9 +539,14 @@ mod tests {
         let acc = check(text, FinishReason::Length);
         assert_eq!(calls(&acc), [("a", r#"{"x": 1}"#)]);
         assert_eq!(acc.content, "");
+    }
+
+    #[test]
+    fn a_v3_array_cut_before_it_closes_yields_no_call() {
+        // The array is one JSON value: its first element is cut with it.
         let text = "[TOOL_CALLS] [{\"name\": \"a\", \"arguments\": {}}, {\"name\": \"b\", \"argu";
         let acc = check(text, FinishReason::Length);
-        assert_eq!(calls(&acc), [("a", "{}")]);
+        assert!(acc.calls.is_empty());
         assert_eq!(acc.content, "");
     }
 
