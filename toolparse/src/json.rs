@@ -40,6 +40,7 @@ impl ValueEnd {
             return Scan::Done(end);
         }
         let b = text.as_bytes();
+        crate::scan::scanned(b.len().saturating_sub(self.pos));
         while self.pos < b.len() {
             let c = b[self.pos];
             self.pos += 1;

@@ -6,6 +6,38 @@
 //! could still match there, and a position is reported safe only when no
 //! marker can start there whatever text follows.
 
+/// Counts the bytes the scanners examine, so tests can check that parsing
+/// a long text pushed a char at a time stays linear (a count of work, not a
+/// clock). Only test builds count.
+#[cfg(test)]
+pub(crate) mod work {
+    use std::cell::Cell;
+
+    thread_local! {
+        static SCANNED: Cell<u64> = const { Cell::new(0) };
+    }
+
+    pub(crate) fn add(n: usize) {
+        SCANNED.with(|c| c.set(c.get() + n as u64));
+    }
+
+    /// Runs `f`; returns its result and the bytes scanned meanwhile.
+    pub(crate) fn measure<T>(f: impl FnOnce() -> T) -> (T, u64) {
+        let before = SCANNED.with(Cell::get);
+        let out = f();
+        (out, SCANNED.with(Cell::get) - before)
+    }
+}
+
+/// Records that a scanner examined `n` bytes (test builds only).
+#[inline]
+pub(crate) fn scanned(n: usize) {
+    #[cfg(test)]
+    work::add(n);
+    #[cfg(not(test))]
+    let _ = n;
+}
+
 /// The outcome of [`find_first`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Find {
@@ -49,12 +81,15 @@ pub(crate) fn find_first(hay: &str, markers: &[&str], eof: bool) -> Find {
             }
         }
         if pending {
+            scanned(i + 1);
             return Find::Clear { safe: i };
         }
         if let Some((_, idx)) = best {
+            scanned(i + 1);
             return Find::Found { at: i, idx };
         }
     }
+    scanned(hay.len());
     Find::Clear { safe: hay.len() }
 }
 

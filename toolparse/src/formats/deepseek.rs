@@ -796,16 +796,23 @@ mod tests {
             );
             let chars: Vec<String> = text.chars().map(String::from).collect();
             let deltas: Vec<&str> = chars.iter().map(String::as_str).collect();
-            let t = std::time::Instant::now();
-            let acc = feed(f, &o, &deltas, FinishReason::Stop);
-            assert!(t.elapsed().as_secs() < 10);
+            let (acc, work) =
+                crate::scan::work::measure(|| feed(f, &o, &deltas, FinishReason::Stop));
+            assert!(
+                work <= 4 * text.len() as u64,
+                "{f:?}: {work} bytes scanned for {}",
+                text.len()
+            );
             assert_eq!(args(&acc, 0), json!({"c": long}));
         }
         let json_long = serde_json::to_string(&long).unwrap_or_default();
         let text = format!("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>w\n```json\n{{\"c\": {json_long}}}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>");
         let chars: Vec<String> = text.chars().map(String::from).collect();
         let deltas: Vec<&str> = chars.iter().map(String::as_str).collect();
-        let acc = feed(Format::DeepSeekV3, &o, &deltas, FinishReason::Stop);
+        let (acc, work) = crate::scan::work::measure(|| {
+            feed(Format::DeepSeekV3, &o, &deltas, FinishReason::Stop)
+        });
+        assert!(work <= 4 * text.len() as u64, "{work} bytes scanned for {}", text.len());
         assert_eq!(args(&acc, 0), json!({"c": long}));
     }
     #[test]

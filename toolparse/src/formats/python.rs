@@ -73,6 +73,7 @@ impl PyScan {
 
     pub(crate) fn scan(&mut self, text: &str) -> PyEnd {
         let b = text.as_bytes();
+        crate::scan::scanned(b.len().saturating_sub(self.pos));
         while self.pos < b.len() {
             let c = b[self.pos];
             if let Some((q, triple)) = self.quote {
