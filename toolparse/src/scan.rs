@@ -200,6 +200,16 @@ pub(crate) fn follow(after: &str, next: &[&str], eof: bool) -> Follow {
     }
 }
 
+/// [`follow`], except that more than `hold` bytes of whitespace after the
+/// tag decide on their own (the tag is not structural), so the verdict
+/// never waits on an unbounded run.
+pub(crate) fn follow_within(after: &str, next: &[&str], eof: bool, hold: usize) -> Follow {
+    if ws_len(after) > hold {
+        return Follow::Reject;
+    }
+    follow(after, next, eof)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

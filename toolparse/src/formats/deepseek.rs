@@ -26,7 +26,7 @@ use super::{prompt_opens, Machine, Step};
 use crate::cx::Cx;
 use crate::json::{self, Scan, ValueEnd};
 use crate::registry::Format;
-use crate::scan::{find_first, starts_with, ws_len, Find, Prefix};
+use crate::scan::{find_first, lead_any, starts_with, ws_len, Find, Lead, Prefix};
 use crate::{DropReason, FinishReason, Options};
 
 const THINK: &str = "<think>";
@@ -256,14 +256,55 @@ pub(super) fn unfinished(block: Block, end: Option<FinishReason>, cx: &mut Cx) -
 pub(super) fn call_done(mut block: Block) -> State {
     block.calls += 1;
     block.raw.clear();
-    between(block)
+    in_block(block)
 }
 
 /// Between the calls of a block.
-fn between(block: Block) -> State {
+fn in_block(block: Block) -> State {
     match block.grammar {
         Grammar::V3 => State::V3Block(block),
         Grammar::Dsml(_) => State::DsmlBlock(block),
+    }
+}
+
+/// Between the calls of a block, in either grammar: whitespace is markup,
+/// a marker of `opens` starts a call (`open` gets its index), one of
+/// `closes` ends the block. Other text ends a block that has calls (the
+/// block close is missing: it is content again); in a block without calls
+/// it is malformed markup.
+pub(super) fn between(
+    mut block: Block,
+    input: &str,
+    end: Option<FinishReason>,
+    cx: &mut Cx,
+    (opens, closes): (&[&str], &[&str]),
+    open: impl FnOnce(Block, usize) -> State,
+) -> (Step, State) {
+    let eof = end.is_some();
+    let ws = ws_len(input);
+    if ws > 0 {
+        block.raw.push_str(&input[..ws]);
+        return (Step::took(ws), in_block(block));
+    }
+    if input.is_empty() {
+        // Only the opener and whitespace: nothing to show.
+        return if eof {
+            (Step::Transition, State::Content)
+        } else {
+            (Step::Wait, in_block(block))
+        };
+    }
+    let mut lits = opens.to_vec();
+    lits.extend(closes);
+    match lead_any(input, &lits, eof) {
+        Lead::More => (Step::Wait, in_block(block)),
+        Lead::Is(i) if i < opens.len() => {
+            block.raw.push_str(opens[i]);
+            (Step::took(opens[i].len()), open(block, i))
+        }
+        Lead::Is(i) => (Step::took(lits[i].len()), State::Content),
+        Lead::No if block.calls == 0 => (Step::Transition, fail(block, cx)),
+        Lead::No => (Step::Transition, State::Content),
     }
 }
 
@@ -289,7 +330,7 @@ fn junk(dsml: bool, calls: usize, input: &str, eof: bool, cx: &mut Cx) -> (Step,
             } else if m == CALL_BEGIN || m == PLAIN.invoke || m == SPACED.invoke {
                 cx.malformed(&input[..at]);
                 let grammar = if dsml { Grammar::Dsml(PLAIN) } else { Grammar::V3 };
-                (Step::moved(at), between(Block { raw: String::new(), calls, grammar }))
+                (Step::moved(at), in_block(Block { raw: String::new(), calls, grammar }))
             } else {
                 let used = at + m.len();
                 cx.malformed(&input[..used]);

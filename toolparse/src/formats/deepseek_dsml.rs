@@ -28,7 +28,7 @@
 //! invoke body that is a JSON object (instead of parameters) is accepted as
 //! the arguments.
 
-use super::deepseek::{call_done, fail, unfinished, Block, Grammar, State, EOS, TAG_CAP};
+use super::deepseek::{self, call_done, fail, unfinished, Block, Grammar, State, EOS, TAG_CAP};
 use super::keyed::KeyedCall;
 use super::Step;
 use crate::cx::Cx;
@@ -90,39 +90,17 @@ fn style_of(block: &Block) -> Style {
 
 /// Between the invokes of a block.
 pub(super) fn between(
-    mut block: Block,
+    block: Block,
     input: &str,
     end: Option<FinishReason>,
     cx: &mut Cx,
 ) -> (Step, State) {
-    let eof = end.is_some();
-    let ws = ws_len(input);
-    if ws > 0 {
-        block.raw.push_str(&input[..ws]);
-        return (Step::took(ws), State::DsmlBlock(block));
-    }
-    if input.is_empty() {
-        // Only the opener and whitespace: nothing to show.
-        return if eof {
-            (Step::Transition, State::Content)
-        } else {
-            (Step::Wait, State::DsmlBlock(block))
-        };
-    }
-    let lits = [PLAIN.invoke, SPACED.invoke, CLOSES[0], CLOSES[1], CLOSES[2], EOS];
-    match lead_any(input, &lits, eof) {
-        Lead::More => (Step::Wait, State::DsmlBlock(block)),
-        Lead::Is(i @ (0 | 1)) => {
-            let style = if i == 1 { SPACED } else { PLAIN };
-            block.raw.push_str(style.invoke);
-            block.grammar = Grammar::Dsml(style);
-            (Step::took(style.invoke.len()), State::InvokeTag { block, tag: String::new() })
-        }
-        Lead::Is(i) => (Step::took(lits[i].len()), State::Content),
-        Lead::No if block.calls == 0 => (Step::Transition, fail(block, cx)),
-        // The block was not closed: the text after the calls is content.
-        Lead::No => (Step::Transition, State::Content),
-    }
+    let markers: (&[&str], &[&str]) =
+        (&[PLAIN.invoke, SPACED.invoke], &[CLOSES[0], CLOSES[1], CLOSES[2], EOS]);
+    deepseek::between(block, input, end, cx, markers, |mut block, i| {
+        block.grammar = Grammar::Dsml(if i == 1 { SPACED } else { PLAIN });
+        State::InvokeTag { block, tag: String::new() }
+    })
 }
 
 /// A complete tag's text: its attributes and whether it closes itself

@@ -31,11 +31,11 @@
 //! distill spellings of the block opener (`<｜tool_calls_begin｜>`, …) are
 //! accepted too.
 
-use super::deepseek::{call_done, fail, unfinished, Block, State, EOS, TAG_CAP};
+use super::deepseek::{self, call_done, fail, unfinished, Block, State, EOS, TAG_CAP};
 use super::Step;
 use crate::cx::Cx;
 use crate::json::ValueEnd;
-use crate::scan::{find_first, lead_any, push_capped, ws_len, Find, Lead};
+use crate::scan::{find_first, push_capped, Find};
 use crate::FinishReason;
 
 pub(super) const CALLS_BEGIN: &str = "<｜tool▁calls▁begin｜>";
@@ -66,37 +66,16 @@ pub(super) const STRAY: [&str; 7] = [
 
 /// Between calls of a block.
 pub(super) fn between(
-    mut block: Block,
+    block: Block,
     input: &str,
     end: Option<FinishReason>,
     cx: &mut Cx,
 ) -> (Step, State) {
-    let eof = end.is_some();
-    let ws = ws_len(input);
-    if ws > 0 {
-        block.raw.push_str(&input[..ws]);
-        return (Step::took(ws), State::V3Block(block));
-    }
-    if input.is_empty() {
-        // Only the opener and whitespace: nothing to show.
-        return if eof {
-            (Step::Transition, State::Content)
-        } else {
-            (Step::Wait, State::V3Block(block))
-        };
-    }
-    let lits = [CALL_BEGIN, CALLS_END, EOS];
-    match lead_any(input, &lits, eof) {
-        Lead::More => (Step::Wait, State::V3Block(block)),
-        Lead::Is(0) => {
-            block.raw.push_str(CALL_BEGIN);
-            (Step::took(CALL_BEGIN.len()), State::V3Header { block, header: String::new() })
-        }
-        Lead::Is(i) => (Step::took(lits[i].len()), State::Content),
-        Lead::No if block.calls == 0 => (Step::Transition, fail(block, cx)),
-        // The block was not closed: the text after the calls is content.
-        Lead::No => (Step::Transition, State::Content),
-    }
+    let markers: (&[&str], &[&str]) = (&[CALL_BEGIN], &[CALLS_END, EOS]);
+    deepseek::between(block, input, end, cx, markers, |block, _| State::V3Header {
+        block,
+        header: String::new(),
+    })
 }
 
 /// Appends `text` to a bounded part of a call's markup (and to the markup

@@ -25,7 +25,7 @@
 //! Turn and stop tokens (`<turn|>`, `<|tool_response>`, `<eos>`, …) are
 //! stripped; a stray `<|"|>` outside a call is dropped.
 
-use super::{prompt_opens, Machine, Step};
+use super::{prompt_opens, text_until, Machine, Step};
 use crate::cx::Cx;
 use crate::json::{self, JsonType};
 use crate::scan::{ceil_boundary, find_first, starts_with, ws_len, Find, Prefix};
@@ -133,22 +133,19 @@ impl Machine for Gemma4 {
     fn step(&mut self, input: &str, end: Option<FinishReason>, cx: &mut Cx) -> Step {
         let eof = end.is_some();
         match &mut self.state {
-            State::Content => match find_first(input, &CONTENT_MARKERS, eof) {
-                Find::Found { at, idx } => {
-                    cx.content(&input[..at]);
-                    let m = CONTENT_MARKERS[idx];
-                    match m {
-                        OPEN => self.state = State::Call(Body::default()),
-                        CH_OPEN => self.state = State::Label,
-                        _ => {}
-                    }
-                    Step::took(at + m.len())
+            State::Content => {
+                let (at, idx) = match text_until(input, &CONTENT_MARKERS, eof, |t| cx.content(t)) {
+                    Ok(found) => found,
+                    Err(step) => return step,
+                };
+                let m = CONTENT_MARKERS[idx];
+                match m {
+                    OPEN => self.state = State::Call(Body::default()),
+                    CH_OPEN => self.state = State::Label,
+                    _ => {}
                 }
-                Find::Clear { safe } => {
-                    cx.content(&input[..safe]);
-                    Step::up_to(safe)
-                }
-            },
+                Step::took(at + m.len())
+            }
             State::Label => match starts_with(input, LABEL, eof) {
                 Prefix::NeedMore => Step::Wait,
                 Prefix::Yes => match input[LABEL.len()..].chars().next() {
@@ -168,22 +165,20 @@ impl Machine for Gemma4 {
                     Step::Transition
                 }
             },
-            State::Reasoning => match find_first(input, &CONTENT_MARKERS, eof) {
-                Find::Found { at, idx } => {
-                    cx.reasoning(&input[..at]);
-                    let m = CONTENT_MARKERS[idx];
-                    match m {
-                        CH_CLOSE => self.state = State::Content,
-                        OPEN => self.state = State::Call(Body::default()),
-                        _ => {}
-                    }
-                    Step::took(at + m.len())
+            State::Reasoning => {
+                let (at, idx) = match text_until(input, &CONTENT_MARKERS, eof, |t| cx.reasoning(t))
+                {
+                    Ok(found) => found,
+                    Err(step) => return step,
+                };
+                let m = CONTENT_MARKERS[idx];
+                match m {
+                    CH_CLOSE => self.state = State::Content,
+                    OPEN => self.state = State::Call(Body::default()),
+                    _ => {}
                 }
-                Find::Clear { safe } => {
-                    cx.reasoning(&input[..safe]);
-                    Step::up_to(safe)
-                }
-            },
+                Step::took(at + m.len())
+            }
             State::Call(body) => match call_step(body, input, end, cx) {
                 None => Step::Wait,
                 Some(n) => {

@@ -38,7 +38,7 @@
 //! reasoning. Turn tokens (`<|user|>`, `<|observation|>`, …) are stripped.
 
 use super::keyed::KeyedCall;
-use super::{prompt_opens, Machine, Step};
+use super::{prompt_opens, text_until, Machine, Step};
 use crate::cx::Cx;
 use crate::json;
 use crate::registry::Format;
@@ -391,43 +391,38 @@ impl Machine for Glm {
     fn step(&mut self, input: &str, end: Option<FinishReason>, cx: &mut Cx) -> Step {
         let eof = end.is_some();
         match &mut self.state {
-            State::Reasoning => match find_first(input, &REASONING_MARKERS, eof) {
-                Find::Found { at, idx } => {
-                    cx.reasoning(&input[..at]);
-                    let tag = REASONING_MARKERS[idx];
-                    let used = at + tag.len();
-                    match tag {
-                        OPEN => match call_ahead(&input[used..], eof) {
-                            Prefix::Yes => self.state = State::Call(Call::new(true)),
-                            Prefix::NeedMore => return Step::up_to(at),
-                            Prefix::No => cx.reasoning(OPEN),
-                        },
-                        UNTHINK => self.state = State::Content,
-                        _ => {}
-                    }
-                    Step::took(used)
+            State::Reasoning => {
+                let (at, idx) =
+                    match text_until(input, &REASONING_MARKERS, eof, |t| cx.reasoning(t)) {
+                        Ok(found) => found,
+                        Err(step) => return step,
+                    };
+                let tag = REASONING_MARKERS[idx];
+                let used = at + tag.len();
+                match tag {
+                    OPEN => match call_ahead(&input[used..], eof) {
+                        Prefix::Yes => self.state = State::Call(Call::new(true)),
+                        Prefix::NeedMore => return Step::up_to(at),
+                        Prefix::No => cx.reasoning(OPEN),
+                    },
+                    UNTHINK => self.state = State::Content,
+                    _ => {}
                 }
-                Find::Clear { safe } => {
-                    cx.reasoning(&input[..safe]);
-                    Step::up_to(safe)
+                Step::took(used)
+            }
+            State::Content => {
+                let (at, idx) = match text_until(input, &CONTENT_MARKERS, eof, |t| cx.content(t)) {
+                    Ok(found) => found,
+                    Err(step) => return step,
+                };
+                let tag = CONTENT_MARKERS[idx];
+                match tag {
+                    OPEN => self.state = State::Call(Call::new(false)),
+                    THINK => self.state = State::Reasoning,
+                    _ => {}
                 }
-            },
-            State::Content => match find_first(input, &CONTENT_MARKERS, eof) {
-                Find::Found { at, idx } => {
-                    cx.content(&input[..at]);
-                    let tag = CONTENT_MARKERS[idx];
-                    match tag {
-                        OPEN => self.state = State::Call(Call::new(false)),
-                        THINK => self.state = State::Reasoning,
-                        _ => {}
-                    }
-                    Step::took(at + tag.len())
-                }
-                Find::Clear { safe } => {
-                    cx.content(&input[..safe]);
-                    Step::up_to(safe)
-                }
-            },
+                Step::took(at + tag.len())
+            }
             State::Call(call) => {
                 let (used, done) = call.run(input, end, cx);
                 if !done {

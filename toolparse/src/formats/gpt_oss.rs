@@ -38,10 +38,12 @@
 //! off by the end of the text is dropped; text outside any message is
 //! content.
 
-use super::{Machine, Step};
+use super::{text_until, Machine, Step};
 use crate::cx::Cx;
 use crate::json::{self, Scan, ValueEnd};
-use crate::scan::{find_first, push_capped, starts_with, ws_len, Find, Prefix};
+use crate::scan::{
+    find_first, follow_within, push_capped, starts_with, ws_len, Find, Follow, Prefix,
+};
 use crate::{DropReason, FinishReason, Options};
 
 const START: &str = "<|start|>";
@@ -194,23 +196,20 @@ impl Machine for GptOss {
     fn step(&mut self, input: &str, end: Option<FinishReason>, cx: &mut Cx) -> Step {
         let eof = end.is_some();
         match &mut self.state {
-            State::Free => match find_first(input, &FREE_MARKERS, eof) {
-                Find::Found { at, idx } => {
-                    cx.content(&input[..at]);
-                    let m = FREE_MARKERS[idx];
-                    match m {
-                        START => self.state = State::Header(String::new()),
-                        CHANNEL => self.state = State::Header(CHANNEL.to_owned()),
-                        MESSAGE => self.state = State::Text(Kind::Content),
-                        _ => {}
-                    }
-                    Step::took(at + m.len())
+            State::Free => {
+                let (at, idx) = match text_until(input, &FREE_MARKERS, eof, |t| cx.content(t)) {
+                    Ok(found) => found,
+                    Err(step) => return step,
+                };
+                let m = FREE_MARKERS[idx];
+                match m {
+                    START => self.state = State::Header(String::new()),
+                    CHANNEL => self.state = State::Header(CHANNEL.to_owned()),
+                    MESSAGE => self.state = State::Text(Kind::Content),
+                    _ => {}
                 }
-                Find::Clear { safe } => {
-                    cx.content(&input[..safe]);
-                    Step::up_to(safe)
-                }
-            },
+                Step::took(at + m.len())
+            }
             State::Header(header) => {
                 let (text, marker) = match find_first(input, &HEADER_MARKERS, eof) {
                     Find::Found { at, idx } => (&input[..at], Some(HEADER_MARKERS[idx])),
@@ -351,17 +350,10 @@ fn body_ends(m: &str, rest: &str, eof: bool) -> Option<bool> {
     if m == END {
         return Some(true);
     }
-    let ws = ws_len(rest);
-    if ws > WS_HOLD {
-        Some(false)
-    } else if ws == rest.len() {
-        eof.then_some(true)
-    } else {
-        match starts_with(&rest[ws..], START, eof) {
-            Prefix::Yes => Some(true),
-            Prefix::No => Some(false),
-            Prefix::NeedMore => None,
-        }
+    match follow_within(rest, &[START], eof, WS_HOLD) {
+        Follow::Accept => Some(true),
+        Follow::Reject => Some(false),
+        Follow::Wait => None,
     }
 }
 

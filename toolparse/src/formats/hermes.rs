@@ -22,7 +22,7 @@
 //! falls back to content. A prompt that ends inside `<think>` starts the
 //! parser in reasoning.
 
-use super::{prompt_opens, Machine, Step};
+use super::{prompt_opens, text_until, Machine, Step};
 use crate::cx::Cx;
 use crate::json::{self, Scan, ValueEnd};
 use crate::scan::{find_first, starts_with, ws_len, Find, Prefix};
@@ -94,32 +94,26 @@ impl Machine for Hermes {
     fn step(&mut self, input: &str, end: Option<FinishReason>, cx: &mut Cx) -> Step {
         let eof = end.is_some();
         match &mut self.state {
-            State::Reasoning => match find_first(input, &[UNTHINK], eof) {
-                Find::Found { at, .. } => {
-                    cx.reasoning(&input[..at]);
-                    self.state = State::Content;
-                    Step::took(at + UNTHINK.len())
+            State::Reasoning => {
+                let (at, _) = match text_until(input, &[UNTHINK], eof, |t| cx.reasoning(t)) {
+                    Ok(found) => found,
+                    Err(step) => return step,
+                };
+                self.state = State::Content;
+                Step::took(at + UNTHINK.len())
+            }
+            State::Content => {
+                let (at, idx) = match text_until(input, &CONTENT_MARKERS, eof, |t| cx.content(t)) {
+                    Ok(found) => found,
+                    Err(step) => return step,
+                };
+                match CONTENT_MARKERS[idx] {
+                    OPEN => self.state = State::Call(ValueEnd::default()),
+                    THINK => self.state = State::Reasoning,
+                    _ => {}
                 }
-                Find::Clear { safe } => {
-                    cx.reasoning(&input[..safe]);
-                    Step::up_to(safe)
-                }
-            },
-            State::Content => match find_first(input, &CONTENT_MARKERS, eof) {
-                Find::Found { at, idx } => {
-                    cx.content(&input[..at]);
-                    match CONTENT_MARKERS[idx] {
-                        OPEN => self.state = State::Call(ValueEnd::default()),
-                        THINK => self.state = State::Reasoning,
-                        _ => {}
-                    }
-                    Step::took(at + CONTENT_MARKERS[idx].len())
-                }
-                Find::Clear { safe } => {
-                    cx.content(&input[..safe]);
-                    Step::up_to(safe)
-                }
-            },
+                Step::took(at + CONTENT_MARKERS[idx].len())
+            }
             State::Call(scan) => {
                 let n = match scan.scan(input) {
                     Scan::Done(body_end) => {

@@ -18,7 +18,7 @@
 //! text around a section is content, verbatim. Reasoning ends at `</think>`
 //! or where the tool section begins; a leading `<think>` is consumed.
 
-use super::{prompt_opens, Machine, Step};
+use super::{prompt_opens, text_until, Machine, Step};
 use crate::cx::Cx;
 use crate::json::{self, Scan, ValueEnd};
 use crate::scan::{find_first, lead_any, push_capped, starts_with, ws_len, Find, Lead, Prefix};
@@ -136,22 +136,20 @@ impl Machine for KimiK2 {
     fn step(&mut self, input: &str, end: Option<FinishReason>, cx: &mut Cx) -> Step {
         let eof = end.is_some();
         match &mut self.state {
-            State::Reasoning => match find_first(input, &REASONING_MARKERS, eof) {
-                Find::Found { at, idx } => {
-                    cx.reasoning(&input[..at]);
-                    let m = REASONING_MARKERS[idx];
-                    match m {
-                        UNTHINK => self.state = State::Content,
-                        SECTION_BEGIN | SECTION_BEGIN_1 => self.state = State::Section,
-                        _ => {}
-                    }
-                    Step::took(at + m.len())
+            State::Reasoning => {
+                let (at, idx) =
+                    match text_until(input, &REASONING_MARKERS, eof, |t| cx.reasoning(t)) {
+                        Ok(found) => found,
+                        Err(step) => return step,
+                    };
+                let m = REASONING_MARKERS[idx];
+                match m {
+                    UNTHINK => self.state = State::Content,
+                    SECTION_BEGIN | SECTION_BEGIN_1 => self.state = State::Section,
+                    _ => {}
                 }
-                Find::Clear { safe } => {
-                    cx.reasoning(&input[..safe]);
-                    Step::up_to(safe)
-                }
-            },
+                Step::took(at + m.len())
+            }
             State::Content | State::Section => {
                 let section = matches!(self.state, State::Section);
                 match find_first(input, &CONTENT_MARKERS, eof) {

@@ -28,7 +28,7 @@ use super::keyed::KeyedCall;
 use super::{Machine, Step};
 use crate::cx::Cx;
 use crate::json;
-use crate::scan::{find_first, starts_with, ws_len, Find, Prefix};
+use crate::scan::{find_first, follow_within, Find, Follow};
 use crate::{DropReason, FinishReason, Options};
 use serde_json::Value;
 use std::mem::discriminant;
@@ -479,30 +479,10 @@ fn arg_step(
         return (at, State::Arg { call, key, ty, value });
     }
     let rest = &input[at + CLOSE_ARG.len()..];
-    let ws = ws_len(rest);
-    let real = if ws > WS_HOLD {
-        false
-    } else if ws == rest.len() {
-        if !eof {
-            return (at, State::Arg { call, key, ty, value });
-        }
-        true
-    } else {
-        let mut verdict = Some(false);
-        for f in AFTER_ARG {
-            match starts_with(&rest[ws..], f, eof) {
-                Prefix::Yes => {
-                    verdict = Some(true);
-                    break;
-                }
-                Prefix::NeedMore => verdict = None,
-                Prefix::No => {}
-            }
-        }
-        match verdict {
-            Some(v) => v,
-            None => return (at, State::Arg { call, key, ty, value }),
-        }
+    let real = match follow_within(rest, &AFTER_ARG, eof, WS_HOLD) {
+        Follow::Accept => true,
+        Follow::Reject => false,
+        Follow::Wait => return (at, State::Arg { call, key, ty, value }),
     };
     let used = at + CLOSE_ARG.len();
     if !real {

@@ -27,9 +27,9 @@
 //! is returned.
 
 use crate::cx::Cx;
-use crate::formats::{Machine, Step};
+use crate::formats::{text_until, Machine, Step};
 use crate::json::{self, Scan, ValueEnd};
-use crate::scan::{find_first, floor_boundary, starts_with, ws_len, Find, Prefix};
+use crate::scan::{floor_boundary, starts_with, ws_len, Prefix};
 use crate::schema::Tools;
 use crate::{DropReason, FinishReason, Options};
 use serde_json::{Map, Value};
@@ -158,34 +158,31 @@ impl Machine for Llama3Json {
     fn step(&mut self, input: &str, end: Option<FinishReason>, cx: &mut Cx) -> Step {
         let eof = end.is_some();
         match &mut self.state {
-            State::Content => match find_first(input, &CONTENT_MARKERS, eof) {
-                Find::Found { at, idx } => {
-                    cx.content(&input[..at]);
-                    let marker = CONTENT_MARKERS[idx];
-                    if marker == "{" || marker == "[" {
-                        return match opens_candidate(&input[at..], eof) {
-                            None => Step::up_to(at),
-                            Some(false) => {
-                                cx.content(marker);
-                                Step::took(at + 1)
-                            }
-                            Some(true) => {
-                                self.state =
-                                    State::Candidate { scan: ValueEnd::default(), expected: false };
-                                Step::moved(at)
-                            }
-                        };
-                    }
-                    if marker == PYTHON_TAG {
-                        self.state = State::AfterTag;
-                    }
-                    Step::took(at + marker.len())
+            State::Content => {
+                let (at, idx) = match text_until(input, &CONTENT_MARKERS, eof, |t| cx.content(t)) {
+                    Ok(found) => found,
+                    Err(step) => return step,
+                };
+                let marker = CONTENT_MARKERS[idx];
+                if marker == "{" || marker == "[" {
+                    return match opens_candidate(&input[at..], eof) {
+                        None => Step::up_to(at),
+                        Some(false) => {
+                            cx.content(marker);
+                            Step::took(at + 1)
+                        }
+                        Some(true) => {
+                            self.state =
+                                State::Candidate { scan: ValueEnd::default(), expected: false };
+                            Step::moved(at)
+                        }
+                    };
                 }
-                Find::Clear { safe } => {
-                    cx.content(&input[..safe]);
-                    Step::up_to(safe)
+                if marker == PYTHON_TAG {
+                    self.state = State::AfterTag;
                 }
-            },
+                Step::took(at + marker.len())
+            }
             State::AfterTag => {
                 // Only the first HEAD_CAP bytes decide, whatever the
                 // deltas: what they leave open is no call.

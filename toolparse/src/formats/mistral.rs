@@ -34,7 +34,7 @@
 //! reasoning is reasoning (only the close tag ends it). Turn tokens (`</s>`,
 //! `[INST]`, `[/INST]`, `[TOOL_RESULTS]`, …) that are not calls are stripped.
 
-use super::{prompt_opens, Machine, Step};
+use super::{prompt_opens, text_until, Machine, Step};
 use crate::cx::Cx;
 use crate::json::{self, Scan, ValueEnd};
 use crate::scan::{find_first, starts_with, ws_len, Find, Prefix};
@@ -269,23 +269,20 @@ impl Machine for Mistral {
     fn step(&mut self, input: &str, end: Option<FinishReason>, cx: &mut Cx) -> Step {
         let eof = end.is_some();
         match &mut self.state {
-            State::Content => match find_first(input, &CONTENT_MARKERS, eof) {
-                Find::Found { at, idx } => {
-                    cx.content(&input[..at]);
-                    let marker = CONTENT_MARKERS[idx];
-                    match marker {
-                        TOOL_CALLS => self.state = State::Head,
-                        THINK => self.state = State::Reasoning(UNTHINK),
-                        TEXT_THINK => self.state = State::Reasoning(TEXT_UNTHINK),
-                        _ => {}
-                    }
-                    Step::took(at + marker.len())
+            State::Content => {
+                let (at, idx) = match text_until(input, &CONTENT_MARKERS, eof, |t| cx.content(t)) {
+                    Ok(found) => found,
+                    Err(step) => return step,
+                };
+                let marker = CONTENT_MARKERS[idx];
+                match marker {
+                    TOOL_CALLS => self.state = State::Head,
+                    THINK => self.state = State::Reasoning(UNTHINK),
+                    TEXT_THINK => self.state = State::Reasoning(TEXT_UNTHINK),
+                    _ => {}
                 }
-                Find::Clear { safe } => {
-                    cx.content(&input[..safe]);
-                    Step::up_to(safe)
-                }
-            },
+                Step::took(at + marker.len())
+            }
             State::Reasoning(close) => {
                 let markers = [*close, EOS];
                 match find_first(input, &markers, eof) {

@@ -59,6 +59,7 @@ mod qwen3_xml;
 
 use crate::cx::Cx;
 use crate::registry::Format;
+use crate::scan::{find_first, Find};
 use crate::{FinishReason, Options};
 use std::num::NonZeroUsize;
 
@@ -144,6 +145,28 @@ pub(crate) fn machine_for(format: Format, opts: &Options) -> Box<dyn crate::Driv
         Format::KimiK2 => Driver::boxed(kimi_k2::KimiK2::new(opts), opts),
         Format::KimiK3 => Driver::boxed(kimi_k3::KimiK3::new(opts), opts),
         Format::Gemma4 => Driver::boxed(gemma4::Gemma4::new(opts), opts),
+    }
+}
+
+/// Visible text up to the first of `markers`: the text before it goes to
+/// `emit`. `Ok((at, idx))` is marker number `idx` at byte `at`; `Err(step)`,
+/// when no marker was found, is the step for the text emitted (the safe
+/// part), or a wait.
+pub(crate) fn text_until(
+    input: &str,
+    markers: &[&str],
+    eof: bool,
+    emit: impl FnOnce(&str),
+) -> Result<(usize, usize), Step> {
+    match find_first(input, markers, eof) {
+        Find::Found { at, idx } => {
+            emit(&input[..at]);
+            Ok((at, idx))
+        }
+        Find::Clear { safe } => {
+            emit(&input[..safe]);
+            Err(Step::up_to(safe))
+        }
     }
 }
 

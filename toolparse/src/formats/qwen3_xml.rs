@@ -45,7 +45,7 @@
 
 use super::hermes::call_from_object;
 use super::keyed::KeyedCall;
-use super::{prompt_opens, Machine, Step};
+use super::{prompt_opens, text_until, Machine, Step};
 use crate::cx::Cx;
 use crate::json::{self, Scan, ValueEnd};
 use crate::scan::{find_first, follow, lead_any, starts_with, ws_len, Find, Follow, Lead, Prefix};
@@ -438,50 +438,43 @@ impl Machine for Qwen3Xml {
     fn step(&mut self, input: &str, end: Option<FinishReason>, cx: &mut Cx) -> Step {
         let eof = end.is_some();
         match &mut self.state {
-            State::Reasoning => match find_first(input, &REASONING_MARKERS, eof) {
-                Find::Found { at, idx } => {
-                    cx.reasoning(&input[..at]);
-                    let tag = REASONING_MARKERS[idx];
-                    let used = at + tag.len();
-                    match tag {
-                        OPEN => {
-                            let after = &input[used..];
-                            match starts_with(&after[ws_len(after)..], FUNC, eof) {
-                                Prefix::Yes => {
-                                    self.state = State::Call(Call::new(true, true, OPEN))
-                                }
-                                Prefix::NeedMore => return Step::up_to(at),
-                                Prefix::No => cx.reasoning(OPEN),
-                            }
+            State::Reasoning => {
+                let (at, idx) =
+                    match text_until(input, &REASONING_MARKERS, eof, |t| cx.reasoning(t)) {
+                        Ok(found) => found,
+                        Err(step) => return step,
+                    };
+                let tag = REASONING_MARKERS[idx];
+                let used = at + tag.len();
+                match tag {
+                    OPEN => {
+                        let after = &input[used..];
+                        match starts_with(&after[ws_len(after)..], FUNC, eof) {
+                            Prefix::Yes => self.state = State::Call(Call::new(true, true, OPEN)),
+                            Prefix::NeedMore => return Step::up_to(at),
+                            Prefix::No => cx.reasoning(OPEN),
                         }
-                        UNTHINK => self.state = State::Content,
-                        _ => {}
                     }
-                    Step::took(used)
+                    UNTHINK => self.state = State::Content,
+                    _ => {}
                 }
-                Find::Clear { safe } => {
-                    cx.reasoning(&input[..safe]);
-                    Step::up_to(safe)
+                Step::took(used)
+            }
+            State::Content => {
+                let (at, idx) = match text_until(input, &CONTENT_MARKERS, eof, |t| cx.content(t)) {
+                    Ok(found) => found,
+                    Err(step) => return step,
+                };
+                let tag = CONTENT_MARKERS[idx];
+                match tag {
+                    OPEN => self.state = State::Call(Call::new(false, true, OPEN)),
+                    // Not markup until the call is confirmed.
+                    FUNC => self.state = State::Call(Call::new(false, false, FUNC)),
+                    THINK => self.state = State::Reasoning,
+                    _ => {}
                 }
-            },
-            State::Content => match find_first(input, &CONTENT_MARKERS, eof) {
-                Find::Found { at, idx } => {
-                    cx.content(&input[..at]);
-                    let tag = CONTENT_MARKERS[idx];
-                    match tag {
-                        OPEN => self.state = State::Call(Call::new(false, true, OPEN)),
-                        // Not markup until the call is confirmed.
-                        FUNC => self.state = State::Call(Call::new(false, false, FUNC)),
-                        THINK => self.state = State::Reasoning,
-                        _ => {}
-                    }
-                    Step::took(at + tag.len())
-                }
-                Find::Clear { safe } => {
-                    cx.content(&input[..safe]);
-                    Step::up_to(safe)
-                }
-            },
+                Step::took(at + tag.len())
+            }
             State::Call(call) => {
                 let (used, done) = call.run(input, end, cx);
                 if !done {
