@@ -445,62 +445,6 @@ mod tests {
         whole
     }
 
-    const K2_GEN: &str = "<|im_assistant|>assistant<|im_middle|><think>";
-
-    fn k2(text: &str, reason: FinishReason) -> Accumulator {
-        run_with(Format::KimiK2, opts(Some(K2_GEN)), text, reason)
-    }
-
-    #[test]
-    fn k2_id_and_name() {
-        let a = k2("Think.</think><|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{\"city\": \"Paris\"}<|tool_call_end|><|tool_calls_section_end|>", FinishReason::Stop);
-        assert_eq!(a.reasoning, "Think.");
-        assert_eq!(a.calls[0].id.as_deref(), Some("functions.get_weather:0"));
-        assert_eq!(a.calls[0].name, "get_weather");
-        assert_eq!(a.calls[0].arguments, r#"{"city": "Paris"}"#);
-    }
-
-    #[test]
-    fn k2_reasoning_runs_into_the_section() {
-        let a = k2("Need it<|tool_calls_section_begin|><|tool_call_begin|>functions.f:0<|tool_call_argument_begin|>{}<|tool_call_end|><|tool_calls_section_end|>", FinishReason::Stop);
-        assert_eq!(a.reasoning, "Need it");
-        assert_eq!(a.calls.len(), 1);
-    }
-
-    #[test]
-    fn k2_truncated_inside_second_call() {
-        let t = "<|tool_calls_section_begin|><|tool_call_begin|>functions.a:0<|tool_call_argument_begin|>{\"x\": 1}<|tool_call_end|>\n<|tool_call_begin|>functions.b:1<|tool_call_argument_begin|>{\"y\": \"<|tool_call_end|>";
-        let a = run_with(Format::KimiK2, opts(None), t, FinishReason::Length);
-        assert_eq!(a.calls.len(), 1);
-        assert_eq!(a.calls[0].name, "a");
-        assert_eq!(a.content, "");
-    }
-
-    #[test]
-    fn k2_whitespace_and_singular_section_token() {
-        let t = "Sure.\n<|tool_call_section_begin|>\n<|tool_call_begin|> functions.search:3 <|tool_call_argument_begin|> {\"q\": \"é\"} <|tool_call_end|>\n<|tool_call_section_end|>";
-        let a = run_with(Format::KimiK2, opts(None), t, FinishReason::Stop);
-        assert_eq!(a.content, "Sure.");
-        assert_eq!(a.calls[0].name, "search");
-        assert_eq!(a.calls[0].id.as_deref(), Some("functions.search:3"));
-    }
-
-    #[test]
-    fn k2_fenced_arguments_without_argument_token() {
-        let t = "<|tool_calls_section_begin|>\n<|tool_call_begin|>functions.search\n```json\n{\"q\": \"x\"}\n```\n<|tool_call_end|>\n<|tool_calls_section_end|>";
-        let a = run_with(Format::KimiK2, opts(None), t, FinishReason::Stop);
-        assert_eq!(a.calls[0].name, "search");
-        assert_eq!(a.calls[0].arguments, r#"{"q": "x"}"#);
-    }
-
-    #[test]
-    fn k2_invalid_arguments_are_content() {
-        let t = "<|tool_calls_section_begin|><|tool_call_begin|>functions.a:0<|tool_call_argument_begin|>nope<|tool_call_end|><|tool_calls_section_end|>";
-        let a = run_with(Format::KimiK2, opts(None), t, FinishReason::Stop);
-        assert!(a.calls.is_empty());
-        assert!(a.content.contains("nope"));
-    }
-
     #[test]
     fn long_whitespace_runs_decide_the_same_for_every_split() {
         let ws = " ".repeat(5000);

@@ -510,9 +510,7 @@ fn close_open_call(state: State, cx: &mut Cx) -> State {
 
 #[cfg(test)]
 mod tests {
-    use crate::{
-        parse, Accumulator, FinishReason, Format, JsonType, Options, Parser, ToolSpec, Tools,
-    };
+    use crate::{parse, Accumulator, FinishReason, Format, Options, Parser};
 
     fn opts(gen: Option<&str>) -> Options {
         Options { generation_prompt: gen.map(str::to_owned), ..Options::default() }
@@ -541,67 +539,5 @@ mod tests {
         let ws = " ".repeat(5000);
         let t = format!("<|close|>think<|sep|><|open|>tools<|sep|><|open|>call tool=\"f\"<|sep|><|open|>argument key=\"a\" type=\"string\"<|sep|>x<|close|>argument<|sep|>{ws}<|close|>call<|sep|>");
         k3(&t, FinishReason::Stop);
-    }
-
-    #[test]
-    fn k3_call_with_typed_values() {
-        let t = "Plan.<|close|>think<|sep|><|open|>response<|sep|>Ok.<|close|>response<|sep|><|open|>tools<|sep|><|open|>call tool=\"f\" index=\"1\"<|sep|><|open|>argument key=\"n\" type=\"number\"<|sep|>2.5<|close|>argument<|sep|><|open|>argument key=\"o\" type=\"object\"<|sep|>{\"a\": [1]}<|close|>argument<|sep|><|open|>argument key=\"s\" type=\"string\"<|sep|>42<|close|>argument<|sep|><|close|>call<|sep|><|close|>tools<|sep|><|close|>message<|sep|>";
-        let a = k3(t, FinishReason::Stop);
-        assert_eq!(a.reasoning, "Plan.");
-        assert_eq!(a.content, "Ok.");
-        assert_eq!(a.calls[0].name, "f");
-        let v: serde_json::Value = serde_json::from_str(&a.calls[0].arguments).unwrap();
-        assert_eq!(v, serde_json::json!({"n": 2.5, "o": {"a": [1]}, "s": "42"}));
-    }
-
-    #[test]
-    fn k3_marker_text_in_value() {
-        let t = "<|close|>think<|sep|><|open|>tools<|sep|><|open|>call tool=\"w\" index=\"1\"<|sep|><|open|>argument key=\"c\" type=\"string\"<|sep|>a<|close|>argument<|sep|>b<|open|>x<|sep|><|close|>argument<|sep|><|close|>call<|sep|><|close|>tools<|sep|>";
-        let a = k3(t, FinishReason::Stop);
-        let v: serde_json::Value = serde_json::from_str(&a.calls[0].arguments).unwrap();
-        assert_eq!(v["c"], "a<|close|>argument<|sep|>b<|open|>x<|sep|>");
-    }
-
-    #[test]
-    fn k3_untyped_value_uses_the_schema() {
-        let tools = Tools(vec![ToolSpec::new("f").param("n", &[JsonType::Integer])]);
-        let o = Options { tools, ..opts(Some(K3_GEN)) };
-        let t = "<|close|>think<|sep|><|open|>tools<|sep|><|open|>call tool=\"f\"<|sep|><|open|>argument key=\"n\"<|sep|>7<|close|>argument<|sep|><|close|>call<|sep|><|close|>tools<|sep|>";
-        let a = run_with(Format::KimiK3, o, t, FinishReason::Stop);
-        assert_eq!(a.calls[0].arguments, r#"{"n":7}"#);
-    }
-
-    #[test]
-    fn k3_truncated_inside_second_call() {
-        let t = "<|close|>think<|sep|><|open|>tools<|sep|><|open|>call tool=\"a\" index=\"1\"<|sep|><|close|>call<|sep|><|open|>call tool=\"b\" index=\"2\"<|sep|><|open|>argument key=\"x\" type=\"string\"<|sep|>par";
-        let a = k3(t, FinishReason::Length);
-        assert_eq!(a.calls.len(), 1);
-        assert_eq!(a.calls[0].name, "a");
-        assert_eq!(a.content, "");
-        // Cut right after an argument closed: the call never closed.
-        let t2 = "<|close|>think<|sep|><|open|>tools<|sep|><|open|>call tool=\"b\"<|sep|><|open|>argument key=\"x\" type=\"string\"<|sep|>v<|close|>argument<|sep|>";
-        assert!(k3(t2, FinishReason::Length).calls.is_empty());
-    }
-
-    #[test]
-    fn k3_entities_in_attributes() {
-        let t = "<|close|>think<|sep|><|open|>tools<|sep|><|open|>call tool=\"f\"<|sep|><|open|>argument key=\"a&amp;b &quot;c&quot; &#233;\" type=\"string\"<|sep|>x<|close|>argument<|sep|><|close|>call<|sep|><|close|>tools<|sep|>";
-        let a = k3(t, FinishReason::Stop);
-        let v: serde_json::Value = serde_json::from_str(&a.calls[0].arguments).unwrap();
-        assert_eq!(v["a&b \"c\" é"], "x");
-    }
-
-    #[test]
-    fn k3_markers_in_reasoning_stay_text() {
-        let a = k3("I use <|close|>foo<|sep|> here.<|close|>think<|sep|><|open|>response<|sep|>Hi<|close|>response<|sep|>", FinishReason::Stop);
-        assert_eq!(a.reasoning, "I use <|close|>foo<|sep|> here.");
-        assert_eq!(a.content, "Hi");
-    }
-
-    #[test]
-    fn k3_truncated_tag_is_not_shown() {
-        let a = k3("Thinking<|close|>thi", FinishReason::Length);
-        assert_eq!(a.reasoning, "Thinking");
-        assert_eq!(a.content, "");
     }
 }
