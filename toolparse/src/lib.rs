@@ -25,8 +25,9 @@
 //! assert_eq!(acc.calls[0].arguments, r#"{"q":"x"}"#);
 //! ```
 //!
-//! Rules every format obeys: content around calls is kept in order (only the
-//! separator whitespace next to markup is dropped); markers never reach
+//! Rules every format obeys: content around calls is kept verbatim and in
+//! order (only the edges of the reply are trimmed: whitespace before its
+//! first visible character and after its last); markers never reach
 //! content, reasoning, names or arguments; marker text inside a JSON string
 //! does not end a call; arguments are a strict JSON object; the events add up
 //! to the same result however the text is split; output cut by the token
