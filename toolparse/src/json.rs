@@ -232,8 +232,8 @@ impl JsonType {
         })
     }
 
-    #[allow(dead_code)]
-    fn accepts(self, v: &Value) -> bool {
+    /// Whether `v` is of this type (an integer may be written `3.0`).
+    pub(crate) fn accepts(self, v: &Value) -> bool {
         match self {
             JsonType::String => v.is_string(),
             JsonType::Integer => {

@@ -32,8 +32,8 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use toolparse::{
-    DropReason, Event, FinishReason, Format, JsonType, Mode, Options, Parser, ToolCall, ToolSpec,
-    Tools,
+    Accumulator, DropReason, Event, FinishReason, Format, JsonType, Mode, Options, Parser,
+    ToolCall, ToolSpec, Tools,
 };
 
 struct Case {
@@ -47,28 +47,22 @@ struct Case {
     expect: String,
 }
 
-/// What a parse gave, as the expectation writes it.
+/// What a parse gave, as the expectation writes it: what a client
+/// accumulates, and the calls that were started and dropped.
 #[derive(Debug, Default, PartialEq, Eq)]
 struct Outcome {
-    content: String,
-    reasoning: String,
-    calls: Vec<ToolCall>,
-    discarded: Vec<ToolCall>,
+    acc: Accumulator,
     dropped: Vec<(usize, DropReason)>,
 }
 
 impl Outcome {
     fn add(&mut self, events: Vec<Event>) {
-        for e in events {
-            match e {
-                Event::Content(s) => self.content.push_str(&s),
-                Event::Reasoning(s) => self.reasoning.push_str(&s),
-                Event::CallEnd { call, .. } => self.calls.push(call),
-                Event::Discarded(call) => self.discarded.push(call),
-                Event::CallDropped { index, reason } => self.dropped.push((index, reason)),
-                Event::CallStart { .. } | Event::CallArgs { .. } => {}
+        for e in &events {
+            if let Event::CallDropped { index, reason } = e {
+                self.dropped.push((*index, *reason));
             }
         }
+        self.acc.extend(events);
     }
 
     fn render(&self) -> String {
@@ -77,16 +71,17 @@ impl Outcome {
             let id = c.id.as_deref().map(|id| format!("[{id}] ")).unwrap_or_default();
             let _ = writeln!(out, "{kind} {id}{} {}", c.name, c.arguments);
         };
-        if !self.content.is_empty() {
-            let _ = writeln!(out, "content {}", serde_json::Value::from(self.content.as_str()));
+        let acc = &self.acc;
+        if !acc.content.is_empty() {
+            let _ = writeln!(out, "content {}", serde_json::Value::from(acc.content.as_str()));
         }
-        if !self.reasoning.is_empty() {
-            let _ = writeln!(out, "reasoning {}", serde_json::Value::from(self.reasoning.as_str()));
+        if !acc.reasoning.is_empty() {
+            let _ = writeln!(out, "reasoning {}", serde_json::Value::from(acc.reasoning.as_str()));
         }
-        for c in &self.calls {
+        for c in &acc.calls {
             call(&mut out, "call", c);
         }
-        for c in &self.discarded {
+        for c in &acc.discarded {
             call(&mut out, "discarded", c);
         }
         for (index, reason) in &self.dropped {
@@ -245,10 +240,10 @@ fn every_case_parses_as_expected_however_it_is_split() {
             };
             if case.mode == Mode::Tools {
                 match case.check(Mode::Suppress) {
-                    Ok(sup) if sup.calls.is_empty() && sup.discarded == got.calls => {}
+                    Ok(sup) if sup.acc.calls.is_empty() && sup.acc.discarded == got.acc.calls => {}
                     Ok(sup) => failures.push(format!(
                         "{file}: {}: suppress mode discarded {:?} for calls {:?}",
-                        case.name, sup.discarded, got.calls
+                        case.name, sup.acc.discarded, got.acc.calls
                     )),
                     Err(why) => {
                         failures.push(format!("{file}: {}: suppress mode: {why}", case.name))

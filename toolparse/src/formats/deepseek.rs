@@ -496,7 +496,7 @@ impl Machine for DeepSeek {
 }
 #[cfg(test)]
 mod tests {
-    use crate::{Accumulator, FinishReason, Format, Mode, Options, Parser};
+    use crate::{Accumulator, FinishReason, Format, Options, Parser};
     use serde_json::{json, Value};
 
     fn opts(gen: &str) -> Options {
@@ -511,19 +511,6 @@ mod tests {
         }
         acc.extend(p.finish(reason));
         acc
-    }
-
-    /// Parses `text` whole, char by char and in 3-char pieces; all must agree.
-    fn parse_with(format: Format, o: &Options, text: &str, reason: FinishReason) -> Accumulator {
-        let whole = feed(format, o, &[text], reason);
-        let chars: Vec<String> = text.chars().map(String::from).collect();
-        let by_char: Vec<&str> = chars.iter().map(String::as_str).collect();
-        assert_eq!(feed(format, o, &by_char, reason), whole, "char split of {text:?}");
-        let v: Vec<char> = text.chars().collect();
-        let threes: Vec<String> = v.chunks(3).map(|c| c.iter().collect()).collect();
-        let threes: Vec<&str> = threes.iter().map(String::as_str).collect();
-        assert_eq!(feed(format, o, &threes, reason), whole, "3-char split of {text:?}");
-        whole
     }
 
     fn args(acc: &Accumulator, i: usize) -> Value {
@@ -625,37 +612,16 @@ mod tests {
             "<｜end▁of▁sentence｜>",
             "<｜DSML",
         ];
-        let mut rng: u64 = 0x9e37_79b9_7f4a_7c15;
-        let mut next = move |hi: usize| {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
-            (rng % hi as u64) as usize
-        };
-        let formats = [
+        for f in [
             Format::DeepSeekV3,
             Format::DeepSeekV31,
             Format::DeepSeekV32,
             Format::DeepSeekV4,
             Format::DeepSeekV41,
-        ];
-        for round in 0..300 {
-            let n = 1 + next(14);
-            let text: String = (0..n).map(|_| PIECES[next(PIECES.len())]).collect();
-            let f = formats[round % formats.len()];
-            let reason = if round % 2 == 0 { FinishReason::Stop } else { FinishReason::Length };
-            let gen = if round % 3 == 0 {
-                "<｜Assistant｜><think>"
-            } else {
-                "<｜Assistant｜></think>"
-            };
-            let acc = parse_with(f, &opts(gen), &text, reason);
-            for c in &acc.calls {
-                assert!(crate::json::strict_object(&c.arguments).is_ok(), "{text:?}");
-            }
-            let sup = Options { mode: Mode::Suppress, ..opts(gen) };
-            let s = parse_with(f, &sup, &text, reason);
-            assert_eq!(s.discarded, acc.calls, "{text:?}");
+        ] {
+            let prompts = [Some("<｜Assistant｜><think>"), Some("<｜Assistant｜></think>")];
+            let opts = |gen: Option<&str>| opts(gen.unwrap_or_default());
+            crate::formats::testing::random_markup(f, &PIECES, &prompts, &opts, 60, 14);
         }
     }
 }

@@ -419,7 +419,7 @@ enum Parsed {
 /// types the literal does not fit.
 fn type_bare(t: &str, types: &[JsonType]) -> Value {
     let lit = literal(t);
-    if types.is_empty() || types.iter().any(|ty| fits(*ty, &lit)) {
+    if types.is_empty() || types.iter().any(|ty| ty.accepts(&lit)) {
         return lit;
     }
     json::coerce(t, types)
@@ -432,20 +432,6 @@ fn type_string(s: String, types: &[JsonType]) -> Value {
         return Value::String(s);
     }
     json::coerce(&s, types)
-}
-
-fn fits(ty: JsonType, v: &Value) -> bool {
-    match ty {
-        JsonType::String => v.is_string(),
-        JsonType::Integer => {
-            v.is_i64() || v.is_u64() || v.as_f64().is_some_and(|f| f.fract() == 0.0)
-        }
-        JsonType::Number => v.is_number(),
-        JsonType::Boolean => v.is_boolean(),
-        JsonType::Object => v.is_object(),
-        JsonType::Array => v.is_array(),
-        JsonType::Null => v.is_null(),
-    }
 }
 
 /// The value of bare text: a boolean, null, a number, else the text.

@@ -449,9 +449,7 @@ impl Machine for Glm {
 
 #[cfg(test)]
 mod tests {
-    use crate::{
-        parse, Accumulator, FinishReason, Format, JsonType, Options, Parser, ToolSpec, Tools,
-    };
+    use crate::{Format, JsonType, Options, ToolSpec, Tools};
 
     fn opts(gen: Option<&str>) -> Options {
         use JsonType::*;
@@ -486,37 +484,13 @@ mod tests {
             "\\n",
             "\\",
         ];
-        let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
-        let mut next = |n: usize| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            (seed % n as u64) as usize
-        };
-        for _ in 0..400 {
-            let len = 1 + next(24);
-            let text: String = (0..len).map(|_| toks[next(toks.len())]).collect();
-            for reason in [FinishReason::Stop, FinishReason::Length] {
-                for gen in [None, Some("<think>")] {
-                    let whole = parse(Format::Glm47, opts(gen), &text, reason);
-                    let mut p = Parser::new(Format::Glm47, opts(gen));
-                    let mut acc = Accumulator::default();
-                    let mut rest = text.as_str();
-                    while !rest.is_empty() {
-                        let mut cut = (1 + next(6)).min(rest.len());
-                        while !rest.is_char_boundary(cut) {
-                            cut += 1;
-                        }
-                        acc.extend(p.push(&rest[..cut]));
-                        rest = &rest[cut..];
-                    }
-                    acc.extend(p.finish(reason));
-                    assert_eq!(acc, whole, "{text:?} {reason:?} {gen:?}");
-                    for c in &whole.calls {
-                        assert!(crate::json::strict_object(&c.arguments).is_ok(), "{c:?}");
-                    }
-                }
-            }
-        }
+        crate::formats::testing::random_markup(
+            Format::Glm47,
+            &toks,
+            &[None, Some("<think>")],
+            &opts,
+            400,
+            24,
+        );
     }
 }

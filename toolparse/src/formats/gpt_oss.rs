@@ -480,23 +480,15 @@ fn finish_call(cx: &mut Cx, args: String) {
 
 #[cfg(test)]
 mod tests {
-    use crate::{parse, Accumulator, FinishReason, Format, Options, Parser};
+    use crate::{Accumulator, FinishReason, Format, Options, Parser};
 
     fn opts(gen: Option<&str>) -> Options {
         Options { generation_prompt: gen.map(str::to_owned), ..Options::default() }
     }
 
     fn run(text: &str, reason: FinishReason) -> Accumulator {
-        let whole = parse(Format::GptOss, opts(Some("<|start|>assistant")), text, reason);
-        // Every character its own delta gives the same result.
-        let mut p = Parser::new(Format::GptOss, opts(Some("<|start|>assistant")));
-        let mut acc = Accumulator::default();
-        for c in text.chars() {
-            acc.extend(p.push(&c.to_string()));
-        }
-        acc.extend(p.finish(reason));
-        assert_eq!(acc, whole, "split changes the result");
-        whole
+        let opts = opts(Some("<|start|>assistant"));
+        crate::formats::testing::whole_and_by_char(Format::GptOss, &opts, text, reason)
     }
 
     #[test]

@@ -373,14 +373,20 @@ fn args_step(
             if !eof {
                 return None;
             }
-            if end == Some(FinishReason::Length) {
-                cx.drop_call(DropReason::Truncated);
-            } else {
-                cx.malformed(&format!("{raw}{input}"));
-            }
+            unfinished(raw, input, end, cx);
             Some(input.len())
         }
         Scan::Invalid => fenced_step(raw, searched, input, end, cx),
+    }
+}
+
+/// The text ended inside the arguments: cut by the token limit, the call
+/// is dropped; ended by a stop, its markup is shown.
+fn unfinished(raw: &str, input: &str, end: Option<FinishReason>, cx: &mut Cx) {
+    if end == Some(FinishReason::Length) {
+        cx.drop_call(DropReason::Truncated);
+    } else {
+        cx.malformed(&format!("{raw}{input}"));
     }
 }
 
@@ -415,11 +421,7 @@ fn fenced_step(
             None
         }
         Find::Clear { .. } => {
-            if end == Some(FinishReason::Length) {
-                cx.drop_call(DropReason::Truncated);
-            } else {
-                cx.malformed(&format!("{raw}{input}"));
-            }
+            unfinished(raw, input, end, cx);
             Some(input.len())
         }
     }
@@ -427,22 +429,14 @@ fn fenced_step(
 
 #[cfg(test)]
 mod tests {
-    use crate::{parse, Accumulator, FinishReason, Format, Options, Parser};
+    use crate::{Accumulator, FinishReason, Format, Options, Parser};
 
     fn opts(gen: Option<&str>) -> Options {
         Options { generation_prompt: gen.map(str::to_owned), ..Options::default() }
     }
 
     fn run_with(format: Format, o: Options, text: &str, reason: FinishReason) -> Accumulator {
-        let whole = parse(format, o.clone(), text, reason);
-        let mut p = Parser::new(format, o);
-        let mut acc = Accumulator::default();
-        for c in text.chars() {
-            acc.extend(p.push(&c.to_string()));
-        }
-        acc.extend(p.finish(reason));
-        assert_eq!(acc, whole, "split changes the result");
-        whole
+        crate::formats::testing::whole_and_by_char(format, &o, text, reason)
     }
 
     #[test]

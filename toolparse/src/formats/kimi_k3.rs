@@ -510,22 +510,14 @@ fn close_open_call(state: State, cx: &mut Cx) -> State {
 
 #[cfg(test)]
 mod tests {
-    use crate::{parse, Accumulator, FinishReason, Format, Options, Parser};
+    use crate::{Accumulator, FinishReason, Format, Options};
 
     fn opts(gen: Option<&str>) -> Options {
         Options { generation_prompt: gen.map(str::to_owned), ..Options::default() }
     }
 
     fn run_with(format: Format, o: Options, text: &str, reason: FinishReason) -> Accumulator {
-        let whole = parse(format, o.clone(), text, reason);
-        let mut p = Parser::new(format, o);
-        let mut acc = Accumulator::default();
-        for c in text.chars() {
-            acc.extend(p.push(&c.to_string()));
-        }
-        acc.extend(p.finish(reason));
-        assert_eq!(acc, whole, "split changes the result");
-        whole
+        crate::formats::testing::whole_and_by_char(format, &o, text, reason)
     }
 
     const K3_GEN: &str = "<|open|>message role=\"assistant\"<|sep|><|open|>think<|sep|>";

@@ -474,29 +474,11 @@ fn kwargs(raw: &str, tool: &str, tools: &Tools) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
-    use crate::{parse, Accumulator, FinishReason, Format, Options, Parser, ToolSpec, Tools};
-
-    fn opts(tools: &[&str]) -> Options {
-        Options {
-            tools: Tools(tools.iter().map(|t| ToolSpec::new(*t)).collect()),
-            ..Options::default()
-        }
-    }
-
-    fn check_with(text: &str, reason: FinishReason, tools: &[&str]) -> Accumulator {
-        let whole = parse(Format::Llama3Json, opts(tools), text, reason);
-        let mut p = Parser::new(Format::Llama3Json, opts(tools));
-        let mut acc = Accumulator::default();
-        for c in text.chars() {
-            acc.extend(p.push(&c.to_string()));
-        }
-        acc.extend(p.finish(reason));
-        assert_eq!(acc, whole, "split changes the result of {text:?}");
-        whole
-    }
+    use crate::{Accumulator, FinishReason, Format, Options};
 
     fn check(text: &str, reason: FinishReason) -> Accumulator {
-        check_with(text, reason, &[])
+        let opts = Options::default();
+        crate::formats::testing::whole_and_by_char(Format::Llama3Json, &opts, text, reason)
     }
 
     #[test]
@@ -507,30 +489,5 @@ mod tests {
         let (acc, work) = crate::scan::work::measure(|| check(&text, FinishReason::Stop));
         assert_eq!(acc.calls.len(), 1);
         assert!(work <= 8 * text.len() as u64, "{work} bytes scanned for {}", text.len());
-    }
-
-    #[test]
-    fn every_two_way_split_gives_the_same_result() {
-        let texts = [
-            "Here: {\"name\": \"a\", \"parameters\": {\"s\": \"{x}<|eot_id|>\"}} ; {\"name\": \"b\", \"arguments\": \"{}\"}\nI used {a} [1] [{\"q\": 1}]<|eot_id|>",
-            "<|python_tag|>{\"type\": \"function\", \"name\": \"f\", \"parameters\": null};{\"name\": \"g\", \"parameters\": {\"x\": ",
-            "<|python_tag|> brave_search.call(query=\"a (b)\", n=2)<|eom_id|> after {\"capital\": \"Paris\"}",
-            "{\"name\": \"a\", \"parameters\": {}}\n[{\"name\": \"b\", \"parameters\": {}}] <|python_tag|>print('x')",
-            "text { \"name\": \"a\", \"para",
-        ];
-        for text in texts {
-            for reason in [FinishReason::Stop, FinishReason::Length] {
-                let whole = parse(Format::Llama3Json, Options::default(), text, reason);
-                let cuts = text.char_indices().map(|(i, _)| i).skip(1);
-                for cut in cuts {
-                    let mut p = Parser::new(Format::Llama3Json, Options::default());
-                    let mut acc = Accumulator::default();
-                    acc.extend(p.push(&text[..cut]));
-                    acc.extend(p.push(&text[cut..]));
-                    acc.extend(p.finish(reason));
-                    assert_eq!(acc, whole, "{text:?} cut at {cut}");
-                }
-            }
-        }
     }
 }

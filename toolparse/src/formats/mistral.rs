@@ -425,7 +425,7 @@ impl Machine for Mistral {
 
 #[cfg(test)]
 mod tests {
-    use crate::{parse, Accumulator, FinishReason, Format, Options, Parser};
+    use crate::{Accumulator, FinishReason, Format, Options, Parser};
 
     /// The same text pushed one char at a time.
     fn by_char(text: &str, reason: FinishReason) -> Accumulator {
@@ -445,29 +445,5 @@ mod tests {
         let (acc, work) = crate::scan::work::measure(|| by_char(&text, FinishReason::Stop));
         assert_eq!(acc.calls.len(), 1);
         assert!(work <= 4 * text.len() as u64, "{work} bytes scanned for {}", text.len());
-    }
-    #[test]
-    fn every_two_way_split_gives_the_same_result() {
-        let texts = [
-            "Hi.[TOOL_CALLS]a[ARGS]{\"x\": \"[ARGS]}\"}b[ARGS]{}[TOOL_CALLS] [{\"name\": \"c\", \"arguments\": {}}] tail</s>",
-            "[THINK]r [TOOL_CALLS]x[/THINK] \n<think>t</think>[TOOL_CALLS]f[CALL_ID] id9 [ARGS] {\"k\": [1, {\"z\": \"}\"}]}",
-            "[TOOL_CALLS]  [ {\"name\":\"add\" , \"arguments\" : {\"a\": 3} } ]\nDone: {\"k\": 1}[INST]",
-            "x[TOOL_CALLS] not json [TOOL_CALLS][TOOL_CALLS]g{\"a\": 1}[TOOL_CALLS]h[ARGS]{\"b\": ",
-            "[TOOL_CALLS]f[ARGS]{\"a\": 1, \"a\": 2}[TOOL_CALLS]g[ARGS]nope[TOOL_CALLS][{\"name\": \"q\"}, {\"nam",
-        ];
-        for text in texts {
-            for reason in [FinishReason::Stop, FinishReason::Length] {
-                let whole = parse(Format::Mistral, Options::default(), text, reason);
-                let cuts = text.char_indices().map(|(i, _)| i).skip(1);
-                for cut in cuts {
-                    let mut p = Parser::new(Format::Mistral, Options::default());
-                    let mut acc = Accumulator::default();
-                    acc.extend(p.push(&text[..cut]));
-                    acc.extend(p.push(&text[cut..]));
-                    acc.extend(p.finish(reason));
-                    assert_eq!(acc, whole, "{text:?} cut at {cut}");
-                }
-            }
-        }
     }
 }

@@ -56,6 +56,8 @@ mod llama4_pythonic;
 mod mistral;
 mod python;
 mod qwen3_xml;
+#[cfg(test)]
+mod testing;
 
 use crate::cx::Cx;
 use crate::registry::Format;

@@ -505,9 +505,7 @@ impl Machine for Qwen3Xml {
 
 #[cfg(test)]
 mod tests {
-    use crate::{
-        parse, Accumulator, FinishReason, Format, JsonType, Options, Parser, ToolSpec, Tools,
-    };
+    use crate::{Accumulator, FinishReason, Format, JsonType, Options, Parser, ToolSpec, Tools};
 
     fn opts(gen: Option<&str>) -> Options {
         use JsonType::*;
@@ -517,27 +515,6 @@ mod tests {
             ToolSpec::new("set").param("on", &[Boolean]).param("label", &[String, Null]),
         ]);
         Options { generation_prompt: gen.map(str::to_owned), tools, ..Options::default() }
-    }
-
-    fn run(text: &str, gen: Option<&str>, reason: FinishReason) -> Accumulator {
-        let whole = parse(Format::Qwen3Xml, opts(gen), text, reason);
-        // Same result one char at a time.
-        let mut p = Parser::new(Format::Qwen3Xml, opts(gen));
-        let mut acc = Accumulator::default();
-        for ch in text.chars() {
-            acc.extend(p.push(&ch.to_string()));
-        }
-        acc.extend(p.finish(reason));
-        assert_eq!(acc, whole, "split changed the result for {text:?}");
-        whole
-    }
-
-    fn calls(acc: &Accumulator) -> Vec<(String, String)> {
-        acc.calls.iter().map(|c| (c.name.clone(), c.arguments.clone())).collect()
-    }
-
-    fn one(name: &str, args: &str) -> Vec<(String, String)> {
-        vec![(name.to_owned(), args.to_owned())]
     }
 
     /// Bare `<function=` text that is no call is reported as content only,
@@ -552,9 +529,7 @@ mod tests {
     }
 
     #[test]
-    fn empty_arguments_and_long_values_stay_linear() {
-        let t = "<tool_call>\n<function=get_time>\n</function>\n</tool_call>";
-        assert_eq!(calls(&run(t, None, FinishReason::Stop)), one("get_time", "{}"));
+    fn long_values_stay_linear() {
         let body = "x".repeat(200_000);
         let t = format!("<tool_call>\n<function=write_file>\n<parameter=content>\n{body}\n</parameter>\n</function>\n</tool_call>");
         let mut p = Parser::new(Format::Qwen3Xml, opts(None));
@@ -590,37 +565,13 @@ mod tests {
             "é🌸",
             "\\n",
         ];
-        let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
-        let mut next = |n: usize| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            (seed % n as u64) as usize
-        };
-        for _ in 0..400 {
-            let len = 1 + next(24);
-            let text: String = (0..len).map(|_| toks[next(toks.len())]).collect();
-            for reason in [FinishReason::Stop, FinishReason::Length] {
-                for gen in [None, Some("<think>")] {
-                    let whole = parse(Format::Qwen3Xml, opts(gen), &text, reason);
-                    let mut p = Parser::new(Format::Qwen3Xml, opts(gen));
-                    let mut acc = Accumulator::default();
-                    let mut rest = text.as_str();
-                    while !rest.is_empty() {
-                        let mut cut = (1 + next(6)).min(rest.len());
-                        while !rest.is_char_boundary(cut) {
-                            cut += 1;
-                        }
-                        acc.extend(p.push(&rest[..cut]));
-                        rest = &rest[cut..];
-                    }
-                    acc.extend(p.finish(reason));
-                    assert_eq!(acc, whole, "{text:?} {reason:?} {gen:?}");
-                    for c in &whole.calls {
-                        assert!(crate::json::strict_object(&c.arguments).is_ok(), "{c:?}");
-                    }
-                }
-            }
-        }
+        crate::formats::testing::random_markup(
+            Format::Qwen3Xml,
+            &toks,
+            &[None, Some("<think>")],
+            &opts,
+            400,
+            24,
+        );
     }
 }
