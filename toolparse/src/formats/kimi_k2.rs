@@ -11,8 +11,8 @@
 //! The call id is what the model wrote (`functions.get_weather:0`); the name
 //! is inside it (`functions.` and `:IDX` stripped). The arguments are one
 //! JSON object found by scanning JSON, so marker text inside a string does
-//! not end the call; whitespace and a ```` ```json ```` fence around it are
-//! noise. A section (also the singular `<|tool_call_section_begin|>`
+//! not end the call; whitespace, a ```` ```json ```` fence around it and
+//! stray text between it and `<|tool_call_end|>` are noise. A section (also the singular `<|tool_call_section_begin|>`
 //! spelling) is markup: whitespace and stray text between its markers are
 //! dropped, never content. A call outside a section is accepted too, and
 //! text around a section is content, verbatim. Reasoning ends at `</think>`
@@ -72,6 +72,10 @@ const CONTENT_MARKERS: [&str; 14] = [
 ];
 
 const HEADER_MARKERS: [&str; 5] = [ARG_BEGIN, CALL_END, CALL_BEGIN, SECTION_END, SECTION_END_1];
+
+/// What ends a call after its arguments: its end marker, or (the marker
+/// missing) the next call or the section's end.
+const CALL_ENDS: [&str; 4] = [CALL_END, CALL_BEGIN, SECTION_END, SECTION_END_1];
 
 /// A call header (`functions.NAME:IDX`, or a call written without the
 /// argument token) longer than this is malformed.
@@ -352,7 +356,7 @@ fn args_step(
                 }
                 return Some(input.len());
             }
-            match lead_any(rest, &[CALL_END, CALL_BEGIN, SECTION_END, SECTION_END_1], eof) {
+            match lead_any(rest, &CALL_ENDS, eof) {
                 Lead::Is(0) => {
                     finish(cx, args);
                     Some(body_end + ws + CALL_END.len())
@@ -364,8 +368,24 @@ fn args_step(
                 }
                 Lead::More => None,
                 Lead::No => {
-                    cx.malformed(&format!("{raw}{body}"));
-                    Some(body_end)
+                    // Stray text after the arguments, before the call's end
+                    // marker, is noise.
+                    let from = (*searched).max(body_end + ws);
+                    match find_first(&input[from..], &CALL_ENDS, eof) {
+                        Find::Found { at, idx } => {
+                            finish(cx, args);
+                            let at = from + at;
+                            Some(if idx == 0 { at + CALL_END.len() } else { at })
+                        }
+                        Find::Clear { safe } if !eof => {
+                            *searched = from + safe;
+                            None
+                        }
+                        Find::Clear { .. } => {
+                            unfinished(raw, input, end, cx);
+                            Some(input.len())
+                        }
+                    }
                 }
             }
         }

@@ -113,6 +113,9 @@ add("kimi", "noise-fenced-arguments", "moonshotai/Kimi-K2-Instruct-0905",
 add("kimi", "noise-stray-word-in-header", "moonshotai/Kimi-K2-Instruct-0905",
     '<|tool_calls_section_begin|><|tool_call_begin|>call functions.get_weather:0<|tool_call_argument_begin|>{"city": "Paris"}<|tool_call_end|><|tool_calls_section_end|>',
     [PARIS])
+add("kimi", "noise-stray-text-after-arguments", "moonshotai/Kimi-K2-Instruct-0905",
+    '<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{"city": "Paris"} (city)<|tool_call_end|><|tool_calls_section_end|>',
+    [PARIS])
 for family, fxs in cases.items():
     d = out / family
     d.mkdir(parents=True, exist_ok=True)
