@@ -290,14 +290,15 @@ fn call_step(
         }
         Prefix::No => {
             // No close marker: the body alone decides, unless the token limit
-            // cut the text right after it.
-            let cut = end == Some(FinishReason::Length) && ws == after.len();
+            // cut the text right after it (or in the marker: then nothing of
+            // it is shown).
+            let cut = end == Some(FinishReason::Length) && CLOSE.starts_with(&after[ws..]);
             match parsed() {
                 Some(_) if cut => cx.drop_call(DropReason::Truncated),
                 Some((_, args)) => finish_call(args, cx),
                 None => cx.malformed(&format!("{OPEN}{}", &input[..e])),
             }
-            Some(e)
+            Some(if cut { input.len() } else { e })
         }
     }
 }

@@ -135,14 +135,20 @@ impl Machine for Hermes {
                             }
                             Prefix::No => {
                                 // No close tag: the JSON alone decides, unless the
-                                // token limit cut the text right after it.
-                                let cut = end == Some(FinishReason::Length) && ws == after.len();
+                                // token limit cut the text right after it (or in its
+                                // close tag: then nothing of the tag is shown).
+                                let cut = end == Some(FinishReason::Length)
+                                    && CLOSE.starts_with(&after[ws..]);
                                 match call_from_object(&input[..body_end]) {
                                     Some((name, args)) if !cut => cx.call(None, &name, args),
                                     Some(_) => cx.drop_call(DropReason::Truncated),
                                     None => cx.malformed(&format!("{OPEN}{}", &input[..body_end])),
                                 }
-                                body_end
+                                if cut {
+                                    input.len()
+                                } else {
+                                    body_end
+                                }
                             }
                         }
                     }

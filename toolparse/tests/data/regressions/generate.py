@@ -116,6 +116,11 @@ add("kimi", "noise-stray-word-in-header", "moonshotai/Kimi-K2-Instruct-0905",
 add("kimi", "noise-stray-text-after-arguments", "moonshotai/Kimi-K2-Instruct-0905",
     '<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{"city": "Paris"} (city)<|tool_call_end|><|tool_calls_section_end|>',
     [PARIS])
+# --- a call cut inside its close marker is cut ---
+add("qwen3-hermes", "cut-inside-close-tag", "Qwen/Qwen3-4B-Instruct-2507",
+    f"{H[:-4]}", err="max_tokens hit inside </tool_call>: the call never closed", tags=("truncated",))
+add("gemma4", "cut-inside-close-marker", "google/gemma-4-31B-it",
+    "<|tool_call>call:get_weather{city:<|\"|>Paris<|\"|>}<tool_ca", err="max_tokens hit inside <tool_call|>", tags=("truncated",))
 for family, fxs in cases.items():
     d = out / family
     d.mkdir(parents=True, exist_ok=True)
