@@ -70,7 +70,6 @@ impl Cx {
     }
 
     /// The offered tools.
-    #[allow(dead_code)]
     pub(crate) fn tools(&self) -> &Tools {
         &self.tools
     }
