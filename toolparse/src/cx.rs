@@ -160,6 +160,12 @@ impl Cx {
     /// A whole call at once.
     pub(crate) fn call(&mut self, id: Option<String>, name: &str, arguments: String) {
         self.start_call(id, name);
+        self.complete_call(arguments);
+    }
+
+    /// The open call's arguments arrived whole: reported as one fragment,
+    /// and the call is complete.
+    pub(crate) fn complete_call(&mut self, arguments: String) {
         self.call_args(&arguments);
         self.end_call(arguments);
     }

@@ -283,7 +283,7 @@ fn call_step(
         Prefix::Yes => {
             let used = e + ws + CLOSE.len();
             match parsed() {
-                Some((_, args)) => finish_call(args, cx),
+                Some((_, args)) => cx.complete_call(args),
                 None => cx.malformed(&format!("{OPEN}{}", &input[..used])),
             }
             Some(used)
@@ -295,17 +295,12 @@ fn call_step(
             let cut = end == Some(FinishReason::Length) && CLOSE.starts_with(&after[ws..]);
             match parsed() {
                 Some(_) if cut => cx.drop_call(DropReason::Truncated),
-                Some((_, args)) => finish_call(args, cx),
+                Some((_, args)) => cx.complete_call(args),
                 None => cx.malformed(&format!("{OPEN}{}", &input[..e])),
             }
             Some(if cut { input.len() } else { e })
         }
     }
-}
-
-fn finish_call(args: String, cx: &mut Cx) {
-    cx.call_args(&args);
-    cx.end_call(args);
 }
 
 /// The name in a call header (`call:NAME`), if it is one.

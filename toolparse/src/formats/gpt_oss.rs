@@ -297,7 +297,7 @@ impl Machine for GptOss {
                         *searched = at + m.len();
                         return Step::Wait;
                     }
-                    finish_call(cx, code_args(&input[..at]));
+                    cx.complete_call(code_args(&input[..at]));
                     self.state = State::Free;
                     Step::took(at + m.len())
                 }
@@ -311,7 +311,7 @@ impl Machine for GptOss {
                     if end == Some(FinishReason::Length) {
                         cx.drop_call(DropReason::Truncated);
                     } else {
-                        finish_call(cx, code_args(input));
+                        cx.complete_call(code_args(input));
                     }
                     self.state = State::Free;
                     Step::moved(input.len())
@@ -388,7 +388,7 @@ fn call_step(
             let rest = &after[ws..];
             if ws > WS_HOLD {
                 // Decided at a fixed distance after the JSON, whatever the deltas.
-                finish_call(cx, args);
+                cx.complete_call(args);
                 return Some((body_end, State::Free));
             }
             if rest.is_empty() {
@@ -400,14 +400,14 @@ fn call_step(
                 if end == Some(FinishReason::Length) {
                     cx.drop_call(DropReason::Truncated);
                 } else {
-                    finish_call(cx, args);
+                    cx.complete_call(args);
                 }
                 return Some((input.len(), State::Free));
             }
             for m in [CALL, END, RETURN] {
                 match starts_with(rest, m, eof) {
                     Prefix::Yes => {
-                        finish_call(cx, args);
+                        cx.complete_call(args);
                         return Some((body_end + ws + m.len(), State::Free));
                     }
                     Prefix::NeedMore => return None,
@@ -418,7 +418,7 @@ fn call_step(
                 match starts_with(rest, m, eof) {
                     Prefix::Yes => {
                         // The next message began without <|call|>.
-                        finish_call(cx, args);
+                        cx.complete_call(args);
                         return Some((body_end + ws, State::Free));
                     }
                     Prefix::NeedMore => return None,
@@ -442,7 +442,7 @@ fn call_step(
             if end == Some(FinishReason::Length) {
                 cx.drop_call(DropReason::Truncated);
             } else if input.trim().is_empty() {
-                finish_call(cx, "{}".to_owned());
+                cx.complete_call("{}".to_owned());
             } else {
                 cx.malformed(input);
             }
@@ -455,7 +455,7 @@ fn call_step(
             for m in [CALL, END, RETURN] {
                 match starts_with(rest, m, eof) {
                     Prefix::Yes => {
-                        finish_call(cx, "{}".to_owned());
+                        cx.complete_call("{}".to_owned());
                         return Some((ws + m.len(), State::Free));
                     }
                     Prefix::NeedMore => return None,
@@ -471,11 +471,6 @@ fn call_step(
             Some((0, State::Text(Kind::Content)))
         }
     }
-}
-
-fn finish_call(cx: &mut Cx, args: String) {
-    cx.call_args(&args);
-    cx.end_call(args);
 }
 
 #[cfg(test)]

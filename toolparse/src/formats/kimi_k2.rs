@@ -317,10 +317,6 @@ fn args_step(
     cx: &mut Cx,
 ) -> Option<usize> {
     let eof = end.is_some();
-    let finish = |cx: &mut Cx, args: String| {
-        cx.call_args(&args);
-        cx.end_call(args);
-    };
     match scan.scan(input) {
         Scan::Done(body_end) => {
             let body = &input[..body_end];
@@ -332,7 +328,7 @@ fn args_step(
             let mut ws = ws_len(after);
             if ws > WS_HOLD {
                 // Decided at a fixed distance after the JSON, whatever the deltas.
-                finish(cx, args);
+                cx.complete_call(args);
                 return Some(body_end);
             }
             match starts_with(&after[ws..], FENCE, eof) {
@@ -352,18 +348,18 @@ fn args_step(
                 if end == Some(FinishReason::Length) {
                     cx.drop_call(DropReason::Truncated);
                 } else {
-                    finish(cx, args);
+                    cx.complete_call(args);
                 }
                 return Some(input.len());
             }
             match lead_any(rest, &CALL_ENDS, eof) {
                 Lead::Is(0) => {
-                    finish(cx, args);
+                    cx.complete_call(args);
                     Some(body_end + ws + CALL_END.len())
                 }
                 Lead::Is(_) => {
                     // The close marker is missing; the next markup follows.
-                    finish(cx, args);
+                    cx.complete_call(args);
                     Some(body_end + ws)
                 }
                 Lead::More => None,
@@ -373,7 +369,7 @@ fn args_step(
                     let from = (*searched).max(body_end + ws);
                     match find_first(&input[from..], &CALL_ENDS, eof) {
                         Find::Found { at, idx } => {
-                            finish(cx, args);
+                            cx.complete_call(args);
                             let at = from + at;
                             Some(if idx == 0 { at + CALL_END.len() } else { at })
                         }
@@ -428,10 +424,7 @@ fn fenced_step(
             let args =
                 if body.trim().is_empty() { Some("{}".to_owned()) } else { fenced_object(body) };
             match args {
-                Some(args) => {
-                    cx.call_args(&args);
-                    cx.end_call(args);
-                }
+                Some(args) => cx.complete_call(args),
                 None => cx.malformed(&format!("{raw}{}", &input[..used])),
             }
             Some(used)
