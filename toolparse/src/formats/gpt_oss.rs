@@ -7,7 +7,10 @@
 //! ```
 //!
 //! The generation prompt ends with `<|start|>assistant`, so the text starts
-//! with the rest of a message header (a channel, or ` to=functions.NAME`).
+//! with the rest of a message header (a channel, or ` to=functions.NAME`); a
+//! prompt that ends with a whole call header (a forced tool choice,
+//! `… to=functions.NAME<|channel|>commentary json<|message|>`) starts the
+//! text in that call's body.
 //! A message is `header<|message|>body` and ends with `<|end|>`, or with
 //! the stop tokens `<|call|>` / `<|return|>`, which are usually not in the
 //! text at all (the body then ends with the text).
@@ -88,6 +91,9 @@ pub(crate) enum State {
     /// In a built-in tool's text body; no end marker starts before
     /// `searched`.
     Code { searched: usize },
+    /// The generation prompt ended in the header of a call to `name`: the
+    /// call starts with the text.
+    Prefilled { name: String, builtin: bool },
 }
 
 #[derive(Debug)]
@@ -114,8 +120,12 @@ fn initial(gen: Option<&str>) -> State {
         None => State::Header(tail.to_owned()),
         Some(m) => match parse_header(&tail[..m]) {
             Header { recipient: None, channel } => State::Text(channel_kind(channel.as_deref())),
-            // A prefilled call body is not in the text: show what follows.
-            Header { recipient: Some(_), .. } => State::Text(Kind::Content),
+            // The prompt opened a call's body (a forced tool choice): the
+            // text is its body.
+            Header { recipient: Some(r), .. } => {
+                let (name, builtin) = call_name(&r);
+                State::Prefilled { name: name.to_owned(), builtin }
+            }
         },
     }
 }
@@ -284,6 +294,11 @@ impl Machine for GptOss {
                     }
                 }
             }
+            State::Prefilled { name, builtin } => {
+                cx.start_call(None, name);
+                self.state = State::Call { scan: ValueEnd::default(), builtin: *builtin };
+                Step::Transition
+            }
             State::Code { searched } => match find_first(&input[*searched..], &BODY_ENDS, eof) {
                 Find::Found { at, idx } => {
                     let at = *searched + at;
@@ -331,7 +346,7 @@ impl Machine for GptOss {
             // Marker text and whitespace in a body: body text.
             State::Text(kind) => emit(cx, kind, text),
             // A call body: the rest of the body follows as content.
-            State::Call { .. } | State::Code { .. } => {
+            State::Call { .. } | State::Code { .. } | State::Prefilled { .. } => {
                 cx.malformed(text);
                 self.state = State::Text(Kind::Content);
             }

@@ -100,6 +100,9 @@ add("gpt-oss", "builtin-python-code-in-channel", "openai/gpt-oss-20b",
 add("gpt-oss", "builtin-python-code-in-role", "openai/gpt-oss-20b",
     ' to=python<|channel|>analysis code<|message|>import math\nprint(math.pi)<|call|>',
     [("python", {"code": "import math\nprint(math.pi)"})], tools=BT)
+add("gpt-oss", "prompt-ends-in-call-header", "openai/gpt-oss-20b",
+    '{"city": "Paris"}', [PARIS], tools=BT,
+    gen="<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>")
 # --- noise between Kimi section markers ---
 add("kimi", "noise-whitespace-between-markers", "moonshotai/Kimi-K2-Instruct-0905",
     'Let me check.<|tool_calls_section_begin|>\n  <|tool_call_begin|> functions.get_weather:0 \n<|tool_call_argument_begin|>\n {"city": "Paris"} \n<|tool_call_end|>\n\n<|tool_call_begin|>functions.get_time:1<|tool_call_argument_begin|>{}<|tool_call_end|>\n <|tool_calls_section_end|>',
