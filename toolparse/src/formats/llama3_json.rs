@@ -295,9 +295,11 @@ impl Machine for Llama3Json {
             State::AfterCall => {
                 let w = ws_len(input);
                 let rest = &input[w..];
-                if let Some(sep) = rest.strip_prefix(';') {
-                    // `;` separates calls: it and the space around it are markup.
-                    return Step::took(w + 1 + ws_len(sep));
+                if rest.starts_with(';') {
+                    // `;` separates calls: it and the space before it are
+                    // markup; the space after it is decided like any space
+                    // after a call (markup before a call, else content).
+                    return Step::took(w + 1);
                 }
                 if rest.is_empty() && !eof {
                     // Whitespace so far: a separator if a call follows.
