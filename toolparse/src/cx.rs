@@ -12,11 +12,13 @@
 //! promise by deciding only on text they have seen in full.
 
 use crate::json;
+use crate::scan::floor_boundary;
 use crate::schema::Tools;
 use crate::{DropReason, Event, Mode, Options, ToolCall};
 
-/// Whitespace held back at the end of a text run (it may be a separator
-/// before markup) is released once it grows past this many bytes.
+/// Whitespace held back at the end of a channel's text (it is trimmed if
+/// the text ends there) is released in pieces of this many bytes, counted
+/// from where the run began, so what is released depends on the text only.
 const WS_CAP: usize = 4096;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -103,8 +105,10 @@ impl Cx {
         let body = s.trim_end().len();
         if body == 0 {
             t.pending.push_str(s);
-            if t.pending.len() > WS_CAP {
-                let ws = std::mem::take(&mut t.pending);
+            while self.text[ch as usize].pending.len() > WS_CAP {
+                let pending = &mut self.text[ch as usize].pending;
+                let rest = pending.split_off(floor_boundary(pending, WS_CAP));
+                let ws = std::mem::replace(pending, rest);
                 self.emit_text(ch, ws);
             }
             return;

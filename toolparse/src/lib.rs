@@ -495,6 +495,23 @@ mod tests {
         }
     }
 
+    /// A long run of whitespace at the end of the text is released in
+    /// pieces counted from its start, so the result is the same whatever
+    /// the deltas (one delta released it whole, one char per delta cut it).
+    #[test]
+    fn a_long_trailing_whitespace_run_is_released_the_same_for_every_split() {
+        let text = format!("Hi.{}\u{3000}{}", " ".repeat(4100), "\n".repeat(5000));
+        let whole = parse(Format::Hermes, Options::default(), &text, FinishReason::Stop);
+        let mut p = Parser::new(Format::Hermes, Options::default());
+        let mut acc = Accumulator::default();
+        for c in text.chars() {
+            acc.extend(p.push(&c.to_string()));
+        }
+        acc.extend(p.finish(FinishReason::Stop));
+        assert_eq!(acc, whole);
+        assert!(whole.content.starts_with("Hi.    "));
+    }
+
     /// A machine that only changes state at the end, then reads the text as
     /// reasoning: the driver steps it again instead of keeping the text as
     /// content.
