@@ -299,37 +299,39 @@ impl Machine for GptOss {
                 self.state = State::Call { scan: ValueEnd::default(), builtin: *builtin };
                 Step::Transition
             }
-            State::Code { searched } => match find_first(&input[*searched..], &BODY_ENDS, eof) {
-                Find::Found { at, idx } => {
-                    let at = *searched + at;
-                    let m = BODY_ENDS[idx];
-                    let Some(ends) = body_ends(m, &input[at + m.len()..], eof) else {
-                        *searched = at;
-                        return Step::Wait;
-                    };
-                    if !ends {
-                        // Marker text inside the code.
-                        *searched = at + m.len();
+            State::Code { searched } => loop {
+                match find_first(&input[*searched..], &BODY_ENDS, eof) {
+                    Find::Found { at, idx } => {
+                        let at = *searched + at;
+                        let m = BODY_ENDS[idx];
+                        let Some(ends) = body_ends(m, &input[at + m.len()..], eof) else {
+                            *searched = at;
+                            return Step::Wait;
+                        };
+                        if !ends {
+                            // Marker text inside the code: the search goes on.
+                            *searched = at + m.len();
+                            continue;
+                        }
+                        cx.complete_call(code_args(&input[..at]));
+                        self.state = State::Free;
+                        return Step::took(at + m.len());
+                    }
+                    Find::Clear { safe } if !eof => {
+                        *searched += safe;
                         return Step::Wait;
                     }
-                    cx.complete_call(code_args(&input[..at]));
-                    self.state = State::Free;
-                    Step::took(at + m.len())
-                }
-                Find::Clear { safe } if !eof => {
-                    *searched += safe;
-                    Step::Wait
-                }
-                Find::Clear { .. } => {
-                    // The stop token is not in the text: under Stop the body
-                    // is complete; cut by the token limit, it is not.
-                    if end == Some(FinishReason::Length) {
-                        cx.drop_call(DropReason::Truncated);
-                    } else {
-                        cx.complete_call(code_args(input));
+                    Find::Clear { .. } => {
+                        // The stop token is not in the text: under Stop the
+                        // body is complete; cut by the token limit, it is not.
+                        if end == Some(FinishReason::Length) {
+                            cx.drop_call(DropReason::Truncated);
+                        } else {
+                            cx.complete_call(code_args(input));
+                        }
+                        self.state = State::Free;
+                        return Step::moved(input.len());
                     }
-                    self.state = State::Free;
-                    Step::moved(input.len())
                 }
             },
         }
