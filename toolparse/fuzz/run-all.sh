@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Usage: run-all.sh [SECONDS [FAMILY...]]
 # Fuzzes every streaming entry point for SECONDS per family (default 600),
-# splitting a family's time between its format variants. Crashes are copied
+# splitting a family's time between its format variants, one target at a
+# time on one core (-jobs=1 -workers=1). Crashes are copied
 # to ../tests/data/fuzz/ as regression inputs (TARGET-crash-HASH), which
 # tests/fuzz_regressions.rs replays. Needs nightly and cargo-fuzz.
 set -uo pipefail
@@ -23,11 +24,13 @@ for f in "${families[@]}"; do
   each=$(( secs / ${#targets[@]} ))
   for t in "${targets[@]}"; do
     mkdir -p "corpus/parse_$t"
-    # Seed the corpus with the family's recorded outputs (3 header bytes + text).
+    # Seed the corpus with the family's recorded outputs and regression cases
+    # (3 header bytes + text).
     python3 - "$f" "corpus/parse_$t" <<'PY'
 import json, sys, pathlib, hashlib
 fam, out = sys.argv[1], pathlib.Path(sys.argv[2])
-for p in pathlib.Path('../tests/data/toolcalls', fam).glob('*.jsonl'):
+for p in [*pathlib.Path('../tests/data/toolcalls', fam).glob('*.jsonl'),
+          *pathlib.Path('../tests/data/regressions', fam).glob('*.jsonl')]:
     for line in p.read_text().splitlines():
         fx = json.loads(line)
         data = bytes([0, 7, 0]) + fx['raw_output'].encode()
@@ -39,8 +42,13 @@ PY
       mv "artifacts/parse_$t"/crash-* "artifacts/parse_$t/old/"
     fi
     echo "== parse_$t: ${each}s"
+    rm -f fuzz-0.log
+    start=$(date +%s)
     cargo +nightly fuzz run "parse_$t" "corpus/parse_$t" -- -max_total_time="$each" \
-        -dict="dicts/$f.dict" -max_len=4096 -print_final_stats=1 2>&1 | tail -n 12
+        -jobs=1 -workers=1 -dict="dicts/$f.dict" -max_len=4096 -print_final_stats=1 2>&1 | tail -n 4
+    # With -jobs the fuzzer's own output is in fuzz-0.log.
+    [ -f fuzz-0.log ] && tail -n 14 fuzz-0.log
+    echo "== parse_$t ran $(( $(date +%s) - start ))s"
     if ls "artifacts/parse_$t"/crash-* >/dev/null 2>&1; then
       status=1
       # Named TARGET-crash-HASH: tests/fuzz_regressions.rs replays them.

@@ -1,16 +1,24 @@
-//! The output side shared by every format: the visible-text channels with
-//! their separator-whitespace rule, call bookkeeping and suppress mode.
+//! The output side shared by every format: the visible-text channels, call
+//! bookkeeping and suppress mode.
+//!
+//! Text is kept verbatim: whitespace around and between calls stays where
+//! the model wrote it. Only the very edges of each channel are trimmed: the
+//! whitespace before its first visible character, and the whitespace after
+//! its last one at the end of the text (the same as a client that strips the
+//! reply; whitespace inside it is held until more text shows it is inside).
 //!
 //! INVARIANT: what is emitted depends only on the sequence of calls made by
 //! the format machine, never on how the input was split; machines keep that
 //! promise by deciding only on text they have seen in full.
 
 use crate::json;
+use crate::scan::floor_boundary;
 use crate::schema::Tools;
 use crate::{DropReason, Event, Mode, Options, ToolCall};
 
-/// Whitespace held back at the end of a text run (it may be a separator
-/// before markup) is released once it grows past this many bytes.
+/// Whitespace held back at the end of a channel's text (it is trimmed if
+/// the text ends there) is released in pieces of this many bytes, counted
+/// from where the run began, so what is released depends on the text only.
 const WS_CAP: usize = 4096;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,8 +31,8 @@ enum Channel {
 struct TextState {
     /// Trailing whitespace not yet emitted.
     pending: String,
-    /// At the start of a run: leading whitespace is a separator.
-    at_start: bool,
+    /// Something visible was emitted: leading whitespace is text now.
+    started: bool,
 }
 
 /// The machine's view of the output.
@@ -35,7 +43,6 @@ pub(crate) struct Cx {
     tools: Tools,
     thinking: Option<bool>,
     text: [TextState; 2],
-    last: Option<Channel>,
     next_index: usize,
     open: Option<OpenCall>,
 }
@@ -54,11 +61,7 @@ impl Cx {
             mode: opts.mode,
             tools: opts.tools,
             thinking: opts.thinking,
-            text: [
-                TextState { pending: String::new(), at_start: true },
-                TextState { pending: String::new(), at_start: true },
-            ],
-            last: None,
+            text: [TextState::default(), TextState::default()],
             next_index: 0,
             open: None,
         }
@@ -69,7 +72,6 @@ impl Cx {
     }
 
     /// The offered tools.
-    #[allow(dead_code)]
     pub(crate) fn tools(&self) -> &Tools {
         &self.tools
     }
@@ -90,33 +92,23 @@ impl Cx {
         self.text(Channel::Reasoning, s);
     }
 
-    /// Markup sits here: whitespace on either side of it is a separator.
-    pub(crate) fn boundary(&mut self) {
-        for t in &mut self.text {
-            t.pending.clear();
-            t.at_start = true;
-        }
-    }
-
     fn text(&mut self, ch: Channel, s: &str) {
-        if self.last.is_some_and(|l| l != ch) {
-            self.boundary();
-        }
-        self.last = Some(ch);
         let t = &mut self.text[ch as usize];
         let mut s = s;
-        if t.at_start {
+        if !t.started {
             s = s.trim_start();
             if s.is_empty() {
                 return;
             }
-            t.at_start = false;
+            t.started = true;
         }
         let body = s.trim_end().len();
         if body == 0 {
             t.pending.push_str(s);
-            if t.pending.len() > WS_CAP {
-                let ws = std::mem::take(&mut t.pending);
+            while self.text[ch as usize].pending.len() > WS_CAP {
+                let pending = &mut self.text[ch as usize].pending;
+                let rest = pending.split_off(floor_boundary(pending, WS_CAP));
+                let ws = std::mem::replace(pending, rest);
                 self.emit_text(ch, ws);
             }
             return;
@@ -163,7 +155,6 @@ impl Cx {
         };
         debug_assert!(json::strict_object(&arguments).is_ok(), "arguments {arguments:?}");
         let call = ToolCall { id: open.id, name: open.name, arguments };
-        self.boundary();
         match self.mode {
             Mode::Tools => self.out.push(Event::CallEnd { index: open.index, call }),
             Mode::Suppress => self.out.push(Event::Discarded(call)),
@@ -173,6 +164,12 @@ impl Cx {
     /// A whole call at once.
     pub(crate) fn call(&mut self, id: Option<String>, name: &str, arguments: String) {
         self.start_call(id, name);
+        self.complete_call(arguments);
+    }
+
+    /// The open call's arguments arrived whole: reported as one fragment,
+    /// and the call is complete.
+    pub(crate) fn complete_call(&mut self, arguments: String) {
         self.call_args(&arguments);
         self.end_call(arguments);
     }
@@ -184,7 +181,6 @@ impl Cx {
                 self.out.push(Event::CallDropped { index: open.index, reason });
             }
         }
-        self.boundary();
     }
 
     /// Whether a call is open.
@@ -199,21 +195,12 @@ impl Cx {
         if self.open.is_some() {
             self.drop_call(DropReason::Malformed);
         }
-        self.boundary();
         if self.mode == Mode::Tools && !raw.is_empty() {
-            self.flush_pending();
-            self.last = Some(Channel::Content);
-            self.out.push(Event::Content(raw.to_owned()));
-            self.text[Channel::Content as usize].at_start = false;
-        }
-    }
-
-    fn flush_pending(&mut self) {
-        for ch in [Channel::Content, Channel::Reasoning] {
-            let ws = std::mem::take(&mut self.text[ch as usize].pending);
-            if !ws.is_empty() {
-                self.emit_text(ch, ws);
-            }
+            let t = &mut self.text[Channel::Content as usize];
+            let mut piece = std::mem::take(&mut t.pending);
+            piece.push_str(raw);
+            t.started = true;
+            self.out.push(Event::Content(piece));
         }
     }
 

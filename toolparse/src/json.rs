@@ -40,6 +40,7 @@ impl ValueEnd {
             return Scan::Done(end);
         }
         let b = text.as_bytes();
+        crate::scan::scanned(b.len().saturating_sub(self.pos));
         while self.pos < b.len() {
             let c = b[self.pos];
             self.pos += 1;
@@ -123,7 +124,6 @@ fn kind(v: &Value) -> &'static str {
 
 /// Arguments as they go out: the model's own text when it is already a strict
 /// JSON object (so streamed fragments add up to it), else a serialization.
-#[allow(dead_code)] // used by format machines still to land
 pub(crate) fn object_text(raw: &str) -> Result<String, NotObject> {
     let raw = raw.trim();
     strict_object(raw)?;
@@ -231,8 +231,8 @@ impl JsonType {
         })
     }
 
-    #[allow(dead_code)]
-    fn accepts(self, v: &Value) -> bool {
+    /// Whether `v` is of this type (an integer may be written `3.0`).
+    pub(crate) fn accepts(self, v: &Value) -> bool {
         match self {
             JsonType::String => v.is_string(),
             JsonType::Integer => {
@@ -252,7 +252,6 @@ impl JsonType {
 /// With declared types, the first declared type the text parses as wins
 /// (a string type takes the text verbatim). Without a declaration the text
 /// is kept as a string unless it is a JSON object or array.
-#[allow(dead_code)] // used by format machines still to land
 pub(crate) fn coerce(text: &str, types: &[JsonType]) -> Value {
     if types.is_empty() {
         let t = text.trim();

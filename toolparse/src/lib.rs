@@ -25,8 +25,9 @@
 //! assert_eq!(acc.calls[0].arguments, r#"{"q":"x"}"#);
 //! ```
 //!
-//! Rules every format obeys: content around calls is kept in order (only the
-//! separator whitespace next to markup is dropped); markers never reach
+//! Rules every format obeys: content around calls is kept verbatim and in
+//! order (only the edges of the reply are trimmed: whitespace before its
+//! first visible character and after its last); markers never reach
 //! content, reasoning, names or arguments; marker text inside a JSON string
 //! does not end a call; arguments are a strict JSON object; the events add up
 //! to the same result however the text is split; output cut by the token
@@ -45,8 +46,9 @@ pub use crate::registry::{Format, UnknownFormat};
 pub use crate::schema::{ParamSpec, ToolSpec, Tools};
 
 use crate::cx::Cx;
-use crate::formats::Machine;
-use std::hash::Hasher;
+use crate::formats::{Machine, Step};
+use crate::scan::{ceil_boundary, floor_boundary};
+use std::mem::{discriminant, Discriminant};
 
 /// Why generation stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -183,31 +185,14 @@ pub enum Event {
 /// A streaming parser for one generation.
 #[derive(Debug)]
 pub struct Parser {
-    machine: Box<dyn Machine>,
-    /// The consumed bytes of the held region (the first `kept` bytes), then
-    /// the text not consumed yet.
-    buf: String,
-    kept: usize,
-    cap: usize,
-    cx: Cx,
+    driver: Box<dyn Drive>,
     finished: bool,
 }
-
-/// How many times in a row a machine is stepped without consuming anything
-/// while its state keeps changing, where waiting for more text is not
-/// possible (at the end, or with a full window).
-const MAX_IDLE_STEPS: u32 = 16;
-
-/// How much of a machine's debug form tells its state apart (its state
-/// enum comes first).
-const FINGERPRINT_LEN: usize = 512;
 
 impl Parser {
     /// A parser for `format`, set up by `opts`.
     pub fn new(format: Format, opts: Options) -> Parser {
-        let machine = formats::machine_for(format, &opts);
-        let cap = opts.buffer_cap;
-        Parser { machine, buf: String::new(), kept: 0, cap, cx: Cx::new(opts), finished: false }
+        Parser { driver: formats::machine_for(format, &opts), finished: false }
     }
 
     /// Feeds one text delta; returns the events it decided.
@@ -215,9 +200,9 @@ impl Parser {
         if self.finished {
             return Vec::new();
         }
-        self.buf.push_str(delta);
-        self.run(None);
-        self.cx.take()
+        self.driver.push(delta);
+        self.driver.run(None);
+        self.driver.cx().take()
     }
 
     /// Ends the text; returns the remaining events. Later pushes are ignored.
@@ -225,27 +210,103 @@ impl Parser {
         if self.finished {
             return Vec::new();
         }
-        self.run(Some(reason));
-        self.cx.finish();
+        self.driver.run(Some(reason));
+        self.driver.clear();
         self.finished = true;
+        let cx = self.driver.cx();
+        cx.finish();
+        cx.take()
+    }
+}
+
+/// A machine in its driver, behind one object type for every format.
+pub(crate) trait Drive: Send + std::fmt::Debug {
+    /// Appends a delta to the text.
+    fn push(&mut self, delta: &str);
+    /// Steps the machine over the text (`end`: the text is complete).
+    fn run(&mut self, end: Option<FinishReason>);
+    /// Drops the text kept (after the end).
+    fn clear(&mut self);
+    fn cx(&mut self) -> &mut Cx;
+    /// Bytes of text kept, for the memory bound's tests.
+    #[cfg(test)]
+    fn buffered(&self) -> usize;
+}
+
+/// The driver: keeps the text a machine has not consumed and steps it.
+#[derive(Debug)]
+pub(crate) struct Driver<M> {
+    machine: M,
+    /// The consumed bytes of the held region (the first `kept` bytes), then
+    /// the text not consumed yet.
+    buf: String,
+    kept: usize,
+    cap: usize,
+    cx: Cx,
+}
+
+impl<M: Machine + 'static> Driver<M> {
+    pub(crate) fn boxed(machine: M, opts: &Options) -> Box<dyn Drive> {
+        Box::new(Driver {
+            machine,
+            buf: String::new(),
+            kept: 0,
+            cap: opts.buffer_cap,
+            cx: Cx::new(opts.clone()),
+        })
+    }
+}
+
+/// The state kinds a machine entered since it last consumed text.
+///
+/// INVARIANT: a transition enters a kind not in the chain, so a chain is
+/// never longer than the machine's state enum has variants, and the driver
+/// always makes progress.
+struct Chain<K>(Vec<K>);
+
+impl<K: PartialEq> Chain<K> {
+    /// Records `kind`; false when the chain already holds it.
+    fn enter(&mut self, kind: K) -> bool {
+        if self.0.contains(&kind) {
+            return false;
+        }
+        self.0.push(kind);
+        true
+    }
+}
+
+impl<M: Machine> Drive for Driver<M> {
+    fn push(&mut self, delta: &str) {
+        self.buf.push_str(delta);
+    }
+
+    fn clear(&mut self) {
         self.buf = String::new();
         self.kept = 0;
-        self.cx.take()
+    }
+
+    fn cx(&mut self) -> &mut Cx {
+        &mut self.cx
+    }
+
+    #[cfg(test)]
+    fn buffered(&self) -> usize {
+        self.buf.len()
     }
 
     /// Steps the machine over the buffered text.
     ///
-    /// The machine sees a window: the unconsumed text up to `cap` bytes past
-    /// the start of its held region ([`Machine::held`]), cut back to a char
-    /// boundary. The window is a function of the text (the region starts at
-    /// a point the machine chose by the text), so the machine's decisions
-    /// are too. When the window stops short of the text, `end` is withheld
-    /// (more text follows it); if the machine then cannot go on, the region
-    /// has outgrown the cap and the driver hands its first `cap` bytes to
-    /// [`Machine::overflow`].
+    /// The machine sees a window: the unconsumed text up to `cap` bytes
+    /// past the start of its held region ([`Machine::held`]), cut back to a
+    /// char boundary. The window is a function of the text (the region
+    /// starts at a point the machine chose by the text), so the machine's
+    /// decisions are too. When the window stops short of the text, `end` is
+    /// withheld (more text follows it); if the machine then waits, the
+    /// region has outgrown the cap and the driver hands its first `cap`
+    /// bytes to [`Machine::overflow`].
     fn run(&mut self, end: Option<FinishReason>) {
         let mut pos = self.kept;
-        let mut idle = 0u32;
+        let mut chain: Chain<Discriminant<M::State>> = Chain(Vec::new());
         loop {
             let len = self.buf.len();
             let held = self.machine.held().min(pos);
@@ -264,92 +325,71 @@ impl Parser {
                 break;
             }
             let e = if truncated { None } else { end };
-            // Where waiting for more text is not possible, note the state.
-            let fatal = truncated || e.is_some();
-            let before = fatal.then(|| fingerprint(&*self.machine));
             let window = &self.buf[pos..wend];
-            let n = if window.is_empty() && truncated {
-                0
+            if chain.0.is_empty() {
+                chain.0.push(discriminant(self.machine.state()));
+            }
+            let step = if window.is_empty() && truncated {
+                Step::Wait
             } else {
-                self.machine.step(window, e, &mut self.cx).min(window.len())
+                self.machine.step(window, e, &mut self.cx)
             };
-            if n > 0 {
-                pos = ceil_boundary(&self.buf, pos + n);
-                idle = 0;
-                continue;
+            match step {
+                Step::Consumed(n) => {
+                    let n = n.get();
+                    debug_assert!(
+                        n <= window.len() && window.is_char_boundary(n),
+                        "consumed {n} of {} bytes",
+                        window.len()
+                    );
+                    pos = ceil_boundary(&self.buf, pos + n.min(window.len()));
+                    chain.0.clear();
+                }
+                Step::Transition => {
+                    if !chain.enter(discriminant(self.machine.state())) {
+                        // INVARIANT broken (a bug): the region is dropped as
+                        // malformed rather than stepped forever.
+                        debug_assert!(false, "a transition back to a state of this chain");
+                        let held = self.machine.held().min(pos);
+                        let text = &self.buf[pos - held..wend];
+                        self.machine.overflow(text, &mut self.cx);
+                        pos = wend;
+                        chain.0.clear();
+                    }
+                }
+                Step::Wait => {
+                    chain.0.clear();
+                    if truncated {
+                        // The held region outgrew the cap: its first `cap`
+                        // bytes are malformed, and the machine goes back to
+                        // content.
+                        let held = self.machine.held().min(pos);
+                        let text = &self.buf[pos - held..wend];
+                        self.machine.overflow(text, &mut self.cx);
+                        debug_assert_eq!(
+                            self.machine.held(),
+                            0,
+                            "a machine holds nothing after overflow"
+                        );
+                        pos = wend;
+                        continue;
+                    }
+                    if e.is_none() || window.is_empty() {
+                        // More text is needed, or the machine is done.
+                        break;
+                    }
+                    // INVARIANT: at the end a machine consumes everything; a
+                    // machine that does not is a bug, and its text is kept.
+                    debug_assert!(false, "a machine left {window:?} at the end");
+                    self.cx.content(window);
+                    pos = wend;
+                }
             }
-            let Some(before) = before else {
-                // The machine waits for more text.
-                break;
-            };
-            // A machine that moved to another state without consuming is
-            // stepped again while its state keeps changing (with a bound); a
-            // stuck one is dealt with below.
-            if idle < MAX_IDLE_STEPS && fingerprint(&*self.machine) != before {
-                idle += 1;
-                continue;
-            }
-            idle = 0;
-            if truncated {
-                // The held region outgrew the cap: its first `cap` bytes
-                // are malformed, and the machine goes back to content.
-                let held = self.machine.held().min(pos);
-                let text = &self.buf[pos - held..wend];
-                self.machine.overflow(text, &mut self.cx);
-                debug_assert_eq!(self.machine.held(), 0, "a machine holds nothing after overflow");
-                pos = wend;
-                continue;
-            }
-            if window.is_empty() {
-                break;
-            }
-            // INVARIANT: at the end a machine consumes everything; a machine
-            // that does not is a bug, and its text is kept.
-            self.cx.content(window);
-            pos = wend;
         }
         let keep = self.machine.held().min(pos);
         self.buf.drain(..pos - keep);
         self.kept = keep;
     }
-}
-
-/// The last char boundary of `s` at or before `i`.
-fn floor_boundary(s: &str, i: usize) -> usize {
-    let mut i = i.min(s.len());
-    while !s.is_char_boundary(i) {
-        i -= 1;
-    }
-    i
-}
-
-/// The first char boundary of `s` at or after `i` (or its length).
-fn ceil_boundary(s: &str, i: usize) -> usize {
-    let mut i = i.min(s.len());
-    while !s.is_char_boundary(i) {
-        i += 1;
-    }
-    i
-}
-
-/// A hash of the start of a machine's debug form: it changes when the
-/// machine moves to another state.
-fn fingerprint(m: &dyn Machine) -> u64 {
-    struct Sink(std::collections::hash_map::DefaultHasher, usize);
-    impl std::fmt::Write for Sink {
-        fn write_str(&mut self, s: &str) -> std::fmt::Result {
-            let take = s.len().min(FINGERPRINT_LEN - self.1);
-            self.0.write(&s.as_bytes()[..take]);
-            self.1 += take;
-            if self.1 >= FINGERPRINT_LEN {
-                return Err(std::fmt::Error);
-            }
-            Ok(())
-        }
-    }
-    let mut sink = Sink(Default::default(), 0);
-    let _ = std::fmt::write(&mut sink, format_args!("{m:?}"));
-    sink.0.finish()
 }
 
 /// Folds events into what an OpenAI client accumulates from the default
@@ -438,8 +478,9 @@ mod tests {
             acc.extend(p.push(opener));
             for i in 0..20_000 {
                 acc.extend(p.push(if i % 7 == 0 { "y, é " } else { "yy" }));
-                assert!(p.buf.len() <= cap + 16, "{format:?}: buffer {}", p.buf.len());
-                let state = format!("{:?}", p.machine).len();
+                let buffered = p.driver.buffered();
+                assert!(buffered <= cap + 16, "{format:?}: buffer {buffered}");
+                let state = format!("{:?}", p.driver).len();
                 assert!(state <= 4 * cap + 8192, "{format:?}: machine state {state}");
             }
             acc.extend(p.finish(FinishReason::Stop));
@@ -454,25 +495,59 @@ mod tests {
         }
     }
 
+    /// A long run of whitespace at the end of the text is released in
+    /// pieces counted from its start, so the result is the same whatever
+    /// the deltas (one delta released it whole, one char per delta cut it).
+    #[test]
+    fn a_long_trailing_whitespace_run_is_released_the_same_for_every_split() {
+        let text = format!("Hi.{}\u{3000}{}", " ".repeat(4100), "\n".repeat(5000));
+        let whole = parse(Format::Hermes, Options::default(), &text, FinishReason::Stop);
+        let mut p = Parser::new(Format::Hermes, Options::default());
+        let mut acc = Accumulator::default();
+        for c in text.chars() {
+            acc.extend(p.push(&c.to_string()));
+        }
+        acc.extend(p.finish(FinishReason::Stop));
+        assert_eq!(acc, whole);
+        assert!(whole.content.starts_with("Hi.    "));
+    }
+
     /// A machine that only changes state at the end, then reads the text as
     /// reasoning: the driver steps it again instead of keeping the text as
     /// content.
     #[derive(Debug, Default)]
     struct Lazy {
-        ready: bool,
+        state: LazyState,
+    }
+
+    #[derive(Debug, Default)]
+    enum LazyState {
+        #[default]
+        Waiting,
+        Ready,
     }
 
     impl Machine for Lazy {
-        fn step(&mut self, input: &str, end: Option<FinishReason>, cx: &mut Cx) -> usize {
+        type State = LazyState;
+
+        fn state(&self) -> &LazyState {
+            &self.state
+        }
+
+        fn step(&mut self, input: &str, end: Option<FinishReason>, cx: &mut Cx) -> Step {
             if end.is_none() {
-                return 0;
+                return Step::Wait;
             }
-            if !self.ready {
-                self.ready = true;
-                return 0;
+            match self.state {
+                LazyState::Waiting => {
+                    self.state = LazyState::Ready;
+                    Step::Transition
+                }
+                LazyState::Ready => {
+                    cx.reasoning(input);
+                    Step::up_to(input.len())
+                }
             }
-            cx.reasoning(input);
-            input.len()
         }
 
         fn held(&self) -> usize {
@@ -484,20 +559,62 @@ mod tests {
         }
     }
 
+    fn lazy_parser(machine: Lazy) -> Parser {
+        let opts = Options { buffer_cap: 64, ..Options::default() };
+        Parser { driver: Driver::boxed(machine, &opts), finished: false }
+    }
+
     #[test]
     fn a_machine_that_changes_state_without_consuming_is_stepped_again() {
-        let mut p = Parser {
-            machine: Box::new(Lazy::default()),
-            buf: String::new(),
-            kept: 0,
-            cap: 64,
-            cx: Cx::new(Options::default()),
-            finished: false,
-        };
+        let mut p = lazy_parser(Lazy::default());
         let mut acc = Accumulator::default();
         acc.extend(p.push("some text"));
         acc.extend(p.finish(FinishReason::Stop));
         assert_eq!(acc.reasoning, "some text");
         assert_eq!(acc.content, "");
+    }
+
+    /// A machine whose transitions go round in a circle without consuming.
+    #[derive(Debug, Default)]
+    struct Circle {
+        state: LazyState,
+    }
+
+    impl Machine for Circle {
+        type State = LazyState;
+
+        fn state(&self) -> &LazyState {
+            &self.state
+        }
+
+        fn step(&mut self, _input: &str, _end: Option<FinishReason>, _cx: &mut Cx) -> Step {
+            self.state = match self.state {
+                LazyState::Waiting => LazyState::Ready,
+                LazyState::Ready => LazyState::Waiting,
+            };
+            Step::Transition
+        }
+
+        fn held(&self) -> usize {
+            0
+        }
+
+        fn overflow(&mut self, text: &str, cx: &mut Cx) {
+            cx.malformed(text);
+        }
+    }
+
+    /// The progress guarantee: a transition back into a state kind of the
+    /// same chain is refused (a debug build stops at it), so a machine with
+    /// such a bug cannot hang the driver.
+    #[test]
+    #[cfg_attr(debug_assertions, should_panic(expected = "a transition back"))]
+    fn a_transition_that_goes_round_in_a_circle_is_refused() {
+        let opts = Options::default();
+        let mut p = Parser { driver: Driver::boxed(Circle::default(), &opts), finished: false };
+        let mut acc = Accumulator::default();
+        acc.extend(p.push("text"));
+        acc.extend(p.finish(FinishReason::Stop));
+        assert_eq!(acc.content, "text");
     }
 }

@@ -173,11 +173,12 @@ fn the_malformed_region_is_exactly_the_first_cap_bytes() {
     let case = &CASES[0];
     let cap = 40;
     let acc = parse(case, cap, Mode::Tools);
-    // The region's first 40 bytes, then the rest read as content again.
+    // The region's first 40 bytes, then the rest read as content again (the
+    // text before the region is kept as it is, its space included).
     let rest = &case.region[cap..];
-    assert_eq!(acc.content, format!("Let me check.{}{}", &case.region[..cap], rest.trim_end()));
+    assert_eq!(acc.content, format!("Let me check. {}{}", &case.region[..cap], rest.trim_end()));
     let acc = parse(case, cap, Mode::Suppress);
-    assert_eq!(acc.content, format!("Let me check.{}", rest.trim_end()));
+    assert_eq!(acc.content, format!("Let me check. {}", rest.trim_end()));
 }
 
 #[test]

@@ -1,5 +1,6 @@
 //! Data-driven checks over the recorded model outputs in
-//! `tests/data/toolcalls/` (a copy of the shared conformance fixtures):
+//! `tests/data/toolcalls/` (a copy of the shared conformance fixtures) and
+//! the regression cases in `tests/data/regressions/` (same format):
 //! the expected parse, no marker leakage, strict JSON arguments, and the
 //! same result for every way of splitting the text into deltas, including
 //! random splits (a property test) and suppress mode.

@@ -25,10 +25,10 @@
 //! Turn and stop tokens (`<turn|>`, `<|tool_response>`, `<eos>`, …) are
 //! stripped; a stray `<|"|>` outside a call is dropped.
 
-use super::{prompt_opens, Machine};
+use super::{prompt_opens, text_until, Machine, Step};
 use crate::cx::Cx;
 use crate::json::{self, JsonType};
-use crate::scan::{find_first, starts_with, ws_len, Find, Prefix};
+use crate::scan::{ceil_boundary, find_first, starts_with, ws_len, Find, Prefix};
 use crate::{DropReason, FinishReason, Options};
 use serde_json::{Map, Value};
 
@@ -79,7 +79,7 @@ const HEADER_MAX: usize = 1024;
 const MAX_DEPTH: usize = 128;
 
 #[derive(Debug)]
-enum State {
+pub(crate) enum State {
     Content,
     /// After `<|channel>`: the `thought` label may follow.
     Label,
@@ -90,7 +90,7 @@ enum State {
 
 /// Progress through one call body.
 #[derive(Debug, Default)]
-struct Body {
+pub(crate) struct Body {
     /// Offset of the body's `{` and the call name, once seen.
     head: Option<(usize, Option<String>)>,
     /// Resume offset of the scan.
@@ -124,81 +124,66 @@ impl Gemma4 {
 }
 
 impl Machine for Gemma4 {
-    fn step(&mut self, input: &str, end: Option<FinishReason>, cx: &mut Cx) -> usize {
+    type State = State;
+
+    fn state(&self) -> &State {
+        &self.state
+    }
+
+    fn step(&mut self, input: &str, end: Option<FinishReason>, cx: &mut Cx) -> Step {
         let eof = end.is_some();
         match &mut self.state {
-            State::Content => match find_first(input, &CONTENT_MARKERS, eof) {
-                Find::Found { at, idx } => {
-                    cx.content(&input[..at]);
-                    let m = CONTENT_MARKERS[idx];
-                    match m {
-                        QUOTE => {}
-                        OPEN => {
-                            cx.boundary();
-                            self.state = State::Call(Body::default());
-                        }
-                        CH_OPEN => {
-                            cx.boundary();
-                            self.state = State::Label;
-                        }
-                        _ => cx.boundary(),
-                    }
-                    at + m.len()
+            State::Content => {
+                let (at, idx) = match text_until(input, &CONTENT_MARKERS, eof, |t| cx.content(t)) {
+                    Ok(found) => found,
+                    Err(step) => return step,
+                };
+                let m = CONTENT_MARKERS[idx];
+                match m {
+                    OPEN => self.state = State::Call(Body::default()),
+                    CH_OPEN => self.state = State::Label,
+                    _ => {}
                 }
-                Find::Clear { safe } => {
-                    cx.content(&input[..safe]);
-                    safe
-                }
-            },
+                Step::took(at + m.len())
+            }
             State::Label => match starts_with(input, LABEL, eof) {
-                Prefix::NeedMore => 0,
+                Prefix::NeedMore => Step::Wait,
                 Prefix::Yes => match input[LABEL.len()..].chars().next() {
-                    None if !eof => 0,
+                    None if !eof => Step::Wait,
                     Some(c) if !(c.is_whitespace() || c == '<') => {
+                        // A word that only starts like the label.
                         self.state = State::Reasoning;
-                        self.step(input, end, cx)
+                        Step::Transition
                     }
                     _ => {
                         self.state = State::Reasoning;
-                        LABEL.len()
+                        Step::took(LABEL.len())
                     }
                 },
                 Prefix::No => {
                     self.state = State::Reasoning;
-                    self.step(input, end, cx)
+                    Step::Transition
                 }
             },
-            State::Reasoning => match find_first(input, &CONTENT_MARKERS, eof) {
-                Find::Found { at, idx } => {
-                    cx.reasoning(&input[..at]);
-                    let m = CONTENT_MARKERS[idx];
-                    match m {
-                        QUOTE | CH_OPEN => {}
-                        CH_CLOSE => {
-                            cx.boundary();
-                            self.state = State::Content;
-                        }
-                        OPEN => {
-                            cx.boundary();
-                            self.state = State::Call(Body::default());
-                        }
-                        _ => cx.boundary(),
-                    }
-                    at + m.len()
+            State::Reasoning => {
+                let (at, idx) = match text_until(input, &CONTENT_MARKERS, eof, |t| cx.reasoning(t))
+                {
+                    Ok(found) => found,
+                    Err(step) => return step,
+                };
+                let m = CONTENT_MARKERS[idx];
+                match m {
+                    CH_CLOSE => self.state = State::Content,
+                    OPEN => self.state = State::Call(Body::default()),
+                    _ => {}
                 }
-                Find::Clear { safe } => {
-                    cx.reasoning(&input[..safe]);
-                    safe
-                }
-            },
+                Step::took(at + m.len())
+            }
             State::Call(body) => match call_step(body, input, end, cx) {
-                None => 0,
+                None => Step::Wait,
                 Some(n) => {
                     self.state = State::Content;
-                    if n == 0 && !input.is_empty() {
-                        return self.step(input, end, cx);
-                    }
-                    n
+                    Step::moved(n)
                 }
             },
         }
@@ -298,28 +283,24 @@ fn call_step(
         Prefix::Yes => {
             let used = e + ws + CLOSE.len();
             match parsed() {
-                Some((_, args)) => finish_call(args, cx),
+                Some((_, args)) => cx.complete_call(args),
                 None => cx.malformed(&format!("{OPEN}{}", &input[..used])),
             }
             Some(used)
         }
         Prefix::No => {
             // No close marker: the body alone decides, unless the token limit
-            // cut the text right after it.
-            let cut = end == Some(FinishReason::Length) && ws == after.len();
+            // cut the text right after it (or in the marker: then nothing of
+            // it is shown).
+            let cut = end == Some(FinishReason::Length) && CLOSE.starts_with(&after[ws..]);
             match parsed() {
                 Some(_) if cut => cx.drop_call(DropReason::Truncated),
-                Some((_, args)) => finish_call(args, cx),
+                Some((_, args)) => cx.complete_call(args),
                 None => cx.malformed(&format!("{OPEN}{}", &input[..e])),
             }
-            Some(e)
+            Some(if cut { input.len() } else { e })
         }
     }
-}
-
-fn finish_call(args: String, cx: &mut Cx) {
-    cx.call_args(&args);
-    cx.end_call(args);
 }
 
 /// The name in a call header (`call:NAME`), if it is one.
@@ -345,6 +326,7 @@ enum BodyScan {
 /// Finds the end of the body, resuming where the last scan stopped.
 fn scan_body(body: &mut Body, input: &str, eof: bool) -> BodyScan {
     let b = input.as_bytes();
+    crate::scan::scanned(b.len().saturating_sub(body.pos));
     while body.pos < b.len() {
         let p = body.pos;
         let c = b[p];
@@ -387,15 +369,6 @@ fn scan_body(body: &mut Body, input: &str, eof: bool) -> BodyScan {
         }
     }
     BodyScan::Partial
-}
-
-/// The first char boundary of `s` at or after `i` (or its length).
-fn ceil_boundary(s: &str, i: usize) -> usize {
-    let mut i = i.min(s.len());
-    while !s.is_char_boundary(i) {
-        i += 1;
-    }
-    i
 }
 
 /// The text ended inside a call: cut by the token limit, nothing is kept;
@@ -442,7 +415,7 @@ enum Parsed {
 /// types the literal does not fit.
 fn type_bare(t: &str, types: &[JsonType]) -> Value {
     let lit = literal(t);
-    if types.is_empty() || types.iter().any(|ty| fits(*ty, &lit)) {
+    if types.is_empty() || types.iter().any(|ty| ty.accepts(&lit)) {
         return lit;
     }
     json::coerce(t, types)
@@ -455,20 +428,6 @@ fn type_string(s: String, types: &[JsonType]) -> Value {
         return Value::String(s);
     }
     json::coerce(&s, types)
-}
-
-fn fits(ty: JsonType, v: &Value) -> bool {
-    match ty {
-        JsonType::String => v.is_string(),
-        JsonType::Integer => {
-            v.is_i64() || v.is_u64() || v.as_f64().is_some_and(|f| f.fract() == 0.0)
-        }
-        JsonType::Number => v.is_number(),
-        JsonType::Boolean => v.is_boolean(),
-        JsonType::Object => v.is_object(),
-        JsonType::Array => v.is_array(),
-        JsonType::Null => v.is_null(),
-    }
 }
 
 /// The value of bare text: a boolean, null, a number, else the text.
@@ -643,151 +602,12 @@ impl Parsed {
 
 #[cfg(test)]
 mod tests {
-    use crate::{parse, Accumulator, FinishReason, Format, Mode, Options, Parser, ToolSpec, Tools};
-    use crate::{JsonType, ToolCall};
+    use crate::{Accumulator, FinishReason, Format, Options, Parser};
 
     const THINK_OFF: &str = "<|turn>model\n<|channel>thought\n<channel|>";
 
     fn opts(gen: &str) -> Options {
         Options { generation_prompt: Some(gen.to_owned()), ..Options::default() }
-    }
-
-    fn run(text: &str, gen: &str, reason: FinishReason) -> Accumulator {
-        let whole = parse(Format::Gemma4, opts(gen), text, reason);
-        // Every split gives the same result: one char per delta.
-        let mut p = Parser::new(Format::Gemma4, opts(gen));
-        let mut acc = Accumulator::default();
-        for c in text.chars() {
-            acc.extend(p.push(&c.to_string()));
-        }
-        acc.extend(p.finish(reason));
-        assert_eq!(acc, whole, "char split differs for {text:?}");
-        whole
-    }
-
-    fn call(name: &str, args: &str) -> ToolCall {
-        ToolCall { id: None, name: name.into(), arguments: args.into() }
-    }
-
-    #[test]
-    fn parses_literals_nesting_and_strings() {
-        let t = r#"<|tool_call>call:f{s:<|"|>a, "b" }{<|"|>,n:-3,x:2.5e3,t:true,z:null,o:{<|"|>k 1<|"|>:[1,<|"|>x<|"|>,{a:false}]},e:[],w:hello world}<tool_call|>"#;
-        let a = run(t, THINK_OFF, FinishReason::Stop);
-        assert_eq!(a.content, "");
-        assert_eq!(
-            a.calls,
-            vec![call(
-                "f",
-                r#"{"s":"a, \"b\" }{","n":-3,"x":2500.0,"t":true,"z":null,"o":{"k 1":[1,"x",{"a":false}]},"e":[],"w":"hello world"}"#
-            )]
-        );
-    }
-
-    #[test]
-    fn markers_inside_strings_do_not_end_the_call() {
-        let t = r#"<|tool_call>call:echo{text:<|"|>a}<tool_call|>b<turn|><|tool_call>c<|"|>}<tool_call|>after"#;
-        let a = run(t, THINK_OFF, FinishReason::Stop);
-        assert_eq!(
-            a.calls,
-            vec![call("echo", r#"{"text":"a}<tool_call|>b<turn|><|tool_call>c"}"#)]
-        );
-        assert_eq!(a.content, "after");
-    }
-
-    #[test]
-    fn text_before_and_between_calls() {
-        let t = "Let me look.\n<|tool_call>call:a{}<tool_call|>\n<|tool_call>call:b{x:1}<tool_call|>\nDone.<turn|>";
-        let a = run(t, THINK_OFF, FinishReason::Stop);
-        assert_eq!(a.content, "Let me look.Done.");
-        assert_eq!(a.calls, vec![call("a", "{}"), call("b", r#"{"x":1}"#)]);
-    }
-
-    #[test]
-    fn thinking_channel_and_prompts() {
-        let t = "<|channel>thought\nHmm.\n<channel|>Hi.";
-        let a = run(t, "<|turn>model\n", FinishReason::Stop);
-        assert_eq!((a.reasoning.as_str(), a.content.as_str()), ("Hmm.", "Hi."));
-        // A prompt that opened the channel (with or without its label).
-        let a = run("Hmm.<channel|>Hi.", "<|turn>model\n<|channel>thought\n", FinishReason::Stop);
-        assert_eq!((a.reasoning.as_str(), a.content.as_str()), ("Hmm.", "Hi."));
-        let a = run("thought\nHmm.<channel|>Hi.", "<|turn>model\n<|channel>", FinishReason::Stop);
-        assert_eq!((a.reasoning.as_str(), a.content.as_str()), ("Hmm.", "Hi."));
-        // A word that only starts like the label stays.
-        let a = run("<|channel>thoughtful<channel|>x", "", FinishReason::Stop);
-        assert_eq!(a.reasoning, "thoughtful");
-        // An empty channel written by the model itself.
-        let a = run("<|channel>thought\n<channel|>Hello", "", FinishReason::Stop);
-        assert_eq!((a.reasoning.as_str(), a.content.as_str()), ("", "Hello"));
-        // A call inside an unclosed channel ends the reasoning.
-        let a =
-            run("<|channel>thought\nplan<|tool_call>call:f{}<tool_call|>", "", FinishReason::Stop);
-        assert_eq!(a.reasoning, "plan");
-        assert_eq!(a.calls, vec![call("f", "{}")]);
-    }
-
-    #[test]
-    fn malformed_calls_become_content() {
-        let t = "<|tool_call>call:bad_func no brace<tool_call|>";
-        let a = run(t, THINK_OFF, FinishReason::Stop);
-        assert!(a.calls.is_empty());
-        assert_eq!(a.content, t);
-        let t = "<|tool_call>call:f{a:<|\"|>x<|\"|> b:1}<tool_call|>ok";
-        let a = run(t, THINK_OFF, FinishReason::Stop);
-        assert!(a.calls.is_empty());
-        assert_eq!(a.content, t);
-        // Duplicate keys are not a strict object.
-        let a = run("<|tool_call>call:f{a:1,a:2}<tool_call|>", THINK_OFF, FinishReason::Stop);
-        assert!(a.calls.is_empty());
-        // An unbalanced body ends at the close marker.
-        let t = "<|tool_call>call:f{a:{b:1}<tool_call|>next";
-        let a = run(t, THINK_OFF, FinishReason::Stop);
-        assert!(a.calls.is_empty());
-        assert_eq!(a.content, t);
-    }
-
-    #[test]
-    fn truncation_keeps_only_complete_calls() {
-        let t = "<|tool_call>call:a{x:1}<tool_call|><|tool_call>call:b{q:<|\"|>par";
-        let a = run(t, THINK_OFF, FinishReason::Length);
-        assert_eq!(a.calls, vec![call("a", r#"{"x":1}"#)]);
-        assert_eq!(a.content, "");
-        for cut in ["<|tool_call>call:get", "<|tool_call>call:b{x:1}", "<|tool_call>call:b{x:1"] {
-            let a = run(cut, THINK_OFF, FinishReason::Length);
-            assert!(a.calls.is_empty(), "{cut}");
-            assert_eq!(a.content, "", "{cut}");
-        }
-        // Ended by a stop right after the body: the body decides.
-        let a = run("<|tool_call>call:b{x:1}", THINK_OFF, FinishReason::Stop);
-        assert_eq!(a.calls, vec![call("b", r#"{"x":1}"#)]);
-    }
-
-    #[test]
-    fn schema_types_top_level_values() {
-        let tools = Tools(vec![ToolSpec::new("f")
-            .param("zip", &[JsonType::String])
-            .param("n", &[JsonType::Integer])
-            .param("flag", &[JsonType::Boolean])]);
-        let o = Options { tools, generation_prompt: Some(THINK_OFF.into()), ..Options::default() };
-        let t = "<|tool_call>call:f{zip:01234,n:<|\"|>7<|\"|>,flag:true,other:3}<tool_call|>";
-        let a = parse(Format::Gemma4, o, t, FinishReason::Stop);
-        assert_eq!(a.calls, vec![call("f", r#"{"zip":"01234","n":7,"flag":true,"other":3}"#)]);
-    }
-
-    #[test]
-    fn unicode_and_no_call_prefix() {
-        let t = "<|tool_call>get_weather{city:<|\"|>Zürich 東京 🙂<|\"|>}<tool_call|>";
-        let a = run(t, THINK_OFF, FinishReason::Stop);
-        assert_eq!(a.calls, vec![call("get_weather", r#"{"city":"Zürich 東京 🙂"}"#)]);
-    }
-
-    #[test]
-    fn suppress_mode_strips_calls() {
-        let t = "Sure.<|tool_call>call:f{a:1}<tool_call|><|tool_call>call:g{<tool_call|>";
-        let o = Options { mode: Mode::Suppress, ..opts(THINK_OFF) };
-        let a = parse(Format::Gemma4, o, t, FinishReason::Stop);
-        assert_eq!(a.content, "Sure.");
-        assert!(a.calls.is_empty());
-        assert_eq!(a.discarded, vec![call("f", r#"{"a":1}"#)]);
     }
 
     #[test]
@@ -796,12 +616,13 @@ mod tests {
         let t = format!("<|tool_call>call:f{{s:<|\"|>{body}<|\"|>}}<tool_call|>");
         let mut p = Parser::new(Format::Gemma4, opts(THINK_OFF));
         let mut acc = Accumulator::default();
-        let start = std::time::Instant::now();
-        for c in t.chars() {
-            acc.extend(p.push(&c.to_string()));
-        }
-        acc.extend(p.finish(FinishReason::Stop));
-        assert!(start.elapsed().as_secs() < 10);
+        let ((), work) = crate::scan::work::measure(|| {
+            for c in t.chars() {
+                acc.extend(p.push(&c.to_string()));
+            }
+            acc.extend(p.finish(FinishReason::Stop));
+        });
+        assert!(work <= 4 * t.len() as u64, "{work} bytes scanned for {}", t.len());
         assert_eq!(acc.calls.len(), 1);
     }
 }

@@ -37,14 +37,14 @@
 //! `</tool_call>`) is parsed as a call; other `<tool_call>` text there stays
 //! reasoning. Turn tokens (`<|user|>`, `<|observation|>`, …) are stripped.
 
-use super::qwen3_xml::{follow, lead_any, put_arg, Follow, Lead};
-use super::{prompt_opens, Machine};
+use super::keyed::KeyedCall;
+use super::{prompt_opens, text_until, Machine, Step};
 use crate::cx::Cx;
 use crate::json;
 use crate::registry::Format;
-use crate::scan::{find_first, Find, Prefix};
+use crate::scan::{find_first, follow, lead_any, Find, Follow, Lead, Prefix};
 use crate::{DropReason, FinishReason, Options};
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 const OPEN: &str = "<tool_call>";
 const CLOSE: &str = "</tool_call>";
@@ -78,13 +78,13 @@ const REASONING_MARKERS: [&str; 9] =
 const NAME_MAX: usize = 256;
 
 #[derive(Debug)]
-enum State {
+pub(crate) enum State {
     Content,
     Reasoning,
     Call(Box<Call>),
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug)]
 enum Phase {
     /// After `<tool_call>`: the name, up to a newline or a tag.
     Name,
@@ -92,66 +92,49 @@ enum Phase {
     Params,
     /// After `<arg_key>`: the key up to `</arg_key>`.
     Key,
-    /// After `</arg_key>`: `<arg_value>`.
-    Between,
-    /// Inside a value.
-    Value,
+    /// After `</arg_key>`: `<arg_value>` for `key`.
+    Between { key: String },
+    /// Inside the value of `key`; `scan`: the resume offset of the search for
+    /// its end (relative to the value start).
+    Value { key: String, scan: usize },
     /// Invalid markup: everything up to `</tool_call>` is shown as content.
     Garbage,
 }
 
 #[derive(Debug)]
-struct Call {
+pub(crate) struct Call {
     /// Opened inside reasoning: the parser returns to reasoning afterwards.
     think: bool,
     phase: Phase,
     /// The markup consumed so far, shown if the call turns out malformed.
     raw: String,
-    name: String,
-    key: String,
-    args: Map<String, Value>,
-    open: bool,
-    streamed: bool,
-    /// Resume offset of the value scan (relative to the value start).
-    scan: usize,
+    /// The started call, once its name is known.
+    call: Option<KeyedCall>,
 }
 
 impl Call {
     fn new(think: bool) -> Box<Call> {
-        Box::new(Call {
-            think,
-            phase: Phase::Name,
-            raw: OPEN.to_owned(),
-            name: String::new(),
-            key: String::new(),
-            args: Map::new(),
-            open: false,
-            streamed: false,
-            scan: 0,
-        })
+        Box::new(Call { think, phase: Phase::Name, raw: OPEN.to_owned(), call: None })
     }
 
     fn eat(&mut self, s: &str) {
         self.raw.push_str(s);
     }
 
-    fn add_param(&mut self, value: &str, cx: &mut Cx) {
-        let types = cx.tools().types_of(&self.name, &self.key);
+    fn add_param(&mut self, key: String, value: &str, cx: &mut Cx) {
+        let Some(call) = &mut self.call else { return };
+        let types = cx.tools().types_of(call.name(), &key);
         let typed = if types.is_empty() {
             json::strict_value(value.trim()).unwrap_or_else(|_| Value::from(value))
         } else {
             json::coerce(value, types)
         };
-        let key = std::mem::take(&mut self.key);
-        put_arg(&mut self.args, &mut self.streamed, key, typed, cx);
+        call.replace(key, typed, cx);
     }
 
     fn finish(&mut self, cx: &mut Cx) {
-        if self.open {
-            let text = json::to_text(&self.args);
-            cx.call_args(if self.streamed { "}" } else { &text });
-            cx.end_call(text);
-            self.open = false;
+        if let Some(call) = self.call.take() {
+            call.finish(cx);
         }
         self.raw.clear();
     }
@@ -159,26 +142,28 @@ impl Call {
     fn fail(&mut self, extra: &str, cx: &mut Cx) {
         let mut raw = std::mem::take(&mut self.raw);
         raw.push_str(extra);
-        self.open = false;
+        self.call = None;
         cx.malformed(&raw);
     }
 
     /// The text ended before `</tool_call>`.
     fn unfinished(&mut self, rest: &str, end: Option<FinishReason>, cx: &mut Cx) {
         if end == Some(FinishReason::Length) {
-            self.open = false;
+            self.call = None;
             cx.drop_call(DropReason::Truncated);
         } else {
             self.fail(rest, cx);
         }
     }
 
+    /// Runs the call's phases over `input`; returns the bytes consumed and
+    /// whether the call is over.
     fn run(&mut self, input: &str, end: Option<FinishReason>, cx: &mut Cx) -> (usize, bool) {
         let eof = end.is_some();
         let mut pos = 0;
         loop {
             let rest = &input[pos..];
-            match self.phase {
+            match &mut self.phase {
                 // A name (or key) is accepted only within NAME_MAX bytes, as
                 // it is waited for, whatever the deltas.
                 Phase::Name => match skip_ws(rest, eof).map(|w| (w, rest[w..].find(['\n', '<']))) {
@@ -198,41 +183,46 @@ impl Call {
                             self.phase = Phase::Garbage;
                             continue;
                         }
-                        let name = name.to_owned();
+                        self.call = Some(KeyedCall::start(name, cx));
                         self.eat(&rest[..i]);
                         pos += i;
-                        self.name.clone_from(&name);
-                        self.open = true;
-                        cx.start_call(None, &name);
                         self.phase = Phase::Params;
                     }
                 },
-                Phase::Params | Phase::Between => {
+                Phase::Params | Phase::Between { .. } => {
                     let Some(ws) = skip_ws(rest, eof) else {
                         return (pos, false);
                     };
                     self.eat(&rest[..ws]);
                     pos += ws;
                     let t = &rest[ws..];
-                    let lits: &[&str] =
-                        if self.phase == Phase::Params { &[KEY, CLOSE, OPEN] } else { &[VAL] };
-                    match (self.phase, lead_any(t, lits, eof)) {
-                        (_, Lead::More) => return (pos, false),
+                    let key = match &mut self.phase {
+                        Phase::Between { key } => Some(std::mem::take(key)),
+                        _ => None,
+                    };
+                    let lits: &[&str] = if key.is_none() { &[KEY, CLOSE, OPEN] } else { &[VAL] };
+                    match (key, lead_any(t, lits, eof)) {
+                        (key, Lead::More) => {
+                            if let Some(key) = key {
+                                self.phase = Phase::Between { key };
+                            }
+                            return (pos, false);
+                        }
                         (_, Lead::No) if t.is_empty() => {
                             self.unfinished(t, end, cx);
                             return (input.len(), true);
                         }
                         (_, Lead::No) => self.phase = Phase::Garbage,
-                        (Phase::Params, Lead::Is(0)) => {
+                        (None, Lead::Is(0)) => {
                             self.eat(KEY);
                             pos += KEY.len();
                             self.phase = Phase::Key;
                         }
-                        (Phase::Params, Lead::Is(1)) => {
+                        (None, Lead::Is(1)) => {
                             self.finish(cx);
                             return (pos + CLOSE.len(), true);
                         }
-                        (Phase::Params, Lead::Is(_)) => {
+                        (None, Lead::Is(_)) => {
                             // A new call while this one is open: `</tool_call>`
                             // is missing in between.
                             self.finish(cx);
@@ -240,20 +230,19 @@ impl Call {
                             pos += OPEN.len();
                             self.phase = Phase::Name;
                         }
-                        (_, Lead::Is(_)) => {
+                        (Some(key), Lead::Is(_)) => {
                             self.eat(VAL);
                             pos += VAL.len();
-                            self.scan = 0;
-                            self.phase = Phase::Value;
+                            self.phase = Phase::Value { key, scan: 0 };
                         }
                     }
                 }
                 Phase::Key => match find_first(rest, &[KEY_END], eof) {
                     Find::Found { at, .. } if at <= NAME_MAX => {
-                        self.key = trim_ws(&rest[..at]).to_owned();
+                        let key = trim_ws(&rest[..at]).to_owned();
                         self.eat(&rest[..at + KEY_END.len()]);
                         pos += at + KEY_END.len();
-                        self.phase = Phase::Between;
+                        self.phase = Phase::Between { key };
                     }
                     Find::Clear { safe } if safe <= NAME_MAX && !eof => {
                         return (pos, false);
@@ -264,10 +253,10 @@ impl Call {
                     }
                     _ => self.phase = Phase::Garbage,
                 },
-                Phase::Value => loop {
-                    match find_first(&rest[self.scan..], &[VAL_END, CLOSE], eof) {
+                Phase::Value { key, scan } => loop {
+                    match find_first(&rest[*scan..], &[VAL_END, CLOSE], eof) {
                         Find::Found { at, idx } => {
-                            let abs = self.scan + at;
+                            let abs = *scan + at;
                             let verdict = if idx == 0 {
                                 Follow::Accept
                             } else {
@@ -275,9 +264,10 @@ impl Call {
                             };
                             match verdict {
                                 Follow::Accept => {
+                                    let key = std::mem::take(key);
                                     let value = &rest[..abs];
                                     self.eat(value);
-                                    self.add_param(value, cx);
+                                    self.add_param(key, value, cx);
                                     pos += abs;
                                     if idx == 0 {
                                         self.eat(VAL_END);
@@ -287,14 +277,14 @@ impl Call {
                                     break;
                                 }
                                 Follow::Wait => {
-                                    self.scan = abs;
+                                    *scan = abs;
                                     return (pos, false);
                                 }
-                                Follow::Reject => self.scan = abs + 1,
+                                Follow::Reject => *scan = abs + 1,
                             }
                         }
                         Find::Clear { safe } => {
-                            self.scan += safe;
+                            *scan += safe;
                             if eof {
                                 self.unfinished(rest, end, cx);
                                 return (input.len(), true);
@@ -392,64 +382,54 @@ impl Glm {
 }
 
 impl Machine for Glm {
-    fn step(&mut self, input: &str, end: Option<FinishReason>, cx: &mut Cx) -> usize {
+    type State = State;
+
+    fn state(&self) -> &State {
+        &self.state
+    }
+
+    fn step(&mut self, input: &str, end: Option<FinishReason>, cx: &mut Cx) -> Step {
         let eof = end.is_some();
         match &mut self.state {
-            State::Reasoning => match find_first(input, &REASONING_MARKERS, eof) {
-                Find::Found { at, idx } => {
-                    cx.reasoning(&input[..at]);
-                    let tag = REASONING_MARKERS[idx];
-                    let used = at + tag.len();
-                    match tag {
-                        OPEN => match call_ahead(&input[used..], eof) {
-                            Prefix::Yes => {
-                                cx.boundary();
-                                self.state = State::Call(Call::new(true));
-                            }
-                            Prefix::NeedMore => return at,
-                            Prefix::No => cx.reasoning(OPEN),
-                        },
-                        UNTHINK => {
-                            cx.boundary();
-                            self.state = State::Content;
-                        }
-                        _ => cx.boundary(),
-                    }
-                    used
+            State::Reasoning => {
+                let (at, idx) =
+                    match text_until(input, &REASONING_MARKERS, eof, |t| cx.reasoning(t)) {
+                        Ok(found) => found,
+                        Err(step) => return step,
+                    };
+                let tag = REASONING_MARKERS[idx];
+                let used = at + tag.len();
+                match tag {
+                    OPEN => match call_ahead(&input[used..], eof) {
+                        Prefix::Yes => self.state = State::Call(Call::new(true)),
+                        Prefix::NeedMore => return Step::up_to(at),
+                        Prefix::No => cx.reasoning(OPEN),
+                    },
+                    UNTHINK => self.state = State::Content,
+                    _ => {}
                 }
-                Find::Clear { safe } => {
-                    cx.reasoning(&input[..safe]);
-                    safe
+                Step::took(used)
+            }
+            State::Content => {
+                let (at, idx) = match text_until(input, &CONTENT_MARKERS, eof, |t| cx.content(t)) {
+                    Ok(found) => found,
+                    Err(step) => return step,
+                };
+                let tag = CONTENT_MARKERS[idx];
+                match tag {
+                    OPEN => self.state = State::Call(Call::new(false)),
+                    THINK => self.state = State::Reasoning,
+                    _ => {}
                 }
-            },
-            State::Content => match find_first(input, &CONTENT_MARKERS, eof) {
-                Find::Found { at, idx } => {
-                    cx.content(&input[..at]);
-                    cx.boundary();
-                    let tag = CONTENT_MARKERS[idx];
-                    match tag {
-                        OPEN => self.state = State::Call(Call::new(false)),
-                        THINK => self.state = State::Reasoning,
-                        _ => {}
-                    }
-                    at + tag.len()
-                }
-                Find::Clear { safe } => {
-                    cx.content(&input[..safe]);
-                    safe
-                }
-            },
+                Step::took(at + tag.len())
+            }
             State::Call(call) => {
                 let (used, done) = call.run(input, end, cx);
-                if done {
-                    self.state = if call.think { State::Reasoning } else { State::Content };
-                    if used == 0 && !input.is_empty() {
-                        // Nothing consumed, but the call is over: 0 would read
-                        // as "wait", so the text goes to the new state now.
-                        return self.step(input, end, cx);
-                    }
+                if !done {
+                    return Step::up_to(used);
                 }
-                used
+                self.state = if call.think { State::Reasoning } else { State::Content };
+                Step::moved(used)
             }
         }
     }
@@ -469,9 +449,7 @@ impl Machine for Glm {
 
 #[cfg(test)]
 mod tests {
-    use crate::{
-        parse, Accumulator, FinishReason, Format, JsonType, Options, Parser, ToolSpec, Tools,
-    };
+    use crate::{Format, JsonType, Options, ToolSpec, Tools};
 
     fn opts(gen: Option<&str>) -> Options {
         use JsonType::*;
@@ -480,122 +458,6 @@ mod tests {
             ToolSpec::new("write_file").param("path", &[String]).param("content", &[String]),
         ]);
         Options { generation_prompt: gen.map(str::to_owned), tools, ..Options::default() }
-    }
-
-    fn run(format: Format, text: &str, gen: Option<&str>, reason: FinishReason) -> Accumulator {
-        let whole = parse(format, opts(gen), text, reason);
-        let mut p = Parser::new(format, opts(gen));
-        let mut acc = Accumulator::default();
-        for ch in text.chars() {
-            acc.extend(p.push(&ch.to_string()));
-        }
-        acc.extend(p.finish(reason));
-        assert_eq!(acc, whole, "split changed the result for {text:?}");
-        whole
-    }
-
-    fn calls(acc: &Accumulator) -> Vec<(String, String)> {
-        acc.calls.iter().map(|c| (c.name.clone(), c.arguments.clone())).collect()
-    }
-
-    fn one(name: &str, args: &str) -> Vec<(String, String)> {
-        vec![(name.to_owned(), args.to_owned())]
-    }
-
-    const G47: Option<&str> = Some("<|assistant|><think>");
-    const C47: &str = "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value><arg_key>days</arg_key><arg_value>3</arg_value></tool_call>";
-
-    #[test]
-    fn compact_call_after_reasoning() {
-        let acc =
-            run(Format::Glm47, &format!("Hmm.</think>Checking.{C47}"), G47, FinishReason::Stop);
-        assert_eq!(acc.reasoning, "Hmm.");
-        assert_eq!(acc.content, "Checking.");
-        assert_eq!(calls(&acc), one("get_weather", r#"{"city":"Paris","days":3}"#));
-    }
-
-    #[test]
-    fn whitespace_variants_parse_alike() {
-        for t in [
-            "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n</tool_call>",
-            "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value></tool_call>",
-            "<tool_call> get_weather \n\n<arg_key> city </arg_key>\n  <arg_value>Paris</arg_value>\n\n</tool_call>",
-            "<tool_call>get_weather\\n<arg_key>city</arg_key>\\n<arg_value>Paris</arg_value>\\n</tool_call>",
-        ] {
-            for f in [Format::Glm45, Format::Glm47] {
-                let acc = run(f, t, None, FinishReason::Stop);
-                assert_eq!(calls(&acc), one("get_weather", r#"{"city":"Paris"}"#), "{t:?}");
-                assert_eq!(acc.content, "", "{t:?}");
-            }
-        }
-    }
-
-    #[test]
-    fn values_are_raw_strings_or_json() {
-        let t = "<tool_call>other<arg_key>n</arg_key><arg_value>3</arg_value><arg_key>s</arg_key><arg_value>123_456</arg_value><arg_key>o</arg_key><arg_value>{\"a\": [1]}</arg_value></tool_call>";
-        let acc = run(Format::Glm47, t, None, FinishReason::Stop);
-        assert_eq!(calls(&acc), one("other", r#"{"n":3,"s":"123_456","o":{"a":[1]}}"#));
-        let t = "<tool_call>write_file<arg_key>path</arg_key><arg_value> 007 </arg_value><arg_key>content</arg_key><arg_value>a </tool_call> <arg_key> b\n</arg_value></tool_call>";
-        let acc = run(Format::Glm47, t, None, FinishReason::Stop);
-        assert_eq!(
-            calls(&acc),
-            one("write_file", r#"{"path":" 007 ","content":"a </tool_call> <arg_key> b\n"}"#)
-        );
-    }
-
-    #[test]
-    fn missing_last_arg_value_close() {
-        let t = "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Berlin</tool_call>";
-        let acc = run(Format::Glm47, t, None, FinishReason::Stop);
-        assert_eq!(calls(&acc), one("get_weather", r#"{"city":"Berlin"}"#));
-        let t2 = format!("{t}{C47}");
-        let acc = run(Format::Glm47, &t2, None, FinishReason::Stop);
-        assert_eq!(acc.calls.len(), 2);
-    }
-
-    #[test]
-    fn truncation_drops_only_the_open_call() {
-        let t = format!("{C47}<tool_call>get_weather<arg_key>city</arg_key><arg_value>Ber");
-        let acc = run(Format::Glm47, &t, None, FinishReason::Length);
-        assert_eq!(calls(&acc), one("get_weather", r#"{"city":"Paris","days":3}"#));
-        assert_eq!(acc.content, "");
-        let t = "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Berlin</arg_value>";
-        assert!(run(Format::Glm47, t, None, FinishReason::Length).calls.is_empty());
-        let acc = run(Format::Glm47, t, None, FinishReason::Stop);
-        assert!(acc.calls.is_empty());
-        assert_eq!(acc.content, t);
-    }
-
-    #[test]
-    fn call_inside_reasoning_and_tags_mentioned_in_reasoning() {
-        let acc =
-            run(Format::Glm47, &format!("Use <tool_call> here. {C47}"), G47, FinishReason::Stop);
-        assert_eq!(acc.reasoning, "Use <tool_call> here.");
-        assert_eq!(acc.calls.len(), 1);
-    }
-
-    #[test]
-    fn glm45_think_in_output_and_stray_tokens() {
-        let t = "\n<think>Plan.</think>\nDone.<|user|>";
-        let acc = run(Format::Glm45, t, Some("<|assistant|>"), FinishReason::Stop);
-        assert_eq!(acc.reasoning, "Plan.");
-        assert_eq!(acc.content, "Done.");
-    }
-
-    #[test]
-    fn malformed_call_becomes_content() {
-        let t = "<tool_call>get_weather<oops></tool_call> after";
-        let acc = run(Format::Glm47, t, None, FinishReason::Stop);
-        assert!(acc.calls.is_empty());
-        assert_eq!(acc.content, "<tool_call>get_weather<oops></tool_call> after");
-    }
-
-    #[test]
-    fn empty_arguments_and_missing_close_between_calls() {
-        let t = "<tool_call>get_time</tool_call><tool_call>get_time\n</tool_call>";
-        assert_eq!(run(Format::Glm45, t, None, FinishReason::Stop).calls.len(), 2);
-        let t = "<tool_call>get_weather<arg_key>city</arg_key><arg_value>A</arg_value><tool_call>get_time</tool_call>";
-        assert_eq!(run(Format::Glm47, t, None, FinishReason::Stop).calls.len(), 2);
     }
 
     #[test]
@@ -622,37 +484,13 @@ mod tests {
             "\\n",
             "\\",
         ];
-        let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
-        let mut next = |n: usize| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            (seed % n as u64) as usize
-        };
-        for _ in 0..400 {
-            let len = 1 + next(24);
-            let text: String = (0..len).map(|_| toks[next(toks.len())]).collect();
-            for reason in [FinishReason::Stop, FinishReason::Length] {
-                for gen in [None, Some("<think>")] {
-                    let whole = parse(Format::Glm47, opts(gen), &text, reason);
-                    let mut p = Parser::new(Format::Glm47, opts(gen));
-                    let mut acc = Accumulator::default();
-                    let mut rest = text.as_str();
-                    while !rest.is_empty() {
-                        let mut cut = (1 + next(6)).min(rest.len());
-                        while !rest.is_char_boundary(cut) {
-                            cut += 1;
-                        }
-                        acc.extend(p.push(&rest[..cut]));
-                        rest = &rest[cut..];
-                    }
-                    acc.extend(p.finish(reason));
-                    assert_eq!(acc, whole, "{text:?} {reason:?} {gen:?}");
-                    for c in &whole.calls {
-                        assert!(crate::json::strict_object(&c.arguments).is_ok(), "{c:?}");
-                    }
-                }
-            }
-        }
+        crate::formats::testing::random_markup(
+            Format::Glm47,
+            &toks,
+            &[None, Some("<think>")],
+            &opts,
+            400,
+            24,
+        );
     }
 }

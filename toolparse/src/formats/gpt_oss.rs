@@ -7,7 +7,10 @@
 //! ```
 //!
 //! The generation prompt ends with `<|start|>assistant`, so the text starts
-//! with the rest of a message header (a channel, or ` to=functions.NAME`).
+//! with the rest of a message header (a channel, or ` to=functions.NAME`); a
+//! prompt that ends with a whole call header (a forced tool choice,
+//! `… to=functions.NAME<|channel|>commentary json<|message|>`) starts the
+//! text in that call's body.
 //! A message is `header<|message|>body` and ends with `<|end|>`, or with
 //! the stop tokens `<|call|>` / `<|return|>`, which are usually not in the
 //! text at all (the body then ends with the text).
@@ -16,11 +19,21 @@
 //! (`<|start|>assistant to=functions.x<|channel|>commentary json`) or in the
 //! channel part (`<|channel|>commentary to=functions.x <|constrain|>json`);
 //! the content type (`<|constrain|>json`, a bare ` json`, or none) is
-//! ignored. A message with a recipient is a call: its body is one JSON
-//! object found by scanning JSON, so marker text inside an argument string
-//! does not end it. Without a recipient, the `analysis` channel is
-//! reasoning and every other channel (`final`, `commentary` preambles) is
-//! content.
+//! ignored. A message with a recipient is a call, named by the recipient
+//! (`functions.` dropped): a function (`to=functions.get_weather`) or a
+//! built-in tool (`to=python`, `to=browser.search`, `to=browser.open`,
+//! `to=container.exec`), on any channel. Its body is one JSON object found
+//! by scanning JSON, so marker text inside an argument string does not end
+//! it; a built-in tool's body that is no JSON object (`to=python code`
+//! writes Python) is its input text, up to the message's end, and the
+//! arguments are `{"code": TEXT}`:
+//!
+//! ```text
+//! <|start|>assistant<|channel|>analysis to=python code<|message|>print(2 + 2)<|call|>
+//! ```
+//!
+//! Without a recipient, the `analysis` channel is reasoning and every other
+//! channel (`final`, `commentary` preambles) is content.
 //!
 //! Marker-like text inside reasoning or content stays text where it cannot
 //! be markup: `<|call|>` and `<|return|>` end a text body only at the end of
@@ -28,10 +41,12 @@
 //! off by the end of the text is dropped; text outside any message is
 //! content.
 
-use super::Machine;
+use super::{text_until, Machine, Step};
 use crate::cx::Cx;
 use crate::json::{self, Scan, ValueEnd};
-use crate::scan::{find_first, starts_with, ws_len, Find, Prefix};
+use crate::scan::{
+    find_first, follow_within, push_capped, starts_with, ws_len, Find, Follow, Prefix,
+};
 use crate::{DropReason, FinishReason, Options};
 
 const START: &str = "<|start|>";
@@ -57,21 +72,28 @@ const HEADER_CAP: usize = 1024;
 const WS_HOLD: usize = 4096;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
+pub(crate) enum Kind {
     Reasoning,
     Content,
 }
 
 #[derive(Debug)]
-enum State {
+pub(crate) enum State {
     /// Outside any message: stray text is content.
     Free,
     /// Inside a header (after `<|start|>`): its text so far.
     Header(String),
     /// In a message body shown as reasoning or content.
     Text(Kind),
-    /// In a call's body: the input starts with its JSON.
-    Call(ValueEnd),
+    /// In a call's body: the input starts with its JSON. `builtin`: the
+    /// recipient is a built-in tool, whose body may be text instead.
+    Call { scan: ValueEnd, builtin: bool },
+    /// In a built-in tool's text body; no end marker starts before
+    /// `searched`.
+    Code { searched: usize },
+    /// The generation prompt ended in the header of a call to `name`: the
+    /// call starts with the text.
+    Prefilled { name: String, builtin: bool },
 }
 
 #[derive(Debug)]
@@ -98,8 +120,12 @@ fn initial(gen: Option<&str>) -> State {
         None => State::Header(tail.to_owned()),
         Some(m) => match parse_header(&tail[..m]) {
             Header { recipient: None, channel } => State::Text(channel_kind(channel.as_deref())),
-            // A prefilled call body is not in the text: show what follows.
-            Header { recipient: Some(_), .. } => State::Text(Kind::Content),
+            // The prompt opened a call's body (a forced tool choice): the
+            // text is its body.
+            Header { recipient: Some(r), .. } => {
+                let (name, builtin) = call_name(&r);
+                State::Prefilled { name: name.to_owned(), builtin }
+            }
         },
     }
 }
@@ -145,9 +171,13 @@ fn channel_kind(channel: Option<&str>) -> Kind {
     }
 }
 
-/// The function name of a recipient (`functions.NAME` → `NAME`).
-fn function_name(recipient: &str) -> &str {
-    recipient.strip_prefix("functions.").unwrap_or(recipient)
+/// The call name of a recipient (`functions.NAME` → `NAME`; a built-in
+/// tool keeps its name) and whether it is a built-in tool.
+fn call_name(recipient: &str) -> (&str, bool) {
+    match recipient.strip_prefix("functions.") {
+        Some(name) => (name, false),
+        None => (recipient, true),
+    }
 }
 
 /// A header's visible text when it turns out not to be a header.
@@ -159,15 +189,6 @@ fn strip_markers(s: &str) -> String {
     out
 }
 
-/// The first char boundary of `s` at or after `i` (or its length).
-fn ceil_boundary(s: &str, i: usize) -> usize {
-    let mut i = i.min(s.len());
-    while !s.is_char_boundary(i) {
-        i += 1;
-    }
-    i
-}
-
 fn emit(cx: &mut Cx, kind: Kind, s: &str) {
     match kind {
         Kind::Reasoning => cx.reasoning(s),
@@ -176,27 +197,29 @@ fn emit(cx: &mut Cx, kind: Kind, s: &str) {
 }
 
 impl Machine for GptOss {
-    fn step(&mut self, input: &str, end: Option<FinishReason>, cx: &mut Cx) -> usize {
+    type State = State;
+
+    fn state(&self) -> &State {
+        &self.state
+    }
+
+    fn step(&mut self, input: &str, end: Option<FinishReason>, cx: &mut Cx) -> Step {
         let eof = end.is_some();
         match &mut self.state {
-            State::Free => match find_first(input, &FREE_MARKERS, eof) {
-                Find::Found { at, idx } => {
-                    cx.content(&input[..at]);
-                    cx.boundary();
-                    let m = FREE_MARKERS[idx];
-                    match m {
-                        START => self.state = State::Header(String::new()),
-                        CHANNEL => self.state = State::Header(CHANNEL.to_owned()),
-                        MESSAGE => self.state = State::Text(Kind::Content),
-                        _ => {}
-                    }
-                    at + m.len()
+            State::Free => {
+                let (at, idx) = match text_until(input, &FREE_MARKERS, eof, |t| cx.content(t)) {
+                    Ok(found) => found,
+                    Err(step) => return step,
+                };
+                let m = FREE_MARKERS[idx];
+                match m {
+                    START => self.state = State::Header(String::new()),
+                    CHANNEL => self.state = State::Header(CHANNEL.to_owned()),
+                    MESSAGE => self.state = State::Text(Kind::Content),
+                    _ => {}
                 }
-                Find::Clear { safe } => {
-                    cx.content(&input[..safe]);
-                    safe
-                }
-            },
+                Step::took(at + m.len())
+            }
             State::Header(header) => {
                 let (text, marker) = match find_first(input, &HEADER_MARKERS, eof) {
                     Find::Found { at, idx } => (&input[..at], Some(HEADER_MARKERS[idx])),
@@ -210,35 +233,32 @@ impl Machine for GptOss {
                     Some(m @ (CHANNEL | CONSTRAIN)) => text.len() + m.len(),
                     _ => text.len(),
                 };
-                if header.len() + kept > HEADER_CAP {
-                    let k = ceil_boundary(&input[..kept], HEADER_CAP + 1 - header.len());
-                    header.push_str(&input[..k]);
+                if let Err(k) = push_capped(header, &input[..kept], HEADER_CAP) {
                     let shown = strip_markers(header);
                     cx.content(&shown);
                     self.state = State::Free;
-                    return k;
+                    return Step::took(k);
                 }
-                header.push_str(text);
-                let Some(m) = marker else { return text.len() };
-                let used = text.len() + m.len();
+                let Some(m) = marker else { return Step::up_to(text.len()) };
                 match m {
                     MESSAGE => {
                         let h = parse_header(header);
-                        cx.boundary();
                         self.state = match h.recipient {
                             Some(r) => {
-                                cx.start_call(None, function_name(&r));
-                                State::Call(ValueEnd::default())
+                                let (name, builtin) = call_name(&r);
+                                cx.start_call(None, name);
+                                State::Call { scan: ValueEnd::default(), builtin }
                             }
                             None => State::Text(channel_kind(h.channel.as_deref())),
                         };
                     }
                     START => self.state = State::Header(String::new()),
-                    CHANNEL | CONSTRAIN => header.push_str(m),
+                    // Kept in the header above.
+                    CHANNEL | CONSTRAIN => {}
                     // The message ended inside its header: nothing to show.
                     _ => self.state = State::Free,
                 }
-                used
+                Step::took(text.len() + m.len())
             }
             State::Text(kind) => {
                 let kind = *kind;
@@ -246,51 +266,74 @@ impl Machine for GptOss {
                     Find::Found { at, idx } => {
                         emit(cx, kind, &input[..at]);
                         let m = BODY_ENDS[idx];
-                        let rest = &input[at + m.len()..];
-                        let ws = ws_len(rest);
-                        let ends = if m == END {
-                            true
-                        } else if ws > WS_HOLD {
-                            false
-                        } else if ws == rest.len() {
-                            if !eof {
-                                return at; // wait: the end of text or a header may follow
-                            }
-                            true
-                        } else {
-                            match starts_with(&rest[ws..], START, eof) {
-                                Prefix::Yes => true,
-                                Prefix::No => false,
-                                Prefix::NeedMore => return at,
-                            }
+                        let Some(ends) = body_ends(m, &input[at + m.len()..], eof) else {
+                            // Wait: the end of text or a header may follow.
+                            return Step::up_to(at);
                         };
                         if ends {
-                            cx.boundary();
                             self.state = State::Free;
                         } else {
                             // Marker text inside the body (e.g. reasoning about `<|call|>`).
                             emit(cx, kind, m);
                         }
-                        at + m.len()
+                        Step::took(at + m.len())
                     }
                     Find::Clear { safe } => {
                         emit(cx, kind, &input[..safe]);
-                        safe
+                        Step::up_to(safe)
                     }
                 }
             }
-            State::Call(scan) => {
-                let (n, next) = call_step(scan, input, end, cx);
-                if let Some(next) = next {
-                    self.state = next;
-                    if n == 0 && !input.is_empty() {
-                        // Decided without consuming: the text goes to the
-                        // new state now (0 would read as "wait").
-                        return self.step(input, end, cx);
+            State::Call { scan, builtin } => {
+                let builtin = *builtin;
+                match call_step(scan, builtin, input, end, cx) {
+                    None => Step::Wait,
+                    Some((n, next)) => {
+                        self.state = next;
+                        Step::moved(n)
                     }
                 }
-                n
             }
+            State::Prefilled { name, builtin } => {
+                cx.start_call(None, name);
+                self.state = State::Call { scan: ValueEnd::default(), builtin: *builtin };
+                Step::Transition
+            }
+            State::Code { searched } => loop {
+                match find_first(&input[*searched..], &BODY_ENDS, eof) {
+                    Find::Found { at, idx } => {
+                        let at = *searched + at;
+                        let m = BODY_ENDS[idx];
+                        let Some(ends) = body_ends(m, &input[at + m.len()..], eof) else {
+                            *searched = at;
+                            return Step::Wait;
+                        };
+                        if !ends {
+                            // Marker text inside the code: the search goes on.
+                            *searched = at + m.len();
+                            continue;
+                        }
+                        cx.complete_call(code_args(&input[..at]));
+                        self.state = State::Free;
+                        return Step::took(at + m.len());
+                    }
+                    Find::Clear { safe } if !eof => {
+                        *searched += safe;
+                        return Step::Wait;
+                    }
+                    Find::Clear { .. } => {
+                        // The stop token is not in the text: under Stop the
+                        // body is complete; cut by the token limit, it is not.
+                        if end == Some(FinishReason::Length) {
+                            cx.drop_call(DropReason::Truncated);
+                        } else {
+                            cx.complete_call(code_args(input));
+                        }
+                        self.state = State::Free;
+                        return Step::moved(input.len());
+                    }
+                }
+            },
         }
     }
 
@@ -305,7 +348,7 @@ impl Machine for GptOss {
             // Marker text and whitespace in a body: body text.
             State::Text(kind) => emit(cx, kind, text),
             // A call body: the rest of the body follows as content.
-            State::Call(_) => {
+            State::Call { .. } | State::Code { .. } | State::Prefilled { .. } => {
                 cx.malformed(text);
                 self.state = State::Text(Kind::Content);
             }
@@ -317,23 +360,44 @@ impl Machine for GptOss {
     }
 }
 
+/// Whether the end marker `m` of a text body, followed by `rest`, ends it:
+/// `<|end|>` always; `<|call|>` and `<|return|>` at the end of the text or
+/// before the next `<|start|>`. `None`: not known yet.
+fn body_ends(m: &str, rest: &str, eof: bool) -> Option<bool> {
+    if m == END {
+        return Some(true);
+    }
+    match follow_within(rest, &[START], eof, WS_HOLD) {
+        Follow::Accept => Some(true),
+        Follow::Reject => Some(false),
+        Follow::Wait => None,
+    }
+}
+
+/// The arguments of a built-in tool whose body is text.
+fn code_args(body: &str) -> String {
+    json::to_text(&serde_json::Map::from_iter([("code".to_owned(), serde_json::Value::from(body))]))
+}
+
 /// One step inside a call body; returns bytes consumed and the next state
 /// (`None`: stay and wait for more text).
 fn call_step(
     scan: &mut ValueEnd,
+    builtin: bool,
     input: &str,
     end: Option<FinishReason>,
     cx: &mut Cx,
-) -> (usize, Option<State>) {
+) -> Option<(usize, State)> {
     let eof = end.is_some();
     match scan.scan(input) {
         Scan::Done(body_end) => {
             let body = &input[..body_end];
             let args = match json::object_text(body) {
                 Ok(args) => args,
+                Err(_) if builtin => return Some((0, State::Code { searched: 0 })),
                 Err(_) => {
                     cx.malformed(body);
-                    return (body_end, Some(State::Text(Kind::Content)));
+                    return Some((body_end, State::Text(Kind::Content)));
                 }
             };
             let after = &input[body_end..];
@@ -341,29 +405,29 @@ fn call_step(
             let rest = &after[ws..];
             if ws > WS_HOLD {
                 // Decided at a fixed distance after the JSON, whatever the deltas.
-                finish_call(cx, args);
-                return (body_end, Some(State::Free));
+                cx.complete_call(args);
+                return Some((body_end, State::Free));
             }
             if rest.is_empty() {
                 if !eof {
-                    return (0, None);
+                    return None;
                 }
                 // The <|call|> stop token is not in the text: under Stop the
                 // body is complete; cut by the token limit, it is not.
                 if end == Some(FinishReason::Length) {
                     cx.drop_call(DropReason::Truncated);
                 } else {
-                    finish_call(cx, args);
+                    cx.complete_call(args);
                 }
-                return (input.len(), Some(State::Free));
+                return Some((input.len(), State::Free));
             }
             for m in [CALL, END, RETURN] {
                 match starts_with(rest, m, eof) {
                     Prefix::Yes => {
-                        finish_call(cx, args);
-                        return (body_end + ws + m.len(), Some(State::Free));
+                        cx.complete_call(args);
+                        return Some((body_end + ws + m.len(), State::Free));
                     }
-                    Prefix::NeedMore => return (0, None),
+                    Prefix::NeedMore => return None,
                     Prefix::No => {}
                 }
             }
@@ -371,29 +435,35 @@ fn call_step(
                 match starts_with(rest, m, eof) {
                     Prefix::Yes => {
                         // The next message began without <|call|>.
-                        finish_call(cx, args);
-                        return (body_end + ws, Some(State::Free));
+                        cx.complete_call(args);
+                        return Some((body_end + ws, State::Free));
                     }
-                    Prefix::NeedMore => return (0, None),
+                    Prefix::NeedMore => return None,
                     Prefix::No => {}
                 }
             }
-            // Text after the JSON: not a call body.
+            // Text after the JSON: not a call body (a built-in tool's text).
+            if builtin {
+                return Some((0, State::Code { searched: 0 }));
+            }
             cx.malformed(body);
-            (body_end, Some(State::Text(Kind::Content)))
+            Some((body_end, State::Text(Kind::Content)))
         }
         Scan::Partial => {
             if !eof {
-                return (0, None);
+                return None;
+            }
+            if builtin && end == Some(FinishReason::Stop) && !input.trim().is_empty() {
+                return Some((0, State::Code { searched: 0 }));
             }
             if end == Some(FinishReason::Length) {
                 cx.drop_call(DropReason::Truncated);
             } else if input.trim().is_empty() {
-                finish_call(cx, "{}".to_owned());
+                cx.complete_call("{}".to_owned());
             } else {
                 cx.malformed(input);
             }
-            (input.len(), Some(State::Free))
+            Some((input.len(), State::Free))
         }
         Scan::Invalid => {
             // An empty body followed by the end marker: no arguments.
@@ -402,139 +472,35 @@ fn call_step(
             for m in [CALL, END, RETURN] {
                 match starts_with(rest, m, eof) {
                     Prefix::Yes => {
-                        finish_call(cx, "{}".to_owned());
-                        return (ws + m.len(), Some(State::Free));
+                        cx.complete_call("{}".to_owned());
+                        return Some((ws + m.len(), State::Free));
                     }
-                    Prefix::NeedMore => return (0, None),
+                    Prefix::NeedMore => return None,
                     Prefix::No => {}
                 }
             }
-            // Not JSON (e.g. code for a built-in tool): the body is content.
+            if builtin {
+                // Not JSON: a built-in tool's text (code).
+                return Some((0, State::Code { searched: 0 }));
+            }
+            // Not JSON: the body is content.
             cx.malformed("");
-            (0, Some(State::Text(Kind::Content)))
+            Some((0, State::Text(Kind::Content)))
         }
     }
 }
 
-fn finish_call(cx: &mut Cx, args: String) {
-    cx.call_args(&args);
-    cx.end_call(args);
-}
-
 #[cfg(test)]
 mod tests {
-    use crate::{parse, Accumulator, FinishReason, Format, Options, Parser};
+    use crate::{Accumulator, FinishReason, Format, Options, Parser};
 
     fn opts(gen: Option<&str>) -> Options {
         Options { generation_prompt: gen.map(str::to_owned), ..Options::default() }
     }
 
     fn run(text: &str, reason: FinishReason) -> Accumulator {
-        let whole = parse(Format::GptOss, opts(Some("<|start|>assistant")), text, reason);
-        // Every character its own delta gives the same result.
-        let mut p = Parser::new(Format::GptOss, opts(Some("<|start|>assistant")));
-        let mut acc = Accumulator::default();
-        for c in text.chars() {
-            acc.extend(p.push(&c.to_string()));
-        }
-        acc.extend(p.finish(reason));
-        assert_eq!(acc, whole, "split changes the result");
-        whole
-    }
-
-    #[test]
-    fn recipient_in_channel() {
-        let t = "<|channel|>analysis<|message|>Need weather.<|end|><|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\":\"Paris\"}";
-        let a = run(t, FinishReason::Stop);
-        assert_eq!(a.reasoning, "Need weather.");
-        assert_eq!(a.content, "");
-        assert_eq!(a.calls.len(), 1);
-        assert_eq!(a.calls[0].name, "get_weather");
-        assert_eq!(a.calls[0].arguments, r#"{"city":"Paris"}"#);
-        assert_eq!(a.calls[0].id, None);
-    }
-
-    #[test]
-    fn recipient_in_channel_without_content_type() {
-        let t = "<|channel|>commentary to=functions.get_time<|message|>{}<|call|>";
-        let a = run(t, FinishReason::Stop);
-        assert_eq!(a.calls.len(), 1);
-        assert_eq!(a.calls[0].name, "get_time");
-        assert_eq!(a.calls[0].arguments, "{}");
-    }
-
-    #[test]
-    fn explicit_call_token_and_second_call_cut_off() {
-        let t = "<|channel|>commentary to=functions.a <|constrain|>json<|message|>{\"x\": 1}<|call|><|start|>assistant to=functions.b<|channel|>commentary json<|message|>{\"y\": ";
-        let a = run(t, FinishReason::Length);
-        assert_eq!(a.calls.len(), 1);
-        assert_eq!(a.calls[0].name, "a");
-        assert_eq!(a.content, "");
-    }
-
-    #[test]
-    fn two_calls_without_call_token() {
-        let t = "<|channel|>commentary to=functions.a json<|message|>{\"x\": 1}<|start|>assistant to=functions.b<|channel|>commentary json<|message|>{\"y\": 2}";
-        let a = run(t, FinishReason::Stop);
-        let names: Vec<_> = a.calls.iter().map(|c| c.name.as_str()).collect();
-        assert_eq!(names, ["a", "b"]);
-    }
-
-    #[test]
-    fn complete_json_cut_by_the_token_limit_is_no_call() {
-        let t = " to=functions.a<|channel|>commentary json<|message|>{\"x\": 1}";
-        assert!(run(t, FinishReason::Length).calls.is_empty());
-        assert_eq!(run(t, FinishReason::Stop).calls.len(), 1);
-    }
-
-    #[test]
-    fn markers_in_reasoning_and_final_stay_text() {
-        let t = "<|channel|>analysis<|message|>Never write <|call|> or <|return|> here.<|end|><|start|>assistant<|channel|>final<|message|>Done.";
-        let a = run(t, FinishReason::Stop);
-        assert_eq!(a.reasoning, "Never write <|call|> or <|return|> here.");
-        assert_eq!(a.content, "Done.");
-    }
-
-    #[test]
-    fn content_after_end_without_header() {
-        let t = "<|channel|>analysis<|message|>I'm\nthinking<|end|>Hello, world!";
-        let a = run(t, FinishReason::Stop);
-        assert_eq!(a.reasoning, "I'm\nthinking");
-        assert_eq!(a.content, "Hello, world!");
-    }
-
-    #[test]
-    fn invalid_body_is_content() {
-        let t = "<|channel|>commentary to=functions.a json<|message|>not json<|call|>";
-        let a = run(t, FinishReason::Stop);
-        assert!(a.calls.is_empty());
-        assert_eq!(a.content, "not json");
-    }
-
-    #[test]
-    fn unicode_and_marker_in_arguments() {
-        let t = "<|channel|>commentary to=functions.w json<|message|>{\"s\": \"é <|call|> <|end|> ☕\"}";
-        let a = run(t, FinishReason::Stop);
-        assert_eq!(a.calls[0].arguments, "{\"s\": \"é <|call|> <|end|> ☕\"}");
-    }
-
-    #[test]
-    fn prompt_prefilled_into_analysis() {
-        let o = opts(Some("<|start|>assistant<|channel|>analysis<|message|>"));
-        let a = parse(
-            Format::GptOss,
-            o,
-            "thinking<|end|><|start|>assistant<|channel|>final<|message|>Hi",
-            FinishReason::Stop,
-        );
-        assert_eq!(a.reasoning, "thinking");
-        assert_eq!(a.content, "Hi");
-    }
-
-    #[test]
-    fn no_prompt_plain_text_is_content() {
-        let a = parse(Format::GptOss, opts(None), "Just text.", FinishReason::Stop);
-        assert_eq!(a.content, "Just text.");
+        let opts = opts(Some("<|start|>assistant"));
+        crate::formats::testing::whole_and_by_char(Format::GptOss, &opts, text, reason)
     }
 
     #[test]

@@ -22,7 +22,7 @@
 //! falls back to content. A prompt that ends inside `<think>` starts the
 //! parser in reasoning.
 
-use super::{prompt_opens, Machine};
+use super::{prompt_opens, text_until, Machine, Step};
 use crate::cx::Cx;
 use crate::json::{self, Scan, ValueEnd};
 use crate::scan::{find_first, starts_with, ws_len, Find, Prefix};
@@ -40,7 +40,7 @@ const CONTENT_MARKERS: [&str; 6] =
     [OPEN, THINK, UNTHINK, "<|im_end|>", "<|im_start|>", "<|endoftext|>"];
 
 #[derive(Debug)]
-enum State {
+pub(crate) enum State {
     Content,
     Reasoning,
     /// After `<tool_call>`: the input starts with the body.
@@ -85,44 +85,42 @@ pub(crate) fn call_from_object(body: &str) -> Option<(String, String)> {
 }
 
 impl Machine for Hermes {
-    fn step(&mut self, input: &str, end: Option<FinishReason>, cx: &mut Cx) -> usize {
+    type State = State;
+
+    fn state(&self) -> &State {
+        &self.state
+    }
+
+    fn step(&mut self, input: &str, end: Option<FinishReason>, cx: &mut Cx) -> Step {
         let eof = end.is_some();
         match &mut self.state {
-            State::Reasoning => match find_first(input, &[UNTHINK], eof) {
-                Find::Found { at, .. } => {
-                    cx.reasoning(&input[..at]);
-                    cx.boundary();
-                    self.state = State::Content;
-                    at + UNTHINK.len()
+            State::Reasoning => {
+                let (at, _) = match text_until(input, &[UNTHINK], eof, |t| cx.reasoning(t)) {
+                    Ok(found) => found,
+                    Err(step) => return step,
+                };
+                self.state = State::Content;
+                Step::took(at + UNTHINK.len())
+            }
+            State::Content => {
+                let (at, idx) = match text_until(input, &CONTENT_MARKERS, eof, |t| cx.content(t)) {
+                    Ok(found) => found,
+                    Err(step) => return step,
+                };
+                match CONTENT_MARKERS[idx] {
+                    OPEN => self.state = State::Call(ValueEnd::default()),
+                    THINK => self.state = State::Reasoning,
+                    _ => {}
                 }
-                Find::Clear { safe } => {
-                    cx.reasoning(&input[..safe]);
-                    safe
-                }
-            },
-            State::Content => match find_first(input, &CONTENT_MARKERS, eof) {
-                Find::Found { at, idx } => {
-                    cx.content(&input[..at]);
-                    cx.boundary();
-                    match CONTENT_MARKERS[idx] {
-                        OPEN => self.state = State::Call(ValueEnd::default()),
-                        THINK => self.state = State::Reasoning,
-                        _ => {}
-                    }
-                    at + CONTENT_MARKERS[idx].len()
-                }
-                Find::Clear { safe } => {
-                    cx.content(&input[..safe]);
-                    safe
-                }
-            },
+                Step::took(at + CONTENT_MARKERS[idx].len())
+            }
             State::Call(scan) => {
                 let n = match scan.scan(input) {
                     Scan::Done(body_end) => {
                         let after = &input[body_end..];
                         let ws = ws_len(after);
                         match starts_with(&after[ws..], CLOSE, eof) {
-                            Prefix::NeedMore => return 0,
+                            Prefix::NeedMore => return Step::Wait,
                             Prefix::Yes => {
                                 let used = body_end + ws + CLOSE.len();
                                 match call_from_object(&input[..body_end]) {
@@ -133,24 +131,30 @@ impl Machine for Hermes {
                             }
                             Prefix::No if ws == after.len() && !eof => {
                                 // Only whitespace so far: the close tag may follow.
-                                return 0;
+                                return Step::Wait;
                             }
                             Prefix::No => {
                                 // No close tag: the JSON alone decides, unless the
-                                // token limit cut the text right after it.
-                                let cut = end == Some(FinishReason::Length) && ws == after.len();
+                                // token limit cut the text right after it (or in its
+                                // close tag: then nothing of the tag is shown).
+                                let cut = end == Some(FinishReason::Length)
+                                    && CLOSE.starts_with(&after[ws..]);
                                 match call_from_object(&input[..body_end]) {
                                     Some((name, args)) if !cut => cx.call(None, &name, args),
                                     Some(_) => cx.drop_call(DropReason::Truncated),
                                     None => cx.malformed(&format!("{OPEN}{}", &input[..body_end])),
                                 }
-                                body_end
+                                if cut {
+                                    input.len()
+                                } else {
+                                    body_end
+                                }
                             }
                         }
                     }
                     Scan::Partial => {
                         if !eof {
-                            return 0;
+                            return Step::Wait;
                         }
                         unfinished(input, end, cx);
                         input.len()
@@ -161,7 +165,7 @@ impl Machine for Hermes {
                             cx.malformed(&format!("{OPEN}{}", &input[..used]));
                             used
                         }
-                        Find::Clear { .. } if !eof => return 0,
+                        Find::Clear { .. } if !eof => return Step::Wait,
                         Find::Clear { .. } => {
                             unfinished(input, end, cx);
                             input.len()
@@ -169,7 +173,7 @@ impl Machine for Hermes {
                     },
                 };
                 self.state = State::Content;
-                n
+                Step::moved(n)
             }
         }
     }

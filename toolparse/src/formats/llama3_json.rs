@@ -27,9 +27,9 @@
 //! is returned.
 
 use crate::cx::Cx;
-use crate::formats::Machine;
+use crate::formats::{text_until, Machine, Step};
 use crate::json::{self, Scan, ValueEnd};
-use crate::scan::{find_first, starts_with, ws_len, Find, Prefix};
+use crate::scan::{floor_boundary, starts_with, ws_len, Prefix};
 use crate::schema::Tools;
 use crate::{DropReason, FinishReason, Options};
 use serde_json::{Map, Value};
@@ -62,7 +62,7 @@ const CONTENT_MARKERS: [&str; 16] = [
 const HEAD_CAP: usize = 256;
 
 #[derive(Debug)]
-enum State {
+pub(crate) enum State {
     Content,
     /// After `<|python_tag|>`: the input starts with what follows it.
     AfterTag,
@@ -77,7 +77,9 @@ enum State {
         name: String,
         scan: ParenEnd,
     },
-    /// After a call: separator whitespace and one `;` are skipped.
+    /// After a call: `;` and the whitespace around it separate calls, and
+    /// so does whitespace before the next call; before other text the
+    /// whitespace is content.
     AfterCall,
 }
 
@@ -147,173 +149,170 @@ fn opens_candidate(s: &str, eof: bool) -> Option<bool> {
 }
 
 impl Machine for Llama3Json {
-    fn step(&mut self, input: &str, end: Option<FinishReason>, cx: &mut Cx) -> usize {
+    type State = State;
+
+    fn state(&self) -> &State {
+        &self.state
+    }
+
+    fn step(&mut self, input: &str, end: Option<FinishReason>, cx: &mut Cx) -> Step {
         let eof = end.is_some();
-        loop {
-            match &mut self.state {
-                State::Content => {
-                    return match find_first(input, &CONTENT_MARKERS, eof) {
-                        Find::Found { at, idx } => {
-                            cx.content(&input[..at]);
-                            let marker = CONTENT_MARKERS[idx];
-                            if marker == "{" || marker == "[" {
-                                match opens_candidate(&input[at..], eof) {
-                                    None => return at,
-                                    Some(false) => {
-                                        cx.content(marker);
-                                        return at + 1;
-                                    }
-                                    Some(true) => {
-                                        self.state = State::Candidate {
-                                            scan: ValueEnd::default(),
-                                            expected: false,
-                                        };
-                                        if at == 0 {
-                                            continue;
-                                        }
-                                        return at;
-                                    }
-                                }
-                            }
-                            cx.boundary();
-                            if marker == PYTHON_TAG {
-                                self.state = State::AfterTag;
-                            }
-                            at + marker.len()
+        match &mut self.state {
+            State::Content => {
+                let (at, idx) = match text_until(input, &CONTENT_MARKERS, eof, |t| cx.content(t)) {
+                    Ok(found) => found,
+                    Err(step) => return step,
+                };
+                let marker = CONTENT_MARKERS[idx];
+                if marker == "{" || marker == "[" {
+                    return match opens_candidate(&input[at..], eof) {
+                        None => Step::up_to(at),
+                        Some(false) => {
+                            cx.content(marker);
+                            Step::took(at + 1)
                         }
-                        Find::Clear { safe } => {
-                            cx.content(&input[..safe]);
-                            safe
+                        Some(true) => {
+                            self.state =
+                                State::Candidate { scan: ValueEnd::default(), expected: false };
+                            Step::moved(at)
                         }
                     };
                 }
-                State::AfterTag => {
-                    // Only the first HEAD_CAP bytes decide, whatever the
-                    // deltas: what they leave open is no call.
-                    let (look, eof) = if input.len() > HEAD_CAP {
-                        let mut n = HEAD_CAP;
-                        while !input.is_char_boundary(n) {
-                            n -= 1;
-                        }
-                        (&input[..n], false)
-                    } else {
-                        (input, eof)
-                    };
-                    let w = ws_len(look);
-                    let rest = &look[w..];
-                    if rest.starts_with('{') || rest.starts_with('[') {
-                        self.state = State::Candidate { scan: ValueEnd::default(), expected: true };
-                        continue;
-                    }
-                    let ident = rest
-                        .find(|c: char| !(c.is_alphanumeric() || c == '_'))
-                        .unwrap_or(rest.len());
-                    let after = &rest[ident..];
-                    let decided = if ident == 0 {
-                        if rest.is_empty() && !eof {
-                            None
-                        } else {
-                            Some(false)
-                        }
-                    } else if after.is_empty() && !eof {
+                if marker == PYTHON_TAG {
+                    self.state = State::AfterTag;
+                }
+                Step::took(at + marker.len())
+            }
+            State::AfterTag => {
+                // Only the first HEAD_CAP bytes decide, whatever the
+                // deltas: what they leave open is no call.
+                let (look, eof) = if input.len() > HEAD_CAP {
+                    (&input[..floor_boundary(input, HEAD_CAP)], false)
+                } else {
+                    (input, eof)
+                };
+                let w = ws_len(look);
+                let rest = &look[w..];
+                if rest.starts_with('{') || rest.starts_with('[') {
+                    self.state = State::Candidate { scan: ValueEnd::default(), expected: true };
+                    return Step::Transition;
+                }
+                let ident =
+                    rest.find(|c: char| !(c.is_alphanumeric() || c == '_')).unwrap_or(rest.len());
+                let after = &rest[ident..];
+                let decided = if ident == 0 {
+                    if rest.is_empty() && !eof {
                         None
                     } else {
-                        match starts_with(after, CALL_OPEN, eof) {
-                            Prefix::Yes => Some(true),
-                            Prefix::NeedMore => None,
-                            Prefix::No => Some(false),
-                        }
-                    };
-                    match decided {
-                        None if input.len() <= HEAD_CAP => return 0,
-                        Some(true) => {
-                            let name = rest[..ident].to_owned();
-                            self.state = State::Builtin { name, scan: ParenEnd::default() };
-                            return w + ident + CALL_OPEN.len();
-                        }
-                        // Not a call: the text is content (the tag is gone).
-                        _ => self.state = State::Content,
+                        Some(false)
+                    }
+                } else if after.is_empty() && !eof {
+                    None
+                } else {
+                    match starts_with(after, CALL_OPEN, eof) {
+                        Prefix::Yes => Some(true),
+                        Prefix::NeedMore => None,
+                        Prefix::No => Some(false),
+                    }
+                };
+                match decided {
+                    None if input.len() <= HEAD_CAP => Step::Wait,
+                    Some(true) => {
+                        let name = rest[..ident].to_owned();
+                        self.state = State::Builtin { name, scan: ParenEnd::default() };
+                        Step::took(w + ident + CALL_OPEN.len())
+                    }
+                    // Not a call: the text is content (the tag is gone).
+                    _ => {
+                        self.state = State::Content;
+                        Step::Transition
                     }
                 }
-                State::Candidate { scan, expected } => match scan.scan(input) {
-                    Scan::Done(body_end) => {
-                        let raw = &input[..body_end];
-                        match calls_from_json(raw, cx.tools()) {
-                            Some(calls) => {
-                                for (name, args) in calls {
-                                    cx.call(None, &name, args);
-                                }
-                                self.state = State::AfterCall;
-                            }
-                            None => {
-                                cx.content(raw);
-                                self.state = State::Content;
-                            }
-                        }
-                        return body_end;
-                    }
-                    Scan::Partial if !eof => return 0,
-                    Scan::Partial => {
-                        let call = *expected || looks_like_call(input);
-                        if end == Some(FinishReason::Length) && call {
-                            cx.drop_call(DropReason::Truncated);
-                        } else {
-                            cx.content(input);
-                        }
-                        self.state = State::Content;
-                        return input.len();
-                    }
-                    Scan::Invalid => self.state = State::Content,
-                },
-                State::Builtin { name, scan } => match scan.scan(input) {
-                    Some(close) => {
-                        let name = std::mem::take(name);
-                        let raw = &input[..close];
-                        let tools = cx.tools();
-                        let offered = tools.0.is_empty() || tools.get(&name).is_some();
-                        match kwargs(raw, &name, tools) {
-                            Some(args) if offered => {
+            }
+            State::Candidate { scan, expected } => match scan.scan(input) {
+                Scan::Done(body_end) => {
+                    let raw = &input[..body_end];
+                    match calls_from_json(raw, cx.tools()) {
+                        Some(calls) => {
+                            for (name, args) in calls {
                                 cx.call(None, &name, args);
-                                self.state = State::AfterCall;
                             }
-                            _ => {
-                                cx.malformed(&format!("{name}{CALL_OPEN}{raw})"));
-                                self.state = State::Content;
-                            }
+                            self.state = State::AfterCall;
                         }
-                        return close + 1;
-                    }
-                    None if !eof => return 0,
-                    None => {
-                        if end == Some(FinishReason::Length) {
-                            cx.drop_call(DropReason::Truncated);
-                        } else {
-                            let name = std::mem::take(name);
-                            cx.malformed(&format!("{name}{CALL_OPEN}{input}"));
+                        None => {
+                            cx.content(raw);
+                            self.state = State::Content;
                         }
-                        self.state = State::Content;
-                        return input.len();
                     }
-                },
-                State::AfterCall => {
-                    let w = ws_len(input);
-                    let rest = &input[w..];
-                    if let Some(sep) = rest.strip_prefix(';') {
-                        // `;` separates calls: skip it and the space around it.
-                        return w + 1 + ws_len(sep);
-                    }
-                    if rest.is_empty() {
-                        return input.len();
-                    }
-                    if rest.starts_with('{') || rest.starts_with('[') {
-                        self.state = State::Candidate { scan: ValueEnd::default(), expected: true };
-                    } else {
-                        self.state = State::Content;
-                    }
-                    if w > 0 {
-                        return w;
-                    }
+                    Step::took(body_end)
                 }
+                Scan::Partial if !eof => Step::Wait,
+                Scan::Partial => {
+                    let call = *expected || looks_like_call(input);
+                    if end == Some(FinishReason::Length) && call {
+                        cx.drop_call(DropReason::Truncated);
+                    } else {
+                        cx.content(input);
+                    }
+                    self.state = State::Content;
+                    Step::moved(input.len())
+                }
+                Scan::Invalid => {
+                    self.state = State::Content;
+                    Step::Transition
+                }
+            },
+            State::Builtin { name, scan } => match scan.scan(input) {
+                Some(close) => {
+                    let name = std::mem::take(name);
+                    let raw = &input[..close];
+                    let tools = cx.tools();
+                    let offered = tools.0.is_empty() || tools.get(&name).is_some();
+                    match kwargs(raw, &name, tools) {
+                        Some(args) if offered => {
+                            cx.call(None, &name, args);
+                            self.state = State::AfterCall;
+                        }
+                        _ => {
+                            cx.malformed(&format!("{name}{CALL_OPEN}{raw})"));
+                            self.state = State::Content;
+                        }
+                    }
+                    Step::took(close + 1)
+                }
+                None if !eof => Step::Wait,
+                None => {
+                    if end == Some(FinishReason::Length) {
+                        cx.drop_call(DropReason::Truncated);
+                    } else {
+                        let name = std::mem::take(name);
+                        cx.malformed(&format!("{name}{CALL_OPEN}{input}"));
+                    }
+                    self.state = State::Content;
+                    Step::moved(input.len())
+                }
+            },
+            State::AfterCall => {
+                let w = ws_len(input);
+                let rest = &input[w..];
+                if rest.starts_with(';') {
+                    // `;` separates calls: it and the space before it are
+                    // markup; the space after it is decided like any space
+                    // after a call (markup before a call, else content).
+                    return Step::took(w + 1);
+                }
+                if rest.is_empty() && !eof {
+                    // Whitespace so far: a separator if a call follows.
+                    return Step::Wait;
+                }
+                self.state = if rest.starts_with('{') || rest.starts_with('[') {
+                    // The value's leading whitespace goes with it: markup if
+                    // it is a call, content if it is not.
+                    State::Candidate { scan: ValueEnd::default(), expected: true }
+                } else {
+                    State::Content
+                };
+                Step::Transition
             }
         }
     }
@@ -342,7 +341,7 @@ impl Machine for Llama3Json {
 /// Finds the `)` that closes a Python call's argument list, incrementally
 /// (strings in either quote, nested brackets).
 #[derive(Debug, Default)]
-struct ParenEnd {
+pub(crate) struct ParenEnd {
     pos: usize,
     depth: u32,
     quote: Option<u8>,
@@ -477,170 +476,20 @@ fn kwargs(raw: &str, tool: &str, tools: &Tools) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
-    use crate::{parse, Accumulator, FinishReason, Format, Options, Parser, ToolSpec, Tools};
-
-    fn opts(tools: &[&str]) -> Options {
-        Options {
-            tools: Tools(tools.iter().map(|t| ToolSpec::new(*t)).collect()),
-            ..Options::default()
-        }
-    }
-
-    fn check_with(text: &str, reason: FinishReason, tools: &[&str]) -> Accumulator {
-        let whole = parse(Format::Llama3Json, opts(tools), text, reason);
-        let mut p = Parser::new(Format::Llama3Json, opts(tools));
-        let mut acc = Accumulator::default();
-        for c in text.chars() {
-            acc.extend(p.push(&c.to_string()));
-        }
-        acc.extend(p.finish(reason));
-        assert_eq!(acc, whole, "split changes the result of {text:?}");
-        whole
-    }
+    use crate::{Accumulator, FinishReason, Format, Options};
 
     fn check(text: &str, reason: FinishReason) -> Accumulator {
-        check_with(text, reason, &[])
+        let opts = Options::default();
+        crate::formats::testing::whole_and_by_char(Format::Llama3Json, &opts, text, reason)
     }
 
-    fn calls(acc: &Accumulator) -> Vec<(&str, &str)> {
-        acc.calls.iter().map(|c| (c.name.as_str(), c.arguments.as_str())).collect()
-    }
-
-    #[test]
-    fn bare_and_tagged_calls() {
-        let acc = check(r#"{"name": "f", "parameters": {"a": 1}}<|eom_id|>"#, FinishReason::Stop);
-        assert_eq!(calls(&acc), [("f", r#"{"a":1}"#)]);
-        assert_eq!(acc.content, "");
-        let acc = check(
-            "Let me look.<|python_tag|>{\"type\": \"function\", \"name\": \"g\", \"arguments\": {}}",
-            FinishReason::Stop,
-        );
-        assert_eq!(acc.content, "Let me look.");
-        assert_eq!(calls(&acc), [("g", "{}")]);
-    }
-
-    #[test]
-    fn parallel_separators() {
-        for sep in ["; ", ";", ";\n", "\n", " ; ", ""] {
-            let text = format!(
-                r#"{{"name": "a", "parameters": {{"q": "x;y"}}}}{sep}{{"name": "b", "parameters": {{}}}}"#
-            );
-            let acc = check(&text, FinishReason::Stop);
-            assert_eq!(calls(&acc), [("a", r#"{"q":"x;y"}"#), ("b", "{}")], "{sep:?}");
-            assert_eq!(acc.content, "", "{sep:?}");
-        }
-        let acc = check(
-            r#"[{"name": "a", "parameters": {}}, {"name": "b", "parameters": {}}]"#,
-            FinishReason::Stop,
-        );
-        assert_eq!(calls(&acc), [("a", "{}"), ("b", "{}")]);
-    }
-
-    #[test]
-    fn surrounding_text_stays_content() {
-        let acc = check(
-            r#"Here: {"name": "a", "parameters": {"s": "{x}"}} I used {a} and {"q": 1}."#,
-            FinishReason::Stop,
-        );
-        assert_eq!(calls(&acc), [("a", r#"{"s":"{x}"}"#)]);
-        assert_eq!(acc.content, r#"Here:I used {a} and {"q": 1}."#);
-    }
-
-    #[test]
-    fn not_calls_stay_content() {
-        for text in [
-            r#"{"capital": "Paris"}"#,
-            r#"{"name": "toolWithoutParams"}"#,
-            r#"{"parameters": {}}"#,
-            r#"{"name": "bad", "parameters": {invalid json}"#,
-            "[1, 2]",
-            "fn main() { println!(\"{}\", x); }",
-        ] {
-            let acc = check(text, FinishReason::Stop);
-            assert!(acc.calls.is_empty(), "{text:?}");
-            assert_eq!(acc.content, text);
-        }
-        // A name that was not offered.
-        let text = r#"{"name": "other", "parameters": {}}"#;
-        let acc = check_with(text, FinishReason::Stop, &["f"]);
-        assert!(acc.calls.is_empty());
-        assert_eq!(acc.content, text);
-    }
-
-    #[test]
-    fn markers_inside_arguments() {
-        let text = r#"<|python_tag|>{"name": "w", "parameters": {"c": "<|python_tag|>{\"name\": 1}<|eot_id|>"}}<|eot_id|>"#;
-        let acc = check(text, FinishReason::Stop);
-        assert_eq!(calls(&acc), [("w", r#"{"c":"<|python_tag|>{\"name\": 1}<|eot_id|>"}"#)]);
-        assert_eq!(acc.content, "");
-    }
-
-    #[test]
-    fn truncation() {
-        let text = r#"{"name": "a", "parameters": {}}; {"name": "b", "parameters": {"x": "#;
-        let acc = check(text, FinishReason::Length);
-        assert_eq!(calls(&acc), [("a", "{}")]);
-        assert_eq!(acc.content, "");
-        let acc = check(r#"Sure {"name": "a", "para"#, FinishReason::Length);
-        assert!(acc.calls.is_empty());
-        assert_eq!(acc.content, "Sure");
-        let acc = check(r#"{"name": "a", "para"#, FinishReason::Stop);
-        assert_eq!(acc.content, r#"{"name": "a", "para"#);
-    }
-
-    #[test]
-    fn builtin_tool_call() {
-        let acc = check(
-            "<|python_tag|>brave_search.call(query=\"weather, \\\"Paris\\\" (today)\")<|eom_id|>",
-            FinishReason::Stop,
-        );
-        assert_eq!(calls(&acc), [("brave_search", r#"{"query":"weather, \"Paris\" (today)"}"#)]);
-        assert_eq!(acc.content, "");
-        let acc = check("<|python_tag|>wolfram_alpha.call(query='2+2', n=3)", FinishReason::Stop);
-        assert_eq!(calls(&acc), [("wolfram_alpha", r#"{"query":"2+2","n":3}"#)]);
-        let acc = check("<|python_tag|>print(1)", FinishReason::Stop);
-        assert!(acc.calls.is_empty());
-        assert_eq!(acc.content, "print(1)");
-    }
-
-    #[test]
-    fn unicode_and_escapes() {
-        let text = r#"{"name": "s", "parameters": {"q": "Zürich ☕ \"x\" \\ \u00e9"}}"#;
-        let acc = check(text, FinishReason::Stop);
-        assert_eq!(calls(&acc), [("s", r#"{"q":"Zürich ☕ \"x\" \\ é"}"#)]);
-    }
     #[test]
     fn long_arguments_pushed_by_char_stay_linear() {
         let body = "y".repeat(200_000);
         let text = format!(r#"{{"name": "w", "parameters": {{"c": "{body}"}}}}"#);
-        let start = std::time::Instant::now();
-        let acc = check(&text, FinishReason::Stop);
+        // `check` parses it whole and one char at a time.
+        let (acc, work) = crate::scan::work::measure(|| check(&text, FinishReason::Stop));
         assert_eq!(acc.calls.len(), 1);
-        assert!(start.elapsed().as_secs() < 20);
-    }
-
-    #[test]
-    fn every_two_way_split_gives_the_same_result() {
-        let texts = [
-            "Here: {\"name\": \"a\", \"parameters\": {\"s\": \"{x}<|eot_id|>\"}} ; {\"name\": \"b\", \"arguments\": \"{}\"}\nI used {a} [1] [{\"q\": 1}]<|eot_id|>",
-            "<|python_tag|>{\"type\": \"function\", \"name\": \"f\", \"parameters\": null};{\"name\": \"g\", \"parameters\": {\"x\": ",
-            "<|python_tag|> brave_search.call(query=\"a (b)\", n=2)<|eom_id|> after {\"capital\": \"Paris\"}",
-            "{\"name\": \"a\", \"parameters\": {}}\n[{\"name\": \"b\", \"parameters\": {}}] <|python_tag|>print('x')",
-            "text { \"name\": \"a\", \"para",
-        ];
-        for text in texts {
-            for reason in [FinishReason::Stop, FinishReason::Length] {
-                let whole = parse(Format::Llama3Json, Options::default(), text, reason);
-                let cuts = text.char_indices().map(|(i, _)| i).skip(1);
-                for cut in cuts {
-                    let mut p = Parser::new(Format::Llama3Json, Options::default());
-                    let mut acc = Accumulator::default();
-                    acc.extend(p.push(&text[..cut]));
-                    acc.extend(p.push(&text[cut..]));
-                    acc.extend(p.finish(reason));
-                    assert_eq!(acc, whole, "{text:?} cut at {cut}");
-                }
-            }
-        }
+        assert!(work <= 8 * text.len() as u64, "{work} bytes scanned for {}", text.len());
     }
 }

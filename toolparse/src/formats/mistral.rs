@@ -25,8 +25,8 @@
 //! marker: it is dropped and the text stays content. A name with no
 //! arguments at the end of the text is dropped. A call whose JSON closed
 //! but is not a valid call is malformed (its text becomes content).
-//! Truncated inside a call, nothing of it is returned; truncated inside a
-//! v3 array, the elements that were complete are kept.
+//! Truncated inside a call, nothing of it is returned; a v3 array is one
+//! JSON value, so truncated before it closes none of its calls is returned.
 //!
 //! Reasoning: `[THINK]…[/THINK]` (v13 reasoning models) and the plain-text
 //! `<think>…</think>` of Magistral 2506; a generation prompt that ends
@@ -34,7 +34,7 @@
 //! reasoning is reasoning (only the close tag ends it). Turn tokens (`</s>`,
 //! `[INST]`, `[/INST]`, `[TOOL_RESULTS]`, …) that are not calls are stripped.
 
-use super::{prompt_opens, Machine};
+use super::{prompt_opens, text_until, Machine, Step};
 use crate::cx::Cx;
 use crate::json::{self, Scan, ValueEnd};
 use crate::scan::{find_first, starts_with, ws_len, Find, Prefix};
@@ -77,7 +77,7 @@ const CONTENT_MARKERS: [&str; 17] = [
 const HEAD_CAP: usize = 512;
 
 #[derive(Debug)]
-enum State {
+pub(crate) enum State {
     Content,
     /// Inside reasoning, until this close tag.
     Reasoning(&'static str),
@@ -259,179 +259,152 @@ fn calls_from_json(text: &str) -> Option<Vec<CallParts>> {
     }
 }
 
-/// The leading elements of a v3 array cut off by the token limit that are
-/// complete calls.
-fn complete_elements(text: &str) -> Vec<CallParts> {
-    let mut out = Vec::new();
-    let t = text.trim_start();
-    let Some(body) = t.strip_prefix('[') else { return out };
-    let (mut depth, mut in_str, mut esc) = (0u32, false, false);
-    let mut start = 0;
-    for (i, c) in body.char_indices() {
-        if in_str {
-            if esc {
-                esc = false;
-            } else if c == '\\' {
-                esc = true;
-            } else if c == '"' {
-                in_str = false;
-            }
-            continue;
-        }
-        match c {
-            '"' => in_str = true,
-            '{' | '[' => depth += 1,
-            '}' | ']' => depth = depth.saturating_sub(1),
-            ',' if depth == 0 => {
-                let Ok(v) = json::strict_value(body[start..i].trim()) else { break };
-                let Some(call) = call_from_value(v) else { break };
-                out.push(call);
-                start = i + 1;
-            }
-            _ => {}
-        }
-    }
-    out
-}
-
 impl Machine for Mistral {
-    fn step(&mut self, input: &str, end: Option<FinishReason>, cx: &mut Cx) -> usize {
+    type State = State;
+
+    fn state(&self) -> &State {
+        &self.state
+    }
+
+    fn step(&mut self, input: &str, end: Option<FinishReason>, cx: &mut Cx) -> Step {
         let eof = end.is_some();
-        loop {
-            match &mut self.state {
-                State::Content => {
-                    return match find_first(input, &CONTENT_MARKERS, eof) {
-                        Find::Found { at, idx } => {
-                            cx.content(&input[..at]);
-                            cx.boundary();
-                            let marker = CONTENT_MARKERS[idx];
-                            match marker {
-                                TOOL_CALLS => self.state = State::Head,
-                                THINK => self.state = State::Reasoning(UNTHINK),
-                                TEXT_THINK => self.state = State::Reasoning(TEXT_UNTHINK),
-                                _ => {}
-                            }
-                            at + marker.len()
-                        }
-                        Find::Clear { safe } => {
-                            cx.content(&input[..safe]);
-                            safe
-                        }
-                    };
+        match &mut self.state {
+            State::Content => {
+                let (at, idx) = match text_until(input, &CONTENT_MARKERS, eof, |t| cx.content(t)) {
+                    Ok(found) => found,
+                    Err(step) => return step,
+                };
+                let marker = CONTENT_MARKERS[idx];
+                match marker {
+                    TOOL_CALLS => self.state = State::Head,
+                    THINK => self.state = State::Reasoning(UNTHINK),
+                    TEXT_THINK => self.state = State::Reasoning(TEXT_UNTHINK),
+                    _ => {}
                 }
-                State::Reasoning(close) => {
-                    let markers = [*close, EOS];
-                    return match find_first(input, &markers, eof) {
-                        Find::Found { at, idx } => {
-                            cx.reasoning(&input[..at]);
-                            cx.boundary();
-                            if idx == 0 {
-                                self.state = State::Content;
-                            }
-                            at + markers[idx].len()
+                Step::took(at + marker.len())
+            }
+            State::Reasoning(close) => {
+                let markers = [*close, EOS];
+                match find_first(input, &markers, eof) {
+                    Find::Found { at, idx } => {
+                        cx.reasoning(&input[..at]);
+                        if idx == 0 {
+                            self.state = State::Content;
                         }
-                        Find::Clear { safe } => {
-                            cx.reasoning(&input[..safe]);
-                            safe
-                        }
-                    };
+                        Step::took(at + markers[idx].len())
+                    }
+                    Find::Clear { safe } => {
+                        cx.reasoning(&input[..safe]);
+                        Step::up_to(safe)
+                    }
                 }
-                State::Head => match parse_head(input, eof) {
-                    Head::Wait => return 0,
-                    Head::Json => self.state = State::Array(ValueEnd::default()),
-                    Head::Call { name, id, args_at } => {
-                        cx.start_call(id, &name);
-                        let prefix = format!("{TOOL_CALLS}{}", &input[..args_at]);
-                        self.state = State::Args { scan: ValueEnd::default(), emitted: 0, prefix };
-                        return args_at;
-                    }
-                    Head::Dangling => {
-                        cx.boundary();
-                        self.state = State::Content;
-                        return input.len();
-                    }
-                    Head::Stray => self.state = State::Content,
-                },
-                State::AfterCall => match parse_head(input, eof) {
-                    _ if input.starts_with(char::is_whitespace) => self.state = State::Content,
-                    Head::Wait => return 0,
-                    Head::Call { name, id, args_at } if input[..args_at].ends_with(ARGS) => {
-                        cx.start_call(id, &name);
-                        let prefix = input[..args_at].to_owned();
-                        self.state = State::Args { scan: ValueEnd::default(), emitted: 0, prefix };
-                        return args_at;
-                    }
-                    _ => self.state = State::Content,
-                },
-                State::Args { scan, emitted, prefix } => match scan.scan(input) {
-                    Scan::Done(body_end) => {
-                        cx.call_args(&input[(*emitted).min(body_end)..body_end]);
-                        let raw = &input[..body_end];
-                        match json::object_text(raw) {
-                            Ok(args) => {
-                                cx.end_call(args);
-                                self.state = State::AfterCall;
-                            }
-                            Err(_) => {
-                                cx.malformed(&format!("{prefix}{raw}"));
-                                self.state = State::Content;
-                            }
+            }
+            State::Head => match parse_head(input, eof) {
+                Head::Wait => Step::Wait,
+                Head::Json => {
+                    self.state = State::Array(ValueEnd::default());
+                    Step::Transition
+                }
+                Head::Call { name, id, args_at } => {
+                    cx.start_call(id, &name);
+                    let prefix = format!("{TOOL_CALLS}{}", &input[..args_at]);
+                    self.state = State::Args { scan: ValueEnd::default(), emitted: 0, prefix };
+                    Step::moved(args_at)
+                }
+                Head::Dangling => {
+                    self.state = State::Content;
+                    Step::moved(input.len())
+                }
+                Head::Stray => {
+                    self.state = State::Content;
+                    Step::Transition
+                }
+            },
+            State::AfterCall => match parse_head(input, eof) {
+                _ if input.starts_with(char::is_whitespace) => {
+                    self.state = State::Content;
+                    Step::Transition
+                }
+                Head::Wait => Step::Wait,
+                Head::Call { name, id, args_at } if input[..args_at].ends_with(ARGS) => {
+                    cx.start_call(id, &name);
+                    let prefix = input[..args_at].to_owned();
+                    self.state = State::Args { scan: ValueEnd::default(), emitted: 0, prefix };
+                    Step::took(args_at)
+                }
+                _ => {
+                    self.state = State::Content;
+                    Step::Transition
+                }
+            },
+            State::Args { scan, emitted, prefix } => match scan.scan(input) {
+                Scan::Done(body_end) => {
+                    cx.call_args(&input[(*emitted).min(body_end)..body_end]);
+                    let raw = &input[..body_end];
+                    match json::object_text(raw) {
+                        Ok(args) => {
+                            cx.end_call(args);
+                            self.state = State::AfterCall;
                         }
-                        return body_end;
-                    }
-                    Scan::Partial if !eof => {
-                        cx.call_args(&input[*emitted..]);
-                        *emitted = input.len();
-                        return 0;
-                    }
-                    Scan::Partial => {
-                        if end == Some(FinishReason::Length) || input.trim().is_empty() {
-                            cx.drop_call(DropReason::Truncated);
-                        } else {
-                            cx.malformed(&format!("{prefix}{input}"));
+                        Err(_) => {
+                            cx.malformed(&format!("{prefix}{raw}"));
+                            self.state = State::Content;
                         }
-                        self.state = State::Content;
-                        return input.len();
                     }
-                    Scan::Invalid => {
-                        // `[ARGS]` not followed by JSON: the markup is shown,
-                        // the text after it is content again.
-                        let prefix = std::mem::take(prefix);
-                        cx.malformed(&prefix);
-                        self.state = State::Content;
+                    Step::took(body_end)
+                }
+                Scan::Partial if !eof => {
+                    cx.call_args(&input[*emitted..]);
+                    *emitted = input.len();
+                    Step::Wait
+                }
+                Scan::Partial => {
+                    if end == Some(FinishReason::Length) || input.trim().is_empty() {
+                        cx.drop_call(DropReason::Truncated);
+                    } else {
+                        cx.malformed(&format!("{prefix}{input}"));
                     }
-                },
-                State::Array(scan) => match scan.scan(input) {
-                    Scan::Done(body_end) => {
-                        let raw = &input[..body_end];
-                        match calls_from_json(raw) {
-                            Some(calls) => {
-                                for (id, name, args) in calls {
-                                    cx.call(id, &name, args);
-                                }
-                                cx.boundary();
-                            }
-                            None => cx.malformed(&format!("{TOOL_CALLS}{raw}")),
-                        }
-                        self.state = State::Content;
-                        return body_end;
-                    }
-                    Scan::Partial if !eof => return 0,
-                    Scan::Partial => {
-                        if end == Some(FinishReason::Length) {
-                            for (id, name, args) in complete_elements(input) {
+                    self.state = State::Content;
+                    Step::moved(input.len())
+                }
+                Scan::Invalid => {
+                    // `[ARGS]` not followed by JSON: the markup is shown,
+                    // the text after it is content again.
+                    cx.malformed(prefix);
+                    self.state = State::Content;
+                    Step::Transition
+                }
+            },
+            State::Array(scan) => match scan.scan(input) {
+                Scan::Done(body_end) => {
+                    let raw = &input[..body_end];
+                    match calls_from_json(raw) {
+                        Some(calls) => {
+                            for (id, name, args) in calls {
                                 cx.call(id, &name, args);
                             }
-                            cx.boundary();
-                        } else {
-                            cx.malformed(&format!("{TOOL_CALLS}{input}"));
                         }
-                        self.state = State::Content;
-                        return input.len();
+                        None => cx.malformed(&format!("{TOOL_CALLS}{raw}")),
                     }
-                    Scan::Invalid => self.state = State::Content,
-                },
-            }
+                    self.state = State::Content;
+                    Step::took(body_end)
+                }
+                Scan::Partial if !eof => Step::Wait,
+                Scan::Partial => {
+                    // The array never closed: cut by the token limit, none of
+                    // its calls stands (it is one JSON value, not a list of
+                    // finished calls); left open by a stop, it is shown.
+                    if end == Some(FinishReason::Stop) {
+                        cx.malformed(&format!("{TOOL_CALLS}{input}"));
+                    }
+                    self.state = State::Content;
+                    Step::moved(input.len())
+                }
+                Scan::Invalid => {
+                    self.state = State::Content;
+                    Step::Transition
+                }
+            },
         }
     }
 
@@ -452,11 +425,7 @@ impl Machine for Mistral {
 
 #[cfg(test)]
 mod tests {
-    use crate::{parse, Accumulator, FinishReason, Format, Mode, Options, Parser, ToolSpec, Tools};
-
-    fn run(text: &str, reason: FinishReason) -> Accumulator {
-        parse(Format::Mistral, Options::default(), text, reason)
-    }
+    use crate::{Accumulator, FinishReason, Format, Options, Parser};
 
     /// The same text pushed one char at a time.
     fn by_char(text: &str, reason: FinishReason) -> Accumulator {
@@ -469,192 +438,12 @@ mod tests {
         acc
     }
 
-    fn check(text: &str, reason: FinishReason) -> Accumulator {
-        let whole = run(text, reason);
-        assert_eq!(by_char(text, reason), whole, "split changes the result of {text:?}");
-        whole
-    }
-
-    fn calls(acc: &Accumulator) -> Vec<(&str, &str)> {
-        acc.calls.iter().map(|c| (c.name.as_str(), c.arguments.as_str())).collect()
-    }
-
-    #[test]
-    fn v11_calls_with_text_before_and_parallel() {
-        let acc = check(
-            "Checking.[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Paris\"}[TOOL_CALLS]get_time[ARGS]{}</s>",
-            FinishReason::Stop,
-        );
-        assert_eq!(acc.content, "Checking.");
-        assert_eq!(calls(&acc), [("get_weather", r#"{"city": "Paris"}"#), ("get_time", "{}")]);
-    }
-
-    #[test]
-    fn parallel_calls_without_repeated_marker() {
-        let acc = check("[TOOL_CALLS]a[ARGS]{}b[CALL_ID]x1[ARGS]{\"k\": 1}", FinishReason::Stop);
-        assert_eq!(calls(&acc), [("a", "{}"), ("b", r#"{"k": 1}"#)]);
-        assert_eq!(acc.calls[1].id.as_deref(), Some("x1"));
-        let acc = check("[TOOL_CALLS]a[ARGS]{}Done: {\"k\": 1}", FinishReason::Stop);
-        assert_eq!(calls(&acc), [("a", "{}")]);
-        assert_eq!(acc.content, "Done: {\"k\": 1}");
-    }
-
-    #[test]
-    fn call_id_and_spaces_and_bare_json() {
-        let acc = check(
-            "[TOOL_CALLS]f[CALL_ID]abc123456[ARGS]{\"a\": 1}[TOOL_CALLS] g {\"b\": 2}",
-            FinishReason::Stop,
-        );
-        assert_eq!(calls(&acc), [("f", r#"{"a": 1}"#), ("g", r#"{"b": 2}"#)]);
-        assert_eq!(acc.calls[0].id.as_deref(), Some("abc123456"));
-        assert_eq!(acc.calls[1].id, None);
-        assert_eq!(acc.content, "");
-    }
-
-    #[test]
-    fn v3_array_with_ids_and_no_space() {
-        let acc = check(
-            r#"[TOOL_CALLS][{"name": "a", "arguments": {"x": "]}"}, "id": "k1"}, {"arguments": "{\"y\": 2}", "name": "b"}]"#,
-            FinishReason::Stop,
-        );
-        assert_eq!(calls(&acc), [("a", r#"{"x":"]}"}"#), ("b", r#"{"y":2}"#)]);
-        assert_eq!(acc.calls[0].id.as_deref(), Some("k1"));
-    }
-
-    #[test]
-    fn v3_trailing_text_is_content() {
-        let acc = check(
-            "[TOOL_CALLS] [{\"name\": \"a\", \"arguments\": {}}]\nextra trailing data",
-            FinishReason::Stop,
-        );
-        assert_eq!(calls(&acc), [("a", "{}")]);
-        assert_eq!(acc.content, "extra trailing data");
-    }
-
-    #[test]
-    fn markers_inside_strings_and_reasoning() {
-        let acc = check(
-            "[THINK]I may write [TOOL_CALLS] or </think>.[/THINK][TOOL_CALLS]w[ARGS]{\"c\": \"[TOOL_CALLS]x[ARGS]{}</s>\"}",
-            FinishReason::Stop,
-        );
-        assert_eq!(acc.reasoning, "I may write [TOOL_CALLS] or </think>.");
-        assert_eq!(calls(&acc), [("w", r#"{"c": "[TOOL_CALLS]x[ARGS]{}</s>"}"#)]);
-        assert_eq!(acc.content, "");
-    }
-
-    #[test]
-    fn text_think_tags() {
-        let acc = check("<think>\nhmm\n</think>\n\nAnswer.</s>", FinishReason::Stop);
-        assert_eq!(acc.reasoning, "hmm");
-        assert_eq!(acc.content, "Answer.");
-    }
-
-    #[test]
-    fn generation_prompt_opens_reasoning() {
-        let opts =
-            Options { generation_prompt: Some("[/INST][THINK]".into()), ..Options::default() };
-        let acc = parse(Format::Mistral, opts, "why[/THINK]ok", FinishReason::Stop);
-        assert_eq!((acc.reasoning.as_str(), acc.content.as_str()), ("why", "ok"));
-    }
-
-    #[test]
-    fn truncated_inside_second_call_keeps_the_first() {
-        let text = "[TOOL_CALLS]a[ARGS]{\"x\": 1}[TOOL_CALLS]b[ARGS]{\"y\": \"unfin";
-        let acc = check(text, FinishReason::Length);
-        assert_eq!(calls(&acc), [("a", r#"{"x": 1}"#)]);
-        assert_eq!(acc.content, "");
-        let text = "[TOOL_CALLS] [{\"name\": \"a\", \"arguments\": {}}, {\"name\": \"b\", \"argu";
-        let acc = check(text, FinishReason::Length);
-        assert_eq!(calls(&acc), [("a", "{}")]);
-        assert_eq!(acc.content, "");
-    }
-
-    #[test]
-    fn open_marker_or_name_at_the_end_is_no_call() {
-        for text in [
-            "Let me check.[TOOL_CALLS]",
-            "Let me check.[TOOL_CALLS]get_wea",
-            "Let me check.[TOOL_CALLS]get_weather[ARGS]",
-        ] {
-            for reason in [FinishReason::Stop, FinishReason::Length] {
-                let acc = check(text, reason);
-                assert_eq!(acc.content, "Let me check.", "{text:?}");
-                assert!(acc.calls.is_empty());
-            }
-        }
-    }
-
-    #[test]
-    fn stray_marker_is_dropped() {
-        let acc = check("[TOOL_CALLS] not json at all", FinishReason::Stop);
-        assert_eq!(acc.content, "not json at all");
-        assert!(acc.calls.is_empty());
-        let acc = check("a[INST]b[/INST]c[TOOL_CALLS][TOOL_CALLS]f[ARGS]{}", FinishReason::Stop);
-        assert_eq!(acc.content, "abc");
-        assert_eq!(calls(&acc), [("f", "{}")]);
-    }
-
-    #[test]
-    fn malformed_arguments_become_content() {
-        let acc = check("[TOOL_CALLS]f[ARGS]{\"a\": 1, \"a\": 2} after", FinishReason::Stop);
-        assert!(acc.calls.is_empty());
-        assert_eq!(acc.content, "[TOOL_CALLS]f[ARGS]{\"a\": 1, \"a\": 2} after");
-        let acc = check("[TOOL_CALLS]f[ARGS]{\"a\": 1", FinishReason::Stop);
-        assert!(acc.calls.is_empty());
-        assert_eq!(acc.content, "[TOOL_CALLS]f[ARGS]{\"a\": 1");
-    }
-
-    #[test]
-    fn unicode_names_and_arguments() {
-        let acc = check("[TOOL_CALLS]météo[ARGS]{\"q\": \"東京 ☀️\"}", FinishReason::Stop);
-        assert_eq!(calls(&acc), [("météo", r#"{"q": "東京 ☀️"}"#)]);
-    }
-
-    #[test]
-    fn suppress_mode_discards() {
-        let opts = Options {
-            mode: Mode::Suppress,
-            tools: Tools(vec![ToolSpec::new("f")]),
-            ..Options::default()
-        };
-        let acc =
-            parse(Format::Mistral, opts, "Hi.[TOOL_CALLS]f[ARGS]{\"a\": 1}", FinishReason::Stop);
-        assert_eq!(acc.content, "Hi.");
-        assert!(acc.calls.is_empty());
-        assert_eq!(acc.discarded.len(), 1);
-    }
-
     #[test]
     fn long_arguments_pushed_by_char_stay_linear() {
         let body = "x".repeat(200_000);
         let text = format!("[TOOL_CALLS]w[ARGS]{{\"c\": \"{body}\"}}");
-        let start = std::time::Instant::now();
-        let acc = by_char(&text, FinishReason::Stop);
+        let (acc, work) = crate::scan::work::measure(|| by_char(&text, FinishReason::Stop));
         assert_eq!(acc.calls.len(), 1);
-        assert!(start.elapsed().as_secs() < 20);
-    }
-    #[test]
-    fn every_two_way_split_gives_the_same_result() {
-        let texts = [
-            "Hi.[TOOL_CALLS]a[ARGS]{\"x\": \"[ARGS]}\"}b[ARGS]{}[TOOL_CALLS] [{\"name\": \"c\", \"arguments\": {}}] tail</s>",
-            "[THINK]r [TOOL_CALLS]x[/THINK] \n<think>t</think>[TOOL_CALLS]f[CALL_ID] id9 [ARGS] {\"k\": [1, {\"z\": \"}\"}]}",
-            "[TOOL_CALLS]  [ {\"name\":\"add\" , \"arguments\" : {\"a\": 3} } ]\nDone: {\"k\": 1}[INST]",
-            "x[TOOL_CALLS] not json [TOOL_CALLS][TOOL_CALLS]g{\"a\": 1}[TOOL_CALLS]h[ARGS]{\"b\": ",
-            "[TOOL_CALLS]f[ARGS]{\"a\": 1, \"a\": 2}[TOOL_CALLS]g[ARGS]nope[TOOL_CALLS][{\"name\": \"q\"}, {\"nam",
-        ];
-        for text in texts {
-            for reason in [FinishReason::Stop, FinishReason::Length] {
-                let whole = parse(Format::Mistral, Options::default(), text, reason);
-                let cuts = text.char_indices().map(|(i, _)| i).skip(1);
-                for cut in cuts {
-                    let mut p = Parser::new(Format::Mistral, Options::default());
-                    let mut acc = Accumulator::default();
-                    acc.extend(p.push(&text[..cut]));
-                    acc.extend(p.push(&text[cut..]));
-                    acc.extend(p.finish(reason));
-                    assert_eq!(acc, whole, "{text:?} cut at {cut}");
-                }
-            }
-        }
+        assert!(work <= 4 * text.len() as u64, "{work} bytes scanned for {}", text.len());
     }
 }

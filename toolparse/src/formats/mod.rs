@@ -1,12 +1,21 @@
 //! One state machine per format. The driver ([`crate::Parser`]) keeps the
 //! unconsumed text; a machine looks at it, reports what it decided through
-//! [`Cx`], and says how much it consumed.
+//! [`Cx`], and answers with a [`Step`]: how much it consumed, that it moved
+//! to another state without consuming, or that it must wait for more text.
 //!
 //! INVARIANT: a machine decides only on text it has seen in full. When the
 //! decision depends on text that has not arrived, it consumes nothing (or
 //! only the part that is already certain) and waits. At the end (`end` is
-//! `Some`), it consumes everything, and it is called once more with empty
-//! input so it can close what is open.
+//! `Some`) it consumes everything; then it is stepped once more with empty
+//! input, so it can close what is open, and answers [`Step::Wait`] when it
+//! has nothing left to do.
+//!
+//! Progress is in the type: [`Step::Consumed`] holds a non-zero count, and a
+//! [`Step::Transition`] must enter a state kind (a variant of
+//! [`Machine::State`]) not visited since the last consumption. So between
+//! two consumptions a machine passes through each kind at most once, and
+//! the driver needs no other bound. A step that breaks this is a bug: the
+//! driver hands the text to [`Machine::overflow`] (a debug build panics).
 //!
 //! The buffer cap ([`crate::Options::buffer_cap`]) is enforced by the driver,
 //! the same way for every machine:
@@ -23,42 +32,88 @@
 //!   whose end lies beyond it. The window always ends at or before the cap
 //!   boundary of any region that starts inside it, so a machine may open a
 //!   call and go on inside it in the same step.
-//! - When a machine cannot go on with a window cut by the cap (it returns 0
-//!   and its state stays put), the driver calls [`Machine::overflow`] with
-//!   the region's first `cap` bytes (held bytes, then the window); the
-//!   machine reports them (normally [`Cx::malformed`]) and goes back to its
-//!   content state holding nothing. The driver then goes on after them.
+//! - When a machine waits on a window cut by the cap, the driver calls
+//!   [`Machine::overflow`] with the region's first `cap` bytes (held bytes,
+//!   then the window); the machine reports them (normally
+//!   [`Cx::malformed`]) and goes back to its content state holding nothing.
+//!   The driver then goes on after them.
 //!
 //! Machines therefore never check the cap themselves, and their buffers are
 //! bounded by what they have been shown: O(cap).
-//!
-//! Returning 0 without `end` asks for more text and must leave the machine
-//! as it was; a machine that changes state without consuming goes on in the
-//! new state within the same step. Where waiting is not possible (at the end,
-//! or with a window cut by the cap), the driver steps a machine again as long
-//! as its state keeps changing (with a bound), so a step that only changed
-//! state loses no text.
 
 mod deepseek;
+mod deepseek_dsml;
+mod deepseek_v3;
 mod gemma4;
 mod glm;
 mod gpt_oss;
 mod hermes;
-mod kimi;
-mod llama;
+mod keyed;
+mod kimi_k2;
+mod kimi_k3;
+mod llama3_json;
+mod llama4_pythonic;
 mod mistral;
+mod python;
 mod qwen3_xml;
+#[cfg(test)]
+mod testing;
 
 use crate::cx::Cx;
 use crate::registry::Format;
+use crate::scan::{find_first, Find};
 use crate::{FinishReason, Options};
+use std::num::NonZeroUsize;
+
+/// What one step of a machine decided, in the manner of httparse's
+/// `Status`: each answer has one meaning.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use]
+pub(crate) enum Step {
+    /// The first `n` bytes of the input (a char boundary) are decided.
+    Consumed(NonZeroUsize),
+    /// The machine moved to another kind of state without consuming; the
+    /// driver steps it again on the same input.
+    Transition,
+    /// Nothing more can be decided on this input: without `end`, the
+    /// machine needs more text; with `end`, it is done (its input is empty).
+    Wait,
+}
+
+impl Step {
+    /// The input before `safe` is decided (`safe` > 0), or nothing is yet
+    /// (`safe` = 0: wait). For scans that report how far the text is safe.
+    pub(crate) fn up_to(safe: usize) -> Step {
+        NonZeroUsize::new(safe).map_or(Step::Wait, Step::Consumed)
+    }
+
+    /// The machine moved to another state after consuming `n` bytes (which
+    /// may be none: then it is a transition).
+    pub(crate) fn moved(n: usize) -> Step {
+        NonZeroUsize::new(n).map_or(Step::Transition, Step::Consumed)
+    }
+
+    /// Consumed `n` bytes, where `n` > 0 is known from the grammar (a marker
+    /// or a value was read). `n` = 0 would be a bug: it is a transition
+    /// then, which the driver checks.
+    pub(crate) fn took(n: usize) -> Step {
+        debug_assert!(n > 0, "a step that read markup consumed nothing");
+        NonZeroUsize::new(n).map_or(Step::Transition, Step::Consumed)
+    }
+}
 
 /// A format's state machine.
 pub(crate) trait Machine: Send + std::fmt::Debug {
-    /// Looks at `input` (all text not consumed yet), reports events and
-    /// returns how many bytes it consumed (a char boundary). Returning 0
-    /// without `end` asks for more text.
-    fn step(&mut self, input: &str, end: Option<FinishReason>, cx: &mut Cx) -> usize;
+    /// The machine's state: one variant per kind, each holding the data
+    /// that only it needs.
+    type State;
+
+    /// The current state (the driver checks that transitions change its kind).
+    fn state(&self) -> &Self::State;
+
+    /// Looks at `input` (the text not consumed yet, a window of it), reports
+    /// events and says what it decided.
+    fn step(&mut self, input: &str, end: Option<FinishReason>, cx: &mut Cx) -> Step;
 
     /// How many of the bytes consumed so far (the most recent ones) belong
     /// to the held region: the open call's markup from its opening marker,
@@ -73,22 +128,47 @@ pub(crate) trait Machine: Send + std::fmt::Debug {
     fn overflow(&mut self, text: &str, cx: &mut Cx);
 }
 
-pub(crate) fn machine_for(format: Format, opts: &Options) -> Box<dyn Machine> {
+/// The machine for `format`, in the driver that feeds it.
+pub(crate) fn machine_for(format: Format, opts: &Options) -> Box<dyn crate::Drive> {
+    use crate::Driver;
     match format {
-        Format::Hermes => Box::new(hermes::Hermes::new(opts)),
-        Format::Qwen3Xml => Box::new(qwen3_xml::Qwen3Xml::new(opts)),
-        Format::Llama3Json => Box::new(llama::Llama3Json::new(opts)),
-        Format::Llama4Pythonic => Box::new(llama::Llama4Pythonic::new(opts)),
-        Format::Mistral => Box::new(mistral::Mistral::new(opts)),
+        Format::Hermes => Driver::boxed(hermes::Hermes::new(opts), opts),
+        Format::Qwen3Xml => Driver::boxed(qwen3_xml::Qwen3Xml::new(opts), opts),
+        Format::Llama3Json => Driver::boxed(llama3_json::Llama3Json::new(opts), opts),
+        Format::Llama4Pythonic => Driver::boxed(llama4_pythonic::Llama4Pythonic::new(opts), opts),
+        Format::Mistral => Driver::boxed(mistral::Mistral::new(opts), opts),
         Format::DeepSeekV3
         | Format::DeepSeekV31
         | Format::DeepSeekV32
         | Format::DeepSeekV4
-        | Format::DeepSeekV41 => Box::new(deepseek::DeepSeek::new(format, opts)),
-        Format::GptOss => Box::new(gpt_oss::GptOss::new(opts)),
-        Format::Glm45 | Format::Glm47 => Box::new(glm::Glm::new(format, opts)),
-        Format::KimiK2 | Format::KimiK3 => Box::new(kimi::Kimi::new(format, opts)),
-        Format::Gemma4 => Box::new(gemma4::Gemma4::new(opts)),
+        | Format::DeepSeekV41 => Driver::boxed(deepseek::DeepSeek::new(format, opts), opts),
+        Format::GptOss => Driver::boxed(gpt_oss::GptOss::new(opts), opts),
+        Format::Glm45 | Format::Glm47 => Driver::boxed(glm::Glm::new(format, opts), opts),
+        Format::KimiK2 => Driver::boxed(kimi_k2::KimiK2::new(opts), opts),
+        Format::KimiK3 => Driver::boxed(kimi_k3::KimiK3::new(opts), opts),
+        Format::Gemma4 => Driver::boxed(gemma4::Gemma4::new(opts), opts),
+    }
+}
+
+/// Visible text up to the first of `markers`: the text before it goes to
+/// `emit`. `Ok((at, idx))` is marker number `idx` at byte `at`; `Err(step)`,
+/// when no marker was found, is the step for the text emitted (the safe
+/// part), or a wait.
+pub(crate) fn text_until(
+    input: &str,
+    markers: &[&str],
+    eof: bool,
+    emit: impl FnOnce(&str),
+) -> Result<(usize, usize), Step> {
+    match find_first(input, markers, eof) {
+        Find::Found { at, idx } => {
+            emit(&input[..at]);
+            Ok((at, idx))
+        }
+        Find::Clear { safe } => {
+            emit(&input[..safe]);
+            Err(Step::up_to(safe))
+        }
     }
 }
 
@@ -100,26 +180,5 @@ pub(crate) fn prompt_opens(gen: Option<&str>, open: &str, close: &str) -> bool {
         (Some(o), Some(c)) => o > c,
         (Some(_), None) => true,
         _ => false,
-    }
-}
-
-/// A machine that treats all text as content; a placeholder for formats
-/// whose parser is not written yet.
-#[derive(Debug, Default)]
-#[allow(dead_code)]
-pub(crate) struct Passthrough;
-
-impl Machine for Passthrough {
-    fn step(&mut self, input: &str, _end: Option<FinishReason>, cx: &mut Cx) -> usize {
-        cx.content(input);
-        input.len()
-    }
-
-    fn held(&self) -> usize {
-        0
-    }
-
-    fn overflow(&mut self, text: &str, cx: &mut Cx) {
-        cx.content(text);
     }
 }

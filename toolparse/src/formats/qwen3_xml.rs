@@ -44,12 +44,12 @@
 //! when it ended between parameters (the stop token may stand for the tags).
 
 use super::hermes::call_from_object;
-use super::{prompt_opens, Machine};
+use super::keyed::KeyedCall;
+use super::{prompt_opens, text_until, Machine, Step};
 use crate::cx::Cx;
 use crate::json::{self, Scan, ValueEnd};
-use crate::scan::{find_first, starts_with, ws_len, Find, Prefix};
+use crate::scan::{find_first, follow, lead_any, starts_with, ws_len, Find, Follow, Lead, Prefix};
 use crate::{DropReason, FinishReason, Options};
-use serde_json::{Map, Value};
 
 const OPEN: &str = "<tool_call>";
 const CLOSE: &str = "</tool_call>";
@@ -75,13 +75,13 @@ const VALUE_ENDS: [&str; 4] = [PARAM_END, FUNC_END, CLOSE, PARAM];
 const NAME_MAX: usize = 256;
 
 #[derive(Debug)]
-enum State {
+pub(crate) enum State {
     Content,
     Reasoning,
     Call(Box<Call>),
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug)]
 enum Phase {
     /// After `<tool_call>`: whitespace, then `<function=` (or a JSON body).
     Start,
@@ -91,10 +91,11 @@ enum Phase {
     Params,
     /// After `<parameter=`: the key up to `>`.
     Key,
-    /// Inside a value.
-    Value,
+    /// Inside the value of `key`; `scan`: the resume offset of the search for
+    /// its end (relative to the value start).
+    Value { key: String, scan: usize },
     /// A Hermes JSON body.
-    Json,
+    Json(ValueEnd),
     /// After `</function>`: `</tool_call>` or another `<function=`.
     After,
     /// Invalid markup: everything up to `</tool_call>` is shown as content.
@@ -102,7 +103,7 @@ enum Phase {
 }
 
 #[derive(Debug)]
-struct Call {
+pub(crate) struct Call {
     /// Opened inside reasoning: the parser returns to reasoning afterwards.
     think: bool,
     /// Opened by `<tool_call>` (not a bare `<function=`).
@@ -110,16 +111,10 @@ struct Call {
     phase: Phase,
     /// The markup consumed so far, shown if the call turns out malformed.
     raw: String,
-    name: String,
-    key: String,
-    args: Map<String, Value>,
-    /// A call was started (`cx.start_call`) and not yet ended.
-    open: bool,
-    /// `{` and the arguments so far were reported as fragments.
-    streamed: bool,
-    /// Resume offset of the value scan (relative to the value start).
-    scan: usize,
-    json: ValueEnd,
+    /// A bare `<function=NAME>` not confirmed yet by what follows it.
+    unconfirmed: Option<String>,
+    /// The started call.
+    call: Option<KeyedCall>,
 }
 
 impl Call {
@@ -129,13 +124,8 @@ impl Call {
             wrapped,
             phase: if wrapped { Phase::Start } else { Phase::Name },
             raw: opener.to_owned(),
-            name: String::new(),
-            key: String::new(),
-            args: Map::new(),
-            open: false,
-            streamed: false,
-            scan: 0,
-            json: ValueEnd::default(),
+            unconfirmed: None,
+            call: None,
         })
     }
 
@@ -144,30 +134,22 @@ impl Call {
     }
 
     fn start(&mut self, name: &str, cx: &mut Cx) {
-        cx.boundary();
-        self.name = name.to_owned();
-        self.args = Map::new();
-        self.streamed = false;
-        self.open = true;
-        cx.start_call(None, name);
+        self.call = Some(KeyedCall::start(name, cx));
     }
 
     /// Adds one parameter value (raw text between the tags).
-    fn add_param(&mut self, value: &str, cx: &mut Cx) {
+    fn add_param(&mut self, key: String, value: &str, cx: &mut Cx) {
+        let Some(call) = &mut self.call else { return };
         let v = value.strip_prefix('\n').unwrap_or(value);
         let v = v.strip_suffix('\n').unwrap_or(v);
-        let typed = json::coerce(v, cx.tools().types_of(&self.name, &self.key));
-        let key = std::mem::take(&mut self.key);
-        put_arg(&mut self.args, &mut self.streamed, key, typed, cx);
+        let typed = json::coerce(v, cx.tools().types_of(call.name(), &key));
+        call.replace(key, typed, cx);
     }
 
     /// Ends the open call with the arguments gathered.
     fn finish(&mut self, cx: &mut Cx) {
-        if self.open {
-            let text = json::to_text(&self.args);
-            cx.call_args(if self.streamed { "}" } else { &text });
-            cx.end_call(text);
-            self.open = false;
+        if let Some(call) = self.call.take() {
+            call.finish(cx);
         }
         self.raw.clear();
     }
@@ -176,11 +158,11 @@ impl Call {
     fn fail(&mut self, extra: &str, cx: &mut Cx) {
         let mut raw = std::mem::take(&mut self.raw);
         raw.push_str(extra);
-        if !self.wrapped && !self.open {
+        if !self.wrapped && self.call.is_none() {
             // An unconfirmed bare `<function=`: plain text.
             cx.content(&raw);
         } else {
-            self.open = false;
+            self.call = None;
             cx.malformed(&raw);
         }
     }
@@ -188,9 +170,9 @@ impl Call {
     /// The text ended inside the call; `rest` is what was not consumed.
     fn unfinished(&mut self, rest: &str, end: Option<FinishReason>, cx: &mut Cx) {
         if end == Some(FinishReason::Length) {
-            self.open = false;
+            self.call = None;
             cx.drop_call(DropReason::Truncated);
-        } else if self.open && matches!(self.phase, Phase::Params | Phase::After) {
+        } else if self.call.is_some() && matches!(self.phase, Phase::Params | Phase::After) {
             self.finish(cx);
         } else {
             self.fail(rest, cx);
@@ -216,7 +198,7 @@ impl Call {
         let mut pos = 0;
         loop {
             let rest = &input[pos..];
-            match self.phase {
+            match &mut self.phase {
                 Phase::Start => {
                     let ws = ws_len(rest);
                     self.eat(&rest[..ws]);
@@ -233,7 +215,9 @@ impl Call {
                             self.unfinished(t, end, cx);
                             return (input.len(), true);
                         }
-                        Lead::No if t.starts_with('{') => self.phase = Phase::Json,
+                        Lead::No if t.starts_with('{') => {
+                            self.phase = Phase::Json(ValueEnd::default())
+                        }
                         Lead::No => self.phase = Phase::Garbage,
                     }
                 }
@@ -248,19 +232,17 @@ impl Call {
                         let name = rest[..i].trim().to_owned();
                         self.eat(&rest[..=i]);
                         pos += i + 1;
-                        if self.phase == Phase::Name {
+                        if matches!(self.phase, Phase::Name) {
                             // A bare `<function=NAME>` is reported once a
                             // parameter or `</function>` confirms it.
                             if self.wrapped {
                                 self.start(&name, cx);
                             } else {
-                                self.name = name;
+                                self.unconfirmed = Some(name);
                             }
                             self.phase = Phase::Params;
                         } else {
-                            self.key = name;
-                            self.scan = 0;
-                            self.phase = Phase::Value;
+                            self.phase = Phase::Value { key: name, scan: 0 };
                         }
                     }
                     None if rest.len() <= NAME_MAX && !eof => return (pos, false),
@@ -275,65 +257,64 @@ impl Call {
                     }
                 },
                 Phase::Params | Phase::After => {
+                    let after = matches!(self.phase, Phase::After);
                     let ws = ws_len(rest);
                     self.eat(&rest[..ws]);
                     pos += ws;
                     let t = &rest[ws..];
-                    let lits: &[&str] = if self.phase == Phase::Params {
-                        &[PARAM, FUNC_END, CLOSE]
-                    } else {
-                        &[CLOSE, FUNC]
-                    };
+                    let lits: &[&str] =
+                        if after { &[CLOSE, FUNC] } else { &[PARAM, FUNC_END, CLOSE] };
                     let lead = lead_any(t, lits, eof);
-                    if let (Lead::Is(_), false) = (lead, self.open || self.phase == Phase::After) {
-                        let name = std::mem::take(&mut self.name);
-                        self.start(&name, cx);
+                    if let Lead::Is(_) = lead {
+                        if let Some(name) = self.unconfirmed.take() {
+                            self.start(&name, cx);
+                        }
                     }
-                    match (self.phase, lead) {
+                    match (after, lead) {
                         (_, Lead::More) => return (pos, false),
                         (_, Lead::No) if t.is_empty() => {
                             self.unfinished(t, end, cx);
                             return (input.len(), true);
                         }
-                        (Phase::Params, Lead::Is(0)) => {
+                        (false, Lead::Is(0)) => {
                             self.eat(PARAM);
                             pos += PARAM.len();
                             self.phase = Phase::Key;
                         }
-                        (Phase::Params, Lead::Is(1)) => {
+                        (false, Lead::Is(1)) => {
                             self.eat(FUNC_END);
                             pos += FUNC_END.len();
                             self.phase = Phase::After;
                         }
-                        (Phase::Params, Lead::Is(_)) | (Phase::After, Lead::Is(0)) => {
+                        (false, Lead::Is(_)) | (true, Lead::Is(0)) => {
                             // `</tool_call>` (after `</function>`, or without it).
                             self.finish(cx);
                             return (pos + CLOSE.len(), true);
                         }
-                        (_, Lead::Is(_)) => {
+                        (true, Lead::Is(_)) => {
                             // Another function in the same block.
                             self.finish(cx);
                             self.eat(FUNC);
                             pos += FUNC.len();
                             self.phase = Phase::Name;
                         }
-                        (Phase::After, _) => {
+                        (true, Lead::No) => {
                             // Text after `</function>`: the call is complete,
                             // the text is content.
                             self.finish(cx);
                             return (pos, true);
                         }
-                        (_, Lead::No) => {
+                        (false, Lead::No) => {
                             if let Some(r) = self.garbage(pos, cx) {
                                 return r;
                             }
                         }
                     }
                 }
-                Phase::Value => loop {
-                    match find_first(&rest[self.scan..], &VALUE_ENDS, eof) {
+                Phase::Value { key, scan } => loop {
+                    match find_first(&rest[*scan..], &VALUE_ENDS, eof) {
                         Find::Found { at, idx } => {
-                            let abs = self.scan + at;
+                            let abs = *scan + at;
                             let tag = VALUE_ENDS[idx];
                             let after = &rest[abs + tag.len()..];
                             let verdict = match tag {
@@ -344,9 +325,10 @@ impl Call {
                             };
                             match verdict {
                                 Follow::Accept => {
+                                    let key = std::mem::take(key);
                                     let value = &rest[..abs];
                                     self.eat(value);
-                                    self.add_param(value, cx);
+                                    self.add_param(key, value, cx);
                                     pos += abs;
                                     if tag == PARAM_END {
                                         self.eat(PARAM_END);
@@ -356,14 +338,14 @@ impl Call {
                                     break;
                                 }
                                 Follow::Wait => {
-                                    self.scan = abs;
+                                    *scan = abs;
                                     return (pos, false);
                                 }
-                                Follow::Reject => self.scan = abs + 1,
+                                Follow::Reject => *scan = abs + 1,
                             }
                         }
                         Find::Clear { safe } => {
-                            self.scan += safe;
+                            *scan += safe;
                             if eof {
                                 self.unfinished(rest, end, cx);
                                 return (input.len(), true);
@@ -372,13 +354,17 @@ impl Call {
                         }
                     }
                 },
-                Phase::Json => match self.json.scan(rest) {
+                Phase::Json(scan) => match scan.scan(rest) {
                     Scan::Done(e) => match call_from_object(&rest[..e]) {
                         Some((name, args)) => {
                             self.eat(&rest[..e]);
                             pos += e;
                             self.start(&name, cx);
-                            self.args = json::strict_object(&args).unwrap_or_default();
+                            if let Some(call) = &mut self.call {
+                                for (k, v) in json::strict_object(&args).unwrap_or_default() {
+                                    call.replace(k, v, cx);
+                                }
+                            }
                             self.phase = Phase::After;
                         }
                         None => self.phase = Phase::Garbage,
@@ -408,77 +394,6 @@ impl Call {
                 },
             }
         }
-    }
-}
-
-/// Adds `key: value` to the arguments, reporting it as a fragment of the
-/// arguments text (`{` before the first, `,` before the others). A repeated
-/// key replaces the earlier value.
-pub(super) fn put_arg(
-    args: &mut Map<String, Value>,
-    streamed: &mut bool,
-    key: String,
-    value: Value,
-    cx: &mut Cx,
-) {
-    if args.contains_key(&key) {
-        args.insert(key, value);
-        return;
-    }
-    let frag =
-        format!("{}{}:{}", if *streamed { "," } else { "{" }, Value::from(key.as_str()), value);
-    cx.call_args(&frag);
-    *streamed = true;
-    args.insert(key, value);
-}
-
-/// Whether text begins with one of several literals.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Lead {
-    /// With literal number `idx`.
-    Is(usize),
-    /// It may, once more text arrives.
-    More,
-    /// With none of them.
-    No,
-}
-
-/// Checks which of `lits` `t` begins with.
-pub(super) fn lead_any(t: &str, lits: &[&str], eof: bool) -> Lead {
-    let mut more = false;
-    for (i, lit) in lits.iter().enumerate() {
-        match starts_with(t, lit, eof) {
-            Prefix::Yes => return Lead::Is(i),
-            Prefix::NeedMore => more = true,
-            Prefix::No => {}
-        }
-    }
-    if more {
-        Lead::More
-    } else {
-        Lead::No
-    }
-}
-
-/// Whether a candidate closing tag really closes, judged by what follows it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Follow {
-    Accept,
-    Wait,
-    Reject,
-}
-
-/// A closing tag is structural when, after whitespace, the text ends or one
-/// of `next` follows.
-pub(super) fn follow(after: &str, next: &[&str], eof: bool) -> Follow {
-    let t = &after[ws_len(after)..];
-    if t.is_empty() {
-        return if eof { Follow::Accept } else { Follow::Wait };
-    }
-    match lead_any(t, next, eof) {
-        Lead::Is(_) => Follow::Accept,
-        Lead::More => Follow::Wait,
-        Lead::No => Follow::Reject,
     }
 }
 
@@ -514,74 +429,59 @@ impl Qwen3Xml {
 }
 
 impl Machine for Qwen3Xml {
-    fn step(&mut self, input: &str, end: Option<FinishReason>, cx: &mut Cx) -> usize {
+    type State = State;
+
+    fn state(&self) -> &State {
+        &self.state
+    }
+
+    fn step(&mut self, input: &str, end: Option<FinishReason>, cx: &mut Cx) -> Step {
         let eof = end.is_some();
         match &mut self.state {
-            State::Reasoning => match find_first(input, &REASONING_MARKERS, eof) {
-                Find::Found { at, idx } => {
-                    cx.reasoning(&input[..at]);
-                    let tag = REASONING_MARKERS[idx];
-                    let used = at + tag.len();
-                    match tag {
-                        OPEN => {
-                            let after = &input[used..];
-                            match starts_with(&after[ws_len(after)..], FUNC, eof) {
-                                Prefix::Yes => {
-                                    cx.boundary();
-                                    self.state = State::Call(Call::new(true, true, OPEN));
-                                }
-                                Prefix::NeedMore => return at,
-                                Prefix::No => cx.reasoning(OPEN),
-                            }
+            State::Reasoning => {
+                let (at, idx) =
+                    match text_until(input, &REASONING_MARKERS, eof, |t| cx.reasoning(t)) {
+                        Ok(found) => found,
+                        Err(step) => return step,
+                    };
+                let tag = REASONING_MARKERS[idx];
+                let used = at + tag.len();
+                match tag {
+                    OPEN => {
+                        let after = &input[used..];
+                        match starts_with(&after[ws_len(after)..], FUNC, eof) {
+                            Prefix::Yes => self.state = State::Call(Call::new(true, true, OPEN)),
+                            Prefix::NeedMore => return Step::up_to(at),
+                            Prefix::No => cx.reasoning(OPEN),
                         }
-                        UNTHINK => {
-                            cx.boundary();
-                            self.state = State::Content;
-                        }
-                        _ => cx.boundary(),
                     }
-                    used
+                    UNTHINK => self.state = State::Content,
+                    _ => {}
                 }
-                Find::Clear { safe } => {
-                    cx.reasoning(&input[..safe]);
-                    safe
+                Step::took(used)
+            }
+            State::Content => {
+                let (at, idx) = match text_until(input, &CONTENT_MARKERS, eof, |t| cx.content(t)) {
+                    Ok(found) => found,
+                    Err(step) => return step,
+                };
+                let tag = CONTENT_MARKERS[idx];
+                match tag {
+                    OPEN => self.state = State::Call(Call::new(false, true, OPEN)),
+                    // Not markup until the call is confirmed.
+                    FUNC => self.state = State::Call(Call::new(false, false, FUNC)),
+                    THINK => self.state = State::Reasoning,
+                    _ => {}
                 }
-            },
-            State::Content => match find_first(input, &CONTENT_MARKERS, eof) {
-                Find::Found { at, idx } => {
-                    cx.content(&input[..at]);
-                    let tag = CONTENT_MARKERS[idx];
-                    if tag != FUNC {
-                        cx.boundary();
-                    }
-                    match tag {
-                        OPEN => self.state = State::Call(Call::new(false, true, OPEN)),
-                        FUNC => {
-                            // Not markup until the call is confirmed: no boundary yet.
-                            self.state = State::Call(Call::new(false, false, FUNC));
-                            return at + tag.len();
-                        }
-                        THINK => self.state = State::Reasoning,
-                        _ => {}
-                    }
-                    at + tag.len()
-                }
-                Find::Clear { safe } => {
-                    cx.content(&input[..safe]);
-                    safe
-                }
-            },
+                Step::took(at + tag.len())
+            }
             State::Call(call) => {
                 let (used, done) = call.run(input, end, cx);
-                if done {
-                    self.state = if call.think { State::Reasoning } else { State::Content };
-                    if used == 0 && !input.is_empty() {
-                        // Nothing consumed, but the call is over: 0 would read
-                        // as "wait", so the text goes to the new state now.
-                        return self.step(input, end, cx);
-                    }
+                if !done {
+                    return Step::up_to(used);
                 }
-                used
+                self.state = if call.think { State::Reasoning } else { State::Content };
+                Step::moved(used)
             }
         }
     }
@@ -596,7 +496,7 @@ impl Machine for Qwen3Xml {
     fn overflow(&mut self, text: &str, cx: &mut Cx) {
         match &self.state {
             // An unconfirmed bare `<function=`: plain text.
-            State::Call(call) if !call.wrapped && !call.open => cx.content(text),
+            State::Call(call) if !call.wrapped && call.call.is_none() => cx.content(text),
             _ => cx.malformed(text),
         }
         self.state = State::Content;
@@ -605,9 +505,7 @@ impl Machine for Qwen3Xml {
 
 #[cfg(test)]
 mod tests {
-    use crate::{
-        parse, Accumulator, FinishReason, Format, JsonType, Options, Parser, ToolSpec, Tools,
-    };
+    use crate::{Accumulator, FinishReason, Format, JsonType, Options, Parser, ToolSpec, Tools};
 
     fn opts(gen: Option<&str>) -> Options {
         use JsonType::*;
@@ -619,146 +517,11 @@ mod tests {
         Options { generation_prompt: gen.map(str::to_owned), tools, ..Options::default() }
     }
 
-    fn run(text: &str, gen: Option<&str>, reason: FinishReason) -> Accumulator {
-        let whole = parse(Format::Qwen3Xml, opts(gen), text, reason);
-        // Same result one char at a time.
-        let mut p = Parser::new(Format::Qwen3Xml, opts(gen));
-        let mut acc = Accumulator::default();
-        for ch in text.chars() {
-            acc.extend(p.push(&ch.to_string()));
-        }
-        acc.extend(p.finish(reason));
-        assert_eq!(acc, whole, "split changed the result for {text:?}");
-        whole
-    }
-
-    fn calls(acc: &Accumulator) -> Vec<(String, String)> {
-        acc.calls.iter().map(|c| (c.name.clone(), c.arguments.clone())).collect()
-    }
-
-    fn one(name: &str, args: &str) -> Vec<(String, String)> {
-        vec![(name.to_owned(), args.to_owned())]
-    }
-
-    const CALL: &str = "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>";
-
+    /// Bare `<function=` text that is no call is reported as content only,
+    /// as it streams (no call is started and dropped).
     #[test]
-    fn typed_call_with_text_before() {
-        let acc = run(&format!("Let me check.\n\n{CALL}"), None, FinishReason::Stop);
-        assert_eq!(acc.content, "Let me check.");
-        assert_eq!(calls(&acc), one("get_weather", r#"{"city":"Paris","days":3}"#));
-    }
-
-    #[test]
-    fn compact_values_without_newlines() {
-        let t = "<tool_call><function=get_weather><parameter=city>Paris</parameter><parameter=days>3</parameter></function></tool_call>";
-        let acc = run(t, None, FinishReason::Stop);
-        assert_eq!(calls(&acc), one("get_weather", r#"{"city":"Paris","days":3}"#));
-    }
-
-    #[test]
-    fn missing_parameter_close_is_recovered() {
-        let t = "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n<parameter=days>\n3\n</function>\n</tool_call>";
-        let acc = run(t, None, FinishReason::Stop);
-        assert_eq!(calls(&acc), one("get_weather", r#"{"city":"Paris","days":3}"#));
-        assert_eq!(acc.content, "");
-    }
-
-    #[test]
-    fn missing_function_close_is_recovered() {
-        let t = "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</tool_call>";
-        let acc = run(t, None, FinishReason::Stop);
-        assert_eq!(calls(&acc), one("get_weather", r#"{"city":"Paris"}"#));
-    }
-
-    #[test]
-    fn tags_inside_a_value_are_data() {
-        let t = "<tool_call>\n<function=write_file>\n<parameter=path>\na\n</parameter>\n<parameter=content>\nx </parameter> y\n</function> z <tool_call>\n</parameter>\n</function>\n</tool_call>";
-        let acc = run(t, None, FinishReason::Stop);
-        assert_eq!(
-            calls(&acc),
-            one(
-                "write_file",
-                r#"{"path":"a","content":"x </parameter> y\n</function> z <tool_call>"}"#
-            )
-        );
-    }
-
-    #[test]
-    fn python_literals_and_null_follow_the_schema() {
-        let t = "<tool_call>\n<function=set>\n<parameter=on>\nFalse\n</parameter>\n<parameter=label>\nnull\n</parameter>\n</function>\n</tool_call>";
-        let acc = run(t, None, FinishReason::Stop);
-        assert_eq!(calls(&acc), one("set", r#"{"on":false,"label":null}"#));
-    }
-
-    #[test]
-    fn undeclared_parameter_stays_a_string() {
-        let t = "<tool_call>\n<function=unknown>\n<parameter=n>\n42\n</parameter>\n<parameter=o>\n{\"a\": 1}\n</parameter>\n</function>\n</tool_call>";
-        let acc = run(t, None, FinishReason::Stop);
-        assert_eq!(calls(&acc), one("unknown", r#"{"n":"42","o":{"a":1}}"#));
-    }
-
-    #[test]
-    fn truncation_inside_the_second_call_keeps_the_first() {
-        let t = format!("{CALL}\n<tool_call>\n<function=get_weather>\n<parameter=city>\nBer");
-        let acc = run(&t, None, FinishReason::Length);
-        assert_eq!(calls(&acc), one("get_weather", r#"{"city":"Paris","days":3}"#));
-        assert_eq!(acc.content, "");
-    }
-
-    #[test]
-    fn truncation_between_function_and_tool_call_close_drops() {
-        let t = "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n";
-        assert!(run(t, None, FinishReason::Length).calls.is_empty());
-        assert_eq!(run(t, None, FinishReason::Stop).calls.len(), 1);
-    }
-
-    #[test]
-    fn unclosed_value_under_stop_is_content() {
-        let t = "<tool_call>\n<function=write_file>\n<parameter=path>\n/tmp/x";
-        let acc = run(t, None, FinishReason::Stop);
-        assert!(acc.calls.is_empty());
-        assert_eq!(acc.content, t);
-    }
-
-    #[test]
-    fn two_functions_in_one_block_and_bare_function() {
-        let t = "<tool_call>\n<function=get_weather>\n<parameter=city>\nA\n</parameter>\n</function>\n<function=get_weather>\n<parameter=city>\nB\n</parameter>\n</function>\n</tool_call>";
-        assert_eq!(run(t, None, FinishReason::Stop).calls.len(), 2);
-        let t = "Sure.\n<function=get_weather>\n<parameter=city>\nA\n</parameter>\n</function>";
-        let acc = run(t, None, FinishReason::Stop);
-        assert_eq!(acc.content, "Sure.");
-        assert_eq!(calls(&acc), one("get_weather", r#"{"city":"A"}"#));
-    }
-
-    #[test]
-    fn hermes_json_body_is_accepted() {
-        let t = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>";
-        let acc = run(t, None, FinishReason::Stop);
-        assert_eq!(calls(&acc), one("get_weather", r#"{"city":"Oslo"}"#));
-    }
-
-    #[test]
-    fn reasoning_prefill_and_call_inside_reasoning() {
-        let gen = Some("<|im_start|>assistant\n<think>\n");
-        let acc = run(&format!("Think <tool_call> tags.\n{CALL}"), gen, FinishReason::Stop);
-        assert_eq!(acc.reasoning, "Think <tool_call> tags.");
-        assert_eq!(acc.calls.len(), 1);
-        let acc = run(&format!("Hmm.\n</think>\n\n{CALL}<|im_end|>"), gen, FinishReason::Stop);
-        assert_eq!(acc.reasoning, "Hmm.");
-        assert_eq!(acc.content, "");
-        assert_eq!(acc.calls.len(), 1);
-    }
-
-    #[test]
-    fn malformed_block_becomes_content() {
-        let t = "<tool_call>\nnot xml\n</tool_call> after";
-        let acc = run(t, None, FinishReason::Stop);
-        assert!(acc.calls.is_empty());
-        assert_eq!(acc.content, "<tool_call>\nnot xml\n</tool_call> after");
+    fn bare_function_text_that_is_no_call_is_only_content() {
         for t in ["a <function=x is not a call", "Write <function=NAME> tags, see."] {
-            let acc = run(t, None, FinishReason::Stop);
-            assert_eq!(acc.content, t);
             let mut p = crate::Parser::new(Format::Qwen3Xml, opts(None));
             let events = p.push(t);
             assert!(events.iter().all(|e| matches!(e, crate::Event::Content(_))), "{events:?}");
@@ -766,9 +529,7 @@ mod tests {
     }
 
     #[test]
-    fn empty_arguments_and_long_values_stay_linear() {
-        let t = "<tool_call>\n<function=get_time>\n</function>\n</tool_call>";
-        assert_eq!(calls(&run(t, None, FinishReason::Stop)), one("get_time", "{}"));
+    fn long_values_stay_linear() {
         let body = "x".repeat(200_000);
         let t = format!("<tool_call>\n<function=write_file>\n<parameter=content>\n{body}\n</parameter>\n</function>\n</tool_call>");
         let mut p = Parser::new(Format::Qwen3Xml, opts(None));
@@ -804,37 +565,13 @@ mod tests {
             "é🌸",
             "\\n",
         ];
-        let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
-        let mut next = |n: usize| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            (seed % n as u64) as usize
-        };
-        for _ in 0..400 {
-            let len = 1 + next(24);
-            let text: String = (0..len).map(|_| toks[next(toks.len())]).collect();
-            for reason in [FinishReason::Stop, FinishReason::Length] {
-                for gen in [None, Some("<think>")] {
-                    let whole = parse(Format::Qwen3Xml, opts(gen), &text, reason);
-                    let mut p = Parser::new(Format::Qwen3Xml, opts(gen));
-                    let mut acc = Accumulator::default();
-                    let mut rest = text.as_str();
-                    while !rest.is_empty() {
-                        let mut cut = (1 + next(6)).min(rest.len());
-                        while !rest.is_char_boundary(cut) {
-                            cut += 1;
-                        }
-                        acc.extend(p.push(&rest[..cut]));
-                        rest = &rest[cut..];
-                    }
-                    acc.extend(p.finish(reason));
-                    assert_eq!(acc, whole, "{text:?} {reason:?} {gen:?}");
-                    for c in &whole.calls {
-                        assert!(crate::json::strict_object(&c.arguments).is_ok(), "{c:?}");
-                    }
-                }
-            }
-        }
+        crate::formats::testing::random_markup(
+            Format::Qwen3Xml,
+            &toks,
+            &[None, Some("<think>")],
+            &opts,
+            400,
+            24,
+        );
     }
 }

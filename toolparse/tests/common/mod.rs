@@ -20,18 +20,25 @@ pub struct Fixture {
     pub expected_error: Option<Value>,
 }
 
-fn data_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/toolcalls")
+/// The recorded conformance fixtures, then the regression cases written
+/// for bugs found since (same format).
+fn data_dirs() -> [PathBuf; 2] {
+    let data = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data");
+    [data.join("toolcalls"), data.join("regressions")]
 }
 
 pub fn load_fixtures() -> Vec<Fixture> {
     let mut out = Vec::new();
-    let mut dirs: Vec<_> = std::fs::read_dir(data_dir())
-        .expect("fixture folder")
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.join("family.json").is_file())
-        .collect();
-    dirs.sort();
+    let mut dirs = Vec::new();
+    for root in data_dirs() {
+        let mut found: Vec<_> = std::fs::read_dir(&root)
+            .expect("fixture folder")
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.join("family.json").is_file())
+            .collect();
+        found.sort();
+        dirs.extend(found);
+    }
     for dir in dirs {
         let family: Value =
             serde_json::from_str(&std::fs::read_to_string(dir.join("family.json")).unwrap())

@@ -1,0 +1,594 @@
+//! Python literals and calls, as Llama 4 writes its tool calls: parsing a
+//! complete `name(key=value, …)` into a name and JSON arguments, and finding
+//! where a call ends while its text streams in.
+//!
+//! ```text
+//! get_weather(city="Paris", unit='c')
+//! search(q="café \"best\"", filters={"max": 3, "tags": ["a", "b"]}, strict=True, page=None)
+//! ```
+//!
+//! Values are Python literals: strings in `'`/`"`/triple quotes with their
+//! escapes (`r` and `u` prefixes, adjacent strings joined), numbers (`_`,
+//! hex/octal/binary, floats), `True`/`False`/`None` (and JSON's
+//! `true`/`false`/`null`), lists, tuples (as arrays) and dicts. A literal
+//! that has no JSON value (bytes, complex, `1e999`, sets, f-strings) is a
+//! [`Bad::Value`]; text that is not this syntax is a [`Bad::Syntax`].
+
+use serde_json::{Map, Number, Value};
+
+/// Deepest nesting accepted in a value.
+const MAX_DEPTH: usize = 128;
+
+/// Length of the Python identifier at the start of `s`.
+pub(crate) fn ident_len(s: &str) -> usize {
+    let mut n = 0;
+    for (i, c) in s.char_indices() {
+        let ok =
+            if i == 0 { c.is_alphabetic() || c == '_' } else { c.is_alphanumeric() || c == '_' };
+        if !ok {
+            break;
+        }
+        n = i + c.len_utf8();
+    }
+    n
+}
+
+/// Length of the whitespace (and line continuations) at the start of `s`.
+pub(crate) fn py_ws(s: &str) -> usize {
+    let b = s.as_bytes();
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b' ' | b'\t' | b'\n' | b'\r' => i += 1,
+            b'\\' if matches!(b.get(i + 1), Some(b'\n')) => i += 2,
+            _ => break,
+        }
+    }
+    i
+}
+
+/// Where a call's `)` is, found incrementally over Python tokens.
+#[derive(Debug)]
+pub(crate) struct PyScan {
+    pos: usize,
+    depth: usize,
+    /// Inside a string: its quote and whether it is triple-quoted.
+    quote: Option<(u8, bool)>,
+    esc: bool,
+}
+
+pub(crate) enum PyEnd {
+    /// The call ends just before this offset.
+    Done(usize),
+    Partial,
+    /// The brackets do not match at this offset.
+    Invalid(usize),
+}
+
+impl PyScan {
+    /// A scan that starts just after the call's `(`.
+    pub(crate) fn new(pos: usize) -> PyScan {
+        PyScan { pos, depth: 1, quote: None, esc: false }
+    }
+
+    pub(crate) fn scan(&mut self, text: &str) -> PyEnd {
+        let b = text.as_bytes();
+        crate::scan::scanned(b.len().saturating_sub(self.pos));
+        while self.pos < b.len() {
+            let c = b[self.pos];
+            if let Some((q, triple)) = self.quote {
+                if self.esc {
+                    self.esc = false;
+                } else if c == b'\\' {
+                    self.esc = true;
+                } else if c == q {
+                    if !triple {
+                        self.quote = None;
+                    } else if self.pos + 3 > b.len() {
+                        return PyEnd::Partial;
+                    } else if b[self.pos + 1] == q && b[self.pos + 2] == q {
+                        self.quote = None;
+                        self.pos += 3;
+                        continue;
+                    }
+                } else if c == b'\n' && !triple {
+                    return PyEnd::Invalid(self.pos);
+                }
+                self.pos += 1;
+                continue;
+            }
+            match c {
+                b'\'' | b'"' => {
+                    if self.pos + 3 > b.len() {
+                        return PyEnd::Partial;
+                    }
+                    if b[self.pos + 1] == c && b[self.pos + 2] == c {
+                        self.quote = Some((c, true));
+                        self.pos += 3;
+                        continue;
+                    }
+                    self.quote = Some((c, false));
+                }
+                b'(' | b'[' | b'{' => {
+                    self.depth += 1;
+                    if self.depth > MAX_DEPTH {
+                        return PyEnd::Invalid(self.pos);
+                    }
+                }
+                b')' | b']' | b'}' => {
+                    self.depth -= 1;
+                    if self.depth == 0 {
+                        if c != b')' {
+                            return PyEnd::Invalid(self.pos);
+                        }
+                        return PyEnd::Done(self.pos + 1);
+                    }
+                }
+                _ => {}
+            }
+            self.pos += 1;
+        }
+        PyEnd::Partial
+    }
+}
+
+/// Why a call did not parse.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Bad {
+    /// Not Python call syntax.
+    Syntax,
+    /// Valid syntax, but a literal with no JSON value.
+    Value,
+}
+
+/// Parses one complete `name(key=value, …)` into a name and arguments text.
+pub(crate) fn parse_call(text: &str) -> Result<(String, String), Bad> {
+    let mut p = Py { s: text, i: 0 };
+    p.ws();
+    let mut name = String::new();
+    loop {
+        let n = ident_len(p.rest());
+        if n == 0 {
+            return Err(Bad::Syntax);
+        }
+        name.push_str(&p.rest()[..n]);
+        p.i += n;
+        if p.eat(".") {
+            name.push('.');
+            continue;
+        }
+        break;
+    }
+    p.ws();
+    if !p.eat("(") {
+        return Err(Bad::Syntax);
+    }
+    let mut args = Map::new();
+    let mut value_error = false;
+    loop {
+        p.ws();
+        if p.eat(")") {
+            break;
+        }
+        let n = ident_len(p.rest());
+        if n == 0 {
+            return Err(Bad::Syntax);
+        }
+        let key = p.rest()[..n].to_owned();
+        p.i += n;
+        p.ws();
+        if !p.eat("=") {
+            return Err(Bad::Syntax);
+        }
+        p.ws();
+        match p.value(0) {
+            Ok(v) => {
+                if args.insert(key, v).is_some() {
+                    return Err(Bad::Syntax);
+                }
+            }
+            Err(Bad::Value) => value_error = true,
+            Err(Bad::Syntax) => return Err(Bad::Syntax),
+        }
+        p.ws();
+        if p.eat(",") {
+            continue;
+        }
+        p.ws();
+        if p.eat(")") {
+            break;
+        }
+        return Err(Bad::Syntax);
+    }
+    p.ws();
+    if p.i != text.len() {
+        return Err(Bad::Syntax);
+    }
+    if value_error {
+        return Err(Bad::Value);
+    }
+    Ok((name, Value::Object(args).to_string()))
+}
+
+/// A parser for Python literals over complete text.
+struct Py<'a> {
+    s: &'a str,
+    i: usize,
+}
+
+impl Py<'_> {
+    fn rest(&self) -> &str {
+        &self.s[self.i..]
+    }
+
+    fn ws(&mut self) {
+        self.i += py_ws(self.rest());
+    }
+
+    fn eat(&mut self, lit: &str) -> bool {
+        if self.rest().starts_with(lit) {
+            self.i += lit.len();
+            true
+        } else {
+            false
+        }
+    }
+
+    fn peek(&self) -> Option<u8> {
+        self.rest().as_bytes().first().copied()
+    }
+
+    /// A literal. A value error is reported only once the literal's syntax
+    /// is known to be whole, so the caller can go on.
+    fn value(&mut self, depth: usize) -> Result<Value, Bad> {
+        if depth > MAX_DEPTH {
+            return Err(Bad::Syntax);
+        }
+        match self.peek() {
+            Some(b'[') => {
+                self.i += 1;
+                self.seq(b']', depth).map(|(v, _)| Value::Array(v))
+            }
+            Some(b'(') => {
+                self.i += 1;
+                let (mut v, tuple) = self.seq(b')', depth)?;
+                if !tuple && v.len() == 1 {
+                    return Ok(v.remove(0));
+                }
+                Ok(Value::Array(v))
+            }
+            Some(b'{') => {
+                self.i += 1;
+                self.dict(depth)
+            }
+            Some(b'-' | b'+') => {
+                let neg = self.peek() == Some(b'-');
+                self.i += 1;
+                self.ws();
+                let v = match self.peek() {
+                    Some(b'0'..=b'9' | b'.') => self.number()?,
+                    Some(b'-' | b'+') => self.value(depth + 1)?,
+                    _ => return Err(Bad::Syntax),
+                };
+                if !neg {
+                    return Ok(v);
+                }
+                negate(v)
+            }
+            Some(b'0'..=b'9' | b'.') => self.number(),
+            Some(b'\'' | b'"') => self.strings(),
+            Some(_) => {
+                let n = ident_len(self.rest());
+                if n == 0 {
+                    return Err(Bad::Syntax);
+                }
+                let word = &self.rest()[..n];
+                let after = self.rest().as_bytes().get(n).copied();
+                if matches!(after, Some(b'\'' | b'"')) && n <= 2 {
+                    return self.strings();
+                }
+                let v = match word {
+                    "True" | "true" => Value::Bool(true),
+                    "False" | "false" => Value::Bool(false),
+                    "None" | "null" => Value::Null,
+                    _ => return Err(Bad::Syntax),
+                };
+                self.i += n;
+                Ok(v)
+            }
+            None => Err(Bad::Syntax),
+        }
+    }
+
+    /// Elements up to `close`; whether a comma was seen (a tuple).
+    fn seq(&mut self, close: u8, depth: usize) -> Result<(Vec<Value>, bool), Bad> {
+        let mut out = Vec::new();
+        let mut comma = false;
+        let mut bad = false;
+        loop {
+            self.ws();
+            if self.peek() == Some(close) {
+                self.i += 1;
+                break;
+            }
+            match self.value(depth + 1) {
+                Ok(v) => out.push(v),
+                Err(Bad::Value) => bad = true,
+                Err(e) => return Err(e),
+            }
+            self.ws();
+            if self.eat(",") {
+                comma = true;
+                continue;
+            }
+            if self.peek() == Some(close) {
+                self.i += 1;
+                break;
+            }
+            return Err(Bad::Syntax);
+        }
+        if bad {
+            return Err(Bad::Value);
+        }
+        Ok((out, comma))
+    }
+
+    fn dict(&mut self, depth: usize) -> Result<Value, Bad> {
+        let mut out = Map::new();
+        let mut bad = false;
+        loop {
+            self.ws();
+            if self.eat("}") {
+                break;
+            }
+            let key = match self.value(depth + 1) {
+                Ok(Value::String(s)) => Some(s),
+                Ok(Value::Number(n)) => Some(n.to_string()),
+                Ok(Value::Bool(b)) => Some(b.to_string()),
+                Ok(Value::Null) => Some("null".to_owned()),
+                // Lists and dicts are not hashable.
+                Ok(_) => return Err(Bad::Syntax),
+                Err(Bad::Value) => None,
+                Err(e) => return Err(e),
+            };
+            self.ws();
+            if !self.eat(":") {
+                // A set, or not a literal at all.
+                return Err(Bad::Syntax);
+            }
+            self.ws();
+            match (key, self.value(depth + 1)) {
+                (Some(k), Ok(v)) => {
+                    out.insert(k, v);
+                }
+                (_, Err(Bad::Syntax)) => return Err(Bad::Syntax),
+                _ => bad = true,
+            }
+            self.ws();
+            if self.eat(",") {
+                continue;
+            }
+            if self.eat("}") {
+                break;
+            }
+            return Err(Bad::Syntax);
+        }
+        if bad {
+            return Err(Bad::Value);
+        }
+        Ok(Value::Object(out))
+    }
+
+    /// One or more adjacent string literals, joined.
+    fn strings(&mut self) -> Result<Value, Bad> {
+        let mut out = String::new();
+        let mut bad = false;
+        loop {
+            match self.string() {
+                Ok(s) => out.push_str(&s),
+                Err(Bad::Value) => bad = true,
+                Err(e) => return Err(e),
+            }
+            let save = self.i;
+            self.ws();
+            let n = ident_len(self.rest());
+            let next = self.rest().as_bytes().get(n).copied();
+            if n <= 2 && matches!(next, Some(b'\'' | b'"')) {
+                continue;
+            }
+            self.i = save;
+            break;
+        }
+        if bad {
+            return Err(Bad::Value);
+        }
+        Ok(Value::String(out))
+    }
+
+    /// One string literal with its prefix.
+    fn string(&mut self) -> Result<String, Bad> {
+        let n = ident_len(self.rest());
+        let prefix = self.rest()[..n].to_ascii_lowercase();
+        if !matches!(prefix.as_str(), "" | "r" | "u" | "b" | "br" | "rb" | "f" | "fr" | "rf") {
+            return Err(Bad::Syntax);
+        }
+        self.i += n;
+        let raw = prefix.contains('r');
+        let q = match self.peek() {
+            Some(q @ (b'\'' | b'"')) => q,
+            _ => return Err(Bad::Syntax),
+        };
+        let q = q as char;
+        let triple: String = [q, q, q].iter().collect();
+        let delim = if self.rest().starts_with(&triple) { triple } else { q.to_string() };
+        self.i += delim.len();
+        let mut out = String::new();
+        let mut chars = self.rest().char_indices().peekable();
+        let close = loop {
+            let Some((at, c)) = chars.next() else { return Err(Bad::Syntax) };
+            if self.rest()[at..].starts_with(&delim) {
+                break at;
+            }
+            if c == '\n' && delim.len() == 1 {
+                return Err(Bad::Syntax);
+            }
+            if c != '\\' {
+                out.push(c);
+                continue;
+            }
+            let Some((_, e)) = chars.next() else { return Err(Bad::Syntax) };
+            if raw {
+                out.push('\\');
+                out.push(e);
+                continue;
+            }
+            match e {
+                '\n' => {}
+                '\\' | '\'' | '"' => out.push(e),
+                'n' => out.push('\n'),
+                't' => out.push('\t'),
+                'r' => out.push('\r'),
+                'a' => out.push('\u{7}'),
+                'b' => out.push('\u{8}'),
+                'f' => out.push('\u{c}'),
+                'v' => out.push('\u{b}'),
+                '0'..='7' => {
+                    let mut v = e.to_digit(8).unwrap_or(0);
+                    for _ in 0..2 {
+                        match chars.peek().and_then(|(_, d)| d.to_digit(8)) {
+                            Some(d) => {
+                                v = v * 8 + d;
+                                chars.next();
+                            }
+                            None => break,
+                        }
+                    }
+                    out.push(char::from_u32(v).ok_or(Bad::Value)?);
+                }
+                'x' | 'u' | 'U' if !prefix.contains('b') || e == 'x' => {
+                    let len = match e {
+                        'x' => 2,
+                        'u' => 4,
+                        _ => 8,
+                    };
+                    let mut v = 0u32;
+                    for _ in 0..len {
+                        let d = chars.next().and_then(|(_, d)| d.to_digit(16));
+                        v = v.wrapping_mul(16) + d.ok_or(Bad::Syntax)?;
+                    }
+                    if (0xD800..0xDC00).contains(&v) {
+                        // A surrogate pair written as two escapes.
+                        let rest: String = chars.clone().take(6).map(|(_, c)| c).collect();
+                        let low = rest
+                            .strip_prefix("\\u")
+                            .and_then(|h| u32::from_str_radix(h, 16).ok())
+                            .filter(|l| (0xDC00..0xE000).contains(l));
+                        let Some(low) = low else { return Err(Bad::Value) };
+                        for _ in 0..6 {
+                            chars.next();
+                        }
+                        v = 0x10000 + ((v - 0xD800) << 10) + (low - 0xDC00);
+                    }
+                    out.push(char::from_u32(v).ok_or(Bad::Value)?);
+                }
+                _ => {
+                    out.push('\\');
+                    out.push(e);
+                }
+            }
+        };
+        self.i += close + delim.len();
+        if prefix.contains('b') || prefix.contains('f') {
+            // Bytes have no JSON value; f-strings are no literals.
+            return Err(Bad::Value);
+        }
+        Ok(out)
+    }
+
+    fn number(&mut self) -> Result<Value, Bad> {
+        let rest = self.rest();
+        let n = rest
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '.'))
+            .unwrap_or(rest.len());
+        let mut n = n;
+        // An exponent sign: `1e-5`.
+        let b = rest.as_bytes();
+        while n > 0
+            && matches!(b[n - 1], b'e' | b'E')
+            && matches!(b.get(n), Some(b'-' | b'+'))
+            && !rest[..n].starts_with("0x")
+            && !rest[..n].starts_with("0X")
+        {
+            let m = rest[n + 1..]
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '.'))
+                .map_or(rest.len(), |k| n + 1 + k);
+            n = m;
+        }
+        let v = number(&rest[..n]);
+        self.i += n;
+        v
+    }
+}
+
+/// The JSON value of a Python number literal.
+fn number(text: &str) -> Result<Value, Bad> {
+    if text.starts_with('_') || text.ends_with('_') || text.contains("__") {
+        return Err(Bad::Syntax);
+    }
+    let t: String = text.chars().filter(|c| *c != '_').collect();
+    if t.ends_with('j') || t.ends_with('J') {
+        let body = &t[..t.len() - 1];
+        return if body.parse::<f64>().is_ok() { Err(Bad::Value) } else { Err(Bad::Syntax) };
+    }
+    let lower = t.to_ascii_lowercase();
+    for (p, radix) in [("0x", 16), ("0o", 8), ("0b", 2)] {
+        if let Some(digits) = lower.strip_prefix(p) {
+            return match u64::from_str_radix(digits, radix) {
+                Ok(v) => Ok(Value::from(v)),
+                Err(_) if !digits.is_empty() && digits.chars().all(|c| c.is_digit(radix)) => {
+                    Err(Bad::Value)
+                }
+                Err(_) => Err(Bad::Syntax),
+            };
+        }
+    }
+    if t.bytes().all(|b| b.is_ascii_digit()) {
+        if t.len() > 1 && t.starts_with('0') && t.bytes().any(|b| b != b'0') {
+            return Err(Bad::Syntax);
+        }
+        if let Ok(v) = t.parse::<u64>() {
+            return Ok(Value::from(v));
+        }
+        return t
+            .parse::<f64>()
+            .ok()
+            .and_then(Number::from_f64)
+            .map(Value::Number)
+            .ok_or(Bad::Value);
+    }
+    let ok = t.bytes().all(|b| b.is_ascii_digit() || matches!(b, b'.' | b'e' | b'E' | b'-' | b'+'))
+        && t.bytes().any(|b| b.is_ascii_digit());
+    if !ok {
+        return Err(Bad::Syntax);
+    }
+    match t.parse::<f64>() {
+        Ok(f) => Number::from_f64(f).map(Value::Number).ok_or(Bad::Value),
+        Err(_) => Err(Bad::Syntax),
+    }
+}
+
+fn negate(v: Value) -> Result<Value, Bad> {
+    let Value::Number(n) = v else { return Err(Bad::Syntax) };
+    if let Some(u) = n.as_u64() {
+        if let Ok(i) = i64::try_from(u) {
+            return Ok(Value::from(-i));
+        }
+        if u == 1 << 63 {
+            return Ok(Value::from(i64::MIN));
+        }
+    }
+    if let Some(i) = n.as_i64() {
+        return Ok(i.checked_neg().map(Value::from).unwrap_or_else(|| Value::from(-(i as f64))));
+    }
+    n.as_f64().and_then(|f| Number::from_f64(-f)).map(Value::Number).ok_or(Bad::Value)
+}
