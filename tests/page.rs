@@ -72,11 +72,9 @@ fn get(addr: &str, path: &str, extra: &str) -> (u16, String, String) {
 #[test]
 fn the_chat_page_in_headless_chromium() {
     let test = "the_chat_page_in_headless_chromium";
-    let (Some(model), Some(py), Some(chromium)) = (
-        dep("AGENTD_TEST_MODEL", test),
-        python(test),
-        dep("AGENTD_TEST_CHROMIUM", test),
-    ) else {
+    let (Some(model), Some(py), Some(chromium)) =
+        (dep("AGENTD_TEST_MODEL", test), python(test), dep("AGENTD_TEST_CHROMIUM", test))
+    else {
         return;
     };
     let h = Home::new();
@@ -140,7 +138,8 @@ fn the_chat_page_in_headless_chromium() {
     let (st, head, _) = get(&addr, &format!("/?token={TOKEN}"), "");
     assert_eq!(st, 303, "{head}");
     assert!(head.contains("\r\nlocation: /\r\n"), "{head}");
-    let set = head.lines().find_map(|l| l.strip_prefix("set-cookie: ")).expect("a cookie").to_owned();
+    let set =
+        head.lines().find_map(|l| l.strip_prefix("set-cookie: ")).expect("a cookie").to_owned();
     assert!(set.contains("httponly") && set.contains("samesite=strict"), "{set}");
     assert!(!set.contains(TOKEN), "the cookie holds the token itself: {set}");
     let cookie = set.split(';').next().unwrap().to_owned();
@@ -185,7 +184,9 @@ fn the_chat_page_in_headless_chromium() {
         String::from_utf8_lossy(&out.stderr)
     );
     eprintln!("{}", String::from_utf8_lossy(&out.stdout));
-    for shot in ["page-desktop.png", "page-desktop-research.png", "page-360.png"] {
+    for shot in
+        ["page-desktop.png", "page-desktop-research.png", "page-360.png", "page-360-chats.png"]
+    {
         assert!(out_dir.join(shot).is_file(), "{shot} was not written");
     }
 }

@@ -218,7 +218,8 @@ fn sign_in(why: &str) -> Response {
 }
 
 fn html(status: StatusCode, body: String, csp: &str) -> Response {
-    let mut r = (status, [(header::CONTENT_TYPE, "text/html; charset=utf-8")], body).into_response();
+    let mut r =
+        (status, [(header::CONTENT_TYPE, "text/html; charset=utf-8")], body).into_response();
     let h = r.headers_mut();
     if let Ok(v) = HeaderValue::from_str(csp) {
         h.insert(header::CONTENT_SECURITY_POLICY, v);
@@ -236,10 +237,7 @@ fn no_store(r: &mut Response) {
 
 async fn favicon() -> Response {
     (
-        [
-            (header::CONTENT_TYPE, "image/svg+xml"),
-            (header::CACHE_CONTROL, "public, max-age=86400"),
-        ],
+        [(header::CONTENT_TYPE, "image/svg+xml"), (header::CACHE_CONTROL, "public, max-age=86400")],
         FAVICON,
     )
         .into_response()
@@ -279,6 +277,11 @@ mod tests {
         assert!(p.html.contains(CSS) && p.html.contains(JS));
         assert!(p.csp.starts_with("default-src 'none'"));
         assert_eq!(p.csp.matches("'sha256-").count(), 2);
+        // The script never turns text into markup.
+        for sink in [".innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval("] {
+            assert!(!JS.contains(sink), "page.js uses {sink}");
+        }
+        assert!(!JS.contains("new Function"), "page.js compiles code at run time");
         // Nothing the page loads comes from elsewhere.
         for bad in ["http://", "https://", "//cdn", "@import", "url("] {
             let outside = p.html.replace("http://HOST:PORT", "").replace("http://www.w3.org", "");

@@ -597,7 +597,7 @@
   stopBtn.addEventListener("click", stop);
   $("new-chat").addEventListener("click", newChat);
 
-  api("GET", "/health").then((h) => { $("model").textContent = h.model || ""; }).catch(() => {});
+  api("GET", "/health").then((h) => { $("model").textContent = String(h.model || "").split("/").pop(); }).catch(() => {});
   loadChats();
   question.focus();
 })();
