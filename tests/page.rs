@@ -184,9 +184,13 @@ fn the_chat_page_in_headless_chromium() {
         String::from_utf8_lossy(&out.stderr)
     );
     eprintln!("{}", String::from_utf8_lossy(&out.stdout));
-    for shot in
-        ["page-desktop.png", "page-desktop-research.png", "page-360.png", "page-360-chats.png"]
-    {
+    for shot in [
+        "page-desktop.png",
+        "page-desktop-research.png",
+        "page-desktop-research-dark.png",
+        "page-360.png",
+        "page-360-chats.png",
+    ] {
         assert!(out_dir.join(shot).is_file(), "{shot} was not written");
     }
 }

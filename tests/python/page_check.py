@@ -109,7 +109,8 @@ def main():
         page.reload()
         chat1 = page.locator('[data-role="chat"]', has_text=q1)
         chat1.wait_for()
-        chat1.click()
+        chat1.focus()  # the list works from the keyboard
+        page.keyboard.press("Enter")
         reopened = page.locator('[data-role="answer"]').last
         expect(reopened).not_to_be_empty()
         check(norm(reopened.inner_text()) == norm(live), f"reopened answer differs:\n{reopened.inner_text()}\n---\n{live}")
@@ -148,6 +149,12 @@ def main():
         # Tall enough that the whole reply shows (the conversation scrolls inside the page).
         page.set_viewport_size({"width": 1280, "height": 1500})
         page.screenshot(path=f"{out}/page-desktop-research.png")
+        page.emulate_media(color_scheme="dark")
+        page.screenshot(path=f"{out}/page-desktop-research-dark.png")
+        dark = page.evaluate("getComputedStyle(document.body).backgroundColor")
+        page.emulate_media(color_scheme="light")
+        light = page.evaluate("getComputedStyle(document.body).backgroundColor")
+        check(dark != light, f"no dark scheme: {dark}")
         page.set_viewport_size({"width": 1280, "height": 860})
 
         # The same chat as persisted, reopened from the list.

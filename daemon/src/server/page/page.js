@@ -237,7 +237,7 @@
       const v = parse(e.content);
       if (!e.ok || !v || typeof v !== "object") return;
       if (e.name === "search_sources" && Array.isArray(v.results)) {
-        for (const r of v.results) this.source(r.handle, { title: r.title, path: r.path });
+        for (const r of v.results) this.source(r.handle, { title: r.title, path: r.path, segment: r.segment });
         if (v.coverage === "partial") this.notice({ kind: "partial_coverage", text: "Search coverage is partial: some results could not be registered" });
       } else if (e.name === "read_source" && v.handle) {
         this.source(v.handle, { title: v.title, read: v.segment, segments: v.segments });
@@ -253,7 +253,7 @@
       const parts = [];
       if (s.read !== undefined) parts.push("segment " + s.read + (s.segments ? " of " + s.segments : "") + " read");
       if (s.analyzed !== undefined) parts.push("analyzed " + s.analyzed + (s.sections ? " of " + s.sections : "") + " sections" + (s.coverage === "partial" ? " (partial)" : ""));
-      if (!parts.length) parts.push("found, not read");
+      if (!parts.length) parts.push((s.segment !== undefined ? "segment " + s.segment + " " : "") + "found, not read");
       const li = el("li", { id: this.id + "-" + handle, "data-role": "source", "data-handle": handle },
         el("span", { class: "handle", text: handle }),
         el("span", { class: "title", text: s.title || "(untitled)" }),
