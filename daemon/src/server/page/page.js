@@ -11,6 +11,7 @@
   let chatId = null;     // the chat the next question goes to
   let running = null;    // {runId, controller, stopping}
   let replySeq = 0;
+  const welcome = $("welcome");
 
   // ---- DOM helpers -------------------------------------------------------
   function el(tag, attrs, ...kids) {
@@ -340,8 +341,8 @@
   // ---- Asking: POST /v1/research as SSE ----------------------------------
   async function ask(text) {
     if (running) return;
-    const welcome = $("welcome");
-    if (welcome) welcome.remove();
+    welcome.remove();
+    banner("");
     userTurn(text);
     const reply = new Reply(log);
     const controller = new AbortController();
@@ -437,8 +438,13 @@
     $("chats-empty").hidden = rows.length > 0;
   }
 
+  function busy() {
+    banner("A reply is still streaming: stop it (Stop, or Esc in the question box) or let it finish first");
+    return true;
+  }
+
   async function openChat(id) {
-    if (running) return;
+    if (running && busy()) return;
     closeSide();
     let chat;
     try { chat = await api("GET", "/v1/chats/" + encodeURIComponent(id)); } catch (err) {
@@ -500,9 +506,10 @@
   }
 
   function newChat() {
-    if (running) return;
+    if (running && busy()) return;
     chatId = null;
     clearLog();
+    log.append(welcome);
     banner("");
     markCurrent();
     closeSide();
