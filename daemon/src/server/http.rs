@@ -1,5 +1,5 @@
 //! The router and listeners of `agentd serve`: every route, the bearer
-//! token check on TCP, per-route request counting, the Unix socket (mode
+//! token (or the chat page's sign-in cookie, `page`) check on TCP, per-route request counting, the Unix socket (mode
 //! 0600) and the optional TCP listener, graceful shutdown that cancels the
 //! replies in flight; and the small routes (`/health`, `/metrics`,
 //! `/v1/models`). Every failure becomes a JSON `{"error": {"code",
@@ -7,8 +7,8 @@
 //! bring the daemon down.
 
 use super::json::error;
-use super::shared::State;
-use super::{chat, records, runs};
+use super::shared::{constant_eq, State};
+use super::{chat, page, records, runs};
 use axum::extract::{Request, State as AxState};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -48,23 +48,32 @@ async fn auth(
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "))
             .is_some_and(|t| constant_eq(t.trim().as_bytes(), token.as_bytes()));
-        if !ok {
-            return error(
-                StatusCode::UNAUTHORIZED,
-                "unauthorized",
-                "a valid bearer token is required (Authorization: Bearer …)",
-            );
+        if !ok && !page::public(req.uri().path()) {
+            match page::cookie(req.headers(), &token) {
+                page::Cookie::Valid => {}
+                page::Cookie::CrossOrigin => {
+                    return error(
+                        StatusCode::FORBIDDEN,
+                        "cross_origin",
+                        "the sign-in cookie was sent from another origin; use the page this daemon serves",
+                    )
+                }
+                page::Cookie::Missing => {
+                    return error(
+                        StatusCode::UNAUTHORIZED,
+                        "unauthorized",
+                        "a valid bearer token is required (Authorization: Bearer …), or open the link `agentd serve` printed to sign a browser in",
+                    )
+                }
+            }
         }
     }
     next.run(req).await
 }
 
-fn constant_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
 fn router(st: State, token: Option<Arc<String>>) -> Router {
     Router::new()
+        .merge(page::routes(token.clone()))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .route("/v1/models", get(models))
@@ -121,6 +130,9 @@ pub(crate) async fn serve(
             .await
             .with_context(|| format!("cannot listen on {addr}"))?;
         eprintln!("agentd serve: also on http://{} (bearer token required)", tcp.local_addr()?);
+        if let Some(t) = &token {
+            eprintln!("agentd serve: chat page: {}", page::link(tcp.local_addr()?, t));
+        }
         let app = router(st.clone(), token.map(Arc::new));
         let sd = Arc::clone(&shutdown);
         tasks.push(tokio::spawn(async move {
