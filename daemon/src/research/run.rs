@@ -15,7 +15,7 @@ use super::execution::{projection, run_round, Repeats};
 use super::fallback::fallback;
 use super::ledger::Ledger;
 use super::reply::Reply;
-use super::{view, Ctx};
+use super::{grounding, sections, view, Ctx};
 use crate::events::{Done, Ev, Outcome, Phase, RunError, Stop};
 use crate::provider::{Provider, ProviderError, TurnFinish};
 use crate::state::store::{MessageStatus, RunStatus, Settled, Store};
@@ -74,7 +74,8 @@ pub(super) fn drive(
         chat_id: chat_id.clone(),
         max_tool_iters: cx.budget.rounds,
     });
-    let done = research(&mut cx, provider, opts, &history, progress);
+    let mut done = research(&mut cx, provider, opts, &history, progress);
+    grounding::ground(&mut cx, &mut done);
     let (message, status) = match done.outcome {
         Outcome::Cancelled => (MessageStatus::Cancelled, RunStatus::Cancelled),
         Outcome::Error => (MessageStatus::Error, RunStatus::Finished),
@@ -110,6 +111,7 @@ pub(super) fn done(
         },
         error,
         invalid_citations: Vec::new(),
+        grounded: false,
     }
 }
 
@@ -130,6 +132,9 @@ fn research(
     mut p: Progress,
 ) -> Done {
     let all_tools = cx.host.tools();
+    if let Err(e) = sections::check_fit(cx, provider, &opts.question) {
+        return failed(cx, &p, e);
+    }
     let stop = loop {
         if cx.cancelled() {
             return cancelled(cx, &p);
@@ -140,7 +145,7 @@ fn research(
         if let Err(stop) = cx.budget.research_open() {
             break stop;
         }
-        let tools = projection(cx.host, &all_tools);
+        let tools = sections::offer(cx, projection(cx.host, &all_tools));
         let view = view::research(history, &opts.question, &p.exchanges);
         let view = match view::fit(provider, &view, &tools, cx.budget.turn_tokens) {
             Ok(v) => v,
@@ -170,9 +175,12 @@ fn research(
             return check_citations(cx, provider, &view::as_final(&view), answer, Stop::Answer, &p);
         }
         p.rounds += 1;
-        let batch = run_round(cx, &reply.calls, &reply.content, p.rounds, &tools, &mut p);
+        let batch = run_round(cx, provider, opts, &reply.calls, &reply.content, &tools, &mut p);
         if cx.cancelled() {
             return cancelled(cx, &p);
+        }
+        if cx.budget.sections_cut {
+            break Stop::SectionLimit;
         }
         if p.repeats.record(batch) {
             break Stop::RepeatedBatches;
@@ -193,6 +201,8 @@ fn final_turn(
 ) -> Done {
     cx.emit(Ev::Notice { kind: "finishing", text: "Finishing the answer".into() });
     let view = view::final_turn(history, &opts.question, &p.exchanges);
+    // Condensed by section workers rather than cut, where they can.
+    let view = sections::condense(cx, provider, &opts.question, view);
     let view = match view::fit(provider, &view, &[], cx.budget.turn_tokens) {
         Ok(v) => v,
         Err(o) => return fallback(cx, opts, p, stop, &o.to_string()),
