@@ -197,11 +197,8 @@ mod tests {
         assert_eq!(b.admit(Phase::Research), Ok(()));
         assert_eq!(b.admit(Phase::Research), Err(Refused), "sections spent research");
         assert_eq!(b.admit(Phase::Final), Ok(()), "never the reserve");
-        let r = Budget::recovered(
-            &p,
-            Usage { research: 2, reserve: 0, section: 2 },
-            Duration::ZERO,
-        );
+        let r =
+            Budget::recovered(&p, Usage { research: 2, reserve: 0, section: 2 }, Duration::ZERO);
         assert_eq!(r.sections_left(), 0, "a resumed run keeps its spent sections");
     }
 

@@ -6,10 +6,10 @@
 //! rule (three consecutive identical read-only batches end research; a
 //! batch with a write is never counted).
 
+use super::admission::RunOptions;
 use super::request::arguments_value;
 use super::Ctx;
 use crate::events::Ev;
-use super::admission::RunOptions;
 use crate::provider::{Call, Provider};
 use crate::state::store::{MessageStatus, StoredCall, StoredMessage};
 use crate::tools::{self, Coverage, Host, Kind, ToolOutput};

@@ -395,7 +395,10 @@ mod tests {
         let s = split(text, 24);
         assert_eq!(s.concat(), text);
         assert!(s.iter().any(|p| p.starts_with("# One")), "{s:?}");
-        assert!(s.iter().any(|p| p.contains("# not a heading") && p.starts_with("## Two")), "{s:?}");
+        assert!(
+            s.iter().any(|p| p.contains("# not a heading") && p.starts_with("## Two")),
+            "{s:?}"
+        );
         assert!(s.iter().any(|p| p.starts_with("# Three")), "{s:?}");
     }
 

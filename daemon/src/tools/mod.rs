@@ -247,9 +247,7 @@ impl Host {
         };
         self.reads += 1;
         match corpus.read_all(&path) {
-            Ok(Some((title, text))) => {
-                Ok(Source { handle: handle.to_owned(), path, title, text })
-            }
+            Ok(Some((title, text))) => Ok(Source { handle: handle.to_owned(), path, title, text }),
             Ok(None) => Err(error(
                 "INVALID_SOURCE",
                 format!("the file behind {handle} is no longer in the corpus"),

@@ -243,6 +243,24 @@ mod tests {
         let text = read.to_json().to_string();
         assert_eq!(text, r#"{"handle":"S2","title":"T","segment":2,"segments":3,"text":"x"}"#);
         assert_eq!(ToolOutput::from_stored(super::super::READ, &text), Some(read));
+        let analysis = ToolOutput::Analysis(Box::new(Analysis {
+            handle: "S3".into(),
+            title: "Long".into(),
+            sections: 4,
+            analyzed: 2,
+            coverage: Coverage::Partial,
+            findings: vec![Finding { section: 2, text: "two [S3]".into() }],
+            unanalyzed: vec![3, 4],
+            note: Some("the section-request limit".into()),
+        }));
+        let text = analysis.to_json().to_string();
+        assert!(
+            text.starts_with(
+                r#"{"handle":"S3","title":"Long","sections":4,"analyzed":2,"coverage":"partial","findings":[{"section":2,"text":"two [S3]"}]"#
+            ),
+            "{text}"
+        );
+        assert_eq!(ToolOutput::from_stored(super::super::ANALYZE, &text), Some(analysis));
         let e = ToolOutput::error("INVALID_SOURCE", "no");
         assert!(!e.ok());
         assert_eq!(
