@@ -132,9 +132,9 @@ fn research(
     mut p: Progress,
 ) -> Done {
     let all_tools = cx.host.tools();
-    if let Err(e) = sections::check_fit(cx, provider, &opts.question) {
-        return failed(cx, &p, e);
-    }
+    // The section size is checked against the model's context once the
+    // input itself is known to fit (an input too large is its own error).
+    let mut section_fit_checked = false;
     let stop = loop {
         if cx.cancelled() {
             return cancelled(cx, &p);
@@ -154,6 +154,12 @@ fn research(
                 return failed(cx, &p, RunError::new("INPUT_TOO_LARGE", "input", o.to_string()))
             }
         };
+        if !section_fit_checked {
+            section_fit_checked = true;
+            if let Err(e) = sections::check_fit(cx, provider, &opts.question) {
+                return failed(cx, &p, e);
+            }
+        }
         let reply = match cx.request(provider, Phase::Research, &view, &tools) {
             Ok(r) => r,
             Err(ProviderError::Budget { .. }) => break Stop::Budget,
