@@ -114,6 +114,16 @@ fn analyze_source_sends_workers_whose_findings_come_back_in_the_ledger() {
 fn the_section_request_limit_makes_coverage_partial_and_the_tools_free_answer_comes() {
     let h = Home::new();
     let corpus = corpus_with_long_source(&h, 6);
+    // A section size no model context of the configuration can hold
+    // refuses to start, naming the limits.
+    policies(&h, &[("research/section-size", 30_000)]);
+    let (out, _) = ask(&h, &corpus, &[SEARCH], &[]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("research/section-size") && err.contains("prompts/context-budget"),
+        "{err}"
+    );
     policies(&h, &[("research/section-size", 600), ("research/section-requests", 2)]);
     let fin = r#"{"when": "final", "content": "Two requests are reserved [S1]."}"#;
     let (out, evs) = ask(&h, &corpus, &[SEARCH, ANALYZE, FINDING, fin], &[]);
