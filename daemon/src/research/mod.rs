@@ -10,7 +10,8 @@
 //! with a labelled excerpt or a spoken fallback (`fallback`). The streamed
 //! text and its persistence are `reply`, what the model sees is `view`, the
 //! continuation of an interrupted run under its own snapshot and ledger is
-//! `recovery`, and a run's audit record and cancellation are `runs`. The
+//! `recovery`, a run's audit record and cancellation are `runs`, and the
+//! sentences a voice request speaks as they complete are `voice`. The
 //! limits it reads are declared in `state::policy`.
 
 mod admission;
@@ -25,6 +26,7 @@ mod request;
 mod run;
 pub(crate) mod runs;
 mod view;
+mod voice;
 
 pub(crate) use admission::{run, RunConfig, RunOptions};
 pub(crate) use recovery::{resume, resume_with};
