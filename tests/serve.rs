@@ -208,7 +208,7 @@ fn malformed_requests_get_a_4xx_with_a_message_and_the_daemon_stays_healthy() {
         format!(r#"{{"model": "", "messages": [{{"role": "user", "content": "x"}}], "stream": false{extra}}}"#).into_bytes()
     };
     let msg = |extra: &str| {
-        format!(r#"{{"model": "m", "max_tokens": 4, "messages": [{{"role": "user", "content": "x"}}]{extra}}}"#).into_bytes()
+        format!(r#"{{"model": "", "max_tokens": 4, "messages": [{{"role": "user", "content": "x"}}]{extra}}}"#).into_bytes()
     };
     let huge_ollama =
         format!(r#"{{"messages": [{{"role": "user", "content": "{}"}}]}}"#, "x".repeat(200_000));
@@ -665,12 +665,15 @@ fn ollama_anthropic_and_voice_clients_on_the_real_model() {
     let t0 = Instant::now();
     let mut r = BufReader::new(s);
     let (mut line, mut sentences, mut first) = (String::new(), Vec::new(), None);
+    let mut first_content = None;
     let done = loop {
         line.clear();
         assert!(r.read_line(&mut line).unwrap() > 0, "the stream ended without done");
         let Some(data) = line.trim().strip_prefix("data:") else { continue };
         let Ok(v) = serde_json::from_str::<Value>(data.trim()) else { continue };
-        if v["type"] == "sentence" {
+        if v["type"] == "content" {
+            first_content.get_or_insert(t0.elapsed());
+        } else if v["type"] == "sentence" {
             first.get_or_insert(t0.elapsed());
             sentences.push(v);
         } else if v["type"] == "done" {
@@ -687,9 +690,10 @@ fn ollama_anthropic_and_voice_clients_on_the_real_model() {
         }
     }
     eprintln!(
-        "voice: {} sentence(s), {} progress; first after {:?}, whole answer after {whole:?} ({})",
+        "voice: {} sentence(s), {} progress; first text after {:?}, first sentence after {:?}, whole answer after {whole:?} ({})",
         sentences.len(),
         sentences.iter().filter(|v| v["kind"] == "progress").count(),
+        first_content,
         first.unwrap(),
         done["outcome"]
     );

@@ -17,21 +17,24 @@ base, token, model = sys.argv[1:4]
 client = anthropic.Anthropic(base_url=base, api_key=token, max_retries=0, timeout=300)
 msgs = [{"role": "user", "content": "What is the capital of France?"}]
 
-r = client.messages.create(model=model, max_tokens=24, system="Be brief.", messages=msgs, temperature=0,
-                           stop_sequences=["\n\n\n"])
+# The same request three ways (temperature is a wire field the SDK no longer
+# names, so it goes in extra_body).
+same = dict(model=model, max_tokens=24, system="Be brief.", messages=msgs, stop_sequences=["\n\n\n"],
+            extra_body={"temperature": 0})
+r = client.messages.create(**same)
 assert r.type == "message" and r.role == "assistant", r
 assert r.content and r.content[0].type == "text" and r.content[0].text.strip(), r.content
 assert r.stop_reason in ("end_turn", "max_tokens"), r.stop_reason
 assert r.usage.input_tokens > 0 and r.usage.output_tokens > 0, r.usage
 
 # Streaming: the raw events in the order the SDK expects, then its helper.
-events = list(client.messages.create(model=model, max_tokens=24, messages=msgs, stream=True, temperature=0))
+events = list(client.messages.create(**same, stream=True))
 kinds = [e.type for e in events]
 assert kinds[0] == "message_start" and kinds[-2:] == ["message_delta", "message_stop"], kinds
 assert "content_block_start" in kinds and "content_block_stop" in kinds, kinds
 streamed = "".join(e.delta.text for e in events if e.type == "content_block_delta" and e.delta.type == "text_delta")
 assert streamed == r.content[0].text, (streamed, r.content[0].text)
-with client.messages.stream(model=model, max_tokens=24, messages=msgs, temperature=0) as s:
+with client.messages.stream(**same) as s:
     text = "".join(s.text_stream)
     final = s.get_final_message()
 assert text == streamed and final.content[0].text == text, (text, final)

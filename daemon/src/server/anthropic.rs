@@ -21,6 +21,7 @@
 //! | `tool_result` block (user) | a `tool` message with `tool_call_id` = `tool_use_id` |
 //! | `tools[].input_schema` | `tools[].function.parameters` |
 //! | `tool_choice` `auto` / `any` / `tool` / `none` | `"auto"` / `"required"` / `{"type": "function", "function": {"name"}}` / `"none"` |
+//! | `output_config.format` `{"type": "json_schema", "schema"}` | `response_format: {"type": "json_schema", "json_schema": {"name": "output", "schema": …, "strict": true}}` |
 //! | `max_tokens`, `stop_sequences`, `temperature`, `top_p`, `top_k` | `max_tokens`, `stop`, the same names |
 //!
 //! Errors are `{"type": "error", "error": {"type", "message"}}` (reshaped
@@ -187,6 +188,22 @@ fn to_chat(body: &Value, count_only: bool) -> Result<Value, Bad> {
                 _ => return Err(bad("tool_choice must be {\"type\": \"auto\" | \"any\" | \"none\"} or {\"type\": \"tool\", \"name\": …}")),
             };
             o.insert("tool_choice".into(), choice);
+        }
+    }
+    // Structured output: `output_config.format` (`output_format` in the
+    // beta) is the chat route's `response_format`.
+    match b.get("output_config").and_then(|c| c.get("format")).or(b.get("output_format")) {
+        None | Some(Value::Null) => {}
+        Some(f) if f["type"] == "json_schema" && f["schema"].is_object() => {
+            o.insert(
+                "response_format".into(),
+                json!({"type": "json_schema", "json_schema": {"name": "output", "schema": f["schema"], "strict": true}}),
+            );
+        }
+        Some(_) => {
+            return Err(bad(
+                "output_config.format must be {\"type\": \"json_schema\", \"schema\": {…}}",
+            ))
         }
     }
     if let Some(s) = b.get("stop_sequences").filter(|s| !s.is_null()) {

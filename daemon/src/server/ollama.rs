@@ -66,9 +66,19 @@ pub(super) async fn embed() -> Response {
     )
 }
 
-/// The served model's Ollama name (`NAME:latest`).
+/// The served model's Ollama name (`NAME:latest`; a model served from a
+/// path is named by its file stem).
 fn tag(st: &State) -> String {
-    format!("{}:latest", st.model)
+    format!("{}:latest", short(st))
+}
+
+fn short(st: &State) -> &str {
+    if st.model.ends_with(".gguf") || st.model.contains('/') {
+        let p = std::path::Path::new(&st.model);
+        p.file_stem().and_then(|s| s.to_str()).unwrap_or(&st.model)
+    } else {
+        &st.model
+    }
 }
 
 /// A client's model name as the chat route knows it: `:latest` dropped.
@@ -127,7 +137,7 @@ fn model_of(st: &State, body: &Value, required: bool) -> Result<String, Response
         Some(_) => return Err(bad("`model` must be a string")),
     };
     let name = local_name(&m);
-    if name.is_empty() || name == st.model || st.model.ends_with(name) {
+    if name.is_empty() || name == st.model || name == short(st) || st.model.ends_with(name) {
         Ok(st.model.clone())
     } else {
         Err(fail(
