@@ -338,6 +338,19 @@ async fn metrics(AxState(st): AxState<State>) -> Response {
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }
 
+async fn models(AxState(st): AxState<State>) -> Response {
+    let mut data =
+        vec![json!({"id": st.model, "object": "model", "created": 0, "owned_by": "agentd"})];
+    if let Ok(reg) = crate::state::registry::Registry::load() {
+        for (name, e) in &reg.entries {
+            if *name != st.model && e.local_path().is_file() {
+                data.push(json!({"id": name, "object": "model", "created": 0, "owned_by": "agentd", "loaded": false}));
+            }
+        }
+    }
+    axum::Json(json!({"object": "list", "data": data})).into_response()
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -366,17 +379,4 @@ mod tests {
             assert!(!super::loopback_host(h), "{h}");
         }
     }
-}
-
-async fn models(AxState(st): AxState<State>) -> Response {
-    let mut data =
-        vec![json!({"id": st.model, "object": "model", "created": 0, "owned_by": "agentd"})];
-    if let Ok(reg) = crate::state::registry::Registry::load() {
-        for (name, e) in &reg.entries {
-            if *name != st.model && e.local_path().is_file() {
-                data.push(json!({"id": name, "object": "model", "created": 0, "owned_by": "agentd", "loaded": false}));
-            }
-        }
-    }
-    axum::Json(json!({"object": "list", "data": data})).into_response()
 }

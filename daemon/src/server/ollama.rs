@@ -48,6 +48,13 @@ fn bad(msg: impl Into<String>) -> Response {
     fail(StatusCode::BAD_REQUEST, msg)
 }
 
+/// A refusal while translating a request (boxed: a `Response` is large).
+type Bad = Box<Response>;
+
+fn nope(msg: impl Into<String>) -> Bad {
+    Box::new(bad(msg))
+}
+
 /// `GET /`: what Ollama answers there.
 pub(super) async fn root() -> &'static str {
     "Ollama is running"
@@ -129,21 +136,21 @@ fn st_started(st: &State) -> SystemTime {
 
 /// The `model` (or the older `name`) of a body, checked against the model
 /// served: 404 for another.
-fn model_of(st: &State, body: &Value, required: bool) -> Result<String, Response> {
+fn model_of(st: &State, body: &Value, required: bool) -> Result<String, Bad> {
     let m = match body.get("model").filter(|m| !m.is_null()).or(body.get("name")) {
         None | Some(Value::Null) if !required => return Ok(st.model.clone()),
-        None | Some(Value::Null) => return Err(bad("`model` is required")),
+        None | Some(Value::Null) => return Err(nope("`model` is required")),
         Some(Value::String(s)) => s.clone(),
-        Some(_) => return Err(bad("`model` must be a string")),
+        Some(_) => return Err(nope("`model` must be a string")),
     };
     let name = local_name(&m);
     if name.is_empty() || name == st.model || name == short(st) || st.model.ends_with(name) {
         Ok(st.model.clone())
     } else {
-        Err(fail(
+        Err(Box::new(fail(
             StatusCode::NOT_FOUND,
             format!("model {m:?} not found: this daemon serves {:?} (GET /api/tags)", tag(st)),
-        ))
+        )))
     }
 }
 
@@ -155,7 +162,7 @@ pub(super) async fn show(AxState(st): AxState<State>, req: Request) -> Response 
         Err(r) => return r,
     };
     if let Err(r) = model_of(&st, &body, true) {
-        return r;
+        return *r;
     }
     let c = &st.card;
     let a = &c.arch;
@@ -201,19 +208,19 @@ struct Reply {
     generate: bool,
 }
 
-fn flag(body: &Value, key: &str, default: bool) -> Result<bool, Response> {
+fn flag(body: &Value, key: &str, default: bool) -> Result<bool, Bad> {
     match body.get(key) {
         None | Some(Value::Null) => Ok(default),
         Some(Value::Bool(b)) => Ok(*b),
-        Some(_) => Err(bad(format!("`{key}` must be a boolean"))),
+        Some(_) => Err(nope(format!("`{key}` must be a boolean"))),
     }
 }
 
 /// The chat completions body for an Ollama request's common fields:
 /// `format`, `options`, `stream`, `model`.
-fn common(st: &State, body: &Value) -> Result<Map<String, Value>, Response> {
+fn common(st: &State, body: &Value) -> Result<Map<String, Value>, Bad> {
     if !body.is_object() {
-        return Err(bad("the body must be a JSON object"));
+        return Err(nope("the body must be a JSON object"));
     }
     let mut o = Map::new();
     o.insert("model".into(), json!(model_of(st, body, false)?));
@@ -229,7 +236,7 @@ fn common(st: &State, body: &Value) -> Result<Map<String, Value>, Response> {
                 json!({"type": "json_schema", "json_schema": {"name": "format", "schema": schema, "strict": true}}),
             );
         }
-        Some(_) => return Err(bad("`format` must be \"json\" or a JSON schema object")),
+        Some(_) => return Err(nope("`format` must be \"json\" or a JSON schema object")),
     }
     match body.get("options") {
         None | Some(Value::Null) => {}
@@ -248,36 +255,36 @@ fn common(st: &State, body: &Value) -> Result<Map<String, Value>, Response> {
                 Some(Value::Number(n)) if n.as_i64().is_some_and(|n| n < 0) => {
                     o.insert("max_tokens".into(), json!(st.context));
                 }
-                Some(_) => return Err(bad("`options.num_predict` must be a non-zero integer")),
+                Some(_) => return Err(nope("`options.num_predict` must be a non-zero integer")),
             }
             if let Some(v) = opts.get("num_ctx").filter(|v| !v.is_null() && !v.is_u64()) {
-                return Err(bad(format!("`options.num_ctx` must be a positive integer, not {v}")));
+                return Err(nope(format!("`options.num_ctx` must be a positive integer, not {v}")));
             }
         }
-        Some(_) => return Err(bad("`options` must be an object")),
+        Some(_) => return Err(nope("`options` must be an object")),
     }
     Ok(o)
 }
 
-fn think(body: &Value) -> Result<bool, Response> {
+fn think(body: &Value) -> Result<bool, Bad> {
     match body.get("think") {
         None | Some(Value::Null) => Ok(true),
         Some(Value::Bool(b)) => Ok(*b),
         // gpt-oss style levels: reasoning on.
         Some(Value::String(s)) if ["low", "medium", "high"].contains(&s.as_str()) => Ok(true),
-        Some(_) => Err(bad("`think` must be a boolean or \"low\", \"medium\", \"high\"")),
+        Some(_) => Err(nope("`think` must be a boolean or \"low\", \"medium\", \"high\"")),
     }
 }
 
-fn messages(v: Option<&Value>) -> Result<Vec<Value>, Response> {
+fn messages(v: Option<&Value>) -> Result<Vec<Value>, Bad> {
     let arr =
         v.and_then(Value::as_array).ok_or_else(|| bad("`messages` must be a non-empty array"))?;
     let mut out = Vec::with_capacity(arr.len());
     for (i, m) in arr.iter().enumerate() {
         let at = format!("messages[{i}]");
-        let Some(m) = m.as_object() else { return Err(bad(format!("{at} must be an object"))) };
+        let Some(m) = m.as_object() else { return Err(nope(format!("{at} must be an object"))) };
         if m.get("images").and_then(Value::as_array).is_some_and(|a| !a.is_empty()) {
-            return Err(bad(format!("{at}.images: this model takes no images")));
+            return Err(nope(format!("{at}.images: this model takes no images")));
         }
         let mut o = Map::new();
         o.insert("role".into(), m.get("role").cloned().unwrap_or(Value::Null));
@@ -288,7 +295,7 @@ fn messages(v: Option<&Value>) -> Result<Vec<Value>, Response> {
             Some(c @ Value::String(_)) => {
                 o.insert("content".into(), c.clone());
             }
-            Some(_) => return Err(bad(format!("{at}.content must be a string"))),
+            Some(_) => return Err(nope(format!("{at}.content must be a string"))),
         }
         if let Some(calls) = m.get("tool_calls").filter(|c| !c.is_null()) {
             let calls =
@@ -301,7 +308,7 @@ fn messages(v: Option<&Value>) -> Result<Vec<Value>, Response> {
                     Some(a @ Value::Object(_)) => a.clone(),
                     Some(Value::String(s)) => json!(s),
                     Some(_) => {
-                        return Err(bad(format!(
+                        return Err(nope(format!(
                             "{at}.tool_calls[{j}].function.arguments must be an object"
                         )))
                     }
@@ -466,15 +473,15 @@ pub(super) async fn chat(AxState(st): AxState<State>, req: Request) -> Response 
     };
     let mut o = match common(&st, &body) {
         Ok(o) => o,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let (stream, think) = match (flag(&body, "stream", true), think(&body)) {
         (Ok(s), Ok(t)) => (s, t),
-        (Err(r), _) | (_, Err(r)) => return r,
+        (Err(r), _) | (_, Err(r)) => return *r,
     };
     match messages(body.get("messages")) {
         Ok(m) => o.insert("messages".into(), json!(m)),
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     if let Some(t) = body.get("tools") {
         o.insert("tools".into(), t.clone());
@@ -496,21 +503,21 @@ pub(super) async fn generate(AxState(st): AxState<State>, req: Request) -> Respo
     };
     let mut o = match common(&st, &body) {
         Ok(o) => o,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let (stream, think, raw) =
         match (flag(&body, "stream", true), think(&body), flag(&body, "raw", false)) {
             (Ok(s), Ok(t), Ok(r)) => (s, t, r),
-            (Err(r), _, _) | (_, Err(r), _) | (_, _, Err(r)) => return r,
+            (Err(r), _, _) | (_, Err(r), _) | (_, _, Err(r)) => return *r,
         };
     let text = |k: &str| match body.get(k) {
         None | Some(Value::Null) => Ok(String::new()),
         Some(Value::String(s)) => Ok(s.clone()),
-        Some(_) => Err(bad(format!("`{k}` must be a string"))),
+        Some(_) => Err(nope(format!("`{k}` must be a string"))),
     };
     let (prompt, system, suffix) = match (text("prompt"), text("system"), text("suffix")) {
         (Ok(p), Ok(s), Ok(x)) => (p, s, x),
-        (Err(r), _, _) | (_, Err(r), _) | (_, _, Err(r)) => return r,
+        (Err(r), _, _) | (_, Err(r), _) | (_, _, Err(r)) => return *r,
     };
     if body.get("images").and_then(Value::as_array).is_some_and(|a| !a.is_empty()) {
         return bad("`images`: this model takes no images");
@@ -562,7 +569,7 @@ pub(super) async fn pull(AxState(st): AxState<State>, req: Request) -> Response 
     };
     let stream = match flag(&body, "stream", true) {
         Ok(s) => s,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let reg = match crate::state::registry::Registry::load() {
         Ok(r) => r,
