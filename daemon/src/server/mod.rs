@@ -59,7 +59,8 @@ fn ollama_addr(spec: &str) -> Result<std::net::SocketAddr> {
         })?
         .collect();
     match addrs.iter().find(|a| !a.ip().is_loopback()).or(addrs.first()) {
-        Some(a) if a.ip().is_loopback() => Ok(*a),
+        // `localhost` binds 127.0.0.1, where clients look first.
+        Some(a) if a.ip().is_loopback() => Ok(*addrs.iter().find(|a| a.is_ipv4()).unwrap_or(a)),
         Some(a) => bail!(
             "--ollama {spec}: {} is not a loopback address. The Ollama listener serves without a token, \
              so it listens on loopback only (127.0.0.1, ::1, localhost); to serve other machines use \
