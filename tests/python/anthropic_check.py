@@ -50,7 +50,7 @@ probe = httpx.post(base + "/chat/completions" if base.endswith("/v1") else base 
                          "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": 5}}}},
                    timeout=300)
 enforced = probe.status_code == 400
-r = client.messages.create(model=model, max_tokens=64, messages=wmsgs, tools=tools, tool_choice={"type": "any"})
+r = client.messages.create(model=model, max_tokens=96, messages=wmsgs, tools=tools, tool_choice={"type": "any"})
 uses = [b for b in r.content if b.type == "tool_use"]
 try:
     assert uses, f"no tool_use block: {r.content}"

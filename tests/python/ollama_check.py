@@ -80,7 +80,7 @@ probe = httpx.post(host + "/api/chat", json={"model": model, "messages": msgs, "
                    "format": {"type": 5}, "options": {"num_predict": 4}}, timeout=300)
 enforced = probe.status_code == 400
 r = client.chat(model=model, messages=[{"role": "user", "content": "The capital of France, as JSON."}],
-                format=fmt, options={"num_predict": 64, "temperature": 0})
+                format=fmt, options={"num_predict": 128, "temperature": 0})
 try:
     jsonschema.validate(json.loads(r.message.content), fmt)
     print("format: valid JSON for the schema", file=sys.stderr)
