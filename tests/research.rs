@@ -243,7 +243,9 @@ fn context_exhaustion_after_tools_ran_goes_to_the_final_turn() {
         &format!("# Big budget notes\n\n{}", "budget words fill this segment. ".repeat(200)),
     );
     // A context of 1300 tokens (≈ chars / 4): each round reads a 1500-character
-    // segment; shortening older results cannot keep up for long.
+    // segment; shortening older results cannot keep up for long. (The
+    // default section size could not fit a section worker in it.)
+    h.write("policies.toml", "[values]\n\"research/section-size\" = 1500\n");
     let mut lines = vec![
         r#"{"context": 1300}"#.to_string(),
         r#"{"when": "research", "tool_calls": [{"name": "search_sources", "arguments": {"query": "fill"}}]}"#.to_string(),

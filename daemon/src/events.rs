@@ -9,6 +9,8 @@ pub(crate) enum Phase {
     Research,
     Final,
     Correction,
+    /// A section worker (`analyze_source`, or condensing the final view).
+    Section,
 }
 
 impl Phase {
@@ -17,6 +19,7 @@ impl Phase {
             Phase::Research => "research",
             Phase::Final => "final",
             Phase::Correction => "correction",
+            Phase::Section => "section",
         }
     }
 }
@@ -30,6 +33,9 @@ pub(crate) enum Stop {
     ContextLimit,
     Deadline,
     Budget,
+    /// The section-request limit cut an analysis short (seed 000: section
+    /// limits prevent more research after tools have run).
+    SectionLimit,
     Cancelled,
     Error,
 }
@@ -43,6 +49,7 @@ impl Stop {
             Stop::ContextLimit => "context_limit",
             Stop::Deadline => "deadline",
             Stop::Budget => "budget",
+            Stop::SectionLimit => "section_limit",
             Stop::Cancelled => "cancelled",
             Stop::Error => "error",
         }
@@ -106,6 +113,8 @@ pub(crate) struct Done {
     pub(crate) error: Option<RunError>,
     /// Citations marked invalid after a failed correction.
     pub(crate) invalid_citations: Vec<String>,
+    /// The answer cites sources it read (`research::grounding`).
+    pub(crate) grounded: bool,
 }
 
 /// One research event.
@@ -179,7 +188,7 @@ impl Ev {
                 "type": "done", "outcome": d.outcome.as_str(), "stop": d.stop.as_str(), "rounds": d.rounds,
                 "model_requests": d.model_requests, "answer": d.answer,
                 "error": d.error.as_ref().map(RunError::to_json),
-                "invalid_citations": d.invalid_citations,
+                "invalid_citations": d.invalid_citations, "grounded": d.grounded,
             }),
         }
     }

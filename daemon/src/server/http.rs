@@ -1,18 +1,19 @@
 //! The router and listeners of `agentd serve`: every route, the bearer
-//! token check on TCP (`Authorization: Bearer` or `x-api-key`), per-route
-//! request counting, the Unix socket (mode 0600), the optional TCP
-//! listener and the tokenless `--ollama` loopback listener with its guard
-//! (a `Host` that is not loopback is refused: DNS rebinding; no CORS grant
-//! but to `--allow-origin`), graceful shutdown that cancels the replies in
-//! flight; and the small routes (`/health`, `/metrics`, `/v1/models`).
-//! Every failure becomes a JSON error in the shape of the API the route
-//! belongs to (`{"error": {"code", "message"}}`, Ollama's `{"error": "…"}`,
+//! token check on TCP (`Authorization: Bearer`, `x-api-key`, or the chat
+//! page's sign-in cookie, `page`), per-route request counting, the Unix
+//! socket (mode 0600), the optional TCP listener and the tokenless
+//! `--ollama` loopback listener with its guard (a `Host` that is not
+//! loopback is refused: DNS rebinding; no CORS grant but to
+//! `--allow-origin`), graceful shutdown that cancels the replies in flight;
+//! and the small routes (`/health`, `/metrics`, `/v1/models`). Every
+//! failure becomes a JSON error in the shape of the API the route belongs
+//! to (`{"error": {"code", "message"}}`, Ollama's `{"error": "…"}`,
 //! Anthropic's `{"type": "error", …}`) with a fitting status; nothing a
 //! request sends can bring the daemon down.
 
 use super::json::{error, reshape, Shape};
-use super::shared::State;
-use super::{anthropic, chat, ollama, records, runs};
+use super::shared::{constant_eq, State};
+use super::{anthropic, chat, ollama, page, records, runs};
 use axum::extract::{Request, State as AxState};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -57,19 +58,27 @@ async fn auth(
             .into_iter()
             .flatten()
             .any(|t| constant_eq(t.trim().as_bytes(), token.as_bytes()));
-        if !ok {
-            return error(
-                StatusCode::UNAUTHORIZED,
-                "unauthorized",
-                "a valid token is required (Authorization: Bearer …, or x-api-key)",
-            );
+        if !ok && !page::public(req.uri().path()) {
+            match page::cookie(req.headers(), &token) {
+                page::Cookie::Valid => {}
+                page::Cookie::CrossOrigin => {
+                    return error(
+                        StatusCode::FORBIDDEN,
+                        "cross_origin",
+                        "the sign-in cookie was sent from another origin; use the page this daemon serves",
+                    )
+                }
+                page::Cookie::Missing => {
+                    return error(
+                        StatusCode::UNAUTHORIZED,
+                        "unauthorized",
+                        "a valid token is required (Authorization: Bearer …, or x-api-key), or open the link `agentd serve` printed to sign a browser in",
+                    )
+                }
+            }
         }
     }
     next.run(req).await
-}
-
-fn constant_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// Errors in the shape of the API the route belongs to.
@@ -210,6 +219,7 @@ fn ollama_router(st: State, origins: Vec<String>) -> Router {
 
 fn router(st: State, token: Option<Arc<String>>) -> Router {
     ollama_routes(Router::new())
+        .merge(page::routes(token.clone()))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .route("/v1/models", get(models))
@@ -276,6 +286,9 @@ pub(crate) async fn serve(st: State, l: Listeners) -> anyhow::Result<()> {
             .await
             .with_context(|| format!("cannot listen on {addr}"))?;
         eprintln!("agentd serve: also on http://{} (bearer token required)", tcp.local_addr()?);
+        if let Some(t) = &token {
+            eprintln!("agentd serve: chat page: {}", page::link(tcp.local_addr()?, t));
+        }
         let app = router(st.clone(), token.map(Arc::new));
         let sd = Arc::clone(&shutdown);
         tasks.push(tokio::spawn(async move {

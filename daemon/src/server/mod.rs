@@ -7,7 +7,8 @@
 //! router and listeners). A client that disconnects cancels its generation
 //! within one token; SIGTERM cancels the replies in flight, which persist
 //! their text, and exits. The routes: `chat` (chat completions), `runs`
-//! (research and runs), `records` (chats and settings); what they share:
+//! (research and runs), `records` (chats and settings), `page` (the chat
+//! page at `/` and its sign-in cookie); what they share:
 //! `shared` (state, replies in flight, store access) and `json` (bodies and
 //! errors); `metrics` for `/metrics`. The clients that speak other APIs:
 //! `ollama` (Ollama's `/api/…`, also on a tokenless loopback listener with
@@ -20,6 +21,7 @@ mod http;
 mod json;
 pub(crate) mod metrics;
 mod ollama;
+mod page;
 mod records;
 mod runs;
 mod shared;

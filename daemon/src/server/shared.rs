@@ -1,7 +1,7 @@
 //! What every request shares: the server `State` (the engine worker, the
 //! metrics, the model served, the replies in flight with their cancel flags)
 //! and access to the store from a handler, off the async threads
-//! (`blocking`).
+//! (`blocking`); the constant-time comparison of secrets.
 
 use super::json::error;
 use super::metrics::Metrics;
@@ -130,4 +130,9 @@ pub(super) async fn blocking<T: Send + 'static>(
         }
         Err(_) => Err(error(StatusCode::INTERNAL_SERVER_ERROR, "internal", "the request failed")),
     }
+}
+
+/// Compares two secrets in time that depends only on their lengths.
+pub(super) fn constant_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
