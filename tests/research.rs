@@ -223,6 +223,16 @@ fn final_provider_failure_gives_an_excerpt_and_voice_a_spoken_fallback() {
             && !a.contains('<'),
         "{a}"
     );
+    // Voice: the tool round is announced, then each sentence of the spoken
+    // text, plain, before done.
+    let said: Vec<&Value> = evs.iter().filter(|e| e["type"] == "sentence").collect();
+    assert_eq!(said.first().map(|e| &e["kind"]), Some(&serde_json::json!("progress")), "{said:?}");
+    let spoken: Vec<&str> =
+        said.iter().filter(|e| e["kind"].is_null()).filter_map(|e| e["text"].as_str()).collect();
+    assert_eq!(spoken.join(" "), a.trim(), "the sentences are the spoken answer");
+    let at = |ty: &str| evs.iter().position(|e| e["type"] == ty).unwrap();
+    assert_eq!(at("sentence") + 1, at("tool_call"), "announced as the round begins");
+    assert!(evs.iter().rposition(|e| e["type"] == "sentence").unwrap() < evs.len() - 1);
 }
 
 #[test]

@@ -120,14 +120,44 @@ pub(crate) struct Done {
 /// One research event.
 #[derive(Debug, Clone)]
 pub(crate) enum Ev {
-    Run { run_id: String, chat_id: String, max_tool_iters: usize },
-    Request { n: usize, phase: Phase },
+    Run {
+        run_id: String,
+        chat_id: String,
+        max_tool_iters: usize,
+    },
+    Request {
+        n: usize,
+        phase: Phase,
+    },
     Reasoning(String),
     Content(String),
-    ToolCall { round: usize, id: String, name: String, arguments: Value },
-    ToolResult { round: usize, id: String, name: String, ok: bool, content: String },
-    Notice { kind: &'static str, text: String },
-    Discarded { name: String, arguments: Value },
+    ToolCall {
+        round: usize,
+        id: String,
+        name: String,
+        arguments: Value,
+    },
+    ToolResult {
+        round: usize,
+        id: String,
+        name: String,
+        ok: bool,
+        content: String,
+    },
+    Notice {
+        kind: &'static str,
+        text: String,
+    },
+    Discarded {
+        name: String,
+        arguments: Value,
+    },
+    /// Voice requests only: a completed sentence of the spoken text, plain;
+    /// `progress` for the short sentence said when a tool round begins.
+    Sentence {
+        text: String,
+        progress: bool,
+    },
     Done(Done),
 }
 
@@ -149,6 +179,10 @@ impl Ev {
             Ev::Notice { kind, text } => json!({"type": "notice", "kind": kind, "text": text}),
             Ev::Discarded { name, arguments } => {
                 json!({"type": "discarded_call", "name": name, "arguments": arguments})
+            }
+            Ev::Sentence { text, progress: false } => json!({"type": "sentence", "text": text}),
+            Ev::Sentence { text, progress: true } => {
+                json!({"type": "sentence", "text": text, "kind": "progress"})
             }
             Ev::Done(d) => json!({
                 "type": "done", "outcome": d.outcome.as_str(), "stop": d.stop.as_str(), "rounds": d.rounds,

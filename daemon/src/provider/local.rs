@@ -107,6 +107,9 @@ pub(crate) struct ChatParams {
     pub(crate) stop: Vec<String>,
     /// Parse calls, or strip and discard them (no tools may run).
     pub(crate) mode: Mode,
+    /// A raw prompt sent as it is, without the chat template (control
+    /// tokens written in it are parsed); the messages are then unused.
+    pub(crate) raw: Option<String>,
 }
 
 /// What a chat turn produced, beside its events.
@@ -190,7 +193,16 @@ impl Local {
         tools: &[ToolDef],
         params: &ChatParams,
     ) -> Result<ChatRun, ProviderError> {
-        let (text, prompt) = self.prompt(messages, tools)?;
+        let (text, prompt) = match &params.raw {
+            Some(raw) => {
+                let ids = self
+                    .engine
+                    .tokenize_prompt(raw, true)
+                    .map_err(|e| ProviderError::Failed(e.to_string()))?;
+                (raw.clone(), ids)
+            }
+            None => self.prompt(messages, tools)?,
+        };
         let limit = self.engine.info().context;
         if prompt.len() + 1 >= limit {
             return Err(ProviderError::Context { need: prompt.len() + 1, limit });
@@ -421,6 +433,7 @@ pub(crate) fn turn_params(sampling: &Sampling, req: &TurnRequest<'_>) -> ChatPar
         sampling: sampling.clone(),
         stop: Vec::new(),
         mode: if req.tools.is_empty() { Mode::Suppress } else { Mode::Tools },
+        raw: None,
     }
 }
 

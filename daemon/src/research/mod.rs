@@ -13,7 +13,8 @@
 //! `recovery`, and a run's audit record and cancellation are `runs`.
 //! Long sources are read by section workers (`sections`: `analyze_source`
 //! and condensing the final view), and an answer over a corpus that cites
-//! none of it is delivered marked (`grounding`). The limits it reads are
+//! none of it is delivered marked (`grounding`). The sentences a voice
+//! request speaks as they complete are `voice`. The limits it reads are
 //! declared in `state::policy`.
 
 mod admission;
@@ -30,6 +31,7 @@ mod run;
 pub(crate) mod runs;
 mod sections;
 mod view;
+mod voice;
 
 pub(crate) use admission::{run, RunConfig, RunOptions};
 pub(crate) use recovery::{resume, resume_with};

@@ -56,6 +56,11 @@ pub(super) fn drive(
     emit: &mut dyn FnMut(&Ev),
 ) -> Done {
     let Admitted { run_id, chat_id, history, budget, progress } = run;
+    // A voice request also hears each sentence as it completes.
+    let mut speaker = super::voice::Speaker::default();
+    let voice = opts.voice;
+    let mut relay = |e: &Ev| if voice { speaker.relay(e, emit) } else { emit(e) };
+    let emit: &mut dyn FnMut(&Ev) = &mut relay;
     let ledger = Ledger::new(store, &run_id);
     let reply = Reply::new(store, ledger, budget.clock(), &chat_id, &run_id);
     let mut cx = Ctx {

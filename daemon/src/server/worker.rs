@@ -351,7 +351,12 @@ fn serve_jobs(setup: &mut Setup, rx: &Receiver<(Job, bool)>, worker: &Worker) {
             // waiting, then go and act on it.
             wait = false;
             match next {
-                Ok((Job::Count { messages, tools, tx }, _)) => {
+                Ok((Job::Count { messages, tools, tx }, external)) => {
+                    // A client's count (`/v1/messages/count_tokens`) leaves
+                    // the queue as it is answered.
+                    if external {
+                        worker.depth.fetch_sub(1, Ordering::Relaxed);
+                    }
                     let n = catch_unwind(AssertUnwindSafe(|| {
                         setup.local.prompt_tokens(&messages, &tools)
                     }))
