@@ -177,6 +177,45 @@ fn a_fastmcp_stdio_server_under_the_loop_budgets_and_ledger() {
         [("t__crash".into(), "error".into()), ("t__lookup".into(), "refused".into())],
         "{rec}"
     );
+
+    // A per-call timeout that cannot fit the research share of the run
+    // deadline is refused at start, naming both limits.
+    h.write("policies.toml", "[values]\n\"mcp/call-timeout\" = 3000\n");
+    let (out, _) = ask(&h, &cfg, &[answer("x")], &[], &[]);
+    assert_eq!(out.status.code(), Some(1));
+    let e = stderr(&out);
+    assert!(e.contains("mcp/call-timeout") && e.contains("research-runtime/run-deadline"), "{e}");
+
+    // A call that hangs fails at the timeout; the run still answers. A
+    // server that will not start is listed down with the reason, and a
+    // call to it is a failed result.
+    h.write("policies.toml", "[values]\n\"mcp/call-timeout\" = 1\n");
+    let broken = h.write(
+        "broken.json",
+        &json!({"mcpServers": {"gone": {"command": h.path().join("no-such-server")}}}).to_string(),
+    );
+    let out = h.run(&["mcp", "list", "--mcp", broken.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let listed: Value = serde_json::from_slice(&out.stdout).expect("one JSON line");
+    assert_eq!(listed["state"], "down", "{listed}");
+    assert!(listed["error"].as_str().unwrap().contains("no-such-server"), "{listed}");
+    let (out, evs) = ask(
+        &h,
+        &cfg,
+        &[
+            json!({"when": "research", "tool_calls": [
+                {"name": "t__hang", "arguments": {}},
+                {"name": "gone__anything", "arguments": {}}]}),
+            json!({"when": "research", "content": "Nothing answered."}),
+        ],
+        &[],
+        &["--mcp", broken.to_str().unwrap()],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(done(&evs)["outcome"], "answered");
+    let results = of(&evs, "tool_result");
+    assert!(results[0]["content"].as_str().unwrap().contains("MCP_TIMEOUT"), "{}", results[0]);
+    assert!(results[1]["content"].as_str().unwrap().contains("not running"), "{}", results[1]);
 }
 
 #[test]

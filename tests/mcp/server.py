@@ -1,6 +1,6 @@
 """An MCP server for agentd's end-to-end tests, on the official Python SDK
-(FastMCP, `mcp<2`): a read-only tool, a write tool and a tool that kills
-its own server.
+(FastMCP, `mcp<2`): a read-only tool, a write tool, a tool that kills
+its own server and one that never answers.
 
     python server.py                 stdio (agentd starts it as a child)
     python server.py http PORT       Streamable HTTP on 127.0.0.1:PORT/mcp
@@ -12,6 +12,8 @@ agentd must send to its log, never into a reply.
 
 import os
 import sys
+
+import anyio
 
 from mcp.server.fastmcp import FastMCP
 from mcp.types import ToolAnnotations
@@ -39,6 +41,13 @@ def crash() -> str:
     """Stop this server at once (tests a crash)."""
     print("mcp-test-server: crashing on purpose", file=sys.stderr, flush=True)
     os._exit(3)
+
+
+@server.tool(annotations=ToolAnnotations(readOnlyHint=True))
+async def hang() -> str:
+    """Never answers (tests a hung call)."""
+    await anyio.sleep(3600)
+    return "too late"
 
 
 if __name__ == "__main__":

@@ -269,6 +269,17 @@ pub(crate) struct ToolCallRow {
     pub(crate) updated: String,
 }
 
+/// A tool call about to be written to the `tool_calls` ledger.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct NewToolCall<'a> {
+    pub(crate) run_id: &'a str,
+    pub(crate) round: usize,
+    pub(crate) call_id: &'a str,
+    pub(crate) name: &'a str,
+    /// `read` or `write`.
+    pub(crate) kind: &'a str,
+}
+
 /// A ledger row.
 #[derive(Debug, Clone)]
 pub(crate) struct LedgerRow {
@@ -670,18 +681,14 @@ impl Store {
     /// `refused`); returns the entry to close.
     pub(crate) fn tool_call_open(
         &self,
-        run_id: &str,
-        round: usize,
-        call_id: &str,
-        name: &str,
-        kind: &str,
+        c: &NewToolCall<'_>,
         outcome: &str,
         detail: Option<&str>,
     ) -> Result<i64> {
         self.conn.execute(
             "INSERT INTO tool_calls(run_id, round, call_id, name, kind, outcome, detail, created, updated)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?8)",
-            params![run_id, round as i64, call_id, name, kind, outcome, detail, now()],
+            params![c.run_id, c.round as i64, c.call_id, c.name, c.kind, outcome, detail, now()],
         )?;
         Ok(self.conn.last_insert_rowid())
     }

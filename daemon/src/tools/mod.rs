@@ -16,7 +16,7 @@ pub(crate) use handles::Handles;
 pub(crate) use output::{Coverage, ToolOutput};
 
 use crate::state::policy::{self, Policies};
-use crate::state::store::Store;
+use crate::state::store::{NewToolCall, Store};
 use corpus::Corpus;
 use output::{Found, Hit, Passage};
 use prompts::ToolDef;
@@ -208,12 +208,21 @@ impl Host {
         let args: Value = serde_json::from_str(arguments).unwrap_or(Value::Null);
         let mut entry = None;
         let (output, ended) = m.call(name, args, &mut || {
-            entry = store.tool_call_open(run_id, round, id, name, kind, "sent", None).ok();
+            entry = store
+                .tool_call_open(
+                    &NewToolCall { run_id, round, call_id: id, name, kind },
+                    "sent",
+                    None,
+                )
+                .ok();
         });
         match ended {
             mcp::Ended::Refused(detail) => {
-                let _ =
-                    store.tool_call_open(run_id, round, id, name, kind, "refused", Some(&detail));
+                let _ = store.tool_call_open(
+                    &NewToolCall { run_id, round, call_id: id, name, kind },
+                    "refused",
+                    Some(&detail),
+                );
             }
             mcp::Ended::Sent { ok, detail } => {
                 if let Some(e) = entry {
@@ -243,7 +252,11 @@ impl Host {
             ToolOutput::Error(e) => e.message.clone(),
             _ => String::new(),
         };
-        let _ = store.tool_call_open(run_id, round, id, name, kind, "refused", Some(&detail));
+        let _ = store.tool_call_open(
+            &NewToolCall { run_id, round, call_id: id, name, kind },
+            "refused",
+            Some(&detail),
+        );
     }
 
     /// Runs one call. Never fails: problems become error results.
