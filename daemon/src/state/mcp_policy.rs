@@ -1,8 +1,8 @@
 //! The `mcp` module's policies (DESIGN.md "Tools from MCP servers"),
 //! declared like every other module's in `policy`: calls per server and
 //! run, the per-call timeout, the result size cap and the servers' start
-//! timeout, with the composition check that a call must fit the research
-//! share of the run deadline. `tools::mcp` enforces them.
+//! timeout, with the composition check, made when servers are configured,
+//! that a call must fit the research share of the run deadline. `tools::mcp` enforces them.
 
 use super::policy::{p, Policies, Policy, Unit, DEADLINE, RESEARCH_SHARE};
 use anyhow::{bail, Result};
@@ -28,19 +28,25 @@ pub(crate) fn declarations() -> Vec<Policy> {
     ]
 }
 
-/// Composition: a call must be able to finish within the research share
-/// of the run deadline, and a server must be given time to start.
+/// The module's own bounds (checked with every composition).
 pub(crate) fn check(ps: &Policies) -> Result<()> {
+    if ps.get(CALL_TIMEOUT) < 1 || ps.get(START_TIMEOUT) < 1 {
+        bail!("{CALL_TIMEOUT} and {START_TIMEOUT} must each be at least 1 s");
+    }
+    Ok(())
+}
+
+/// Composition when MCP servers are configured (checked before they
+/// start): a call must be able to finish within the research share of the
+/// run deadline.
+pub(crate) fn check_with_servers(ps: &Policies) -> Result<()> {
     let g = |id| ps.get(id);
     let research = g(DEADLINE) * g(RESEARCH_SHARE) / 100;
     if g(CALL_TIMEOUT) > research {
         bail!(
-            "{CALL_TIMEOUT} = {} s does not fit the research share of the run deadline ({DEADLINE} = {} s × {RESEARCH_SHARE} = {} % = {} s): one MCP call could outlive research",
+            "{CALL_TIMEOUT} = {} s does not fit the research share of the run deadline ({DEADLINE} = {} s × {RESEARCH_SHARE} = {} % = {} s): one MCP call could outlive research; lower {CALL_TIMEOUT} or raise {DEADLINE}",
             g(CALL_TIMEOUT), g(DEADLINE), g(RESEARCH_SHARE), research
         );
-    }
-    if g(CALL_TIMEOUT) < 1 || g(START_TIMEOUT) < 1 {
-        bail!("{CALL_TIMEOUT} and {START_TIMEOUT} must each be at least 1 s");
     }
     Ok(())
 }
@@ -55,12 +61,13 @@ mod tests {
         ps.check().unwrap();
         // 1800 s × 80 % = 1440 s of research.
         ps.values.insert(CALL_TIMEOUT.into(), 1441);
-        let e = ps.check().unwrap_err().to_string();
+        ps.check().unwrap();
+        let e = check_with_servers(&ps).unwrap_err().to_string();
         for n in [CALL_TIMEOUT, DEADLINE, RESEARCH_SHARE, "1440"] {
             assert!(e.contains(n), "{e}");
         }
         ps.values.insert(CALL_TIMEOUT.into(), 1440);
-        ps.check().unwrap();
+        check_with_servers(&ps).unwrap();
         assert!(ps.describe().iter().any(|p| p["id"] == CALLS && p["owner"] == "mcp"));
     }
 }

@@ -158,6 +158,7 @@ impl Hub {
     /// an error; a server that will not start is kept down with the reason.
     pub(crate) fn start(files: &[PathBuf], policies: &Policies) -> Result<Hub> {
         let specs = config::load(files)?;
+        crate::state::mcp_policy::check_with_servers(policies)?;
         // HTTPS to Streamable HTTP servers: rustls with ring, the provider
         // ureq already uses (installed once per process; a second install
         // is refused and harmless).
