@@ -44,6 +44,9 @@ enum Command {
         /// Folder where save_note writes
         #[arg(long)]
         notes: Option<std::path::PathBuf>,
+        /// MCP configuration file, {"mcpServers": {…}} (repeatable; default $AGENTD_HOME/mcp.json)
+        #[arg(long)]
+        mcp: Vec<std::path::PathBuf>,
         /// Print one JSON event per line instead of text
         #[arg(long)]
         events: bool,
@@ -74,6 +77,9 @@ enum Command {
         /// Folder where save_note writes
         #[arg(long)]
         notes: Option<std::path::PathBuf>,
+        /// MCP configuration file, {"mcpServers": {…}} (repeatable; default $AGENTD_HOME/mcp.json)
+        #[arg(long)]
+        mcp: Vec<std::path::PathBuf>,
         /// Unix socket path (default: $XDG_RUNTIME_DIR/agentd.sock, else $AGENTD_HOME/agentd.sock)
         #[arg(long)]
         socket: Option<std::path::PathBuf>,
@@ -91,6 +97,11 @@ enum Command {
         /// none by default)
         #[arg(long, value_name = "ORIGIN")]
         allow_origin: Vec<String>,
+    },
+    /// MCP servers: their state and tools
+    Mcp {
+        #[command(subcommand)]
+        command: McpCommand,
     },
     /// List, audit, cancel and resume research runs
     Runs {
@@ -161,6 +172,17 @@ enum Command {
     Toolparse {
         #[command(subcommand)]
         command: ToolparseCommand,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum McpCommand {
+    /// Start the configured servers and list each (JSON lines): its state
+    /// and its tools with their read/write class
+    List {
+        /// MCP configuration file (repeatable; default $AGENTD_HOME/mcp.json)
+        #[arg(long)]
+        mcp: Vec<std::path::PathBuf>,
     },
 }
 
@@ -243,9 +265,19 @@ fn main() -> ExitCode {
 
 fn run(cli: Cli, cancel: &AtomicBool) -> anyhow::Result<ExitCode> {
     match cli.command {
-        Command::Ask { engine, corpus, notes, events, voice, chat, connect, question } => {
+        Command::Ask { engine, corpus, notes, mcp, events, voice, chat, connect, question } => {
             return ask::run(
-                &ask::AskArgs { engine, corpus, notes, events, voice, chat, connect, question },
+                &ask::AskArgs {
+                    engine,
+                    corpus,
+                    notes,
+                    mcp,
+                    events,
+                    voice,
+                    chat,
+                    connect,
+                    question,
+                },
                 cancel,
             );
         }
@@ -256,6 +288,7 @@ fn run(cli: Cli, cancel: &AtomicBool) -> anyhow::Result<ExitCode> {
             engine,
             corpus,
             notes,
+            mcp,
             socket,
             listen,
             token_file,
@@ -265,12 +298,14 @@ fn run(cli: Cli, cancel: &AtomicBool) -> anyhow::Result<ExitCode> {
             engine,
             corpus,
             notes,
+            mcp,
             socket,
             listen,
             token_file,
             ollama,
             allow_origin,
         })?,
+        Command::Mcp { command: McpCommand::List { mcp } } => commands::mcp::list(&mcp)?,
         Command::Runs { command } => {
             let store = Store::open()?;
             match command {

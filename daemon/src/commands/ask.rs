@@ -22,6 +22,8 @@ pub(crate) struct AskArgs {
     pub(crate) engine: EngineArgs,
     pub(crate) corpus: Vec<PathBuf>,
     pub(crate) notes: Option<PathBuf>,
+    /// `--mcp` files (none: `$AGENTD_HOME/mcp.json` when it exists).
+    pub(crate) mcp: Vec<PathBuf>,
     pub(crate) events: bool,
     pub(crate) voice: bool,
     pub(crate) chat: Option<String>,
@@ -40,8 +42,14 @@ pub(crate) fn run(a: &AskArgs, cancel: &AtomicBool) -> Result<ExitCode> {
     let store = Store::open()?;
     store.mark_interrupted(false)?;
     let policies = Policies::load(&store)?;
-    let config =
-        RunConfig { engine: a.engine.clone(), corpus: a.corpus.clone(), notes: a.notes.clone() };
+    let mut config = RunConfig {
+        engine: a.engine.clone(),
+        corpus: a.corpus.clone(),
+        notes: a.notes.clone(),
+        mcp: crate::tools::mcp::files(&a.mcp),
+        servers: None,
+    };
+    config.start_servers(&policies)?;
     let mut host = config.host(&policies)?;
     let mut provider = crate::provider::build::build(&a.engine, &policies)?;
     let opts = RunOptions {

@@ -13,19 +13,26 @@ use crate::provider::build::EngineArgs;
 use crate::provider::Provider;
 use crate::state::policy::Policies;
 use crate::state::store::{new_id, MessageStatus, NewRun, Store, StoredMessage};
-use crate::tools::Host;
+use crate::tools::{mcp, Host};
 use anyhow::{Context, Result};
 use serde_json::{json, Value};
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 
 /// What a run researches with besides its policies: the provider options,
-/// the corpus folders and the notes folder, as the user gave them.
+/// the corpus folders, the notes folder and the MCP configuration files,
+/// as the user gave them, and the MCP servers already running for them.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct RunConfig {
     pub(crate) engine: EngineArgs,
     pub(crate) corpus: Vec<PathBuf>,
     pub(crate) notes: Option<PathBuf>,
+    /// The `mcp.json` files in force (`tools::mcp::files`).
+    pub(crate) mcp: Vec<PathBuf>,
+    /// Their servers, started by the command (not in the snapshot); a
+    /// resumed run starts its own from `mcp`.
+    pub(crate) servers: Option<Arc<mcp::Hub>>,
 }
 
 impl RunConfig {
@@ -39,6 +46,7 @@ impl RunConfig {
             "engine": self.engine.to_json(),
             "corpus": self.corpus.iter().map(abs).collect::<Vec<_>>(),
             "notes": self.notes.as_ref().map(abs),
+            "mcp": self.mcp.iter().map(abs).collect::<Vec<_>>(),
         })
     }
 
@@ -53,12 +61,34 @@ impl RunConfig {
                 .map(PathBuf::from)
                 .collect(),
             notes: v["notes"].as_str().map(PathBuf::from),
+            mcp: v["mcp"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_str)
+                .map(PathBuf::from)
+                .collect(),
+            servers: None,
         }
+    }
+
+    /// Starts the MCP servers of `mcp` (when there are any) for the runs
+    /// of this configuration.
+    pub(crate) fn start_servers(&mut self, policies: &Policies) -> Result<()> {
+        if self.servers.is_none() && !self.mcp.is_empty() {
+            self.servers = Some(Arc::new(mcp::Hub::start(&self.mcp, policies)?));
+        }
+        Ok(())
     }
 
     /// The tools of a run under `policies`.
     pub(crate) fn host(&self, policies: &Policies) -> Result<Host> {
-        Host::for_run(&self.corpus, self.notes.clone(), policies)
+        let servers = match &self.servers {
+            Some(h) => Some(Arc::clone(h)),
+            None if !self.mcp.is_empty() => Some(Arc::new(mcp::Hub::start(&self.mcp, policies)?)),
+            None => None,
+        };
+        Host::for_run(&self.corpus, self.notes.clone(), policies, servers)
     }
 }
 

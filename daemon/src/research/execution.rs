@@ -41,8 +41,8 @@ pub(super) struct Batch {
 impl Batch {
     /// Adds a call of `name` with `arguments` that returned `result` (its
     /// JSON text).
-    pub(super) fn push(&mut self, name: &str, arguments: &Value, result: &str) {
-        if Host::kind(name) != Some(Kind::Read) {
+    pub(super) fn push(&mut self, kind: Option<Kind>, name: &str, arguments: &Value, result: &str) {
+        if kind != Some(Kind::Read) {
             self.has_write = true;
         }
         self.calls.push(CallIdentity {
@@ -131,7 +131,7 @@ pub(super) fn collect_evidence(evidence: &mut Vec<Evidence>, output: &ToolOutput
                 a.findings.iter().map(|f| format!("(section {}) {}", f.section, f.text)).collect();
             add(&a.handle, &a.title, &text.join("\n"));
         }
-        ToolOutput::Saved(_) | ToolOutput::Error(_) => {}
+        ToolOutput::Saved(_) | ToolOutput::Mcp(_) | ToolOutput::Error(_) => {}
     }
 }
 
@@ -189,8 +189,11 @@ pub(super) fn run_round(
             Ok(()) if c.name == tools::ANALYZE => {
                 super::sections::analyze(cx, provider, &opts.question, &c.arguments)
             }
-            Ok(()) => cx.host.call(&c.name, &c.arguments),
-            Err(refusal) => refusal,
+            Ok(()) => cx.host.call_in_run(cx.store, cx.run_id, round, &c.id, &c.name, &c.arguments),
+            Err(refusal) => {
+                cx.host.refused_in_run(cx.store, cx.run_id, round, &c.id, &c.name, &refusal);
+                refusal
+            }
         };
         if output.ok() {
             collect_evidence(&mut p.evidence, &output);
@@ -226,7 +229,7 @@ pub(super) fn run_round(
             status: if output.ok() { MessageStatus::Ok } else { MessageStatus::Error },
             ..Default::default()
         });
-        batch.push(&c.name, &args, &text);
+        batch.push(cx.host.kind(&c.name), &c.name, &args, &text);
         let mut m = Message::new("tool", text);
         m.tool_call_id = Some(c.id.clone());
         m.name = Some(c.name.clone());
@@ -245,7 +248,7 @@ fn authorize(cx: &Ctx<'_>, c: &Call, offered: &[ToolDef]) -> Result<(), ToolOutp
     if cx.budget.research_time_spent() {
         return Err(tools::unavailable(&c.name, "the research share of the run deadline is spent"));
     }
-    if !offered.iter().any(|t| t.name == c.name) && Host::kind(&c.name).is_some() {
+    if !offered.iter().any(|t| t.name == c.name) && cx.host.kind(&c.name).is_some() {
         let why =
             cx.host.spent(&c.name).unwrap_or_else(|| "it was not offered in this turn".into());
         return Err(tools::unavailable(&c.name, &why));
@@ -261,9 +264,14 @@ mod tests {
     fn three_identical_read_batches_repeat_and_a_write_resets() {
         let batch = |args: &str, write: bool| {
             let mut b = Batch::default();
-            b.push("search_sources", &arguments_value(args), "{\"results\":[]}");
+            b.push(Some(Kind::Read), "search_sources", &arguments_value(args), "{\"results\":[]}");
             if write {
-                b.push("save_note", &serde_json::json!({}), "{\"saved\":\"a.md\"}");
+                b.push(
+                    Some(Kind::Write),
+                    "save_note",
+                    &serde_json::json!({}),
+                    "{\"saved\":\"a.md\"}",
+                );
             }
             b
         };

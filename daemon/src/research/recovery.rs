@@ -119,7 +119,7 @@ fn replay(store: &Store, id: &str, chat_id: &str, host: &mut Host) -> Result<Pro
                         a.tool_calls.iter().find(|c| Some(&c.id) == m.tool_call_id.as_ref())
                     })
                     .map_or_else(|| serde_json::json!({}), |c| c.function.arguments.clone());
-                batch.push(&name, &args, &m.content);
+                batch.push(host.kind(&name), &name, &args, &m.content);
                 let mut t = Message::new("tool", m.content.clone());
                 t.tool_call_id = m.tool_call_id.clone();
                 t.name = Some(name);

@@ -1,5 +1,6 @@
 //! Runs as their fronts see them (`agentd runs`, `/v1/runs/{id}`): the
-//! audit record of a run — its row, admission snapshot, ledger and handles,
+//! audit record of a run — its row, admission snapshot, ledger, its calls
+//! to MCP servers (`tool_calls`) and handles,
 //! as JSON — and cancelling one: a running run is asked to stop (its
 //! process checks between steps), an interrupted one is settled cancelled.
 
@@ -25,6 +26,12 @@ pub(crate) fn record(store: &Store, id: &str) -> Result<Value> {
         .into_iter()
         .map(|l| json!({"n": l.n, "phase": l.phase, "outcome": l.outcome.as_str(),
                         "classification": l.classification, "detail": l.detail, "at": l.created}))
+        .collect::<Vec<_>>());
+    out["tool_calls"] = json!(store
+        .tool_calls(id)?
+        .into_iter()
+        .map(|c| json!({"round": c.round, "id": c.call_id, "name": c.name, "kind": c.kind,
+                        "outcome": c.outcome, "detail": c.detail, "at": c.created, "ended": c.updated}))
         .collect::<Vec<_>>());
     out["handles"] = json!(store
         .handles(id)?

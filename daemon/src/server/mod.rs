@@ -40,6 +40,8 @@ pub(crate) struct ServeArgs {
     pub(crate) engine: EngineArgs,
     pub(crate) corpus: Vec<PathBuf>,
     pub(crate) notes: Option<PathBuf>,
+    /// `--mcp` files (none: `$AGENTD_HOME/mcp.json` when it exists).
+    pub(crate) mcp: Vec<PathBuf>,
     pub(crate) socket: Option<PathBuf>,
     pub(crate) listen: Option<String>,
     pub(crate) token_file: Option<PathBuf>,
@@ -184,7 +186,16 @@ pub(crate) fn run(a: ServeArgs) -> Result<()> {
     let card = card(&local);
     let context = local.engine.info().context;
     let metrics = Arc::new(metrics::Metrics::default());
-    let config = RunConfig { engine: a.engine, corpus: a.corpus, notes: a.notes };
+    let mut config = RunConfig {
+        engine: a.engine,
+        corpus: a.corpus,
+        notes: a.notes,
+        mcp: crate::tools::mcp::files(&a.mcp),
+        servers: None,
+    };
+    // The daemon's MCP servers, started once for all its runs (and again
+    // when the daemon restarts).
+    config.start_servers(&policies)?;
     let capacity = policies.get(policy::QUEUE) as usize;
     let body_limit = policies.get(policy::BODY_LIMIT) as usize;
     let worker = worker::Worker::start(

@@ -2,10 +2,12 @@
 //! lives (`home`), the SQLite store (`store`: settings, chats, messages,
 //! runs, their ledger and handles — the only module that speaks SQL), the
 //! user settings with their metadata (`settings`), the declared budget
-//! policies and the values in force (`policy`), the model registry
+//! policies and the values in force (`policy`; the `mcp` module's in
+//! `mcp_policy`), the model registry
 //! (`registry`) and the fetching of its verified files (`pull`).
 
 pub(crate) mod home;
+pub(crate) mod mcp_policy;
 pub(crate) mod policy;
 pub(crate) mod pull;
 pub(crate) mod registry;

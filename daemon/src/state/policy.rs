@@ -59,7 +59,7 @@ pub(crate) struct Policy {
     pub(crate) setting: Option<String>,
 }
 
-fn p(
+pub(super) fn p(
     id: &str,
     owner: &str,
     version: &str,
@@ -230,6 +230,7 @@ impl Policies {
             ("provider", provider()),
             ("prompts", prompts()),
             ("server", server()),
+            ("mcp", super::mcp_policy::declarations()),
         ] {
             for p in list {
                 ps.declare(p, origin)?;
@@ -352,7 +353,7 @@ impl Policies {
                 g(TOTAL_REQUESTS), g(RESERVE)
             );
         }
-        Ok(())
+        super::mcp_policy::check(self)
     }
 
     /// The values in force, for a run's admission snapshot.
@@ -379,7 +380,14 @@ impl Policies {
     /// snapshot keep their declared defaults, never newer settings).
     pub(crate) fn from_snapshot(snapshot: &Value) -> Result<Policies> {
         let mut ps = Policies { decls: BTreeMap::new(), values: BTreeMap::new() };
-        for list in [research_runtime(), tools(), provider(), prompts(), server()] {
+        for list in [
+            research_runtime(),
+            tools(),
+            provider(),
+            prompts(),
+            server(),
+            super::mcp_policy::declarations(),
+        ] {
             for p in list {
                 ps.declare(p, "built-in")?;
             }

@@ -42,6 +42,11 @@ CREATE INDEX IF NOT EXISTS ledger_run ON ledger(run_id, n);
 CREATE TABLE IF NOT EXISTS run_handles (
   run_id TEXT NOT NULL REFERENCES runs(id), handle TEXT NOT NULL, path TEXT NOT NULL, segment INTEGER NOT NULL,
   title TEXT NOT NULL, issued INTEGER NOT NULL, read_ok INTEGER NOT NULL, PRIMARY KEY (run_id, handle));
+CREATE TABLE IF NOT EXISTS tool_calls (
+  id INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT NOT NULL REFERENCES runs(id), round INTEGER NOT NULL,
+  call_id TEXT NOT NULL, name TEXT NOT NULL, kind TEXT NOT NULL, outcome TEXT NOT NULL, detail TEXT,
+  created TEXT NOT NULL, updated TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS tool_calls_run ON tool_calls(run_id, id);
 ";
 
 /// The current time as RFC 3339 UTC (seconds).
@@ -246,6 +251,33 @@ pub(crate) struct Settled<'a> {
     pub(crate) stop: Stop,
     /// The error (JSON text), when there is one.
     pub(crate) error: Option<&'a str>,
+}
+
+/// One tool call in a run's ledger of MCP calls (`tool_calls`): written
+/// `sent` before the call goes to its server, closed with `ok`, `error`
+/// or `refused` (never sent) and a detail.
+#[derive(Debug, Clone)]
+pub(crate) struct ToolCallRow {
+    pub(crate) round: i64,
+    pub(crate) call_id: String,
+    pub(crate) name: String,
+    /// `read` or `write`.
+    pub(crate) kind: String,
+    pub(crate) outcome: String,
+    pub(crate) detail: Option<String>,
+    pub(crate) created: String,
+    pub(crate) updated: String,
+}
+
+/// A tool call about to be written to the `tool_calls` ledger.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct NewToolCall<'a> {
+    pub(crate) run_id: &'a str,
+    pub(crate) round: usize,
+    pub(crate) call_id: &'a str,
+    pub(crate) name: &'a str,
+    /// `read` or `write`.
+    pub(crate) kind: &'a str,
 }
 
 /// A ledger row.
@@ -648,6 +680,58 @@ impl Store {
             }
         }
         Ok(usage)
+    }
+
+    // Tool calls sent to MCP servers.
+
+    /// Writes a tool call as `outcome` (`sent` before it goes out, or
+    /// `refused`); returns the entry to close.
+    pub(crate) fn tool_call_open(
+        &self,
+        c: &NewToolCall<'_>,
+        outcome: &str,
+        detail: Option<&str>,
+    ) -> Result<i64> {
+        self.conn.execute(
+            "INSERT INTO tool_calls(run_id, round, call_id, name, kind, outcome, detail, created, updated)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?8)",
+            params![c.run_id, c.round as i64, c.call_id, c.name, c.kind, outcome, detail, now()],
+        )?;
+        Ok(self.conn.last_insert_rowid())
+    }
+
+    /// Records what became of a sent tool call.
+    pub(crate) fn tool_call_close(
+        &self,
+        entry: i64,
+        outcome: &str,
+        detail: Option<&str>,
+    ) -> Result<()> {
+        self.conn.execute(
+            "UPDATE tool_calls SET outcome = ?2, detail = ?3, updated = ?4 WHERE id = ?1",
+            params![entry, outcome, detail, now()],
+        )?;
+        Ok(())
+    }
+
+    /// A run's tool calls to MCP servers, in the order they were made.
+    pub(crate) fn tool_calls(&self, run_id: &str) -> Result<Vec<ToolCallRow>> {
+        let mut st = self.conn.prepare(
+            "SELECT round, call_id, name, kind, outcome, detail, created, updated FROM tool_calls WHERE run_id = ?1 ORDER BY id",
+        )?;
+        let rows = st.query_map([run_id], |r| {
+            Ok(ToolCallRow {
+                round: r.get(0)?,
+                call_id: r.get(1)?,
+                name: r.get(2)?,
+                kind: r.get(3)?,
+                outcome: r.get(4)?,
+                detail: r.get(5)?,
+                created: r.get(6)?,
+                updated: r.get(7)?,
+            })
+        })?;
+        Ok(rows.collect::<Result<_, _>>()?)
     }
 
     // Source handles.

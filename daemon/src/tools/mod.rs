@@ -1,24 +1,28 @@
 //! The built-in tools the daemon runs for a research run (`Host`):
 //! `search_sources` and `read_source` over the `--corpus` folders
 //! (`corpus`), through run-scoped source handles (`handles`), and
-//! `save_note`, a write under `--notes`. Every call returns a typed
+//! `save_note`, a write under `--notes`; beside them the tools of the MCP
+//! servers (`mcp`), under the same projection and authorization. Every call returns a typed
 //! `ToolOutput` (`output`); failures go back to the model as error results,
 //! they never end the loop. The host owns the tools' policies (`tools/…`)
 //! and authorizes every call against its quotas.
 
 pub(crate) mod corpus;
 mod handles;
+pub(crate) mod mcp;
 mod output;
 
 pub(crate) use handles::Handles;
 pub(crate) use output::{Analysis, Coverage, Finding, ToolOutput};
 
 use crate::state::policy::{self, Policies};
+use crate::state::store::{NewToolCall, Store};
 use corpus::Corpus;
 use output::{Found, Hit, Passage};
 use prompts::ToolDef;
 use serde_json::{json, Value};
 use std::path::PathBuf;
+use std::sync::Arc;
 
 /// Whether a tool only reads or also changes something.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,6 +67,8 @@ pub(crate) struct Host {
     limits: Limits,
     searches: usize,
     reads: usize,
+    /// The run's view of the MCP servers, when there are any.
+    mcp: Option<mcp::RunTools>,
 }
 
 /// A whole source, for section analysis.
@@ -95,22 +101,27 @@ impl Host {
             limits,
             searches: 0,
             reads: 0,
+            mcp: None,
         }
     }
 
     /// The host of a run: its corpus folders indexed at the segment size of
-    /// `policies`, its notes folder, the tool limits of `policies`.
+    /// `policies`, its notes folder, the tool limits of `policies`, the
+    /// MCP servers of `servers`.
     pub(crate) fn for_run(
         corpus: &[PathBuf],
         notes: Option<PathBuf>,
         policies: &Policies,
+        servers: Option<Arc<mcp::Hub>>,
     ) -> anyhow::Result<Host> {
         let corpus = if corpus.is_empty() {
             None
         } else {
             Some(Corpus::open(corpus, policies.get(policy::SEGMENT) as usize)?)
         };
-        Ok(Host::new(corpus, notes, Limits::from_policies(policies)))
+        let mut host = Host::new(corpus, notes, Limits::from_policies(policies));
+        host.mcp = servers.map(|hub| mcp::RunTools::new(hub, policies));
+        Ok(host)
     }
 
     /// Counts a call of `name` a recovered run made before, against the
@@ -119,7 +130,11 @@ impl Host {
         match name {
             SEARCH => self.searches += 1,
             READ | ANALYZE => self.reads += 1,
-            _ => {}
+            _ => {
+                if let Some(m) = &mut self.mcp {
+                    m.count_recovered(name);
+                }
+            }
         }
     }
 
@@ -133,16 +148,16 @@ impl Host {
             READ | ANALYZE if self.reads >= self.limits.reads => {
                 Some(format!("the read quota of {} per reply is spent", self.limits.reads))
             }
-            _ => None,
+            _ => self.mcp.as_ref().and_then(|m| m.spent(name)),
         }
     }
 
     /// The kind of a tool, `None` when unknown.
-    pub(crate) fn kind(name: &str) -> Option<Kind> {
+    pub(crate) fn kind(&self, name: &str) -> Option<Kind> {
         match name {
             SEARCH | READ | ANALYZE => Some(Kind::Read),
             NOTE => Some(Kind::Write),
-            _ => None,
+            _ => self.mcp.as_ref().and_then(|m| m.kind(name)),
         }
     }
 
@@ -184,7 +199,84 @@ impl Host {
                     "required": ["title", "text"]}),
             });
         }
+        if let Some(m) = &self.mcp {
+            v.extend(m.tools());
+        }
         v
+    }
+
+    /// Runs call `id` of round `round` of run `run_id`; a call to an MCP
+    /// server is written to the run's ledger of tool calls before it is
+    /// sent and closed with how it ended (a refused one is written
+    /// refused). Never fails: problems become error results.
+    pub(crate) fn call_in_run(
+        &mut self,
+        store: &Store,
+        run_id: &str,
+        round: usize,
+        id: &str,
+        name: &str,
+        arguments: &str,
+    ) -> ToolOutput {
+        let Some(m) = self.mcp.as_mut().filter(|m| m.owns(name)) else {
+            return self.call(name, arguments);
+        };
+        let kind = match m.kind(name) {
+            Some(Kind::Read) => "read",
+            _ => "write",
+        };
+        let args: Value = serde_json::from_str(arguments).unwrap_or(Value::Null);
+        let mut entry = None;
+        let (output, ended) = m.call(name, args, &mut || {
+            entry = store
+                .tool_call_open(
+                    &NewToolCall { run_id, round, call_id: id, name, kind },
+                    "sent",
+                    None,
+                )
+                .ok();
+        });
+        match ended {
+            mcp::Ended::Refused(detail) => {
+                let _ = store.tool_call_open(
+                    &NewToolCall { run_id, round, call_id: id, name, kind },
+                    "refused",
+                    Some(&detail),
+                );
+            }
+            mcp::Ended::Sent { ok, detail } => {
+                if let Some(e) = entry {
+                    let _ =
+                        store.tool_call_close(e, if ok { "ok" } else { "error" }, Some(&detail));
+                }
+            }
+        }
+        output
+    }
+
+    /// Writes a call to an MCP server that the loop refused before it
+    /// reached the host (not offered, deadline, cancelled) to the run's
+    /// ledger of tool calls.
+    pub(crate) fn refused_in_run(
+        &self,
+        store: &Store,
+        run_id: &str,
+        round: usize,
+        id: &str,
+        name: &str,
+        refusal: &ToolOutput,
+    ) {
+        let Some(m) = self.mcp.as_ref().filter(|m| m.owns(name)) else { return };
+        let kind = if m.kind(name) == Some(Kind::Read) { "read" } else { "write" };
+        let detail = match refusal {
+            ToolOutput::Error(e) => e.message.clone(),
+            _ => String::new(),
+        };
+        let _ = store.tool_call_open(
+            &NewToolCall { run_id, round, call_id: id, name, kind },
+            "refused",
+            Some(&detail),
+        );
     }
 
     /// Runs one call. Never fails: problems become error results.

@@ -1,5 +1,5 @@
 //! What a tool call returns, typed: a search's hits and its coverage, a
-//! segment read, a saved note, or an error with its code. The research loop
+//! segment read, a saved note, what an MCP tool returned, or an error with its code. The research loop
 //! reads these fields; the JSON text the model, the events and the chat see
 //! (CONTRACTS.md "Built-in tools") is made here, at the edge (`to_json`),
 //! and read back only here, when a run is recovered from its stored
@@ -86,6 +86,14 @@ pub(crate) struct ToolError {
     pub(crate) message: String,
 }
 
+/// What a tool of an MCP server returned: its text (cut to the
+/// `mcp/result-size` cap), or its structured content when it wrote no text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct McpResult {
+    pub(crate) text: String,
+    pub(crate) structured: Option<Value>,
+}
+
 /// The result of one tool call.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum ToolOutput {
@@ -94,6 +102,8 @@ pub(crate) enum ToolOutput {
     Analysis(Box<Analysis>),
     /// `save_note` wrote this file under the notes folder.
     Saved(String),
+    /// A tool of an MCP server answered.
+    Mcp(McpResult),
     Error(ToolError),
 }
 
@@ -142,6 +152,10 @@ impl ToolOutput {
                 out
             }
             ToolOutput::Saved(name) => json!({"saved": name}),
+            ToolOutput::Mcp(r) => match &r.structured {
+                Some(s) => json!({"structured": s}),
+                None => json!({"text": r.text}),
+            },
             ToolOutput::Error(e) => json!({"error": {"code": e.code, "message": e.message}}),
         }
     }
