@@ -24,6 +24,8 @@ mod reply;
 mod request;
 mod run;
 pub(crate) mod runs;
+#[cfg(test)]
+mod tests;
 mod view;
 
 pub(crate) use admission::{run, RunConfig, RunOptions};

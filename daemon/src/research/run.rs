@@ -22,6 +22,7 @@ use crate::state::store::{MessageStatus, RunStatus, Settled, Store};
 use crate::tools::Host;
 use prompts::fallback::Evidence;
 use prompts::Message;
+use std::cell::RefCell;
 use std::sync::atomic::AtomicBool;
 
 /// The state of a run in progress: what a crash must not lose (recovery
@@ -56,7 +57,8 @@ pub(super) fn drive(
     emit: &mut dyn FnMut(&Ev),
 ) -> Done {
     let Admitted { run_id, chat_id, history, budget, progress } = run;
-    let ledger = Ledger::new(store, &run_id);
+    let fault = RefCell::new(None);
+    let ledger = Ledger::new(store, &run_id, &fault);
     let reply = Reply::new(store, ledger, budget.clock(), &chat_id, &run_id);
     let mut cx = Ctx {
         host,
@@ -74,7 +76,7 @@ pub(super) fn drive(
         chat_id: chat_id.clone(),
         max_tool_iters: cx.budget.rounds,
     });
-    let done = research(&mut cx, provider, opts, &history, progress);
+    let mut done = research(&mut cx, provider, opts, &history, progress);
     let (message, status) = match done.outcome {
         Outcome::Cancelled => (MessageStatus::Cancelled, RunStatus::Cancelled),
         Outcome::Error => (MessageStatus::Error, RunStatus::Finished),
@@ -82,10 +84,17 @@ pub(super) fn drive(
     };
     cx.reply.save(message, true);
     let error = done.error.as_ref().map(|e| e.to_json().to_string());
-    let _ = store.settle_run(
+    let settled = store.settle_run(
         &run_id,
         &Settled { status, outcome: done.outcome, stop: done.stop, error: error.as_deref() },
     );
+    ledger.check("the run's outcome", settled);
+    if let (Some(fault), None) = (ledger.fault(), &done.error) {
+        // The run's record is incomplete: say so, never silently.
+        let e = ProviderError::Ledger(fault);
+        let (code, class) = e.code();
+        done.error = Some(RunError::new(code, class, e.to_string()));
+    }
     cx.emit(Ev::Done(done.clone()));
     done
 }
@@ -117,7 +126,7 @@ fn cancelled(cx: &Ctx<'_>, p: &Progress) -> Done {
     done(cx, Outcome::Cancelled, Stop::Cancelled, p.rounds, None)
 }
 
-fn failed(cx: &Ctx<'_>, p: &Progress, error: RunError) -> Done {
+pub(super) fn failed(cx: &Ctx<'_>, p: &Progress, error: RunError) -> Done {
     done(cx, Outcome::Error, Stop::Error, p.rounds, Some(error))
 }
 
@@ -204,6 +213,10 @@ fn final_turn(
             check_citations(cx, provider, &view, answer, stop, p)
         }
         Ok(_) => fallback(cx, opts, p, stop, "the final turn wrote no answer text"),
+        Err(e @ ProviderError::Ledger(_)) => {
+            let (code, class) = e.code();
+            failed(cx, p, RunError::new(code, class, e.to_string()))
+        }
         Err(ProviderError::Budget { .. }) => {
             let e = cx.budget.exhausted();
             let mut d =

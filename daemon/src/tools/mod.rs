@@ -9,6 +9,8 @@
 pub(crate) mod corpus;
 mod handles;
 mod output;
+#[cfg(test)]
+pub(crate) mod tests;
 
 pub(crate) use handles::Handles;
 pub(crate) use output::{Coverage, ToolOutput};
@@ -63,6 +65,15 @@ pub(crate) struct Host {
     limits: Limits,
     searches: usize,
     reads: usize,
+}
+
+/// The largest char boundary of `s` at or below `at` (`str::floor_char_boundary`,
+/// which is not stable yet).
+fn floor_char_boundary(s: &str, at: usize) -> usize {
+    if at >= s.len() {
+        return s.len();
+    }
+    (0..=at).rev().find(|&i| s.is_char_boundary(i)).unwrap_or(0)
 }
 
 /// Why a tool is not offered (or a call is refused) right now.
@@ -315,7 +326,9 @@ impl Host {
             .filter(|s| !s.is_empty())
             .collect::<Vec<_>>()
             .join("-");
-        slug.truncate(60);
+        // At most 60 bytes, cut at a character boundary: a title is model
+        // output and may be any text.
+        slug.truncate(floor_char_boundary(&slug, 60));
         if slug.is_empty() {
             slug = "note".into();
         }

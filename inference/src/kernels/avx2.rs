@@ -79,7 +79,8 @@ trait Kern {
 /// See `rows::matmul`.
 ///
 /// # Safety
-/// The CPU must support avx2, fma and f16c (`available()`).
+/// The CPU must support avx2, fma and f16c (`available()`), and no other
+/// thread reads or writes rows `rows` of `out` during the call.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn matmul(
     w: &RowMat,
@@ -90,7 +91,8 @@ pub(super) unsafe fn matmul(
     if matches!(w.fmt, Fmt::F16 | Fmt::BF16) || (w.fmt == Fmt::Q4K && !w.chain) {
         // Rare: f16/bf16 matrices and Q4_K with a row count ggml does not
         // repack take the portable path (compiled here with AVX2 and FMA).
-        super::rows::matmul(w, acts, rows, out);
+        // SAFETY: the rows are this call's (its contract).
+        unsafe { super::rows::matmul(w, acts, rows, out) };
         return;
     }
     assert!(w.data.len() >= rows.end * w.row_bytes);

@@ -268,7 +268,11 @@ impl Packed {
     ///
     /// `out` holds `acts.n · self.rows` values; rows past `self.rows` are not
     /// written. Threads may share `out` when their tile ranges are disjoint.
-    pub(crate) fn matmul_tiles(
+    ///
+    /// # Safety
+    /// No other thread reads or writes the rows of `tiles` in `out` during
+    /// the call.
+    pub(crate) unsafe fn matmul_tiles(
         &self,
         acts: &Acts,
         tiles: std::ops::Range<usize>,
@@ -279,21 +283,25 @@ impl Packed {
             #[cfg(target_arch = "x86_64")]
             if isa().avx2() {
                 // SAFETY: `isa()` reports AVX2 only after checking that the
-                // CPU has every feature the AVX2 kernels enable.
+                // CPU has every feature the AVX2 kernels enable; the rows
+                // are this call's (its contract).
                 unsafe { avx2::matmul(m, acts, rows, out) };
                 return;
             }
-            rows::matmul(m, acts, rows, out);
+            // SAFETY: the rows of `tiles` are this call's (its contract).
+            unsafe { rows::matmul(m, acts, rows, out) };
             return;
         }
         match isa() {
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512Vnni => {
                 // SAFETY: `isa()` returned Avx512Vnni only after checking the
-                // CPU supports every feature the kernels enable.
+                // CPU supports every feature the kernels enable; the tiles
+                // are this call's (its contract).
                 unsafe { x86::matmul_tiles(self, acts, tiles, out) }
             }
-            _ => scalar::matmul_tiles(self, acts, tiles, out),
+            // SAFETY: the tiles are this call's (its contract).
+            _ => unsafe { scalar::matmul_tiles(self, acts, tiles, out) },
         }
     }
 
@@ -390,14 +398,19 @@ impl<'a> OutRows<'a> {
     }
 
     /// Writes row `r` of column `c`; rows at or past `rows` are ignored.
+    /// The index is bounds-checked (a panic, never a write out of bounds).
     ///
-    /// INVARIANT: two threads never write the same `(c, r)`.
+    /// # Safety
+    /// No other thread reads or writes `(c, r)` of the buffer (through this
+    /// view or another view of it) while this call runs: threads sharing a
+    /// buffer own disjoint rows (or columns) of it.
     #[inline]
-    pub(crate) fn set(&self, c: usize, r: usize, v: f32) {
+    pub(crate) unsafe fn set(&self, c: usize, r: usize, v: f32) {
         if r < self.rows {
             let i = c * self.stride + self.off + r;
             assert!(i < self.len);
-            // SAFETY: in bounds (checked), and no other thread writes index i.
+            // SAFETY: in bounds (checked against the buffer's length), and
+            // no other thread touches index i (the caller's contract).
             unsafe { *self.ptr.add(i) = v }
         }
     }
@@ -776,10 +789,15 @@ mod tests {
         let mut out = vec![f32::NAN; n * w.rows];
         {
             let o = OutRows::new(&mut out, w.rows);
-            match (forced, &w.kind) {
-                (Some(Isa::Scalar), PackedKind::Rows(m)) => rows::matmul(m, &acts, 0..w.rows, &o),
-                (Some(Isa::Scalar), _) => scalar::matmul_tiles(w, &acts, 0..w.tiles(), &o),
-                _ => w.matmul_tiles(&acts, 0..w.tiles(), &o),
+            // SAFETY: one thread writes every row of `out`.
+            unsafe {
+                match (forced, &w.kind) {
+                    (Some(Isa::Scalar), PackedKind::Rows(m)) => {
+                        rows::matmul(m, &acts, 0..w.rows, &o)
+                    }
+                    (Some(Isa::Scalar), _) => scalar::matmul_tiles(w, &acts, 0..w.tiles(), &o),
+                    _ => w.matmul_tiles(&acts, 0..w.tiles(), &o),
+                }
             }
         }
         out

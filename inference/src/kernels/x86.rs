@@ -29,7 +29,8 @@ const COLS: usize = 6;
 ///
 /// # Safety
 /// The CPU must support avx512f, avx512bw, avx512vl, avx512vnni and fma
-/// (`available()`).
+/// (`available()`), and no other thread reads or writes the rows of `tiles`
+/// in `out` during the call.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
 pub(super) unsafe fn matmul_tiles(w: &Packed, acts: &Acts, tiles: Range<usize>, out: &OutRows<'_>) {
     match &w.kind {
@@ -110,7 +111,9 @@ pub(super) unsafe fn matmul_tiles(w: &Packed, acts: &Acts, tiles: Range<usize>, 
             let k = acts.k;
             for r in tiles.start * ROW_TILE..(tiles.end * ROW_TILE).min(w.rows) {
                 for c in 0..acts.n {
-                    out.set(c, r, dot_f32(&wf[r * k..(r + 1) * k], &acts.x[c * k..(c + 1) * k]));
+                    let v = dot_f32(&wf[r * k..(r + 1) * k], &acts.x[c * k..(c + 1) * k]);
+                    // SAFETY: `r` is a row of `tiles`, which this call owns.
+                    unsafe { out.set(c, r, v) };
                 }
             }
         }
@@ -161,8 +164,11 @@ unsafe fn store_q4_pair(acc: __m512, sm0: f32, sm1: f32, c: usize, row: usize, o
     unsafe { _mm512_storeu_ps(z.as_mut_ptr(), acc) };
     let r0 = [z[0], z[1], z[2], z[3], z[8], z[9], z[10], z[11]];
     let r1 = [z[4], z[5], z[6], z[7], z[12], z[13], z[14], z[15]];
-    out.set(c, row, hsum8(&r0) + sm0);
-    out.set(c, row + 1, hsum8(&r1) + sm1);
+    // SAFETY: the two rows belong to the caller's tiles (its contract).
+    unsafe {
+        out.set(c, row, hsum8(&r0) + sm0);
+        out.set(c, row + 1, hsum8(&r1) + sm1);
+    }
 }
 
 /// One column against the eight rows of tiles `t` and `t + 1` (two record
