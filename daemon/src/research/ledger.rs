@@ -68,10 +68,7 @@ impl<'a> Ledger<'a> {
 
     /// Writes request `n` as refused by the run's own allowance.
     pub(super) fn refused(&self, n: usize, phase: Phase, detail: &str) {
-        self.check(
-            "the ledger entry",
-            self.store.ledger_refused(self.run_id, n, phase, detail),
-        );
+        self.check("the ledger entry", self.store.ledger_refused(self.run_id, n, phase, detail));
     }
 
     /// Closes a request's entries: earlier attempts were retried; the last

@@ -30,6 +30,8 @@ impl Ctx<'_> {
         let req = TurnRequest { messages, tools, phase, max_tokens: self.budget.turn_tokens };
         let Ctx { budget, ledger, reply, emit, cancel, .. } = self;
         let ledger = *ledger;
+        let span =
+            tracing::info_span!("request", n = budget.requests() + 1, phase = phase.as_str());
         // Both the admission and the stream emit events, in order.
         let emit = RefCell::new(&mut **emit);
         let mut attempts = Attempts::default();
@@ -61,7 +63,16 @@ impl Ctx<'_> {
                 }),
             }
         };
-        let result = provider.turn(&req, cancel, &mut attempt, &mut on);
+        let result = span.in_scope(|| provider.turn(&req, cancel, &mut attempt, &mut on));
+        span.in_scope(|| match &result {
+            Ok(r) => tracing::info!(
+                finish = ?r.finish,
+                calls = r.calls.len(),
+                content_bytes = r.content.len(),
+                "model request"
+            ),
+            Err(e) => tracing::info!(error = e.code().1, "model request failed: {e}"),
+        });
         ledger.settle(attempts, &result);
         ledger.elapsed(budget.elapsed());
         match ledger.fault() {

@@ -57,6 +57,8 @@ pub(super) fn drive(
     emit: &mut dyn FnMut(&Ev),
 ) -> Done {
     let Admitted { run_id, chat_id, history, budget, progress } = run;
+    let span = tracing::info_span!("run", run_id = %run_id, chat_id = %chat_id);
+    let _span = span.enter();
     let fault = RefCell::new(None);
     let ledger = Ledger::new(store, &run_id, &fault);
     let reply = Reply::new(store, ledger, budget.clock(), &chat_id, &run_id);
@@ -95,6 +97,14 @@ pub(super) fn drive(
         let (code, class) = e.code();
         done.error = Some(RunError::new(code, class, e.to_string()));
     }
+    tracing::info!(
+        outcome = done.outcome.as_str(),
+        stop = done.stop.as_str(),
+        rounds = done.rounds,
+        model_requests = done.model_requests,
+        error = done.error.as_ref().map(|e| e.code.as_str()),
+        "run finished"
+    );
     cx.emit(Ev::Done(done.clone()));
     done
 }

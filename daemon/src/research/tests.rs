@@ -86,7 +86,13 @@ fn store() -> (tempfile::TempDir, Store) {
 }
 
 fn limits() -> Limits {
-    Limits { results_per_search: 3, searches: 4, reads: 4, handle_capacity: 8, handle_lifetime: 600 }
+    Limits {
+        results_per_search: 3,
+        searches: 4,
+        reads: 4,
+        handle_capacity: 8,
+        handle_lifetime: 600,
+    }
 }
 
 /// Runs `question` on `turns` with `host`; the done, the events and the
@@ -139,7 +145,10 @@ fn a_correction_that_streams_and_fails_keeps_the_answer_marked() {
 /// and every attempt that went out was written to the ledger first.
 fn assert_fails_closed(store: &Store, done: &Done, evs: &[Ev], sent: usize) {
     let e = done.error.as_ref().expect("an error");
-    assert_eq!((e.code.as_str(), e.classification.as_str()), ("LEDGER_WRITE_FAILED", "ledger_write_failed"));
+    assert_eq!(
+        (e.code.as_str(), e.classification.as_str()),
+        ("LEDGER_WRITE_FAILED", "ledger_write_failed")
+    );
     assert_eq!(done.outcome, Outcome::Error);
     assert_eq!(requests(evs), sent, "a request event for each attempt sent");
     let written = store
@@ -225,8 +234,7 @@ proptest! {
     ) {
         let (_d, store) = store();
         let notes = tempfile::tempdir().unwrap();
-        let corpus = crate::tools::corpus::Corpus::open(
-            std::slice::from_ref(&crate::tools::tests::world().corpus), 300).unwrap();
+        let corpus = crate::tools::tests::open_corpus();
         let mut host = Host::new(Some(corpus), Some(notes.path().to_owned()), limits());
         let turns = rounds
             .into_iter()

@@ -10,12 +10,12 @@ use std::sync::OnceLock;
 
 /// A corpus, a notes folder and a state folder shared by the tests of this
 /// process (the index of a corpus lives under the state folder).
-pub(crate) struct World {
+struct World {
     _dir: tempfile::TempDir,
-    pub(crate) corpus: PathBuf,
+    corpus: PathBuf,
 }
 
-pub(crate) fn world() -> &'static World {
+fn world() -> &'static World {
     static W: OnceLock<World> = OnceLock::new();
     W.get_or_init(|| {
         let dir = tempfile::tempdir().expect("a temporary folder");
@@ -35,6 +35,14 @@ pub(crate) fn world() -> &'static World {
     })
 }
 
+/// The shared corpus, opened one test at a time (two tests indexing it at
+/// once race for its index folder).
+pub(crate) fn open_corpus() -> Corpus {
+    static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = ONE.lock().unwrap_or_else(|e| e.into_inner());
+    Corpus::open(std::slice::from_ref(&world().corpus), 300).expect("the corpus")
+}
+
 fn limits() -> Limits {
     Limits {
         results_per_search: 5,
@@ -46,8 +54,7 @@ fn limits() -> Limits {
 }
 
 fn host(notes: &Path) -> Host {
-    let corpus = Corpus::open(std::slice::from_ref(&world().corpus), 300).expect("the corpus");
-    Host::new(Some(corpus), Some(notes.to_owned()), limits())
+    Host::new(Some(open_corpus()), Some(notes.to_owned()), limits())
 }
 
 /// Every call returns a result that becomes JSON.

@@ -375,8 +375,11 @@ pub(crate) struct OutRows<'a> {
     _life: std::marker::PhantomData<&'a mut [f32]>,
 }
 
-// SAFETY: threads write disjoint rows (INVARIANT of the callers of `set`).
+// SAFETY: an `OutRows` is a `&mut [f32]` borrowed for `'a`; moving it to
+// another thread moves that borrow.
 unsafe impl Send for OutRows<'_> {}
+// SAFETY: shared use writes only through `set`, an `unsafe fn` whose callers
+// keep threads to disjoint indices (its `# Safety`).
 unsafe impl Sync for OutRows<'_> {}
 
 impl<'a> OutRows<'a> {
@@ -606,8 +609,11 @@ struct KWriter {
     nb: usize,
 }
 
-// SAFETY: columns write disjoint ranges (see `column`).
+// SAFETY: raw views of buffers borrowed mutably by the caller for the
+// writer's use; moving them to another thread moves that use.
 unsafe impl Send for KWriter {}
+// SAFETY: shared use writes only through `column`, an `unsafe fn` whose
+// callers keep threads to disjoint columns (its `# Safety`).
 unsafe impl Sync for KWriter {}
 
 impl KWriter {
@@ -643,8 +649,11 @@ struct ColWriter {
     nb: usize,
 }
 
-// SAFETY: columns write disjoint ranges (see `column`).
+// SAFETY: raw views of buffers borrowed mutably by the caller for the
+// writer's use; moving them to another thread moves that use.
 unsafe impl Send for ColWriter {}
+// SAFETY: shared use writes only through `column`, an `unsafe fn` whose
+// callers keep threads to disjoint columns (its `# Safety`).
 unsafe impl Sync for ColWriter {}
 
 impl ColWriter {

@@ -9,12 +9,7 @@ use std::ops::Range;
 /// # Safety
 /// No other thread reads or writes the rows of `tiles` in `out` during the
 /// call (threads sharing `out` own disjoint tiles).
-pub(super) unsafe fn matmul_tiles(
-    w: &Packed,
-    acts: &Acts,
-    tiles: Range<usize>,
-    out: &OutRows<'_>,
-) {
+pub(super) unsafe fn matmul_tiles(w: &Packed, acts: &Acts, tiles: Range<usize>, out: &OutRows<'_>) {
     let nb = acts.blocks();
     for r in tiles.start * ROW_TILE..tiles.end * ROW_TILE {
         if r >= w.rows {

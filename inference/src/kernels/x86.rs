@@ -146,6 +146,10 @@ fn prefetch(p: *const u8) {
 }
 
 /// Loads two f16 scales (a row pair's, for one block) as f32 into lanes 0, 1.
+///
+/// # Safety
+/// The CPU has the AVX-512 features `matmul_tiles` enables (it is called from there);
+/// `p` points to two readable `u16`s.
 #[inline(always)]
 unsafe fn load2(p: *const u16) -> __m512 {
     // SAFETY: caller guarantees two readable u16 at p.
@@ -157,6 +161,10 @@ unsafe fn load2(p: *const u16) -> __m512 {
 
 /// Writes the rows of one accumulator pair register (two rows) in
 /// llama.cpp's lane order plus their `Σ m·s`.
+///
+/// # Safety
+/// The CPU has the AVX-512 features `matmul_tiles` enables (it is called from there);
+/// rows `row` and `row + 1` of `out` are the caller's (`OutRows::set`).
 #[inline(always)]
 unsafe fn store_q4_pair(acc: __m512, sm0: f32, sm1: f32, c: usize, row: usize, out: &OutRows<'_>) {
     let mut z = [0f32; 16];
@@ -174,6 +182,11 @@ unsafe fn store_q4_pair(acc: __m512, sm0: f32, sm1: f32, c: usize, row: usize, o
 /// One column against the eight rows of tiles `t` and `t + 1` (two record
 /// streams), `Σ fma(m, s)` folded into the same pass. Per lane the
 /// arithmetic is that of `q4_1_tile`, so the results are identical.
+///
+/// # Safety
+/// The CPU has the AVX-512 features `matmul_tiles` enables (it is called from there);
+/// the rows of tiles `t` and `t + 1` of `out` are the caller's (`OutRows::set`);
+/// `data` and `acts` hold them (bounds are asserted).
 #[inline(always)]
 unsafe fn q4_1_gemv8(data: &[u8], acts: &Acts, t: usize, out: &OutRows<'_>) {
     let nb = acts.blocks();
@@ -228,6 +241,11 @@ unsafe fn q4_1_gemv8(data: &[u8], acts: &Acts, t: usize, out: &OutRows<'_>) {
 
 /// One column against the eight rows of tiles `t` and `t + 1`; per lane
 /// the arithmetic of `q8_0_tile`.
+///
+/// # Safety
+/// The CPU has the AVX-512 features `matmul_tiles` enables (it is called from there);
+/// the rows of tiles `t` and `t + 1` of `out` are the caller's (`OutRows::set`);
+/// `data` and `acts` hold them (bounds are asserted).
 #[inline(always)]
 unsafe fn q8_0_gemv8(data: &[u8], acts: &Acts, t: usize, out: &OutRows<'_>) {
     let nb = acts.blocks();
@@ -272,6 +290,11 @@ unsafe fn q8_0_gemv8(data: &[u8], acts: &Acts, t: usize, out: &OutRows<'_>) {
 }
 
 /// `N` columns against the four rows of tile `tile` (one record stream).
+///
+/// # Safety
+/// The CPU has the AVX-512 features `matmul_tiles` enables (it is called from there);
+/// the rows of tile `tile` of `out` are the caller's (`OutRows::set`);
+/// `data` and `acts` hold them (bounds are asserted).
 #[inline(always)]
 unsafe fn q4_1_tile<const N: usize>(
     data: &[u8],
@@ -336,6 +359,11 @@ unsafe fn q4_1_tile<const N: usize>(
 }
 
 /// `N` columns against the four rows of tile `tile`.
+///
+/// # Safety
+/// The CPU has the AVX-512 features `matmul_tiles` enables (it is called from there);
+/// the rows of tile `tile` of `out` are the caller's (`OutRows::set`);
+/// `data` and `acts` hold them (bounds are asserted).
 #[inline(always)]
 unsafe fn q8_0_tile<const N: usize>(
     data: &[u8],
@@ -469,6 +497,9 @@ pub(super) unsafe fn attend_vec(
 }
 
 /// `attn::reduce16` on a register (`_mm512_reduce_add_ps`'s tree).
+///
+/// # Safety
+/// The CPU has avx512f.
 #[inline(always)]
 unsafe fn reduce16(x: __m512) -> f32 {
     let mut l = [0f32; 16];
