@@ -5,6 +5,10 @@
 //! argument the tools read (so any unicode reaches the note slug, the
 //! search query and the handle lookup). Crashes are kept as regression
 //! inputs in `daemon/tests/data/tool_args/` and replayed by `cargo test`.
+//!
+//! ```text
+//! cd daemon/fuzz && cargo +nightly fuzz run -s none tool_args -- -max_total_time=600
+//! ```
 #![no_main]
 #![allow(dead_code, unreachable_pub)]
 
