@@ -454,3 +454,38 @@ fn the_real_default_model_researches_and_always_completes() {
     assert_eq!(d["model_requests"].as_u64().unwrap() as usize, n.len());
     assert!(!d["answer"].as_str().unwrap().trim().is_empty(), "{d}");
 }
+
+/// Logs (issue 12): under `AGENTD_LOG=info` a run writes one `run finished`
+/// line and one `model request` line per request, each naming the run id;
+/// with no filter set, nothing of the kind.
+#[test]
+fn info_logs_name_the_run_in_a_line_per_run_and_per_request() {
+    let h = Home::new();
+    let s = script(&h, &[SEARCH, r#"{"content": "Two requests are reserved."}"#]);
+    let corpus = h.corpus();
+    let args = [
+        "ask",
+        "--provider",
+        "scripted",
+        "--script",
+        &s,
+        "--corpus",
+        corpus.to_str().unwrap(),
+        "--events",
+        "budget?",
+    ];
+    let out = h.cmd(&args).env("AGENTD_LOG", "info").output().expect("agentd runs");
+    let evs = events(&out);
+    let run_id = of(&evs, "run")[0]["run_id"].as_str().unwrap().to_owned();
+    let requests = of(&evs, "request").len();
+    assert_eq!(requests, 2, "{evs:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    let with_id = |what: &str| {
+        err.lines().filter(|l| l.contains(what) && l.contains(&format!("run_id={run_id}"))).count()
+    };
+    assert_eq!(with_id("run finished"), 1, "{err}");
+    assert_eq!(with_id("model request"), requests, "{err}");
+    let quiet = h.run(&args);
+    let err = String::from_utf8_lossy(&quiet.stderr);
+    assert!(!err.contains("model request") && !err.contains("run finished"), "{err}");
+}

@@ -9,6 +9,7 @@
 
 mod commands;
 mod events;
+mod logs;
 mod provider;
 mod research;
 mod server;
@@ -244,6 +245,7 @@ enum ToolparseCommand {
 }
 
 fn main() -> ExitCode {
+    logs::init();
     let cancel = Arc::new(AtomicBool::new(false));
     {
         let c = Arc::clone(&cancel);

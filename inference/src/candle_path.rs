@@ -151,9 +151,10 @@ impl CandleModel {
             return Err(Error::new(ErrorKind::Input, "no tokens to run"));
         }
         let input = Tensor::new(run.as_slice(), &self.device)?.unsqueeze(0)?;
-        let out = st.weights.forward(&input, pos);
-        // On failure the cache's state is unknown: nobody owns it.
-        let out = out.inspect_err(|_| st.owner = 0)?;
+        // While the pass runs (and after it fails or panics) the cache's
+        // state is unknown: nobody owns it.
+        st.owner = 0;
+        let out = st.weights.forward(&input, pos)?;
         st.owner = session;
         st.len = pos + run.len();
         *logits = out.squeeze(0)?.to_dtype(DType::F32)?.to_vec1()?;

@@ -119,7 +119,9 @@ impl Linear {
             pool.run(tasks.len(), &|t| {
                 let (i, t0, t1) = tasks[t];
                 if let Part::Fast(p) = &self.parts[i] {
-                    p.matmul_tiles(acts, t0..t1, &o.part(offs[i], p.rows));
+                    // SAFETY: task t alone has tiles t0..t1 of part i (the
+                    // tasks split each part's tiles into disjoint ranges).
+                    unsafe { p.matmul_tiles(acts, t0..t1, &o.part(offs[i], p.rows)) };
                 }
             });
         }
@@ -889,7 +891,8 @@ impl Model {
                 let pos = rows[i].1;
                 attend_vec(q(i, h), kc, vc, lane, from(pos), pos + 1, scale, softcap, &mut o[..hd]);
                 for (j, v) in o[..hd].iter().enumerate() {
-                    out.set(i, h * hd + j, *v);
+                    // SAFETY: task (i, h) alone writes head h of row i.
+                    unsafe { out.set(i, h * hd + j, *v) };
                 }
             });
         }
@@ -919,7 +922,9 @@ impl Model {
                     for i in pos {
                         for h in heads.clone() {
                             for (j, v) in o[at..at + hd].iter().enumerate() {
-                                out.set(i, h * hd + j, *v);
+                                // SAFETY: task (span b, KV head g) alone
+                                // writes the heads of g in the rows of b.
+                                unsafe { out.set(i, h * hd + j, *v) };
                             }
                             at += hd;
                         }

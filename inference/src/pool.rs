@@ -11,22 +11,40 @@
 //!
 //! INVARIANT (soundness of the lifetime erasure in [`Pool::run`]): the job
 //! closure is called only for a claimed task, a task can only be claimed
-//! while its job's epoch is current, and `run` neither returns nor unwinds
-//! before every claimed task has finished. A panic in a task — the
-//! caller's or a worker's — is held until then and re-raised by `run`.
+//! while its job's epoch is current and its index is below that job's own
+//! task count (read with the closure, from one slot), and `run` neither
+//! returns nor unwinds before every claimed task has finished. A panic in a
+//! task — the caller's or a worker's — is held until then and re-raised by
+//! `run`. Workers hold the closure only as a raw pointer, turned into a
+//! reference for the call of a claimed task and never outside it, so no
+//! reference to it outlives `run`.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
-type Task<'a> = &'a (dyn Fn(usize) + Sync);
+/// The closure of a job, lifetime erased (see the module INVARIANT): valid
+/// while a task of its job is claimed and not finished.
+type Erased = *const (dyn Fn(usize) + Sync + 'static);
+
+/// A job as the workers read it: its epoch, task count and closure, always
+/// together.
+#[derive(Clone, Copy)]
+struct Job {
+    epoch: u64,
+    tasks: u64,
+    f: Erased,
+}
+
+// SAFETY: `f` points to a `Sync` closure, so calling it from another thread
+// is allowed; when it may be called is the module INVARIANT.
+unsafe impl Send for Job {}
 
 struct Shared {
-    /// The current job, lifetime erased (see the module INVARIANT).
-    job: Mutex<Option<Task<'static>>>,
+    /// The current job (see the module INVARIANT).
+    job: Mutex<Option<Job>>,
     /// `epoch << 32 | next task index`.
     state: AtomicU64,
-    tasks: AtomicUsize,
     finished: AtomicUsize,
     /// A worker's task panicked during the current job.
     panicked: AtomicBool,
@@ -51,13 +69,24 @@ impl std::fmt::Debug for Pool {
 }
 
 /// Spin iterations before a worker sleeps (about a millisecond).
+#[cfg(not(miri))]
 const SPIN: u32 = 1 << 17;
+/// Miri runs every spin: sleep soon.
+#[cfg(miri)]
+const SPIN: u32 = 8;
 
 impl Shared {
-    /// Claims and runs tasks of `job` (epoch `epoch`) until none is left.
-    /// Returns the payload of a panic of one of them, if any.
-    fn drain(&self, epoch: u64, job: Task<'_>) -> Option<Box<dyn std::any::Any + Send>> {
-        let tasks = self.tasks.load(Ordering::Acquire) as u64;
+    /// Claims and runs tasks of `job` until none is left. Returns the
+    /// payload of a panic of one of them, if any.
+    ///
+    /// # Safety
+    ///
+    /// `job.f` was valid when `job` was read from `self.job` (or it is the
+    /// caller's own closure, alive for this call): it is dereferenced only
+    /// for a task claimed under `job.epoch`, which keeps `run` — and the
+    /// closure — alive until that task finishes.
+    unsafe fn drain(&self, job: Job) -> Option<Box<dyn std::any::Any + Send>> {
+        let Job { epoch, tasks, f } = job;
         let mut caught = None;
         let mut cur = self.state.load(Ordering::Acquire);
         loop {
@@ -72,6 +101,10 @@ impl Shared {
             ) {
                 Ok(_) => {
                     let i = (cur & 0xFFFF_FFFF) as usize;
+                    // SAFETY: task `i` of `epoch` is claimed and not
+                    // finished, so `run` of this job has not returned and
+                    // its closure is alive (module INVARIANT).
+                    let job = unsafe { &*f };
                     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(i)));
                     if let Err(p) = r {
                         // Before `finished` counts it, so the caller that
@@ -95,7 +128,6 @@ impl Pool {
         let shared = Arc::new(Shared {
             job: Mutex::new(None),
             state: AtomicU64::new(0),
-            tasks: AtomicUsize::new(0),
             finished: AtomicUsize::new(0),
             panicked: AtomicBool::new(false),
             stop: AtomicBool::new(false),
@@ -134,13 +166,14 @@ impl Pool {
         assert!(tasks < 1 << 32, "{tasks} tasks in one job");
         let _one = self.busy.lock().unwrap_or_else(|e| e.into_inner());
         let s = &*self.shared;
-        // SAFETY: see the module INVARIANT: `f` is called only for tasks
-        // claimed under this job's epoch, and this function does not return
-        // or unwind before all of them have finished.
-        let job: Task<'static> = unsafe { std::mem::transmute::<Task<'_>, Task<'static>>(f) };
-        let epoch = (s.state.load(Ordering::Acquire) >> 32) + 1;
+        let f: *const (dyn Fn(usize) + Sync + '_) = f;
+        // SAFETY: only the lifetime changes (a raw pointer of the same
+        // layout); see the module INVARIANT for when it is dereferenced.
+        let f = unsafe { std::mem::transmute::<*const (dyn Fn(usize) + Sync + '_), Erased>(f) };
+        // 32 bits of epoch: it wraps (after 2^32 jobs) as `state` does.
+        let epoch = ((s.state.load(Ordering::Acquire) >> 32) + 1) & 0xFFFF_FFFF;
+        let job = Job { epoch, tasks: tasks as u64, f };
         *s.job.lock().unwrap_or_else(|e| e.into_inner()) = Some(job);
-        s.tasks.store(tasks, Ordering::Release);
         s.finished.store(0, Ordering::Release);
         s.panicked.store(false, Ordering::Release);
         {
@@ -148,7 +181,8 @@ impl Pool {
             s.state.store(epoch << 32, Ordering::Release);
             s.wake.notify_all();
         }
-        let mine = s.drain(epoch, f);
+        // SAFETY: `f` is this call's own closure.
+        let mine = unsafe { s.drain(job) };
         let mut spins = 0u32;
         while s.finished.load(Ordering::Acquire) < tasks {
             spins = spins.wrapping_add(1);
@@ -194,10 +228,11 @@ fn worker(s: &Shared) {
         let job = *s.job.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(job) = job {
             // A stale job (the caller moved on) fails every claim: its
-            // epoch is no longer current.
+            // epoch is no longer current, or all its tasks are claimed.
             // A panic is recorded in `panicked` by `drain`; the caller
             // re-raises it.
-            let _ = s.drain(epoch, job);
+            // SAFETY: `job` was read from the slot, whole.
+            let _ = unsafe { s.drain(job) };
         }
     }
 }
@@ -261,5 +296,49 @@ mod tests {
             n.fetch_add(1, Ordering::Relaxed);
         });
         assert_eq!(n.load(Ordering::Relaxed), 10);
+    }
+
+    /// A panic on a worker thread (not the caller's) reaches the caller
+    /// after every task has finished; a job no worker took part in does not
+    /// panic at all.
+    #[test]
+    fn a_panicking_worker_task_is_raised_by_the_caller() {
+        let pool = Pool::new(3);
+        for _ in 0..if cfg!(miri) { 3 } else { 20 } {
+            let on_worker = AtomicBool::new(false);
+            let live = AtomicUsize::new(0);
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                pool.run(32, &|_| {
+                    live.fetch_add(1, Ordering::SeqCst);
+                    std::thread::sleep(std::time::Duration::from_micros(20));
+                    live.fetch_sub(1, Ordering::SeqCst);
+                    if std::thread::current().name().is_some_and(|n| n.starts_with("agentd-mm")) {
+                        on_worker.store(true, Ordering::SeqCst);
+                        panic!("a worker's task");
+                    }
+                })
+            }));
+            assert_eq!(r.is_err(), on_worker.load(Ordering::SeqCst));
+            assert_eq!(live.load(Ordering::SeqCst), 0);
+        }
+    }
+
+    /// Jobs of different sizes back to back, each closure borrowing data
+    /// exactly its size from the caller's stack: a worker late from one job
+    /// never runs a task index of the next one's count on the old closure
+    /// (that would index out of bounds here, and is a use after free under
+    /// Miri).
+    #[test]
+    fn a_late_worker_never_runs_a_stale_job() {
+        let pool = Pool::new(4);
+        let rounds = if cfg!(miri) { 40 } else { 4000 };
+        for k in 0..rounds {
+            let n = [2usize, 9, 3, 17][k % 4];
+            let hits: Vec<AtomicUsize> = (0..n).map(|_| AtomicUsize::new(0)).collect();
+            pool.run(n, &|i| {
+                hits[i].fetch_add(1, Ordering::Relaxed);
+            });
+            assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1));
+        }
     }
 }

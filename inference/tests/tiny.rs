@@ -29,6 +29,24 @@ fn loads_and_reports_its_shape() {
     assert!(info.stop_tokens.contains(&2));
 }
 
+// See: issue 12. A head size above the attention kernels' MAX_HEAD (256)
+// reached an assert on the first forward pass; it is refused at load.
+#[test]
+fn a_head_size_above_the_kernels_limit_is_refused_at_load() {
+    use candle_core::quantized::gguf_file::Value;
+    let t = common::write_tiny_with(
+        None,
+        vec![
+            ("llama.attention.key_length".into(), Value::U32(512)),
+            ("llama.rope.dimension_count".into(), Value::U32(512)),
+        ],
+    );
+    let e = Engine::load(&t.path, &EngineOptions { threads: Some(1), ..Default::default() })
+        .expect_err("a head size of 512 is refused");
+    assert_eq!(e.kind(), ErrorKind::Model);
+    assert!(e.to_string().contains("head size 512 (at most 256)"), "{e}");
+}
+
 #[test]
 fn tokenizer_round_trips_and_parses_control_tokens_only_when_asked() {
     let (_t, e) = engine(None, 1);

@@ -122,6 +122,9 @@ pub(crate) enum ProviderError {
     /// refused attempt was a retry, `retrying` is the transient failure of
     /// the attempt before it.
     Budget { retrying: Option<Box<ProviderError>> },
+    /// The run's ledger (or its chat) could not be written, so the request
+    /// was not sent: the ledger fails closed. Never a provider failure.
+    Ledger(String),
 }
 
 impl std::fmt::Display for ProviderError {
@@ -137,6 +140,10 @@ impl std::fmt::Display for ProviderError {
             ProviderError::Budget { .. } => {
                 write!(f, "this run's own request allowance is spent; the request was not sent")
             }
+            ProviderError::Ledger(m) => write!(
+                f,
+                "{m}; no request was sent after it (check that the state folder is writable and has space, then `agentd runs resume`)"
+            ),
         }
     }
 }
@@ -153,6 +160,7 @@ impl ProviderError {
             ProviderError::Budget { .. } => {
                 ("PROVIDER_CALL_BUDGET_EXCEEDED", "local_budget_exhausted")
             }
+            ProviderError::Ledger(_) => ("LEDGER_WRITE_FAILED", "ledger_write_failed"),
         }
     }
 }

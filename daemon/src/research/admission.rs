@@ -8,9 +8,9 @@
 use super::budget::Budget;
 use super::run::{drive, Admitted, Progress};
 use super::view::chat_history;
-use crate::events::{Done, Ev};
+use crate::events::{Done, Ev, Outcome, RunError, Stop};
 use crate::provider::build::EngineArgs;
-use crate::provider::Provider;
+use crate::provider::{Provider, ProviderError};
 use crate::state::policy::Policies;
 use crate::state::store::{new_id, MessageStatus, NewRun, Store, StoredMessage};
 use crate::tools::{mcp, Host};
@@ -150,22 +150,37 @@ pub(crate) fn run(
 ) -> Done {
     let run_id = new_id("run");
     let chat_id = opts.chat_id.clone().unwrap_or_else(|| new_id("chat"));
-    let _ = store.ensure_chat(&chat_id, &opts.question);
-    let _ = store.insert_run(&NewRun {
-        id: &run_id,
-        chat_id: &chat_id,
-        question: &opts.question,
-        snapshot: &Snapshot::encode(policies, opts),
-    });
+    let admitted = store
+        .ensure_chat(&chat_id, &opts.question)
+        .context("cannot write the chat")
+        .and_then(|()| {
+            store
+                .insert_run(&NewRun {
+                    id: &run_id,
+                    chat_id: &chat_id,
+                    question: &opts.question,
+                    snapshot: &Snapshot::encode(policies, opts),
+                })
+                .context("cannot write the run")
+        });
     let history = chat_history(store, &chat_id, None);
-    let _ = store.add_message(&StoredMessage {
-        chat_id: chat_id.clone(),
-        run_id: Some(run_id.clone()),
-        role: "user".into(),
-        content: opts.question.clone(),
-        status: MessageStatus::Complete,
-        ..Default::default()
+    let admitted = admitted.and_then(|()| {
+        store
+            .add_message(&StoredMessage {
+                chat_id: chat_id.clone(),
+                run_id: Some(run_id.clone()),
+                role: "user".into(),
+                content: opts.question.clone(),
+                status: MessageStatus::Complete,
+                ..Default::default()
+            })
+            .context("cannot write the question")
     });
+    if let Err(e) = admitted {
+        // The ledger fails closed: a run that cannot be recorded sends
+        // nothing.
+        return unrecorded(&run_id, &chat_id, format!("{e:#} (run {run_id})"), emit);
+    }
     let admitted = Admitted {
         run_id,
         chat_id,
@@ -174,4 +189,24 @@ pub(crate) fn run(
         progress: Progress::default(),
     };
     drive(provider, host, store, admitted, opts, cancel, emit)
+}
+
+/// A run whose admission could not be written: it ends at once, before any
+/// request, with the ledger's error.
+fn unrecorded(run_id: &str, chat_id: &str, why: String, emit: &mut dyn FnMut(&Ev)) -> Done {
+    let e = ProviderError::Ledger(why);
+    let (code, class) = e.code();
+    emit(&Ev::Run { run_id: run_id.to_owned(), chat_id: chat_id.to_owned(), max_tool_iters: 0 });
+    let done = Done {
+        outcome: Outcome::Error,
+        stop: Stop::Error,
+        rounds: 0,
+        model_requests: 0,
+        answer: String::new(),
+        error: Some(RunError::new(code, class, e.to_string())),
+        invalid_citations: Vec::new(),
+        grounded: false,
+    };
+    emit(&Ev::Done(done.clone()));
+    done
 }

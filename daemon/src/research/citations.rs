@@ -4,10 +4,10 @@
 //! correction turn from the finalization reserve; if that fails too, the
 //! answer is delivered with the invalid citations marked, never silently.
 
-use super::run::{done, Progress};
+use super::run::{done, failed, Progress};
 use super::Ctx;
-use crate::events::{Done, Ev, Outcome, Phase, Stop};
-use crate::provider::{Provider, TurnFinish};
+use crate::events::{Done, Ev, Outcome, Phase, RunError, Stop};
+use crate::provider::{Provider, ProviderError, TurnFinish};
 use prompts::{texts, Message};
 use std::collections::BTreeSet;
 
@@ -65,6 +65,7 @@ pub(super) fn check_citations(
     } else {
         read.iter().cloned().collect::<Vec<_>>().join(", ")
     };
+    let answer_at = cx.reply.answer_at();
     let mut view = view.to_vec();
     view.push(Message::new("assistant", answer.clone()));
     view.push(Message::new(
@@ -78,14 +79,18 @@ pub(super) fn check_citations(
         Ok(r) if !r.content.trim().is_empty() && cx.reply.turn_has_content() => {
             Some(cx.reply.answer())
         }
+        Err(e @ ProviderError::Ledger(_)) => {
+            let (code, class) = e.code();
+            return failed(cx, p, RunError::new(code, class, e.to_string()));
+        }
         _ => None,
     };
-    let (text, still) = match corrected {
+    let (text, at, still) = match corrected {
         Some(t) => {
             let still = unread(&t, &read);
-            (t, still)
+            (t, cx.reply.answer_at(), still)
         }
-        None => (answer, invalid),
+        None => (answer, answer_at, invalid),
     };
     if still.is_empty() {
         return done(cx, Outcome::Answered, stop, p.rounds, None);
@@ -100,7 +105,7 @@ pub(super) fn check_citations(
         text: format!("The answer still cites {} without having read it; those citations are marked unverified", still.join(", ")),
     });
     // The stored message carries the marked answer.
-    cx.reply.replace_answer(&text, &marked);
+    cx.reply.replace_answer(at, &text, &marked);
     let mut d = done(cx, Outcome::Answered, stop, p.rounds, None);
     d.invalid_citations = still;
     d

@@ -157,7 +157,7 @@ pub(super) fn run_round(
     let mut assistant = Message::new("assistant", content.trim());
     assistant.tool_calls =
         calls.iter().map(|c| ToolCallMsg::new(&c.id, &c.name, &c.arguments)).collect();
-    let _ = cx.store.add_message(&StoredMessage {
+    let stored = cx.store.add_message(&StoredMessage {
         chat_id: cx.chat_id.to_owned(),
         run_id: Some(cx.run_id.to_owned()),
         role: "assistant".into(),
@@ -176,6 +176,7 @@ pub(super) fn run_round(
         status: MessageStatus::ToolCalls,
         ..Default::default()
     });
+    cx.ledger.check("the tool calls", stored);
     p.exchanges.push(assistant);
     let mut batch = Batch::default();
     for (c, args) in calls.iter().zip(args) {
@@ -207,7 +208,7 @@ pub(super) fn run_round(
             }
         }
         for h in cx.host.handles.take_changed() {
-            let _ = cx.store.save_handle(cx.run_id, &h);
+            cx.ledger.check("a source handle", cx.store.save_handle(cx.run_id, &h));
         }
         // The result leaves the loop as JSON text: to the events, the chat
         // and the model.
@@ -219,7 +220,7 @@ pub(super) fn run_round(
             ok: output.ok(),
             content: text.clone(),
         });
-        let _ = cx.store.add_message(&StoredMessage {
+        let stored = cx.store.add_message(&StoredMessage {
             chat_id: cx.chat_id.to_owned(),
             run_id: Some(cx.run_id.to_owned()),
             role: "tool".into(),
@@ -229,6 +230,7 @@ pub(super) fn run_round(
             status: if output.ok() { MessageStatus::Ok } else { MessageStatus::Error },
             ..Default::default()
         });
+        cx.ledger.check("a tool result", stored);
         batch.push(cx.host.kind(&c.name), &c.name, &args, &text);
         let mut m = Message::new("tool", text);
         m.tool_call_id = Some(c.id.clone());

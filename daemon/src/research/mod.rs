@@ -30,6 +30,8 @@ mod request;
 mod run;
 pub(crate) mod runs;
 mod sections;
+#[cfg(test)]
+mod tests;
 mod view;
 mod voice;
 

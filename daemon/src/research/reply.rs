@@ -92,12 +92,31 @@ impl<'a> Reply<'a> {
         &self.visible
     }
 
-    /// Replaces the answer `text` at the end of the reply by `marked`
-    /// (invalid citations marked), which becomes the answer.
-    pub(super) fn replace_answer(&mut self, text: &str, marked: &str) {
-        let from = self.visible.len() - text.len().min(self.visible.len());
-        self.visible.replace_range(from.., marked);
-        self.answer_from = from;
+    /// Where the current answer starts (for [`Reply::replace_answer`]).
+    pub(super) fn answer_at(&self) -> usize {
+        self.answer_from
+    }
+
+    /// Replaces the answer `text` that starts at `from` (its
+    /// [`Reply::answer_at`]) by `marked` (invalid citations marked), which
+    /// becomes the answer; text a later turn streamed after it (a failed
+    /// correction) is not part of the answer and is dropped.
+    pub(super) fn replace_answer(&mut self, from: usize, text: &str, marked: &str) {
+        let end = from.saturating_add(text.len());
+        if self.visible.get(from..end) == Some(text) {
+            self.visible.truncate(end);
+            self.visible.replace_range(from.., marked);
+            self.answer_from = from;
+        } else {
+            // Not where it was written (never expected): the marked answer
+            // follows the text as a paragraph of its own.
+            self.answer_from = self.visible.len();
+            if !self.visible.is_empty() {
+                self.visible.push_str("\n\n");
+                self.answer_from = self.visible.len();
+            }
+            self.visible.push_str(marked);
+        }
     }
 
     /// Saves the text with `status` (at once when `force`, else when
@@ -116,11 +135,12 @@ impl<'a> Reply<'a> {
                     status,
                     ..Default::default()
                 };
-                self.row = self.store.add_message(&m).ok();
+                self.row = self.ledger.check("the reply", self.store.add_message(&m));
                 self.saved_at = Instant::now();
             }
             Some(id) if force || self.saved_at.elapsed() >= SAVE_EVERY => {
-                let _ = self.store.update_message(id, &self.visible, status);
+                self.ledger
+                    .check("the reply", self.store.update_message(id, &self.visible, status));
                 self.saved_at = Instant::now();
             }
             Some(_) => {}

@@ -7,7 +7,7 @@ use super::ledger::Attempts;
 use super::Ctx;
 use crate::events::Ev;
 use crate::events::Phase;
-use crate::provider::{Provider, ProviderError, TurnEvent, TurnReply, TurnRequest};
+use crate::provider::{Provider, ProviderError, Refused, TurnEvent, TurnReply, TurnRequest};
 use prompts::{Message, ToolDef};
 use serde_json::Value;
 use std::cell::RefCell;
@@ -22,20 +22,33 @@ impl Ctx<'_> {
         messages: &[Message],
         tools: &[ToolDef],
     ) -> Result<TurnReply, ProviderError> {
+        // The ledger fails closed: after a failed write nothing goes out.
+        if let Some(fault) = self.ledger.fault() {
+            return Err(ProviderError::Ledger(fault));
+        }
         self.reply.begin_turn();
         let req = TurnRequest { messages, tools, phase, max_tokens: self.budget.turn_tokens };
         let Ctx { budget, ledger, reply, emit, cancel, .. } = self;
         let ledger = *ledger;
+        let span =
+            tracing::info_span!("request", n = budget.requests() + 1, phase = phase.as_str());
         // Both the admission and the stream emit events, in order.
         let emit = RefCell::new(&mut **emit);
         let mut attempts = Attempts::default();
         let mut attempt = |_k: u32| {
+            if ledger.fault().is_some() {
+                // A write failed since the turn began: no retry goes out.
+                return Err(Refused);
+            }
             if let Err(refused) = budget.admit(phase) {
                 ledger.refused(budget.requests() + 1, phase, &budget.refusal());
                 return Err(refused);
             }
             let n = budget.requests();
-            ledger.sent(&mut attempts, n, phase);
+            if !ledger.sent(&mut attempts, n, phase) {
+                // Not recorded, so not sent (the fault ends the run).
+                return Err(Refused);
+            }
             (*emit.borrow_mut())(&Ev::Request { n, phase });
             Ok(())
         };
@@ -50,10 +63,23 @@ impl Ctx<'_> {
                 }),
             }
         };
-        let result = provider.turn(&req, cancel, &mut attempt, &mut on);
+        let result = span.in_scope(|| provider.turn(&req, cancel, &mut attempt, &mut on));
+        span.in_scope(|| match &result {
+            Ok(r) => tracing::info!(
+                finish = ?r.finish,
+                calls = r.calls.len(),
+                content_bytes = r.content.len(),
+                "model request"
+            ),
+            Err(e) => tracing::info!(error = e.code().1, "model request failed: {e}"),
+        });
         ledger.settle(attempts, &result);
         ledger.elapsed(budget.elapsed());
-        result
+        match ledger.fault() {
+            // A failed write ends the run, whatever the turn did.
+            Some(fault) => Err(ProviderError::Ledger(fault)),
+            None => result,
+        }
     }
 }
 

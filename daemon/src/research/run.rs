@@ -22,6 +22,7 @@ use crate::state::store::{MessageStatus, RunStatus, Settled, Store};
 use crate::tools::Host;
 use prompts::fallback::Evidence;
 use prompts::Message;
+use std::cell::RefCell;
 use std::sync::atomic::AtomicBool;
 
 /// The state of a run in progress: what a crash must not lose (recovery
@@ -56,12 +57,15 @@ pub(super) fn drive(
     emit: &mut dyn FnMut(&Ev),
 ) -> Done {
     let Admitted { run_id, chat_id, history, budget, progress } = run;
+    let span = tracing::info_span!("run", run_id = %run_id, chat_id = %chat_id);
+    let _span = span.enter();
     // A voice request also hears each sentence as it completes.
     let mut speaker = super::voice::Speaker::default();
     let voice = opts.voice;
     let mut relay = |e: &Ev| if voice { speaker.relay(e, emit) } else { emit(e) };
     let emit: &mut dyn FnMut(&Ev) = &mut relay;
-    let ledger = Ledger::new(store, &run_id);
+    let fault = RefCell::new(None);
+    let ledger = Ledger::new(store, &run_id, &fault);
     let reply = Reply::new(store, ledger, budget.clock(), &chat_id, &run_id);
     let mut cx = Ctx {
         host,
@@ -88,9 +92,24 @@ pub(super) fn drive(
     };
     cx.reply.save(message, true);
     let error = done.error.as_ref().map(|e| e.to_json().to_string());
-    let _ = store.settle_run(
+    let settled = store.settle_run(
         &run_id,
         &Settled { status, outcome: done.outcome, stop: done.stop, error: error.as_deref() },
+    );
+    ledger.check("the run's outcome", settled);
+    if let (Some(fault), None) = (ledger.fault(), &done.error) {
+        // The run's record is incomplete: say so, never silently.
+        let e = ProviderError::Ledger(fault);
+        let (code, class) = e.code();
+        done.error = Some(RunError::new(code, class, e.to_string()));
+    }
+    tracing::info!(
+        outcome = done.outcome.as_str(),
+        stop = done.stop.as_str(),
+        rounds = done.rounds,
+        model_requests = done.model_requests,
+        error = done.error.as_ref().map(|e| e.code.as_str()),
+        "run finished"
     );
     cx.emit(Ev::Done(done.clone()));
     done
@@ -124,7 +143,7 @@ fn cancelled(cx: &Ctx<'_>, p: &Progress) -> Done {
     done(cx, Outcome::Cancelled, Stop::Cancelled, p.rounds, None)
 }
 
-fn failed(cx: &Ctx<'_>, p: &Progress, error: RunError) -> Done {
+pub(super) fn failed(cx: &Ctx<'_>, p: &Progress, error: RunError) -> Done {
     done(cx, Outcome::Error, Stop::Error, p.rounds, Some(error))
 }
 
@@ -225,6 +244,10 @@ fn final_turn(
             check_citations(cx, provider, &view, answer, stop, p)
         }
         Ok(_) => fallback(cx, opts, p, stop, "the final turn wrote no answer text"),
+        Err(e @ ProviderError::Ledger(_)) => {
+            let (code, class) = e.code();
+            failed(cx, p, RunError::new(code, class, e.to_string()))
+        }
         Err(ProviderError::Budget { .. }) => {
             let e = cx.budget.exhausted();
             let mut d =

@@ -173,7 +173,7 @@ pub(crate) fn run(a: ServeArgs) -> Result<()> {
     let store = crate::state::store::Store::open()?;
     let interrupted = store.mark_interrupted(false)?;
     if interrupted > 0 {
-        eprintln!("agentd serve: {interrupted} run(s) from a previous process are marked interrupted (see `agentd runs list`)");
+        tracing::warn!("{interrupted} run(s) from a previous process are marked interrupted (see `agentd runs list`)");
     }
     let policies = Policies::load(&store)?;
     drop(store);

@@ -335,6 +335,9 @@ fn serve_jobs(setup: &mut Setup, rx: &Receiver<(Job, bool)>, worker: &Worker) {
     let mut pending: VecDeque<(Job, bool)> = VecDeque::new();
     let mut held: VecDeque<(Job, bool)> = VecDeque::new();
     let mut research = 0usize;
+    // Set when the engine could not be reloaded after a panic: why every
+    // request now fails.
+    let mut broken: Option<String> = None;
     loop {
         // Take everything that has arrived (waiting only when idle): token
         // counts and slot releases are answered at once, between steps,
@@ -351,9 +354,16 @@ fn serve_jobs(setup: &mut Setup, rx: &Receiver<(Job, bool)>, worker: &Worker) {
             // waiting, then go and act on it.
             wait = false;
             match next {
+                Ok((Job::Count { tx, .. }, external)) if broken.is_some() => {
+                    if external {
+                        worker.depth.fetch_sub(1, Ordering::Relaxed);
+                    }
+                    let _ = tx.send(Err(ProviderError::Failed(broken.clone().unwrap_or_default())));
+                }
                 Ok((Job::Count { messages, tools, tx }, external)) => {
                     // A client's count (`/v1/messages/count_tokens`) leaves
-                    // the queue as it is answered.
+                    // the queue as it is answered. Tokenizing reads the
+                    // engine, never changes it.
                     if external {
                         worker.depth.fetch_sub(1, Ordering::Relaxed);
                     }
@@ -385,6 +395,10 @@ fn serve_jobs(setup: &mut Setup, rx: &Receiver<(Job, bool)>, worker: &Worker) {
                 worker.depth.fetch_sub(1, Ordering::Relaxed);
             }
             let Job::Chat { messages, tools, params, cancel, tx } = job else { continue };
+            if let Some(why) = &broken {
+                let _ = tx.send(ChatMsg::Done(Err(ProviderError::Failed(why.clone()))));
+                continue;
+            }
             if cancel.load(Ordering::Relaxed) {
                 let _ = tx.send(ChatMsg::Done(Ok(ChatOutput::cancelled())));
                 continue;
@@ -400,10 +414,16 @@ fn serve_jobs(setup: &mut Setup, rx: &Receiver<(Job, bool)>, worker: &Worker) {
                     let _ = tx.send(ChatMsg::Done(Err(e)));
                 }
                 Err(_) => {
-                    eprintln!("agentd serve: a request panicked; the worker goes on");
+                    tracing::error!("a request panicked; the model is loaded again");
                     let _ = tx.send(ChatMsg::Done(Err(ProviderError::Failed(
                         "internal error while starting the reply".into(),
                     ))));
+                    // The engine is not trusted after an unwind through it.
+                    fail_all(
+                        &mut active,
+                        "internal error in another reply; the model is loaded again",
+                    );
+                    broken = reload(setup);
                 }
             }
         }
@@ -438,16 +458,17 @@ fn serve_jobs(setup: &mut Setup, rx: &Receiver<(Job, bool)>, worker: &Worker) {
             Ok(Ok(())) => None,
             Ok(Err(e)) => Some(e.to_string()),
             Err(_) => {
-                eprintln!(
-                    "agentd serve: a decode step panicked; its replies fail, the worker goes on"
+                tracing::error!(
+                    "a decode step panicked; its replies fail, the model is loaded again"
                 );
-                Some("internal error while generating".into())
+                fail_all(&mut active, "internal error while generating");
+                // The engine is not trusted after an unwind through it.
+                broken = reload(setup);
+                continue;
             }
         };
         if let Some(msg) = failure {
-            for a in active.drain(..) {
-                let _ = a.tx.send(ChatMsg::Done(Err(ProviderError::Failed(msg.clone()))));
-            }
+            fail_all(&mut active, &msg);
             continue;
         }
         let mut i = 0;
@@ -469,6 +490,34 @@ fn serve_jobs(setup: &mut Setup, rx: &Receiver<(Job, bool)>, worker: &Worker) {
     }
 }
 
+/// Ends every reply in the batch with `msg`.
+fn fail_all(active: &mut Vec<Active>, msg: &str) {
+    for a in active.drain(..) {
+        let _ = a.tx.send(ChatMsg::Done(Err(ProviderError::Failed(msg.to_owned()))));
+    }
+}
+
+/// Loads the model again after a panic unwound through the engine (its
+/// sessions and buffers are not trusted after that); `Some(why)` when it
+/// cannot be loaded: then every request fails, saying so.
+fn reload(setup: &mut Setup) -> Option<String> {
+    let args = &setup.config.engine;
+    let context = Some(setup.policies.get(policy::CONTEXT) as usize);
+    match Local::load(args, args.tool_format.as_deref(), context) {
+        Ok(local) => {
+            setup.local = local;
+            None
+        }
+        Err(e) => {
+            let why = format!(
+                "the model failed and could not be loaded again ({e:#}); restart agentd serve"
+            );
+            tracing::error!("{why}");
+            Some(why)
+        }
+    }
+}
+
 /// Frees the research slot when the thread ends, however it ends.
 struct SlotGuard(Worker);
 
@@ -485,11 +534,11 @@ fn spawn_research(job: Job, setup: RunSetup, worker: Worker) {
         let _guard = guard;
         let r = catch_unwind(AssertUnwindSafe(|| research_job(job, &setup, worker)));
         if r.is_err() {
-            eprintln!("agentd serve: a research run panicked; the daemon goes on");
+            tracing::error!("a research run panicked; the daemon goes on");
         }
     });
     if let Err(e) = spawned {
-        eprintln!("agentd serve: cannot start a research thread: {e}");
+        tracing::error!("cannot start a research thread: {e}");
     }
 }
 

@@ -372,6 +372,22 @@ impl Store {
         Ok(Store { conn })
     }
 
+    /// Makes every later write fail as on a read-only database (for the
+    /// tests of a ledger that fails closed).
+    #[cfg(test)]
+    pub(crate) fn fail_writes(&self) {
+        self.conn.pragma_update(None, "query_only", true).expect("query_only");
+    }
+
+    /// Caps the database at its current size, so the next write that needs
+    /// a page fails as on a full disk (`SQLITE_FULL`).
+    #[cfg(test)]
+    pub(crate) fn fill_disk(&self) {
+        let pages: i64 =
+            self.conn.query_row("PRAGMA page_count", [], |r| r.get(0)).expect("page_count");
+        self.conn.pragma_update(None, "max_page_count", pages).expect("max_page_count");
+    }
+
     // Settings.
 
     pub(crate) fn setting(&self, key: &str) -> Result<Option<String>> {

@@ -11,6 +11,8 @@ pub(crate) mod corpus;
 mod handles;
 pub(crate) mod mcp;
 mod output;
+#[cfg(test)]
+pub(crate) mod tests;
 
 pub(crate) use handles::Handles;
 pub(crate) use output::{Analysis, Coverage, Finding, ToolOutput};
@@ -79,6 +81,15 @@ pub(crate) struct Source {
     pub(crate) path: String,
     pub(crate) title: String,
     pub(crate) text: String,
+}
+
+/// The largest char boundary of `s` at or below `at` (`str::floor_char_boundary`,
+/// which is not stable yet).
+fn floor_char_boundary(s: &str, at: usize) -> usize {
+    if at >= s.len() {
+        return s.len();
+    }
+    (0..=at).rev().find(|&i| s.is_char_boundary(i)).unwrap_or(0)
 }
 
 /// Why a tool is not offered (or a call is refused) right now.
@@ -467,7 +478,9 @@ impl Host {
             .filter(|s| !s.is_empty())
             .collect::<Vec<_>>()
             .join("-");
-        slug.truncate(60);
+        // At most 60 bytes, cut at a character boundary: a title is model
+        // output and may be any text.
+        slug.truncate(floor_char_boundary(&slug, 60));
         if slug.is_empty() {
             slug = "note".into();
         }

@@ -624,6 +624,7 @@ mod tests {
         }
         #[cfg(target_arch = "x86_64")]
         if isa() == Isa::Avx512Vnni {
+            // SAFETY: `isa()` reports AVX-512 VNNI only when the CPU has it.
             let simd = unsafe { crate::kernels::x86::v_expf_all(&xs) };
             for (x, s) in xs.iter().zip(simd) {
                 assert_eq!(s.to_bits(), v_expf(*x).to_bits(), "v_expf({x})");

@@ -79,7 +79,8 @@ trait Kern {
 /// See `rows::matmul`.
 ///
 /// # Safety
-/// The CPU must support avx2, fma and f16c (`available()`).
+/// The CPU must support avx2, fma and f16c (`available()`), and no other
+/// thread reads or writes rows `rows` of `out` during the call.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn matmul(
     w: &RowMat,
@@ -90,7 +91,8 @@ pub(super) unsafe fn matmul(
     if matches!(w.fmt, Fmt::F16 | Fmt::BF16) || (w.fmt == Fmt::Q4K && !w.chain) {
         // Rare: f16/bf16 matrices and Q4_K with a row count ggml does not
         // repack take the portable path (compiled here with AVX2 and FMA).
-        super::rows::matmul(w, acts, rows, out);
+        // SAFETY: the rows are this call's (its contract).
+        unsafe { super::rows::matmul(w, acts, rows, out) };
         return;
     }
     assert!(w.data.len() >= rows.end * w.row_bytes);
@@ -112,6 +114,9 @@ pub(super) unsafe fn matmul(
     }
 }
 
+/// # Safety
+/// The CPU has avx2, fma and f16c (it is called from the AVX2 kernels);
+/// rows `rows` of `out` are the caller's (`OutRows::set`).
 #[inline(always)]
 unsafe fn drive<K: Kern>(w: &RowMat, acts: &Acts, rows: std::ops::Range<usize>, out: &OutRows<'_>) {
     // `R` rows from `r`, `N` columns from `c`, into `out`.
@@ -170,6 +175,8 @@ unsafe fn drive<K: Kern>(w: &RowMat, acts: &Acts, rows: std::ops::Range<usize>, 
     }
 }
 
+/// # Safety
+/// The CPU has avx2, fma and f16c (it is called from the AVX2 kernels).
 #[inline(always)]
 unsafe fn hsum8_reg(v: __m256) -> f32 {
     let mut l = [0f32; 8];
@@ -178,6 +185,8 @@ unsafe fn hsum8_reg(v: __m256) -> f32 {
     hsum8(&l)
 }
 
+/// # Safety
+/// The CPU has avx2, fma and f16c (it is called from the AVX2 kernels).
 #[inline(always)]
 unsafe fn hsum_i32(v: __m256i) -> i32 {
     // SAFETY: register arithmetic only.
@@ -190,6 +199,10 @@ unsafe fn hsum_i32(v: __m256i) -> i32 {
 }
 
 /// An f16 at `p` as f32 (F16C).
+///
+/// # Safety
+/// The CPU has avx2, fma and f16c (it is called from the AVX2 kernels);
+/// `p` points to two readable bytes.
 #[inline(always)]
 unsafe fn f16_at(p: *const u8) -> f32 {
     // SAFETY: caller guarantees 2 readable bytes at p.
@@ -201,6 +214,10 @@ unsafe fn f16_at(p: *const u8) -> f32 {
 
 /// 32 nibbles of 16 bytes as 32 bytes: low nibbles first, then high
 /// (ggml's `bytes_from_nibbles_32`).
+///
+/// # Safety
+/// The CPU has avx2, fma and f16c (it is called from the AVX2 kernels);
+/// `p` points to 16 readable bytes.
 #[inline(always)]
 unsafe fn nibbles(p: *const u8) -> __m256i {
     // SAFETY: caller guarantees 16 readable bytes at p.
@@ -212,6 +229,10 @@ unsafe fn nibbles(p: *const u8) -> __m256i {
 }
 
 /// 32 bits to 32 bytes 0x00/0xFF (ggml's `bytes_from_bits_32`).
+///
+/// # Safety
+/// The CPU has avx2, fma and f16c (it is called from the AVX2 kernels);
+/// `p` points to 4 readable bytes.
 #[inline(always)]
 unsafe fn bits(p: *const u8) -> __m256i {
     // SAFETY: caller guarantees 4 readable bytes at p.
@@ -230,6 +251,9 @@ unsafe fn bits(p: *const u8) -> __m256i {
 }
 
 /// Eight lanes of four products: unsigned `u` × signed `s`.
+///
+/// # Safety
+/// The CPU has avx2, fma and f16c (it is called from the AVX2 kernels).
 #[inline(always)]
 unsafe fn us_lanes(u: __m256i, s: __m256i) -> __m256i {
     // SAFETY: register arithmetic only.
@@ -345,6 +369,11 @@ thread_local! {
 /// into scratch, then met by the columns eight at a time, their scales
 /// taken from the transposed `Acts::dt`/`st` eight at once. Same numbers as
 /// `B32::run` (the same lanes, the same fused multiply-adds per block).
+///
+/// # Safety
+/// The CPU has avx2, fma and f16c (it is called from the AVX2 kernels);
+/// rows `rows` of `out` are the caller's (`OutRows::set`); `w` and `acts`
+/// hold them (bounds are asserted).
 #[inline(always)]
 unsafe fn b32_wide<const F: u8>(
     w: &RowMat,
@@ -493,6 +522,10 @@ unsafe fn b32_wide_in<const F: u8>(
 
 /// Scales and minimums of a Q4_K/Q5_K block (12 packed bytes at `p`) as
 /// bytes, the way ggml's AVX2 kernels unpack them: `[sc0..8, m0..8]`.
+///
+/// # Safety
+/// The CPU has avx2, fma and f16c (it is called from the AVX2 kernels);
+/// `p` points to 12 readable bytes.
 #[inline(always)]
 unsafe fn k4_scales(p: *const u8) -> [u8; 16] {
     const M1: u32 = 0x3f3f_3f3f;

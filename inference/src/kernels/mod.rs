@@ -268,7 +268,11 @@ impl Packed {
     ///
     /// `out` holds `acts.n · self.rows` values; rows past `self.rows` are not
     /// written. Threads may share `out` when their tile ranges are disjoint.
-    pub(crate) fn matmul_tiles(
+    ///
+    /// # Safety
+    /// No other thread reads or writes the rows of `tiles` in `out` during
+    /// the call.
+    pub(crate) unsafe fn matmul_tiles(
         &self,
         acts: &Acts,
         tiles: std::ops::Range<usize>,
@@ -279,21 +283,25 @@ impl Packed {
             #[cfg(target_arch = "x86_64")]
             if isa().avx2() {
                 // SAFETY: `isa()` reports AVX2 only after checking that the
-                // CPU has every feature the AVX2 kernels enable.
+                // CPU has every feature the AVX2 kernels enable; the rows
+                // are this call's (its contract).
                 unsafe { avx2::matmul(m, acts, rows, out) };
                 return;
             }
-            rows::matmul(m, acts, rows, out);
+            // SAFETY: the rows of `tiles` are this call's (its contract).
+            unsafe { rows::matmul(m, acts, rows, out) };
             return;
         }
         match isa() {
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512Vnni => {
                 // SAFETY: `isa()` returned Avx512Vnni only after checking the
-                // CPU supports every feature the kernels enable.
+                // CPU supports every feature the kernels enable; the tiles
+                // are this call's (its contract).
                 unsafe { x86::matmul_tiles(self, acts, tiles, out) }
             }
-            _ => scalar::matmul_tiles(self, acts, tiles, out),
+            // SAFETY: the tiles are this call's (its contract).
+            _ => unsafe { scalar::matmul_tiles(self, acts, tiles, out) },
         }
     }
 
@@ -367,8 +375,11 @@ pub(crate) struct OutRows<'a> {
     _life: std::marker::PhantomData<&'a mut [f32]>,
 }
 
-// SAFETY: threads write disjoint rows (INVARIANT of the callers of `set`).
+// SAFETY: an `OutRows` is a `&mut [f32]` borrowed for `'a`; moving it to
+// another thread moves that borrow.
 unsafe impl Send for OutRows<'_> {}
+// SAFETY: shared use writes only through `set`, an `unsafe fn` whose callers
+// keep threads to disjoint indices (its `# Safety`).
 unsafe impl Sync for OutRows<'_> {}
 
 impl<'a> OutRows<'a> {
@@ -390,14 +401,19 @@ impl<'a> OutRows<'a> {
     }
 
     /// Writes row `r` of column `c`; rows at or past `rows` are ignored.
+    /// The index is bounds-checked (a panic, never a write out of bounds).
     ///
-    /// INVARIANT: two threads never write the same `(c, r)`.
+    /// # Safety
+    /// No other thread reads or writes `(c, r)` of the buffer (through this
+    /// view or another view of it) while this call runs: threads sharing a
+    /// buffer own disjoint rows (or columns) of it.
     #[inline]
-    pub(crate) fn set(&self, c: usize, r: usize, v: f32) {
+    pub(crate) unsafe fn set(&self, c: usize, r: usize, v: f32) {
         if r < self.rows {
             let i = c * self.stride + self.off + r;
             assert!(i < self.len);
-            // SAFETY: in bounds (checked), and no other thread writes index i.
+            // SAFETY: in bounds (checked against the buffer's length), and
+            // no other thread touches index i (the caller's contract).
             unsafe { *self.ptr.add(i) = v }
         }
     }
@@ -593,8 +609,11 @@ struct KWriter {
     nb: usize,
 }
 
-// SAFETY: columns write disjoint ranges (see `column`).
+// SAFETY: raw views of buffers borrowed mutably by the caller for the
+// writer's use; moving them to another thread moves that use.
 unsafe impl Send for KWriter {}
+// SAFETY: shared use writes only through `column`, an `unsafe fn` whose
+// callers keep threads to disjoint columns (its `# Safety`).
 unsafe impl Sync for KWriter {}
 
 impl KWriter {
@@ -630,8 +649,11 @@ struct ColWriter {
     nb: usize,
 }
 
-// SAFETY: columns write disjoint ranges (see `column`).
+// SAFETY: raw views of buffers borrowed mutably by the caller for the
+// writer's use; moving them to another thread moves that use.
 unsafe impl Send for ColWriter {}
+// SAFETY: shared use writes only through `column`, an `unsafe fn` whose
+// callers keep threads to disjoint columns (its `# Safety`).
 unsafe impl Sync for ColWriter {}
 
 impl ColWriter {
@@ -776,10 +798,15 @@ mod tests {
         let mut out = vec![f32::NAN; n * w.rows];
         {
             let o = OutRows::new(&mut out, w.rows);
-            match (forced, &w.kind) {
-                (Some(Isa::Scalar), PackedKind::Rows(m)) => rows::matmul(m, &acts, 0..w.rows, &o),
-                (Some(Isa::Scalar), _) => scalar::matmul_tiles(w, &acts, 0..w.tiles(), &o),
-                _ => w.matmul_tiles(&acts, 0..w.tiles(), &o),
+            // SAFETY: one thread writes every row of `out`.
+            unsafe {
+                match (forced, &w.kind) {
+                    (Some(Isa::Scalar), PackedKind::Rows(m)) => {
+                        rows::matmul(m, &acts, 0..w.rows, &o)
+                    }
+                    (Some(Isa::Scalar), _) => scalar::matmul_tiles(w, &acts, 0..w.tiles(), &o),
+                    _ => w.matmul_tiles(&acts, 0..w.tiles(), &o),
+                }
             }
         }
         out

@@ -119,7 +119,11 @@ pub(crate) struct RowMat {
 pub(crate) const COL_BLOCK: usize = 64;
 
 /// `out[c · rows + r]` for rows `rows` and all columns, on the portable path.
-pub(crate) fn matmul(
+///
+/// # Safety
+/// No other thread reads or writes rows `rows` of `out` during the call
+/// (threads sharing `out` own disjoint rows).
+pub(crate) unsafe fn matmul(
     w: &RowMat,
     acts: &super::Acts,
     rows: std::ops::Range<usize>,
@@ -149,7 +153,8 @@ pub(crate) fn matmul(
                     }
                     _ => dot(w.fmt, w.chain, row, acts, c),
                 };
-                out.set(c, r, v);
+                // SAFETY: `r` is in `rows`, which this call owns.
+                unsafe { out.set(c, r, v) };
             }
         }
     }

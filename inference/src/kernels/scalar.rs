@@ -4,7 +4,12 @@
 use super::{h2f, hsum8, u16_at, Acts, OutRows, Packed, PackedKind, Q4_REC, Q8_REC, ROW_TILE};
 use std::ops::Range;
 
-pub(super) fn matmul_tiles(w: &Packed, acts: &Acts, tiles: Range<usize>, out: &OutRows<'_>) {
+/// See `Packed::matmul_tiles`.
+///
+/// # Safety
+/// No other thread reads or writes the rows of `tiles` in `out` during the
+/// call (threads sharing `out` own disjoint tiles).
+pub(super) unsafe fn matmul_tiles(w: &Packed, acts: &Acts, tiles: Range<usize>, out: &OutRows<'_>) {
     let nb = acts.blocks();
     for r in tiles.start * ROW_TILE..tiles.end * ROW_TILE {
         if r >= w.rows {
@@ -56,7 +61,8 @@ pub(super) fn matmul_tiles(w: &Packed, acts: &Acts, tiles: Range<usize>, out: &O
                 }
                 PackedKind::Rows(_) => unreachable!("row-major matrices run in rows.rs"),
             };
-            out.set(c, r, v);
+            // SAFETY: `r` is a row of `tiles`, which this call owns.
+            unsafe { out.set(c, r, v) };
         }
     }
 }

@@ -29,7 +29,8 @@ const COLS: usize = 6;
 ///
 /// # Safety
 /// The CPU must support avx512f, avx512bw, avx512vl, avx512vnni and fma
-/// (`available()`).
+/// (`available()`), and no other thread reads or writes the rows of `tiles`
+/// in `out` during the call.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
 pub(super) unsafe fn matmul_tiles(w: &Packed, acts: &Acts, tiles: Range<usize>, out: &OutRows<'_>) {
     match &w.kind {
@@ -110,7 +111,9 @@ pub(super) unsafe fn matmul_tiles(w: &Packed, acts: &Acts, tiles: Range<usize>, 
             let k = acts.k;
             for r in tiles.start * ROW_TILE..(tiles.end * ROW_TILE).min(w.rows) {
                 for c in 0..acts.n {
-                    out.set(c, r, dot_f32(&wf[r * k..(r + 1) * k], &acts.x[c * k..(c + 1) * k]));
+                    let v = dot_f32(&wf[r * k..(r + 1) * k], &acts.x[c * k..(c + 1) * k]);
+                    // SAFETY: `r` is a row of `tiles`, which this call owns.
+                    unsafe { out.set(c, r, v) };
                 }
             }
         }
@@ -143,6 +146,10 @@ fn prefetch(p: *const u8) {
 }
 
 /// Loads two f16 scales (a row pair's, for one block) as f32 into lanes 0, 1.
+///
+/// # Safety
+/// The CPU has the AVX-512 features `matmul_tiles` enables (it is called from there);
+/// `p` points to two readable `u16`s.
 #[inline(always)]
 unsafe fn load2(p: *const u16) -> __m512 {
     // SAFETY: caller guarantees two readable u16 at p.
@@ -154,6 +161,10 @@ unsafe fn load2(p: *const u16) -> __m512 {
 
 /// Writes the rows of one accumulator pair register (two rows) in
 /// llama.cpp's lane order plus their `Σ m·s`.
+///
+/// # Safety
+/// The CPU has the AVX-512 features `matmul_tiles` enables (it is called from there);
+/// rows `row` and `row + 1` of `out` are the caller's (`OutRows::set`).
 #[inline(always)]
 unsafe fn store_q4_pair(acc: __m512, sm0: f32, sm1: f32, c: usize, row: usize, out: &OutRows<'_>) {
     let mut z = [0f32; 16];
@@ -161,13 +172,21 @@ unsafe fn store_q4_pair(acc: __m512, sm0: f32, sm1: f32, c: usize, row: usize, o
     unsafe { _mm512_storeu_ps(z.as_mut_ptr(), acc) };
     let r0 = [z[0], z[1], z[2], z[3], z[8], z[9], z[10], z[11]];
     let r1 = [z[4], z[5], z[6], z[7], z[12], z[13], z[14], z[15]];
-    out.set(c, row, hsum8(&r0) + sm0);
-    out.set(c, row + 1, hsum8(&r1) + sm1);
+    // SAFETY: the two rows belong to the caller's tiles (its contract).
+    unsafe {
+        out.set(c, row, hsum8(&r0) + sm0);
+        out.set(c, row + 1, hsum8(&r1) + sm1);
+    }
 }
 
 /// One column against the eight rows of tiles `t` and `t + 1` (two record
 /// streams), `Σ fma(m, s)` folded into the same pass. Per lane the
 /// arithmetic is that of `q4_1_tile`, so the results are identical.
+///
+/// # Safety
+/// The CPU has the AVX-512 features `matmul_tiles` enables (it is called from there);
+/// the rows of tiles `t` and `t + 1` of `out` are the caller's (`OutRows::set`);
+/// `data` and `acts` hold them (bounds are asserted).
 #[inline(always)]
 unsafe fn q4_1_gemv8(data: &[u8], acts: &Acts, t: usize, out: &OutRows<'_>) {
     let nb = acts.blocks();
@@ -222,6 +241,11 @@ unsafe fn q4_1_gemv8(data: &[u8], acts: &Acts, t: usize, out: &OutRows<'_>) {
 
 /// One column against the eight rows of tiles `t` and `t + 1`; per lane
 /// the arithmetic of `q8_0_tile`.
+///
+/// # Safety
+/// The CPU has the AVX-512 features `matmul_tiles` enables (it is called from there);
+/// the rows of tiles `t` and `t + 1` of `out` are the caller's (`OutRows::set`);
+/// `data` and `acts` hold them (bounds are asserted).
 #[inline(always)]
 unsafe fn q8_0_gemv8(data: &[u8], acts: &Acts, t: usize, out: &OutRows<'_>) {
     let nb = acts.blocks();
@@ -266,6 +290,11 @@ unsafe fn q8_0_gemv8(data: &[u8], acts: &Acts, t: usize, out: &OutRows<'_>) {
 }
 
 /// `N` columns against the four rows of tile `tile` (one record stream).
+///
+/// # Safety
+/// The CPU has the AVX-512 features `matmul_tiles` enables (it is called from there);
+/// the rows of tile `tile` of `out` are the caller's (`OutRows::set`);
+/// `data` and `acts` hold them (bounds are asserted).
 #[inline(always)]
 unsafe fn q4_1_tile<const N: usize>(
     data: &[u8],
@@ -330,6 +359,11 @@ unsafe fn q4_1_tile<const N: usize>(
 }
 
 /// `N` columns against the four rows of tile `tile`.
+///
+/// # Safety
+/// The CPU has the AVX-512 features `matmul_tiles` enables (it is called from there);
+/// the rows of tile `tile` of `out` are the caller's (`OutRows::set`);
+/// `data` and `acts` hold them (bounds are asserted).
 #[inline(always)]
 unsafe fn q8_0_tile<const N: usize>(
     data: &[u8],
@@ -463,6 +497,9 @@ pub(super) unsafe fn attend_vec(
 }
 
 /// `attn::reduce16` on a register (`_mm512_reduce_add_ps`'s tree).
+///
+/// # Safety
+/// The CPU has avx512f.
 #[inline(always)]
 unsafe fn reduce16(x: __m512) -> f32 {
     let mut l = [0f32; 16];

@@ -57,9 +57,16 @@ fn ones(n: usize) -> Tensor {
 /// Writes the tiny model. `kquant_layer`: quantize that layer's ffn_down as
 /// Q4_K (a type the fast path leaves to candle).
 pub fn write_tiny(kquant_layer: Option<usize>) -> Tiny {
+    write_tiny_with(kquant_layer, Vec::new())
+}
+
+/// The tiny model with metadata entries `md` added or replaced (a shape
+/// the engine must refuse, say).
+#[allow(dead_code)] // not every test crate writes a variant
+pub fn write_tiny_with(kquant_layer: Option<usize>, md: Vec<(String, Value)>) -> Tiny {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("tiny.gguf");
-    write_at(&path, kquant_layer);
+    write_at(&path, kquant_layer, md);
     Tiny { path, vocab: vocab_tokens().0.len(), _dir: dir }
 }
 
@@ -102,7 +109,7 @@ fn vocab_tokens() -> (Vec<String>, Vec<i32>, Vec<String>) {
     (tokens, types, merges)
 }
 
-fn write_at(path: &Path, kquant_layer: Option<usize>) {
+fn write_at(path: &Path, kquant_layer: Option<usize>, extra: Vec<(String, Value)>) {
     let (tokens, types, merges) = vocab_tokens();
     let (d, ff, layers, heads, kv) = (128usize, 256usize, 2usize, 2usize, 1usize);
     let hd = d / heads;
@@ -138,6 +145,10 @@ fn write_at(path: &Path, kquant_layer: Option<usize>) {
         ("tokenizer.ggml.add_bos_token".into(), Value::Bool(false)),
         ("tokenizer.chat_template".into(), Value::String(CHATML.into())),
     ];
+    for (k, v) in extra {
+        md.retain(|(m, _)| *m != k);
+        md.push((k, v));
+    }
     md.sort_by(|a, b| a.0.cmp(&b.0));
     let mut ts: Vec<(String, QTensor)> = Vec::new();
     let q = |t: &Tensor, ty| QTensor::quantize(t, ty).unwrap();

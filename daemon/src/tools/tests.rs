@@ -1,0 +1,170 @@
+//! The built-in tools never panic on a model's arguments: regressions of
+//! panics found so far, the fuzz target's kept inputs
+//! (`daemon/tests/data/tool_args/`, see `daemon/fuzz/`), and property tests
+//! with arbitrary JSON arguments — any unicode, sizes, types and numbers.
+
+use super::*;
+use proptest::prelude::*;
+use std::path::Path;
+use std::sync::OnceLock;
+
+/// A corpus, a notes folder and a state folder shared by the tests of this
+/// process (the index of a corpus lives under the state folder).
+struct World {
+    _dir: tempfile::TempDir,
+    corpus: PathBuf,
+}
+
+fn world() -> &'static World {
+    static W: OnceLock<World> = OnceLock::new();
+    W.get_or_init(|| {
+        let dir = tempfile::tempdir().expect("a temporary folder");
+        // Before any corpus is indexed; every test of this binary that
+        // reads it goes through here first.
+        std::env::set_var("AGENTD_HOME", dir.path().join("home"));
+        let corpus = dir.path().join("docs");
+        std::fs::create_dir_all(&corpus).expect("the corpus folder");
+        for (name, text) in [
+            ("budget.md", "# Budget rules\n\nEvery request is admitted first. ".repeat(40)),
+            ("ünïcode.md", "# Ünïcode\n\né 日本語 🎉 a\u{0301} ".repeat(60)),
+            ("plain.txt", "word ".repeat(500)),
+        ] {
+            std::fs::write(corpus.join(name), text).expect("a corpus file");
+        }
+        World { _dir: dir, corpus }
+    })
+}
+
+/// The shared corpus, opened one test at a time (two tests indexing it at
+/// once race for its index folder).
+pub(crate) fn open_corpus() -> Corpus {
+    static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = ONE.lock().unwrap_or_else(|e| e.into_inner());
+    Corpus::open(std::slice::from_ref(&world().corpus), 300).expect("the corpus")
+}
+
+fn limits() -> Limits {
+    Limits {
+        results_per_search: 5,
+        searches: 1000,
+        reads: 1000,
+        handle_capacity: 16,
+        handle_lifetime: 3600,
+    }
+}
+
+fn host(notes: &Path) -> Host {
+    Host::new(Some(open_corpus()), Some(notes.to_owned()), limits())
+}
+
+/// Every call returns a result that becomes JSON.
+fn call(h: &mut Host, name: &str, args: &str) -> ToolOutput {
+    let out = h.call(name, args);
+    let _ = out.to_json().to_string();
+    out
+}
+
+// See: issue 12. The slug was cut at byte 60, inside an `é`.
+#[test]
+fn a_long_unicode_title_is_cut_at_a_char_boundary() {
+    let notes = tempfile::tempdir().unwrap();
+    let mut h = Host::new(None, Some(notes.path().to_owned()), limits());
+    let title = format!("a{}", "é".repeat(40));
+    let out = call(&mut h, NOTE, &json!({"title": title, "text": "x"}).to_string());
+    let ToolOutput::Saved(name) = out else { panic!("not saved: {:?}", out.to_json()) };
+    assert!(name.len() <= 60 + ".md".len(), "{name}");
+    assert!(name.starts_with("aéé"), "{name}");
+    let text = std::fs::read_to_string(notes.path().join(&name)).unwrap();
+    assert!(text.starts_with(&format!("# {title}\n")));
+}
+
+#[test]
+fn the_slug_cut_never_splits_a_character() {
+    for s in ["", "a", "é", "日本語", "🎉🎉", "aé"] {
+        for at in 0..8 {
+            let cut = floor_char_boundary(s, at);
+            assert!(cut <= at.min(s.len()) && s.is_char_boundary(cut), "{s:?} {at}");
+        }
+    }
+}
+
+/// The inputs the fuzz target kept (one file each: the tool-picking byte,
+/// then the argument text), replayed through the same calls it makes.
+#[test]
+fn fuzz_regressions_replay() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/tool_args");
+    let notes = tempfile::tempdir().unwrap();
+    let mut h = host(notes.path());
+    let mut n = 0;
+    for e in std::fs::read_dir(&dir).expect("daemon/tests/data/tool_args") {
+        let data = std::fs::read(e.unwrap().path()).unwrap();
+        let Some((&pick, rest)) = data.split_first() else { continue };
+        let name = [SEARCH, READ, NOTE, "no_such_tool", ""][usize::from(pick % 5)];
+        let text = String::from_utf8_lossy(rest);
+        call(&mut h, name, &text);
+        let v = json!({"query": text, "handle": text, "title": text, "text": text});
+        call(&mut h, name, &v.to_string());
+        n += 1;
+    }
+    assert!(n > 0, "no inputs in {}", dir.display());
+}
+
+/// Any JSON value: strings of any unicode and size, any number.
+fn any_json() -> impl Strategy<Value = Value> {
+    let leaf = prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::Bool),
+        any::<i64>().prop_map(|n| json!(n)),
+        any::<u64>().prop_map(|n| json!(n)),
+        any::<f64>().prop_map(|f| json!(f)),
+        any::<String>().prop_map(Value::String),
+        "\\PC{0,200}".prop_map(Value::String),
+        // Long titles of multi-byte characters (the slug's cut).
+        ("[a-zé日🎉 -]{0,3}", "[é日🎉]{20,80}").prop_map(|(a, b)| Value::String(a + &b)),
+        Just(json!("S1")),
+        Just(json!(" [S2] ")),
+    ];
+    leaf.prop_recursive(3, 24, 6, |inner| {
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+            prop::collection::btree_map(any::<String>(), inner, 0..6)
+                .prop_map(|m| Value::Object(m.into_iter().collect())),
+        ]
+    })
+}
+
+/// Arguments as a model writes them: the keys the tools read, with any
+/// values, other keys, or any text at all.
+fn any_arguments() -> impl Strategy<Value = String> {
+    let keys = prop::sample::select(vec![
+        "query", "limit", "handle", "segment", "title", "text", "", "Query",
+    ]);
+    prop_oneof![
+        prop::collection::vec((keys, any_json()), 0..5).prop_map(|kv| {
+            Value::Object(kv.into_iter().map(|(k, v)| (k.to_owned(), v)).collect()).to_string()
+        }),
+        any_json().prop_map(|v| v.to_string()),
+        any::<String>(),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+
+    /// Every built-in tool (and an unknown name) takes any arguments and
+    /// returns a result; a search first, so reads meet real handles.
+    #[test]
+    fn every_tool_takes_any_arguments(
+        calls in prop::collection::vec(
+            (prop::sample::select(vec![SEARCH, READ, NOTE, "no_such_tool"]), any_arguments()),
+            1..6,
+        )
+    ) {
+        let notes = tempfile::tempdir().unwrap();
+        let mut h = host(notes.path());
+        call(&mut h, SEARCH, r#"{"query": "budget unicode word"}"#);
+        for (name, args) in &calls {
+            call(&mut h, name, args);
+        }
+    }
+}
