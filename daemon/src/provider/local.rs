@@ -5,6 +5,7 @@
 //! and the format's call-start token is forbidden.
 
 use super::build::{EngineArgs, Resolved};
+use super::constrain::{self, Constraint, ToolChoice};
 use super::{
     fold_event, tool_specs, Provider, ProviderError, Refused, TurnEvent, TurnFinish, TurnReply,
     TurnRequest,
@@ -107,6 +108,12 @@ pub(crate) struct ChatParams {
     pub(crate) stop: Vec<String>,
     /// Parse calls, or strip and discard them (no tools may run).
     pub(crate) mode: Mode,
+    /// What the output must follow (JSON, enforced calls, no calls).
+    pub(crate) constraint: Constraint,
+    /// A tool whose schema the grammar cannot enforce is held only to being
+    /// a JSON object instead of refusing the turn (the research loop, whose
+    /// host checks every call; a client's request is refused instead).
+    pub(crate) lenient: bool,
 }
 
 /// What a chat turn produced, beside its events.
@@ -214,11 +221,13 @@ impl Local {
         }
         let mut stop = self.stop_strings.clone();
         stop.extend(params.stop.iter().cloned());
+        let constraint = self.constraint(&params.constraint, tools, params.lenient)?;
         let gen = GenParams {
             max_tokens: params.max_tokens.min(limit - prompt.len() - 1),
             sampling: params.sampling.clone(),
             stop_strings: stop,
             forbid,
+            constraint,
             ..GenParams::default()
         };
         let slot = self.pick_session(&prompt);
@@ -232,6 +241,42 @@ impl Local {
                     _ => ProviderError::Failed(e.to_string()),
                 })
             }
+        }
+    }
+
+    /// The engine's form of `c` over `tools` (compiled grammars are cached
+    /// by the engine); a request the grammar cannot enforce is refused
+    /// ([`ProviderError::Invalid`]).
+    pub(crate) fn constraint(
+        &self,
+        c: &Constraint,
+        tools: &[ToolDef],
+        lenient: bool,
+    ) -> Result<Option<inference::Constraint>, ProviderError> {
+        if *c == Constraint::None {
+            return Ok(None);
+        }
+        let grammars = self.engine.grammars().map_err(|e| ProviderError::Failed(e.to_string()))?;
+        let tok = self.engine.tokenizer();
+        let vocab = |t: &str| tok.id_of(t);
+        match constrain::compile(c, tools, self.format, &grammars, &vocab) {
+            Ok(c) => Ok(c),
+            Err(_) if lenient => {
+                // Each tool's arguments held to their schema where it can
+                // be enforced, else to being an object.
+                let loose: Vec<ToolDef> = tools
+                    .iter()
+                    .map(|t| {
+                        let mut t = t.clone();
+                        if constrain::check_schema(&t.parameters, "parameters").is_err() {
+                            t.parameters = serde_json::json!({"type": "object"});
+                        }
+                        t
+                    })
+                    .collect();
+                Ok(constrain::compile(c, &loose, self.format, &grammars, &vocab).ok().flatten())
+            }
+            Err(r) => Err(ProviderError::Invalid(r.message)),
         }
     }
 
@@ -368,6 +413,14 @@ pub(crate) fn turn_params(sampling: &Sampling, req: &TurnRequest<'_>) -> ChatPar
         sampling: sampling.clone(),
         stop: Vec::new(),
         mode: if req.tools.is_empty() { Mode::Suppress } else { Mode::Tools },
+        // Research: a call the model starts is held to its tool's schema;
+        // the final turn (no tools) cannot start one.
+        constraint: if req.tools.is_empty() {
+            Constraint::NoCalls
+        } else {
+            Constraint::ToolCalls(ToolChoice::Auto)
+        },
+        lenient: true,
     }
 }
 
