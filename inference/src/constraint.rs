@@ -40,6 +40,11 @@ const CACHED: usize = 64;
 /// Most forced tokens run in one pass (the rest follow in later passes).
 pub(crate) const MAX_FF: usize = 32;
 
+/// Within this many tokens of the limit, a grammar in progress takes a
+/// closing token (`"`, `}`, `]`, a stop token) whenever it allows one, so
+/// output cut by the limit is rare: strings end, open values close.
+pub(crate) const CLOSE_WITHIN: usize = 48;
+
 /// How a generation is constrained (see the module documentation).
 #[derive(Debug, Clone)]
 pub enum Constraint {
@@ -60,7 +65,7 @@ pub enum Constraint {
 /// A compiled grammar, cheap to clone; each generation runs its own copy
 /// (sharing the lexer's caches).
 #[derive(Clone)]
-pub struct Grammar(Arc<Mutex<TokenParser>>);
+pub struct Grammar(Arc<Mutex<TokenParser>>, Arc<Vec<u32>>);
 
 impl std::fmt::Debug for Grammar {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -135,6 +140,7 @@ impl Marker {
 pub struct Grammars {
     factory: ParserFactory,
     pieces: Arc<Vec<Vec<u8>>>,
+    closing: Arc<Vec<u32>>,
     cache: Mutex<(u64, HashMap<String, (u64, Grammar)>)>,
     markers: Mutex<HashMap<Vec<u8>, Marker>>,
 }
@@ -147,6 +153,20 @@ impl std::fmt::Debug for Grammars {
 
 /// The vocabulary as llguidance sees it: the trie, and our tokenizer for
 /// canonical tokenization of forced text.
+/// Tokens that only close (`"`, `}`, `]`, with blanks), and stop tokens.
+fn closing(pieces: &[Vec<u8>], stops: &[u32]) -> Vec<u32> {
+    let mut v: Vec<u32> = pieces
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| {
+            p.iter().all(|b| b"\"}] \n".contains(b)) && p.iter().any(|b| b"\"}]".contains(b))
+        })
+        .map(|(i, _)| i as u32)
+        .collect();
+    v.extend_from_slice(stops);
+    v
+}
+
 struct Env {
     trie: TokTrie,
     tok: Arc<Tok>,
@@ -208,6 +228,7 @@ impl Grammars {
         factory.quiet();
         Ok(Grammars {
             factory,
+            closing: Arc::new(closing(&pieces, stops)),
             pieces: Arc::new(pieces),
             cache: Mutex::new((0, HashMap::new())),
             markers: Mutex::new(HashMap::new()),
@@ -232,7 +253,7 @@ impl Grammars {
             .factory
             .create_parser(TopLevelGrammar::from_lark(lark.to_owned()))
             .map_err(|e| grammar_err(e.to_string()))?;
-        let g = Grammar(Arc::new(Mutex::new(parser)));
+        let g = Grammar(Arc::new(Mutex::new(parser)), Arc::clone(&self.closing));
         let mut c = self.cache.lock().unwrap_or_else(|p| p.into_inner());
         let now = c.0;
         if c.1.len() >= CACHED {
@@ -314,6 +335,8 @@ impl Grammars {
 /// A generation's constraint in progress.
 pub(crate) struct Guide {
     kind: GuideKind,
+    /// The closing tokens of the grammar (empty for markers).
+    closing: Arc<Vec<u32>>,
 }
 
 impl std::fmt::Debug for Guide {
@@ -339,6 +362,10 @@ pub(crate) enum Commit {
 
 impl Guide {
     pub(crate) fn new(c: &Constraint) -> Guide {
+        let closing = match c {
+            Constraint::Grammar(g) | Constraint::Lazy { grammar: g, .. } => Arc::clone(&g.1),
+            Constraint::Forbid(_) => Arc::new(Vec::new()),
+        };
         let kind = match c {
             Constraint::Grammar(g) => GuideKind::Grammar(Box::new(g.matcher())),
             Constraint::Lazy { marker, grammar } => GuideKind::Lazy {
@@ -351,7 +378,7 @@ impl Guide {
                 GuideKind::Forbid(ms.iter().map(|m| (m.clone(), 0)).collect())
             }
         };
-        Guide { kind }
+        Guide { kind, closing }
     }
 
     /// Tokens forced before anything is sampled (a grammar that begins
@@ -363,9 +390,28 @@ impl Guide {
         }
     }
 
-    /// Masks the logits of tokens the constraint does not allow now.
-    /// Returns false when it allows none (the generation must end).
-    pub(crate) fn mask(&mut self, logits: &mut [f32]) -> bool {
+    /// Masks the logits of tokens the constraint does not allow now, with
+    /// `left` tokens left before the limit. Returns false when it allows
+    /// none (the generation must end).
+    pub(crate) fn mask(&mut self, logits: &mut [f32], left: usize) -> bool {
+        let ok = self.mask_now(logits);
+        if ok && left <= CLOSE_WITHIN && self.engaged() {
+            // Near the limit: only closing tokens, when the grammar allows any.
+            let allowed = |t: &u32| logits.get(*t as usize).is_some_and(|l| l.is_finite());
+            if self.closing.iter().any(allowed) {
+                let mut keep = vec![f32::NEG_INFINITY; logits.len()];
+                for &t in self.closing.iter() {
+                    if let Some(&l) = logits.get(t as usize) {
+                        keep[t as usize] = l;
+                    }
+                }
+                logits.copy_from_slice(&keep);
+            }
+        }
+        ok
+    }
+
+    fn mask_now(&mut self, logits: &mut [f32]) -> bool {
         match &mut self.kind {
             GuideKind::Grammar(m) => apply_matcher(m, logits),
             GuideKind::Lazy { active: Some(m), .. } => apply_matcher(m, logits),

@@ -627,7 +627,7 @@ impl Engine {
             let mut grammar_done = false;
             if run.is_empty() {
                 if let Some(guide) = g.guide.as_mut() {
-                    if !guide.mask(&mut session.scratch.logits) {
+                    if !guide.mask(&mut session.scratch.logits, room) {
                         // Nothing is allowed: the constraint cannot go on.
                         out.finish = Finish::Stop;
                         g.done = true;

@@ -331,10 +331,10 @@ fn calls(
         |text: &str| vocab(text).map(|id| format!("<[{id}]>")).unwrap_or_else(|| lit(text));
     Ok(match format {
         Format::Hermes => {
-            rules.push_str("NL: /[ \\n]{0,2}/\n");
-            rules.push_str(&format!("body: NL one NL {}\n", lit("</tool_call>")));
+            rules.push_str("NL: /[ \\n]{1,2}/\n");
+            rules.push_str(&format!("body: NL? one NL? {}\n", lit("</tool_call>")));
             rules.push_str(&format!("call: {} body\n", lit("<tool_call>")));
-            Calls { rules, call: "call", body: "body", marker: "<tool_call>".into(), sep: "/\\n{0,2}/" }
+            Calls { rules, call: "call", body: "body", marker: "<tool_call>".into(), sep: "NL?" }
         }
         Format::Llama3Json => {
             rules.push_str("body: one (\"; \" one)*\n");
@@ -345,7 +345,7 @@ fn calls(
             let m = special("[TOOL_CALLS]");
             rules.push_str("body: \" \"? \"[\" one (\", \" one)* \"]\"\n");
             rules.push_str(&format!("call: {m} body\n"));
-            Calls { rules, call: "call", body: "body", marker: "[TOOL_CALLS]".into(), sep: "\"\"" }
+            Calls { rules, call: "call", body: "body", marker: "[TOOL_CALLS]".into(), sep: "" }
         }
         other => {
             return Err(refuse(None, format!(

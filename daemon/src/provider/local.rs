@@ -444,3 +444,124 @@ pub(crate) fn call_token(f: Format) -> &'static str {
         _ => "",
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The research loop's turns on the real default model (set
+    //! `AGENTD_TEST_MODEL`; skipped otherwise), with the parameters the loop
+    //! uses (`turn_params`): a research round's call is held to its tool's
+    //! schema, and the final turn cannot begin a call.
+
+    use super::*;
+    use crate::events::Phase;
+    use serde_json::{json, Value};
+
+    fn local() -> Option<Local> {
+        let Some(path) = std::env::var_os("AGENTD_TEST_MODEL") else {
+            eprintln!("SKIP: AGENTD_TEST_MODEL is not set");
+            return None;
+        };
+        let args = EngineArgs {
+            model: Some(path.to_string_lossy().into_owned()),
+            device: "cpu".into(),
+            threads: Some(2),
+            provider: "local".into(),
+            ..EngineArgs::default()
+        };
+        Some(Local::load(&args, None, None).expect("the model loads"))
+    }
+
+    fn search_tool() -> ToolDef {
+        ToolDef {
+            name: "search_sources".into(),
+            description: "Search the local sources.".into(),
+            parameters: json!({"type": "object", "properties": {
+                "query": {"type": "string", "maxLength": 40},
+                "limit": {"type": "integer"}}, "required": ["query"]}),
+        }
+    }
+
+    /// A turn's generated ids and its parser events.
+    fn turn(
+        l: &mut Local,
+        messages: &[Message],
+        tools: &[ToolDef],
+        p: &ChatParams,
+    ) -> (Vec<u32>, Vec<Event>) {
+        let cancel = AtomicBool::new(false);
+        let mut events = Vec::new();
+        let mut run = l.begin_chat(messages, tools, p).expect("the turn begins");
+        while !run.is_done() {
+            l.step_chats(&mut [(&mut run, &cancel, &mut |e| events.push(e))]).unwrap();
+        }
+        let ids = run.gen.ids().to_vec();
+        l.end_chat(run, &mut |e| events.push(e));
+        (ids, events)
+    }
+
+    /// The model is asked to repeat a call whose JSON is broken (single
+    /// quotes): unconstrained it does, and the parser finds no call; in a
+    /// research round the lazy grammar engages at `<tool_call>` and the call
+    /// comes out valid against the tool's schema.
+    #[test]
+    fn a_research_round_call_is_valid_where_the_free_model_breaks_its_json() {
+        let Some(mut l) = local() else { return };
+        let q = "Repeat exactly this text: <tool_call>\n{'name': 'search_sources', 'arguments': {'query': 'paris'}}\n</tool_call>";
+        let msgs = [Message::new("user", q)];
+        let tools = [search_tool()];
+        let req =
+            TurnRequest { messages: &msgs, tools: &tools, phase: Phase::Research, max_tokens: 80 };
+        let research = turn_params(&l.sampling, &req);
+        assert_eq!(research.constraint, Constraint::ToolCalls(ToolChoice::Auto));
+        let free = ChatParams { constraint: Constraint::None, ..research.clone() };
+        let (ids, events) = turn(&mut l, &msgs, &tools, &free);
+        let text = l.engine.tokenizer().decode(&ids);
+        assert!(text.contains("<tool_call>"), "the free model starts a call: {text:?}");
+        assert!(
+            !events.iter().any(|e| matches!(e, Event::CallEnd { .. })),
+            "unconstrained, the call is broken JSON: {text:?}"
+        );
+        let (ids, events) = turn(&mut l, &msgs, &tools, &research);
+        let calls: Vec<_> = events
+            .iter()
+            .filter_map(|e| match e {
+                Event::CallEnd { call, .. } => Some(call.clone()),
+                _ => None,
+            })
+            .collect();
+        let text = l.engine.tokenizer().decode(&ids);
+        assert_eq!(calls.len(), 1, "{text:?}");
+        assert_eq!(calls[0].name, "search_sources");
+        let args: Value = serde_json::from_str(&calls[0].arguments).unwrap();
+        assert!(args["query"].as_str().is_some_and(|q| q.chars().count() <= 40), "{args}");
+        assert!(args.as_object().unwrap().keys().all(|k| k == "query" || k == "limit"), "{args}");
+    }
+
+    /// The final turn (no tools) masks every token that would complete the
+    /// call-start marker: the model that writes `<tool_call>` unconstrained
+    /// never samples a completing token id with the loop's parameters.
+    #[test]
+    fn the_final_turn_mask_removes_every_call_start() {
+        let Some(mut l) = local() else { return };
+        let q = "Repeat exactly this text: <tool_call>{\"name\": \"search_sources\"}</tool_call>";
+        let msgs = [Message::new("user", q)];
+        let req = TurnRequest { messages: &msgs, tools: &[], phase: Phase::Final, max_tokens: 40 };
+        let fin = turn_params(&l.sampling, &req);
+        assert_eq!(fin.constraint, Constraint::NoCalls);
+        let free = ChatParams { constraint: Constraint::None, ..fin.clone() };
+        let (ids, _) = turn(&mut l, &msgs, &[], &free);
+        let text = l.engine.tokenizer().decode(&ids);
+        assert!(text.contains("<tool_call>"), "unconstrained the model starts a call: {text:?}");
+        let (ids, events) = turn(&mut l, &msgs, &[], &fin);
+        let marker = l.engine.grammars().unwrap().marker(call_token(l.format)).unwrap();
+        let mut state = 0;
+        for &id in &ids {
+            assert!(!marker.completing(state).contains(&id), "token {id} starts a call");
+            state = marker.advance(state, l.engine.tokenizer().piece(id));
+            assert!(state < marker.len());
+        }
+        let text = l.engine.tokenizer().decode(&ids);
+        assert!(!text.contains("<tool_call>"), "{text:?}");
+        assert!(!events.iter().any(|e| matches!(e, Event::Discarded(_))), "nothing to discard");
+    }
+}
