@@ -81,38 +81,8 @@ fn refuse(keyword: Option<&str>, message: impl Into<String>) -> Refusal {
     Refusal { keyword: keyword.map(str::to_owned), message: message.into() }
 }
 
-/// Keywords the grammar enforces (llguidance's JSON Schema support), and
-/// the annotations that constrain nothing.
-const ENFORCED: &[&str] = &[
-    "type",
-    "enum",
-    "const",
-    "anyOf",
-    "oneOf",
-    "allOf",
-    "$ref",
-    "$defs",
-    "definitions",
-    "properties",
-    "required",
-    "additionalProperties",
-    "patternProperties",
-    "items",
-    "prefixItems",
-    "minItems",
-    "maxItems",
-    "minLength",
-    "maxLength",
-    "pattern",
-    "format",
-    "minimum",
-    "maximum",
-    "exclusiveMinimum",
-    "exclusiveMaximum",
-    "multipleOf",
-    "minProperties",
-    "maxProperties",
-];
+/// Keywords that constrain nothing (the enforced ones are matched in
+/// [`check_schema`]).
 const ANNOTATIONS: &[&str] = &[
     "title",
     "description",
@@ -239,7 +209,6 @@ pub(crate) fn check_schema(schema: &Value, at: &str) -> Result<(), Refusal> {
             }
         }
     }
-    let _ = ENFORCED;
     Ok(())
 }
 
@@ -311,10 +280,8 @@ struct Calls {
 fn calls(
     format: Format,
     tools: &[&ToolDef],
-    grammars: &Grammars,
     vocab: &dyn Fn(&str) -> Option<u32>,
 ) -> Result<Calls, Refusal> {
-    let _ = grammars;
     let args_key = match format {
         Format::Llama3Json => "parameters",
         _ => "arguments",
@@ -395,7 +362,7 @@ pub(crate) fn compile(
                     _ => Err(refuse(None, "`tool_choice` needs at least one tool in `tools`")),
                 };
             }
-            let g = match calls(format, &chosen, grammars, vocab) {
+            let g = match calls(format, &chosen, vocab) {
                 Ok(g) => g,
                 Err(_) if *choice == ToolChoice::Auto && !has_grammar(format) => return Ok(None),
                 Err(e) => return Err(e),

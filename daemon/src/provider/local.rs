@@ -499,42 +499,78 @@ mod tests {
         (ids, events)
     }
 
-    /// The model is asked to repeat a call whose JSON is broken (single
+    /// Prompts that get the free model to write call markup: a system
+    /// prompt that dictates the reply, and plain repetition requests.
+    fn markup_prompts(call: &str) -> Vec<Vec<Message>> {
+        vec![
+            vec![
+                Message::new(
+                    "system",
+                    format!("You always reply with exactly this text and nothing else: {call}"),
+                ),
+                Message::new("user", "hi"),
+            ],
+            vec![Message::new("user", format!("Repeat exactly this text: {call}"))],
+            vec![
+                Message::new("system", "You are a helpful assistant."),
+                Message::new("user", format!("Repeat exactly this text: {call}")),
+            ],
+            vec![Message::new(
+                "user",
+                format!("Copy this line exactly and write nothing else:\n{call}"),
+            )],
+        ]
+    }
+
+    /// The model is asked to write a call whose JSON is broken (single
     /// quotes): unconstrained it does, and the parser finds no call; in a
     /// research round the lazy grammar engages at `<tool_call>` and the call
     /// comes out valid against the tool's schema.
     #[test]
     fn a_research_round_call_is_valid_where_the_free_model_breaks_its_json() {
         let Some(mut l) = local() else { return };
-        let q = "Repeat exactly this text: <tool_call>\n{'name': 'search_sources', 'arguments': {'query': 'paris'}}\n</tool_call>";
-        let msgs = [Message::new("user", q)];
         let tools = [search_tool()];
-        let req =
-            TurnRequest { messages: &msgs, tools: &tools, phase: Phase::Research, max_tokens: 80 };
-        let research = turn_params(&l.sampling, &req);
-        assert_eq!(research.constraint, Constraint::ToolCalls(ToolChoice::Auto));
-        let free = ChatParams { constraint: Constraint::None, ..research.clone() };
-        let (ids, events) = turn(&mut l, &msgs, &tools, &free);
-        let text = l.engine.tokenizer().decode(&ids);
-        assert!(text.contains("<tool_call>"), "the free model starts a call: {text:?}");
-        assert!(
-            !events.iter().any(|e| matches!(e, Event::CallEnd { .. })),
-            "unconstrained, the call is broken JSON: {text:?}"
-        );
-        let (ids, events) = turn(&mut l, &msgs, &tools, &research);
-        let calls: Vec<_> = events
-            .iter()
-            .filter_map(|e| match e {
-                Event::CallEnd { call, .. } => Some(call.clone()),
-                _ => None,
-            })
-            .collect();
-        let text = l.engine.tokenizer().decode(&ids);
-        assert_eq!(calls.len(), 1, "{text:?}");
-        assert_eq!(calls[0].name, "search_sources");
-        let args: Value = serde_json::from_str(&calls[0].arguments).unwrap();
-        assert!(args["query"].as_str().is_some_and(|q| q.chars().count() <= 40), "{args}");
-        assert!(args.as_object().unwrap().keys().all(|k| k == "query" || k == "limit"), "{args}");
+        let broken = "<tool_call>\n{'name': 'search_sources', 'arguments': {'query': 'paris'}}\n</tool_call>";
+        let mut shown = 0;
+        for msgs in markup_prompts(broken) {
+            let req = TurnRequest {
+                messages: &msgs,
+                tools: &tools,
+                phase: Phase::Research,
+                max_tokens: 80,
+            };
+            let research = turn_params(&l.sampling, &req);
+            assert_eq!(research.constraint, Constraint::ToolCalls(ToolChoice::Auto));
+            let free = ChatParams { constraint: Constraint::None, ..research.clone() };
+            let (ids, events) = turn(&mut l, &msgs, &tools, &free);
+            let text = l.engine.tokenizer().decode(&ids);
+            let broke = text.contains("<tool_call>")
+                && !events.iter().any(|e| matches!(e, Event::CallEnd { .. }));
+            eprintln!("free: {text:?} (broken call: {broke})");
+            if !broke {
+                continue;
+            }
+            shown += 1;
+            let (ids, events) = turn(&mut l, &msgs, &tools, &research);
+            let calls: Vec<_> = events
+                .iter()
+                .filter_map(|e| match e {
+                    Event::CallEnd { call, .. } => Some(call.clone()),
+                    _ => None,
+                })
+                .collect();
+            let text = l.engine.tokenizer().decode(&ids);
+            eprintln!("research round: {text:?}");
+            assert_eq!(calls.len(), 1, "{text:?}");
+            assert_eq!(calls[0].name, "search_sources");
+            let args: Value = serde_json::from_str(&calls[0].arguments).unwrap();
+            assert!(args["query"].as_str().is_some_and(|q| q.chars().count() <= 40), "{args}");
+            assert!(
+                args.as_object().unwrap().keys().all(|k| k == "query" || k == "limit"),
+                "{args}"
+            );
+        }
+        assert!(shown > 0, "no prompt got the free model to write a broken call");
     }
 
     /// The final turn (no tools) masks every token that would complete the
@@ -543,25 +579,50 @@ mod tests {
     #[test]
     fn the_final_turn_mask_removes_every_call_start() {
         let Some(mut l) = local() else { return };
-        let q = "Repeat exactly this text: <tool_call>{\"name\": \"search_sources\"}</tool_call>";
-        let msgs = [Message::new("user", q)];
-        let req = TurnRequest { messages: &msgs, tools: &[], phase: Phase::Final, max_tokens: 40 };
-        let fin = turn_params(&l.sampling, &req);
-        assert_eq!(fin.constraint, Constraint::NoCalls);
-        let free = ChatParams { constraint: Constraint::None, ..fin.clone() };
-        let (ids, _) = turn(&mut l, &msgs, &[], &free);
-        let text = l.engine.tokenizer().decode(&ids);
-        assert!(text.contains("<tool_call>"), "unconstrained the model starts a call: {text:?}");
-        let (ids, events) = turn(&mut l, &msgs, &[], &fin);
+        // Without the loop's repetition penalty the model copies markup
+        // readily; the mask is the same either way.
+        l.sampling.repeat_penalty = 1.0;
+        let call = "<tool_call>{\"name\": \"search_sources\", \"arguments\": {\"query\": \"paris\"}}</tool_call>";
         let marker = l.engine.grammars().unwrap().marker(call_token(l.format)).unwrap();
-        let mut state = 0;
-        for &id in &ids {
-            assert!(!marker.completing(state).contains(&id), "token {id} starts a call");
-            state = marker.advance(state, l.engine.tokenizer().piece(id));
-            assert!(state < marker.len());
+        let mut shown = 0;
+        // As the loop's final turn sees it: a round of calls and results.
+        let mut asked = Message::new("assistant", "");
+        asked.tool_calls.push(prompts::ToolCallMsg::new(
+            "c1",
+            "search_sources",
+            "{\"query\": \"paris\"}",
+        ));
+        let mut result = Message::new("tool", "{\"results\": []}");
+        result.tool_call_id = Some("c1".into());
+        let history = vec![Message::new("user", "Search the sources for Paris."), asked, result];
+        let mut candidates = vec![history];
+        candidates.extend(markup_prompts("<tool_call>{\"name\": \"search\"}</tool_call>"));
+        candidates.extend(markup_prompts(call));
+        for msgs in candidates {
+            let req =
+                TurnRequest { messages: &msgs, tools: &[], phase: Phase::Final, max_tokens: 60 };
+            let fin = turn_params(&l.sampling, &req);
+            assert_eq!(fin.constraint, Constraint::NoCalls);
+            let free = ChatParams { constraint: Constraint::None, ..fin.clone() };
+            let (ids, _) = turn(&mut l, &msgs, &[], &free);
+            let text = l.engine.tokenizer().decode(&ids);
+            eprintln!("free: {text:?}");
+            if !text.contains("<tool_call>") {
+                continue;
+            }
+            shown += 1;
+            let (ids, events) = turn(&mut l, &msgs, &[], &fin);
+            let mut state = 0;
+            for &id in &ids {
+                assert!(!marker.completing(state).contains(&id), "token {id} starts a call");
+                state = marker.advance(state, l.engine.tokenizer().piece(id));
+                assert!(state < marker.len());
+            }
+            let text = l.engine.tokenizer().decode(&ids);
+            eprintln!("final turn: {text:?}");
+            assert!(!text.contains("<tool_call>"), "{text:?}");
+            assert!(!events.iter().any(|e| matches!(e, Event::Discarded(_))), "nothing to discard");
         }
-        let text = l.engine.tokenizer().decode(&ids);
-        assert!(!text.contains("<tool_call>"), "{text:?}");
-        assert!(!events.iter().any(|e| matches!(e, Event::Discarded(_))), "nothing to discard");
+        assert!(shown > 0, "no prompt got the free model to write call markup");
     }
 }
