@@ -135,13 +135,17 @@ impl Marker {
     }
 }
 
+/// Compiled grammars by their text, with when each was last used (a use
+/// counter first).
+type Cache = (u64, HashMap<String, (u64, Grammar)>);
+
 /// The engine's grammar compiler and cache: llguidance's parser factory
 /// over the vocabulary's toktrie.
 pub struct Grammars {
     factory: ParserFactory,
     pieces: Arc<Vec<Vec<u8>>>,
     closing: Arc<Vec<u32>>,
-    cache: Mutex<(u64, HashMap<String, (u64, Grammar)>)>,
+    cache: Mutex<Cache>,
     markers: Mutex<HashMap<Vec<u8>, Marker>>,
 }
 

@@ -43,14 +43,13 @@ refusals = [
     "Do not call any tool. Just say hello.",
     "Never use tools. What is 2 + 2? Answer in words.",
     "Tell me a joke. Do not call functions under any circumstances.",
-    "Reply with plain text only, no tool calls: how are you?",
 ]
 
 for i, prompt in enumerate(refusals):
     for choice in ("required", {"type": "function", "function": {"name": "add"}}):
         r = client.chat.completions.create(
             model=model, messages=[{"role": "user", "content": prompt}], tools=tools,
-            tool_choice=choice, max_tokens=200)
+            tool_choice=choice, max_tokens=120)
         calls = r.choices[0].message.tool_calls or []
         what = f"tool_choice={choice!r} prompt {i}"
         check(len(calls) >= 1, f"{what}: no call in {r.choices[0].message!r}")
@@ -67,7 +66,7 @@ for i, prompt in enumerate(refusals):
 # Streaming: argument deltas and finish_reason tool_calls, unchanged.
 stream = client.chat.completions.create(
     model=model, messages=[{"role": "user", "content": refusals[0]}], tools=tools,
-    tool_choice="required", max_tokens=200, stream=True)
+    tool_choice="required", max_tokens=120, stream=True)
 args, finish, names = {}, None, {}
 for chunk in stream:
     for ch in chunk.choices:
@@ -88,7 +87,7 @@ for path in sorted(pathlib.Path(schema_dir).glob("*.json")):
     case = json.loads(path.read_text())
     r = client.chat.completions.create(
         model=model, messages=[{"role": "user", "content": case["prompt"] + " Answer in JSON."}],
-        max_tokens=400,
+        max_tokens=200,
         response_format={"type": "json_schema",
                          "json_schema": {"name": path.stem, "schema": case["schema"], "strict": True}})
     text = r.choices[0].message.content
@@ -98,7 +97,7 @@ for path in sorted(pathlib.Path(schema_dir).glob("*.json")):
         check(False, f"schema {path.stem}: {text!r}: {e}")
 
 r = client.chat.completions.create(
-    model=model, messages=[{"role": "user", "content": "Describe Paris in JSON."}], max_tokens=300,
+    model=model, messages=[{"role": "user", "content": "Describe Paris in JSON."}], max_tokens=120,
     response_format={"type": "json_object"})
 try:
     check(isinstance(json.loads(r.choices[0].message.content), dict), "json_object: not an object")

@@ -130,7 +130,7 @@ pub(crate) fn check_schema(schema: &Value, at: &str) -> Result<(), Refusal> {
                 }
             }
             "enum" => {
-                if !v.as_array().is_some_and(|a| !a.is_empty()) {
+                if v.as_array().is_none_or(|a| a.is_empty()) {
                     return Err(refuse(kw, format!("{here} must be a non-empty array")));
                 }
             }

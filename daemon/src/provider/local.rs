@@ -569,6 +569,7 @@ mod tests {
                 args.as_object().unwrap().keys().all(|k| k == "query" || k == "limit"),
                 "{args}"
             );
+            break;
         }
         assert!(shown > 0, "no prompt got the free model to write a broken call");
     }
@@ -622,6 +623,7 @@ mod tests {
             eprintln!("final turn: {text:?}");
             assert!(!text.contains("<tool_call>"), "{text:?}");
             assert!(!events.iter().any(|e| matches!(e, Event::Discarded(_))), "nothing to discard");
+            break;
         }
         assert!(shown > 0, "no prompt got the free model to write call markup");
     }
