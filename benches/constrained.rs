@@ -112,11 +112,22 @@ fn main() {
     let grammar = g.compile(&format!("start: %json {schema}\n")).unwrap();
     let reps = 5;
     let free = GenParams { max_tokens: 128, stop_tokens: Vec::new(), ..GenParams::default() };
-    let json = GenParams { constraint: Some(Constraint::Grammar(grammar)), ..free.clone() };
+    let json = GenParams { constraint: Some(Constraint::Grammar(grammar.clone())), ..free.clone() };
     // Warm both paths once (the lexer's caches fill on first use).
     rate(&e, &prompt, &json, 1);
     let (f, fnum) = rate(&e, &prompt, &free, reps);
     let (c, cnum) = rate(&e, &prompt, &json, reps);
+    // The mask alone: replayed over the constrained output's tokens.
+    let mut s = e.session();
+    let out = e.generate(&mut s, &prompt, &json, &AtomicBool::new(false), &mut |_| {}).unwrap();
+    let masks: Vec<f64> =
+        g.time_masks(&grammar, &out.ids).iter().map(|d| d.as_secs_f64() * 1e6).collect();
+    println!(
+        "mask per token: p50 {:.0} µs p95 {:.0} µs over {} tokens",
+        percentile(masks.clone(), 50.0),
+        percentile(masks, 95.0),
+        out.ids.len()
+    );
     println!(
         "decode at 2 threads: free {f:.1} tok/s ({fnum} tokens), JSON schema {c:.1} tok/s ({cnum} tokens): {:.3}×",
         c / f

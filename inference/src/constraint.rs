@@ -269,6 +269,26 @@ impl Grammars {
         Ok(g)
     }
 
+    /// Replays `tokens` through a fresh run of `grammar`, computing the mask
+    /// before each token (as a generation does) and returns the time of each
+    /// mask; stops at the first token the grammar refuses. For benchmarks.
+    pub fn time_masks(&self, grammar: &Grammar, tokens: &[u32]) -> Vec<std::time::Duration> {
+        let mut m = grammar.matcher();
+        let mut times = Vec::with_capacity(tokens.len());
+        let mut logits = vec![0f32; self.pieces.len()];
+        for &t in tokens {
+            let t0 = std::time::Instant::now();
+            if !apply_matcher(&mut m, &mut logits) {
+                break;
+            }
+            times.push(t0.elapsed());
+            if m.consume_token(t).is_err() || m.is_stopped() {
+                break;
+            }
+        }
+        times
+    }
+
     /// How many compiled grammars are cached.
     pub fn cached(&self) -> usize {
         self.cache.lock().unwrap_or_else(|p| p.into_inner()).1.len()
