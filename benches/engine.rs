@@ -1,21 +1,62 @@
-//! The engine against llama.cpp, side by side in one run on the same GGUF
-//! and thread count: prompt processing (512 tokens) and decode (128 tokens)
-//! at 1 and 2 threads, peak RSS, and time to first token when a request
-//! extends a cached 1,000-token conversation by 50 tokens (with reuse vs
-//! cold).
+//! The engine against native llama.cpp, side by side in one run, on the
+//! files of `../shared/tools/bench-models.sh` (Q4_1, Q4_K_M and Q8_0 at
+//! 135M; gemma3 270M Q4_K_M; Q4_K_M and Q8_0 at the Llama-3.2-1B shape):
+//! prompt processing (512 tokens) and decode (128 tokens) at 2 threads, and
+//! at 1 thread for the 135M files; peak RSS of both processes; the ratios.
+//! Then, on the default model: decode of 8 sequences together (what `serve`
+//! does) and time to first token when a request extends a cached
+//! 1,000-token conversation.
 //!
-//! llama.cpp comes prebuilt with node-llama-cpp 3.21.1
-//! (`cd benches/llamacpp && npm ci`); without it only agentd is measured.
+//! The peer is llama.cpp's own `llama-bench`, built natively for this CPU by
+//! `scripts/build-llamacpp.sh` (the copy the reference fixtures came from).
 //!
-//! `cargo bench -p agentd-benches --bench engine` (after `cargo build
-//! --release`). Run on an otherwise idle machine; compare the ratios.
+//!     cargo build --release && cargo bench -p agentd-benches --bench engine
+//!
+//! `AGENTD_BENCH_MODELS` (a folder) overrides where the files are looked
+//! for (default: the cache `bench-models.sh` fills); `AGENTD_BENCH_ONLY=q4_k_m`
+//! keeps the files whose name contains the word; `AGENTD_BENCH_REPS` (3).
+//! Run on an otherwise idle machine; the ratios are the result.
 
 use agentd_benches::{agentd, median, model, root};
 use inference::{Engine, EngineOptions, GenParams};
 use serde_json::Value;
-use std::process::Command;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
 use std::sync::atomic::AtomicBool;
 use std::time::Instant;
+
+const FILES: [&str; 6] = [
+    "smollm2-135m-q4_1",
+    "smollm2-135m-q4_k_m",
+    "smollm2-135m-q8_0",
+    "gemma-3-270m-q4_k_m",
+    "synth-1b-q4_k_m",
+    "synth-1b-q8_0",
+];
+
+/// Runs `cmd` and returns its stdout and the child's own peak RSS in MB
+/// (from `wait4`, so other children do not count).
+fn run_measured(cmd: &mut Command) -> Option<(Vec<u8>, f64)> {
+    use std::io::Read;
+    let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().ok()?;
+    let mut out = Vec::new();
+    child.stdout.take()?.read_to_end(&mut out).ok()?;
+    let mut err = Vec::new();
+    child.stderr.take()?.read_to_end(&mut err).ok()?;
+    let pid = child.id() as libc::pid_t;
+    let mut status = 0;
+    // SAFETY: wait4 writes one status int and one rusage into locals we own;
+    // the child is ours and not yet reaped (std's `Child` was never waited).
+    let (r, u) = unsafe {
+        let mut u: libc::rusage = std::mem::zeroed();
+        (libc::wait4(pid, &mut status, 0, &mut u), u)
+    };
+    if r != pid || !libc::WIFEXITED(status) || libc::WEXITSTATUS(status) != 0 {
+        eprintln!("{:?} failed: {}", cmd.get_program(), String::from_utf8_lossy(&err));
+        return None;
+    }
+    Some((out, u.ru_maxrss as f64 / 1024.0))
+}
 
 fn agentd_bench(model: &str, threads: usize, reps: usize, extra: &[&str]) -> Value {
     let out = Command::new(agentd())
@@ -36,24 +77,59 @@ fn agentd_bench(model: &str, threads: usize, reps: usize, extra: &[&str]) -> Val
     serde_json::from_slice(&out.stdout).expect("JSON")
 }
 
-fn llamacpp_bench(model: &str, threads: usize, reps: usize) -> Option<Value> {
-    let dir = root().join("benches/llamacpp");
-    if !dir.join("node_modules/node-llama-cpp").is_dir() {
-        return None;
-    }
-    let out = Command::new("node")
-        .current_dir(&dir)
-        .args(["bench.mjs", model, &threads.to_string(), "512", "128", &reps.to_string()])
-        .output()
-        .ok()?;
-    if !out.status.success() {
-        eprintln!("node-llama-cpp failed: {}", String::from_utf8_lossy(&out.stderr));
-        return None;
-    }
-    serde_json::from_slice(&out.stdout).ok()
+/// llama-bench's pp512 and tg128 (tokens/s) and its peak RSS: each test in
+/// its own process, so the RSS high-water mark is that run's alone.
+fn llama_bench(bin: &Path, model: &str, threads: usize, reps: usize) -> Option<(f64, f64, f64)> {
+    let one = |p: &str, n: &str| -> Option<(f64, f64)> {
+        let (out, rss) = run_measured(Command::new(bin.join("llama-bench")).args([
+            "-m",
+            model,
+            "-t",
+            &threads.to_string(),
+            "-p",
+            p,
+            "-n",
+            n,
+            "-r",
+            &reps.to_string(),
+            "-o",
+            "json",
+        ]))?;
+        let v: Value = serde_json::from_slice(&out).ok()?;
+        Some((v[0]["avg_ts"].as_f64()?, rss))
+    };
+    let (pp, rss_p) = one("512", "0")?;
+    let (tg, rss_t) = one("0", "128")?;
+    Some((pp, tg, rss_p.max(rss_t)))
 }
 
-fn reuse(model: &std::path::Path, threads: usize) -> (f64, f64) {
+/// The folder of the native llama.cpp tools (built once, cached).
+fn llama_bin() -> Option<PathBuf> {
+    if let Some(b) = std::env::var_os("AGENTD_TEST_LLAMA_BIN") {
+        return Some(PathBuf::from(b));
+    }
+    let out = Command::new(root().join("scripts/build-llamacpp.sh")).output().ok()?;
+    out.status
+        .success()
+        .then(|| PathBuf::from(String::from_utf8_lossy(&out.stdout).trim().to_owned()))
+}
+
+fn models_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("AGENTD_BENCH_MODELS") {
+        return PathBuf::from(d);
+    }
+    let cache = std::env::var_os("AGENTD_PEER_CACHE").map(PathBuf::from).unwrap_or_else(|| {
+        std::env::var_os("XDG_CACHE_HOME")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| {
+                PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache")
+            })
+            .join("agentd-peers")
+    });
+    cache.join("models")
+}
+
+fn reuse(model: &Path, threads: usize) -> (f64, f64) {
     let e = Engine::load(model, &EngineOptions { threads: Some(threads), ..Default::default() })
         .expect("model loads");
     let tok = e.tokenizer();
@@ -93,53 +169,54 @@ fn main() {
     if std::env::args().any(|a| a == "--list") {
         return;
     }
-    let model = model();
-    let m = model.display().to_string();
-    let size_mb = std::fs::metadata(&model).map(|m| m.len() as f64 / 1e6).unwrap_or(0.0);
     let reps = std::env::var("AGENTD_BENCH_REPS").ok().and_then(|r| r.parse().ok()).unwrap_or(3);
+    let only = std::env::var("AGENTD_BENCH_ONLY").unwrap_or_default();
+    let bin = llama_bin();
+    if bin.is_none() {
+        println!("(native llama.cpp not available: scripts/build-llamacpp.sh failed; agentd only)");
+    }
+    let dir = models_dir();
+    println!("engine benchmark: pp512 / tg128 tokens/s, {reps} reps; files from {}", dir.display());
     println!(
-        "engine benchmark: {m} ({size_mb:.0} MB), pp512 / tg128, median of {reps} after a warm-up"
+        "| file | threads | llama.cpp pp / tg | agentd pp / tg | ratio pp / tg | peak RSS agentd / llama.cpp MB |"
     );
-    println!(
-        "{:<10} {:>7} {:>10} {:>10} {:>12}",
-        "engine", "threads", "pp tok/s", "tg tok/s", "peak RSS MB"
-    );
-    for threads in [1usize, 2] {
-        // Alternate the two engines so drift hits both alike.
-        let ours = agentd_bench(&m, threads, reps, &[]);
-        let theirs = llamacpp_bench(&m, threads, reps);
-        let row = |name: &str, v: &Value| {
-            println!(
-                "{:<10} {:>7} {:>10.1} {:>10.1} {:>12.0}",
-                name,
-                threads,
-                v["pp_tok_s"].as_f64().unwrap_or(0.0),
-                v["tg_tok_s"].as_f64().unwrap_or(0.0),
-                v["peak_rss_mb"].as_f64().unwrap_or(0.0)
-            )
-        };
-        row("agentd", &ours);
-        if let Some(t) = &theirs {
-            row("llama.cpp", t);
-            println!(
-                "ratio agentd/llama.cpp at {threads} thread(s): pp {:.2}x  tg {:.2}x",
-                ours["pp_tok_s"].as_f64().unwrap_or(0.0) / t["pp_tok_s"].as_f64().unwrap_or(1.0),
-                ours["tg_tok_s"].as_f64().unwrap_or(0.0) / t["tg_tok_s"].as_f64().unwrap_or(1.0)
-            );
-        } else {
-            println!("(llama.cpp not measured: run `npm ci` in benches/llamacpp)");
+    println!("|---|---|---|---|---|---|");
+    for name in FILES.iter().filter(|n| n.contains(only.as_str())) {
+        let path = dir.join(format!("{name}.gguf"));
+        if !path.is_file() {
+            println!("| {name} | – | missing (run ../shared/tools/bench-models.sh) | | | |");
+            continue;
         }
-        // KV cache for 512 + 128 positions: 30 layers × K and V × 192 × f16.
-        let kv_mb = 640.0 * 30.0 * 2.0 * 192.0 * 2.0 / 1e6;
-        println!(
-            "agentd peak RSS / (file + KV) = {:.0} / ({size_mb:.0} + {kv_mb:.0}) = {:.2}x",
-            ours["peak_rss_mb"].as_f64().unwrap_or(0.0),
-            ours["peak_rss_mb"].as_f64().unwrap_or(0.0) * 1.048_576 / (size_mb + kv_mb)
-        );
+        let m = path.display().to_string();
+        let threads: &[usize] = if name.contains("135m") { &[2, 1] } else { &[2] };
+        for &t in threads {
+            // One engine after the other on the same file and threads, so
+            // drift hits both alike.
+            let ours = agentd_bench(&m, t, reps, &[]);
+            let theirs = bin.as_deref().and_then(|b| llama_bench(b, &m, t, reps));
+            let (op, ot, orss) = (
+                ours["pp_tok_s"].as_f64().unwrap_or(0.0),
+                ours["tg_tok_s"].as_f64().unwrap_or(0.0),
+                ours["peak_rss_mb"].as_f64().unwrap_or(0.0),
+            );
+            match theirs {
+                Some((lp, lt, lrss)) => println!(
+                    "| {name} | {t} | {lp:.0} / {lt:.1} | {op:.0} / {ot:.1} | {:.2}× / {:.2}× | {orss:.0} / {lrss:.0} ({:.2}×) |",
+                    op / lp,
+                    ot / lt,
+                    orss / lrss
+                ),
+                None => println!("| {name} | {t} | – | {op:.0} / {ot:.1} | – | {orss:.0} / – |"),
+            }
+            if t == 2 {
+                println!("|   kernels: {} | | | | | |", ours["kernels"]);
+            }
+        }
     }
     // What `serve` does with concurrent completions: 8 sequences decoding
-    // together, one batched pass per token (llama.cpp's single-sequence
-    // figure above is the comparable peer number per stream).
+    // together, one batched pass per token.
+    let model = model();
+    let m = model.display().to_string();
     let solo = agentd_bench(&m, 2, reps, &["--prompt-tokens", "0"]);
     let together = agentd_bench(&m, 2, reps, &["--prompt-tokens", "0", "--parallel", "8"]);
     let (a, b) =

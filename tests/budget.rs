@@ -219,14 +219,14 @@ fn spent_searches_are_hidden_from_the_next_request_while_reading_stays() {
             .unwrap_or_default()
     };
     let seen = mock.requests();
-    assert_eq!(names(&seen[0].body), ["search_sources", "read_source"]);
-    assert_eq!(names(&seen[1].body), ["search_sources", "read_source"]);
+    assert_eq!(names(&seen[0].body), ["search_sources", "read_source", "analyze_source"]);
+    assert_eq!(names(&seen[1].body), ["search_sources", "read_source", "analyze_source"]);
     assert_eq!(
         names(&seen[2].body),
-        ["read_source"],
+        ["read_source", "analyze_source"],
         "searches spent: search hidden, reading stays"
     );
-    assert_eq!(names(&seen[3].body), ["read_source"]);
+    assert_eq!(names(&seen[3].body), ["read_source", "analyze_source"]);
     let evs = events(&out);
     // The host still refuses a search the model calls anyway.
     let refused = of(&evs, "tool_result")

@@ -223,6 +223,16 @@ fn final_provider_failure_gives_an_excerpt_and_voice_a_spoken_fallback() {
             && !a.contains('<'),
         "{a}"
     );
+    // Voice: the tool round is announced, then each sentence of the spoken
+    // text, plain, before done.
+    let said: Vec<&Value> = evs.iter().filter(|e| e["type"] == "sentence").collect();
+    assert_eq!(said.first().map(|e| &e["kind"]), Some(&serde_json::json!("progress")), "{said:?}");
+    let spoken: Vec<&str> =
+        said.iter().filter(|e| e["kind"].is_null()).filter_map(|e| e["text"].as_str()).collect();
+    assert_eq!(spoken.join(" "), a.trim(), "the sentences are the spoken answer");
+    let at = |ty: &str| evs.iter().position(|e| e["type"] == ty).unwrap();
+    assert_eq!(at("sentence") + 1, at("tool_call"), "announced as the round begins");
+    assert!(evs.iter().rposition(|e| e["type"] == "sentence").unwrap() < evs.len() - 1);
 }
 
 #[test]
@@ -233,7 +243,9 @@ fn context_exhaustion_after_tools_ran_goes_to_the_final_turn() {
         &format!("# Big budget notes\n\n{}", "budget words fill this segment. ".repeat(200)),
     );
     // A context of 1300 tokens (≈ chars / 4): each round reads a 1500-character
-    // segment; shortening older results cannot keep up for long.
+    // segment; shortening older results cannot keep up for long. (The
+    // default section size could not fit a section worker in it.)
+    h.write("policies.toml", "[values]\n\"research/section-size\" = 1500\n");
     let mut lines = vec![
         r#"{"context": 1300}"#.to_string(),
         r#"{"when": "research", "tool_calls": [{"name": "search_sources", "arguments": {"query": "fill"}}]}"#.to_string(),

@@ -202,6 +202,73 @@ fn malformed_requests_get_a_4xx_with_a_message_and_the_daemon_stays_healthy() {
         br#"{"messages": [{"role": "user", "content": "x"}], "max_tokens": 2, "frobnicate": true}"#,
     );
     assert_eq!(st, 200);
+    // The Ollama and Anthropic routes: each bad request a 4xx in the API's
+    // own error shape.
+    let chat = |extra: &str| {
+        format!(r#"{{"model": "", "messages": [{{"role": "user", "content": "x"}}], "stream": false{extra}}}"#).into_bytes()
+    };
+    let msg = |extra: &str| {
+        format!(r#"{{"model": "", "max_tokens": 4, "messages": [{{"role": "user", "content": "x"}}]{extra}}}"#).into_bytes()
+    };
+    let huge_ollama =
+        format!(r#"{{"messages": [{{"role": "user", "content": "{}"}}]}}"#, "x".repeat(200_000));
+    let corpus: Vec<(&str, &str, Vec<u8>, u16)> = vec![
+        ("/api/chat", "truncated JSON", br#"{"messages": ["#.to_vec(), 400),
+        ("/api/chat", "messages not an array", br#"{"messages": "hi"}"#.to_vec(), 400),
+        ("/api/chat", "format a number", chat(r#", "format": 5"#), 400),
+        ("/api/chat", "options not an object", chat(r#", "options": [1]"#), 400),
+        ("/api/chat", "temperature a string", chat(r#", "options": {"temperature": "hot"}"#), 400),
+        ("/api/chat", "num_predict a string", chat(r#", "options": {"num_predict": "many"}"#), 400),
+        ("/api/chat", "stream a string", chat(r#", "stream": "yes""#), 400),
+        ("/api/chat", "think a number", chat(r#", "think": 3"#), 400),
+        ("/api/chat", "images", br#"{"messages": [{"role": "user", "content": "x", "images": ["aGk="]}]}"#.to_vec(), 400),
+        ("/api/chat", "tool arguments a number", br#"{"messages": [{"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f", "arguments": 3}}]}]}"#.to_vec(), 400),
+        ("/api/chat", "unknown model", br#"{"model": "llama9:70b", "messages": [{"role": "user", "content": "x"}]}"#.to_vec(), 404),
+        ("/api/chat", "body over the limit", huge_ollama.clone().into_bytes(), 413),
+        ("/api/generate", "prompt a number", br#"{"prompt": 3}"#.to_vec(), 400),
+        ("/api/generate", "raw a string", br#"{"prompt": "x", "raw": "yes"}"#.to_vec(), 400),
+        ("/api/show", "no model", b"{}".to_vec(), 400),
+        ("/api/show", "unknown model", br#"{"model": "nope"}"#.to_vec(), 404),
+        ("/api/pull", "no model", b"{}".to_vec(), 400),
+        ("/api/pull", "unknown model", br#"{"model": "nope:7b"}"#.to_vec(), 404),
+        ("/api/nope", "unknown route", b"{}".to_vec(), 404),
+        ("/v1/messages", "truncated JSON", br#"{"model": "#.to_vec(), 400),
+        ("/v1/messages", "no max_tokens", br#"{"model": "m", "messages": [{"role": "user", "content": "x"}]}"#.to_vec(), 400),
+        ("/v1/messages", "empty messages", br#"{"model": "m", "max_tokens": 4, "messages": []}"#.to_vec(), 400),
+        ("/v1/messages", "system role in messages", br#"{"model": "m", "max_tokens": 4, "messages": [{"role": "system", "content": "x"}]}"#.to_vec(), 400),
+        ("/v1/messages", "image block", br#"{"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}"#.to_vec(), 400),
+        ("/v1/messages", "tool without input_schema", msg(r#", "tools": [{"name": "f"}]"#), 400),
+        ("/v1/messages", "bad tool_choice", msg(r#", "tool_choice": {"type": "sometimes"}"#), 400),
+        ("/v1/messages", "tool_choice naming no tool", msg(r#", "tools": [{"name": "f", "input_schema": {"type": "object"}}], "tool_choice": {"type": "tool", "name": "g"}"#), 400),
+        ("/v1/messages", "temperature above 1", msg(r#", "temperature": 1.5"#), 400),
+        ("/v1/messages", "unknown model", br#"{"model": "claude-nope", "max_tokens": 4, "messages": [{"role": "user", "content": "x"}]}"#.to_vec(), 404),
+        ("/v1/messages", "body over the limit", huge_ollama.into_bytes(), 413),
+        ("/v1/messages/count_tokens", "no messages", br#"{"model": "m"}"#.to_vec(), 400),
+    ];
+    for (path, what, body, want) in corpus {
+        let (st, b) = http(&d.socket, "POST", path, &body);
+        assert_eq!(st, want, "{path} {what}: {}", String::from_utf8_lossy(&b));
+        let v = json_of(&b);
+        if path.starts_with("/api/") {
+            assert!(v["error"].as_str().is_some_and(|m| !m.is_empty()), "{path} {what}: {v}");
+        } else {
+            assert_eq!(v["type"], "error", "{path} {what}: {v}");
+            assert!(
+                v["error"]["type"]
+                    .as_str()
+                    .is_some_and(|t| t.ends_with("error") || t == "request_too_large"),
+                "{path} {what}: {v}"
+            );
+            assert!(
+                v["error"]["message"].as_str().is_some_and(|m| !m.is_empty()),
+                "{path} {what}: {v}"
+            );
+        }
+    }
+    // Embeddings: a clear 501 while no embedding model is configured.
+    let (st, b) = http(&d.socket, "POST", "/api/embed", br#"{"model": "m", "input": "x"}"#);
+    assert_eq!(st, 501);
+    assert!(json_of(&b)["error"].as_str().unwrap().contains("embedding"));
     let (st, b) = http(&d.socket, "GET", "/health", b"");
     assert_eq!(st, 200, "{}", String::from_utf8_lossy(&b));
     let (st, b) = http(&d.socket, "GET", "/metrics", b"");
@@ -503,4 +570,181 @@ fn a_completion_is_answered_while_a_research_run_streams() {
     };
     assert!(done.contains("\"outcome\":\"answered\""), "{done}");
     assert!(content > 0, "no content after the completion");
+}
+
+/// One raw HTTP/1.1 request over TCP with extra header lines; returns the
+/// status and the whole response text.
+fn tcp(addr: &str, head: &str, body: &str) -> (u16, String) {
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(300))).unwrap();
+    write!(s, "{head}Content-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len()).unwrap();
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    let status = out.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    (status, out)
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+fn wait_tcp(addr: &str) {
+    let t = Instant::now();
+    while std::net::TcpStream::connect(addr).is_err() {
+        assert!(t.elapsed() < Duration::from_secs(30), "{addr} did not come up");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The clients users already have (issue 17): the official `ollama` client
+/// on the tokenless loopback listener, the official `anthropic` SDK on the
+/// token listener, the listener's guard (non-loopback refused at start,
+/// foreign Host refused, no CORS grant to a foreign Origin), and voice
+/// sentences from a research run, each rendered by espeak-ng.
+#[test]
+fn ollama_anthropic_and_voice_clients_on_the_real_model() {
+    let test = "ollama_anthropic_and_voice_clients_on_the_real_model";
+    let (Some(m), Some(python)) = (model(), agentd_tests::python(test)) else {
+        return;
+    };
+    let h = Home::new();
+    // A non-loopback --ollama address is refused before anything loads.
+    let out = h.run(&["serve", "--model", m.to_str().unwrap(), "--ollama", "0.0.0.0:11434"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("loopback") && err.contains("--token-file"), "{err}");
+    // The default model, present under its registry name, for /api/pull.
+    std::fs::create_dir_all(h.path().join("models")).unwrap();
+    std::os::unix::fs::symlink(&m, h.path().join("models/SmolLM2-135M-Instruct.Q4_1.gguf"))
+        .unwrap();
+    let token = h.write("token", "test-token-0123456789abcdef");
+    let corpus = h.corpus();
+    let (listen, ollama) =
+        (format!("127.0.0.1:{}", free_port()), format!("127.0.0.1:{}", free_port()));
+    let d = start(
+        &h,
+        &[
+            "--listen",
+            &listen,
+            "--token-file",
+            token.to_str().unwrap(),
+            "--ollama",
+            &ollama,
+            "--allow-origin",
+            "http://good.example",
+            "--corpus",
+            corpus.to_str().unwrap(),
+        ],
+    );
+    wait_tcp(&listen);
+    wait_tcp(&ollama);
+
+    // The guard: DNS rebinding (a foreign Host) is refused; a foreign
+    // Origin gets no CORS grant (and cannot act); a named one does.
+    let (st, out) = tcp(&ollama, "GET /api/tags HTTP/1.1\r\nHost: attacker.example\r\n", "");
+    assert_eq!(st, 403, "{out}");
+    assert!(out.contains(r#"{"error":"#), "{out}");
+    let (st, out) = tcp(
+        &ollama,
+        "GET /api/tags HTTP/1.1\r\nHost: localhost\r\nOrigin: http://attacker.example\r\n",
+        "",
+    );
+    assert_eq!(st, 200, "{out}");
+    assert!(!out.to_ascii_lowercase().contains("access-control-allow-origin"), "{out}");
+    let (st, out) = tcp(&ollama, "POST /api/generate HTTP/1.1\r\nHost: 127.0.0.1\r\nOrigin: http://attacker.example\r\nContent-Type: text/plain\r\n", r#"{"prompt": "hi"}"#);
+    assert_eq!(st, 403, "{out}");
+    assert!(!out.to_ascii_lowercase().contains("access-control-allow-origin"), "{out}");
+    let (st, out) = tcp(&ollama, "OPTIONS /api/chat HTTP/1.1\r\nHost: 127.0.0.1\r\nOrigin: http://good.example\r\nAccess-Control-Request-Method: POST\r\n", "");
+    assert!(st == 204 && out.contains("access-control-allow-origin: http://good.example"), "{out}");
+    // The tokenless listener serves no records.
+    let (st, _) = tcp(&ollama, "GET /v1/chats HTTP/1.1\r\nHost: localhost\r\n", "");
+    assert_eq!(st, 404);
+
+    let run_py = |script: &str, args: &[&str]| {
+        let out = Command::new(&python)
+            .arg(agentd_tests::workspace_root().join("tests/python").join(script))
+            .args(args)
+            .output()
+            .expect("the test venv's python runs");
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        eprintln!("{script}: {err}");
+        assert!(
+            out.status.success(),
+            "{script} stdout: {}\nstderr: {err}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+    };
+    run_py("ollama_check.py", &[&format!("http://{ollama}"), "smollm2-135m-instruct-q4_1"]);
+    let (_, b) = http(&d.socket, "GET", "/health", b"");
+    let model_id = json_of(&b)["model"].as_str().unwrap().to_owned();
+    run_py(
+        "anthropic_check.py",
+        &[&format!("http://{listen}"), "test-token-0123456789abcdef", &model_id],
+    );
+
+    // Voice: sentences arrive as they complete, before done, each plain.
+    let body =
+        json!({"question": "How does the daemon listen for clients? Answer in a few sentences.",
+        "voice": true, "max_tool_iters": 1})
+        .to_string();
+    let mut s = UnixStream::connect(&d.socket).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(300))).unwrap();
+    write!(
+        s,
+        "POST /v1/research HTTP/1.1\r\nHost: t\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let t0 = Instant::now();
+    let mut r = BufReader::new(s);
+    let (mut line, mut sentences, mut first) = (String::new(), Vec::new(), None);
+    let mut first_content = None;
+    let done = loop {
+        line.clear();
+        assert!(r.read_line(&mut line).unwrap() > 0, "the stream ended without done");
+        let Some(data) = line.trim().strip_prefix("data:") else { continue };
+        let Ok(v) = serde_json::from_str::<Value>(data.trim()) else { continue };
+        if v["type"] == "content" {
+            first_content.get_or_insert(t0.elapsed());
+        } else if v["type"] == "sentence" {
+            first.get_or_insert(t0.elapsed());
+            sentences.push(v);
+        } else if v["type"] == "done" {
+            break v;
+        }
+    };
+    let whole = t0.elapsed();
+    assert!(!sentences.is_empty(), "no sentence before done: {done}");
+    for v in &sentences {
+        let t = v["text"].as_str().unwrap();
+        assert!(!t.trim().is_empty(), "{v}");
+        for bad in ["[S", "http", "**", "`", "<", "](", "# "] {
+            assert!(!t.contains(bad), "not plain ({bad:?}): {t}");
+        }
+    }
+    eprintln!(
+        "voice: {} sentence(s), {} progress; first text after {:?}, first sentence after {:?}, whole answer after {whole:?} ({})",
+        sentences.len(),
+        sentences.iter().filter(|v| v["kind"] == "progress").count(),
+        first_content,
+        first.unwrap(),
+        done["outcome"]
+    );
+    if let Some(espeak) = agentd_tests::dep("AGENTD_TEST_ESPEAK", test) {
+        for (i, v) in sentences.iter().enumerate() {
+            let wav = h.path().join(format!("s{i}.wav"));
+            let st = Command::new(&espeak)
+                .arg("-w")
+                .arg(&wav)
+                .arg("--")
+                .arg(v["text"].as_str().unwrap())
+                .status()
+                .unwrap();
+            assert!(st.success(), "espeak-ng failed on {v}");
+            let len = std::fs::metadata(&wav).unwrap().len();
+            assert!(len > 44, "{v} rendered to an empty WAV ({len} bytes)");
+        }
+    }
+    let (st, _) = http(&d.socket, "GET", "/health", b"");
+    assert_eq!(st, 200);
 }

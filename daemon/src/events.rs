@@ -9,6 +9,8 @@ pub(crate) enum Phase {
     Research,
     Final,
     Correction,
+    /// A section worker (`analyze_source`, or condensing the final view).
+    Section,
 }
 
 impl Phase {
@@ -17,6 +19,7 @@ impl Phase {
             Phase::Research => "research",
             Phase::Final => "final",
             Phase::Correction => "correction",
+            Phase::Section => "section",
         }
     }
 }
@@ -30,6 +33,9 @@ pub(crate) enum Stop {
     ContextLimit,
     Deadline,
     Budget,
+    /// The section-request limit cut an analysis short (seed 000: section
+    /// limits prevent more research after tools have run).
+    SectionLimit,
     Cancelled,
     Error,
 }
@@ -43,6 +49,7 @@ impl Stop {
             Stop::ContextLimit => "context_limit",
             Stop::Deadline => "deadline",
             Stop::Budget => "budget",
+            Stop::SectionLimit => "section_limit",
             Stop::Cancelled => "cancelled",
             Stop::Error => "error",
         }
@@ -106,19 +113,51 @@ pub(crate) struct Done {
     pub(crate) error: Option<RunError>,
     /// Citations marked invalid after a failed correction.
     pub(crate) invalid_citations: Vec<String>,
+    /// The answer cites sources it read (`research::grounding`).
+    pub(crate) grounded: bool,
 }
 
 /// One research event.
 #[derive(Debug, Clone)]
 pub(crate) enum Ev {
-    Run { run_id: String, chat_id: String, max_tool_iters: usize },
-    Request { n: usize, phase: Phase },
+    Run {
+        run_id: String,
+        chat_id: String,
+        max_tool_iters: usize,
+    },
+    Request {
+        n: usize,
+        phase: Phase,
+    },
     Reasoning(String),
     Content(String),
-    ToolCall { round: usize, id: String, name: String, arguments: Value },
-    ToolResult { round: usize, id: String, name: String, ok: bool, content: String },
-    Notice { kind: &'static str, text: String },
-    Discarded { name: String, arguments: Value },
+    ToolCall {
+        round: usize,
+        id: String,
+        name: String,
+        arguments: Value,
+    },
+    ToolResult {
+        round: usize,
+        id: String,
+        name: String,
+        ok: bool,
+        content: String,
+    },
+    Notice {
+        kind: &'static str,
+        text: String,
+    },
+    Discarded {
+        name: String,
+        arguments: Value,
+    },
+    /// Voice requests only: a completed sentence of the spoken text, plain;
+    /// `progress` for the short sentence said when a tool round begins.
+    Sentence {
+        text: String,
+        progress: bool,
+    },
     Done(Done),
 }
 
@@ -141,11 +180,15 @@ impl Ev {
             Ev::Discarded { name, arguments } => {
                 json!({"type": "discarded_call", "name": name, "arguments": arguments})
             }
+            Ev::Sentence { text, progress: false } => json!({"type": "sentence", "text": text}),
+            Ev::Sentence { text, progress: true } => {
+                json!({"type": "sentence", "text": text, "kind": "progress"})
+            }
             Ev::Done(d) => json!({
                 "type": "done", "outcome": d.outcome.as_str(), "stop": d.stop.as_str(), "rounds": d.rounds,
                 "model_requests": d.model_requests, "answer": d.answer,
                 "error": d.error.as_ref().map(RunError::to_json),
-                "invalid_citations": d.invalid_citations,
+                "invalid_citations": d.invalid_citations, "grounded": d.grounded,
             }),
         }
     }

@@ -83,6 +83,14 @@ enum Command {
         /// File holding the bearer token TCP clients must send
         #[arg(long)]
         token_file: Option<std::path::PathBuf>,
+        /// Also serve the Ollama (and OpenAI) routes without a token on
+        /// HOST:PORT, loopback addresses only (Ollama's port is 11434)
+        #[arg(long, value_name = "HOST:PORT")]
+        ollama: Option<String>,
+        /// Grant CORS on the --ollama listener to this origin (repeatable;
+        /// none by default)
+        #[arg(long, value_name = "ORIGIN")]
+        allow_origin: Vec<String>,
     },
     /// List, audit, cancel and resume research runs
     Runs {
@@ -244,9 +252,25 @@ fn run(cli: Cli, cancel: &AtomicBool) -> anyhow::Result<ExitCode> {
         Command::Chat { connect } => {
             return commands::chat::run(connect.as_deref().unwrap_or(""), cancel)
         }
-        Command::Serve { engine, corpus, notes, socket, listen, token_file } => {
-            server::run(server::ServeArgs { engine, corpus, notes, socket, listen, token_file })?
-        }
+        Command::Serve {
+            engine,
+            corpus,
+            notes,
+            socket,
+            listen,
+            token_file,
+            ollama,
+            allow_origin,
+        } => server::run(server::ServeArgs {
+            engine,
+            corpus,
+            notes,
+            socket,
+            listen,
+            token_file,
+            ollama,
+            allow_origin,
+        })?,
         Command::Runs { command } => {
             let store = Store::open()?;
             match command {

@@ -162,7 +162,12 @@ pub(crate) fn build(args: &EngineArgs, policies: &Policies) -> Result<Box<dyn Pr
         "scripted" => {
             let path = args.script.as_deref().context("--provider scripted needs --script FILE")?;
             let format = Format::from_name(args.tool_format.as_deref().unwrap_or("hermes"))?;
-            Ok(Box::new(Scripted::load(path, format)?))
+            let mut s = Scripted::load(path, format)?;
+            if s.wants_section_model() {
+                let local = EngineArgs { provider: "local".into(), ..args.clone() };
+                s.set_workers(Local::load(&local, None, context_cap)?);
+            }
+            Ok(Box::new(s))
         }
         other => bail!("unknown provider {other:?}: use local, openai or scripted"),
     }

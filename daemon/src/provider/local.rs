@@ -114,6 +114,9 @@ pub(crate) struct ChatParams {
     /// a JSON object instead of refusing the turn (the research loop, whose
     /// host checks every call; a client's request is refused instead).
     pub(crate) lenient: bool,
+    /// A raw prompt sent as it is, without the chat template (control
+    /// tokens written in it are parsed); the messages are then unused.
+    pub(crate) raw: Option<String>,
 }
 
 /// What a chat turn produced, beside its events.
@@ -197,7 +200,16 @@ impl Local {
         tools: &[ToolDef],
         params: &ChatParams,
     ) -> Result<ChatRun, ProviderError> {
-        let (text, prompt) = self.prompt(messages, tools)?;
+        let (text, prompt) = match &params.raw {
+            Some(raw) => {
+                let ids = self
+                    .engine
+                    .tokenize_prompt(raw, true)
+                    .map_err(|e| ProviderError::Failed(e.to_string()))?;
+                (raw.clone(), ids)
+            }
+            None => self.prompt(messages, tools)?,
+        };
         let limit = self.engine.info().context;
         if prompt.len() + 1 >= limit {
             return Err(ProviderError::Context { need: prompt.len() + 1, limit });
@@ -377,6 +389,59 @@ impl Provider for Local {
         Ok(reply)
     }
 
+    /// Section workers as generations that step together: one batched
+    /// pass per token for all of them.
+    fn turns(
+        &mut self,
+        reqs: &[TurnRequest<'_>],
+        cancel: &AtomicBool,
+        attempt: &mut dyn FnMut(usize, u32) -> Result<(), Refused>,
+    ) -> Vec<Result<TurnReply, ProviderError>> {
+        let mut out: Vec<Option<Result<TurnReply, ProviderError>>> = Vec::new();
+        let mut runs: Vec<(usize, ChatRun)> = Vec::new();
+        for (i, req) in reqs.iter().enumerate() {
+            let started = self.prompt_tokens(req.messages, req.tools).and_then(|tokens| {
+                admit_turn(tokens, self.engine.info().context, &mut |k| attempt(i, k))?;
+                self.begin_chat(req.messages, req.tools, &turn_params(&self.sampling, req))
+            });
+            match started {
+                Ok(run) => {
+                    runs.push((i, run));
+                    out.push(None);
+                }
+                Err(e) => out.push(Some(Err(e))),
+            }
+        }
+        let mut replies: Vec<TurnReply> = runs.iter().map(|_| TurnReply::empty()).collect();
+        let mut failed = None;
+        while failed.is_none() && runs.iter().any(|(_, r)| !r.is_done()) {
+            let mut sinks: Vec<_> = replies
+                .iter_mut()
+                .map(|reply| move |e: Event| fold_event(reply, e, &mut |_| {}))
+                .collect();
+            let mut steps: Vec<ChatStep<'_>> = runs
+                .iter_mut()
+                .zip(sinks.iter_mut())
+                .filter(|((_, r), _)| !r.is_done())
+                .map(|((_, r), sink)| (r, cancel, sink as &mut dyn FnMut(Event)))
+                .collect();
+            if let Err(e) = self.step_chats(&mut steps) {
+                failed = Some(e);
+            }
+        }
+        for ((i, run), mut reply) in runs.into_iter().zip(replies) {
+            let o = self.end_chat(run, &mut |e| fold_event(&mut reply, e, &mut |_| {}));
+            reply.finish = turn_finish(o.finish);
+            out[i] = Some(match &failed {
+                Some(e) => Err(e.clone()),
+                None => Ok(reply),
+            });
+        }
+        out.into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(ProviderError::Failed("no reply".into()))))
+            .collect()
+    }
+
     fn count(&mut self, messages: &[Message], tools: &[ToolDef]) -> Option<usize> {
         self.prompt_tokens(messages, tools).ok()
     }
@@ -421,6 +486,7 @@ pub(crate) fn turn_params(sampling: &Sampling, req: &TurnRequest<'_>) -> ChatPar
             Constraint::ToolCalls(ToolChoice::Auto)
         },
         lenient: true,
+        raw: None,
     }
 }
 

@@ -206,6 +206,23 @@ pub(crate) trait Provider {
         on: &mut dyn FnMut(TurnEvent),
     ) -> Result<TurnReply, ProviderError>;
 
+    /// Runs independent turns together (section workers): each reply comes
+    /// back whole, nothing streams. `attempt(i, k)` is called before attempt
+    /// `k` of request `i`, as in [`Provider::turn`]. By default they run one
+    /// after another; the local engine steps them in one batch.
+    fn turns(
+        &mut self,
+        reqs: &[TurnRequest<'_>],
+        cancel: &AtomicBool,
+        attempt: &mut dyn FnMut(usize, u32) -> Result<(), Refused>,
+    ) -> Vec<Result<TurnReply, ProviderError>> {
+        let mut out = Vec::with_capacity(reqs.len());
+        for (i, r) in reqs.iter().enumerate() {
+            out.push(self.turn(r, cancel, &mut |k| attempt(i, k), &mut |_| {}));
+        }
+        out
+    }
+
     /// Tokens `messages` with `tools` take, when the provider can tell.
     fn count(&mut self, messages: &[Message], tools: &[ToolDef]) -> Option<usize>;
 

@@ -6,11 +6,17 @@
 //! {"raw": "<tool_call>\n{…}\n</tool_call>"}      native markup, parsed like a local model's text
 //! {"error": "transient" | "quota" | "unavailable" | "context" | "failed"}
 //! {"when": "final", …}                            used only for final/correction turns ("research": only research)
+//! {"when": "section", "content": "finding"}       used only for section workers (which take no other line)
 //! {"delay_ms": 50, …}                             pause before the turn and each streamed piece
 //! ```
 //!
 //! A turn takes the next line whose `when` fits its phase; when none is
-//! left, the last fitting line repeats.
+//! left, the last fitting line repeats. A first line may set the context
+//! (`{"context": N}`, tokens ≈ chars / 4) and a file that gets every
+//! request as one JSON line (`{"log": "PATH"}`: phase and messages); with
+//! `{"section_model": true}` section workers run on the local model that
+//! `--model` names, batched in its engine, while the script plays the
+//! coordinator (a real-model test of section analysis).
 
 use super::{
     fold_event, tool_specs, Call, Provider, ProviderError, Refused, TurnEvent, TurnFinish,
@@ -31,6 +37,10 @@ pub(crate) struct Scripted {
     used: Vec<bool>,
     format: Format,
     context: Option<usize>,
+    log: Option<std::path::PathBuf>,
+    section_model: bool,
+    /// The local model section workers run on (`section_model`).
+    workers: Option<Box<super::local::Local>>,
 }
 
 impl Scripted {
@@ -51,18 +61,34 @@ impl Scripted {
         }
         // A `{"context": N}` first line sets the context size (tokens ≈ chars / 4).
         let context = lines[0].get("context").and_then(Value::as_u64).map(|n| n as usize);
-        if context.is_some() {
+        let log = lines[0].get("log").and_then(Value::as_str).map(std::path::PathBuf::from);
+        let section_model = lines[0].get("section_model").and_then(Value::as_bool) == Some(true);
+        if context.is_some() || log.is_some() || section_model {
             lines.remove(0);
         }
+        if lines.is_empty() {
+            anyhow::bail!("script {} has no turns", path.display());
+        }
         let used = vec![false; lines.len()];
-        Ok(Scripted { lines, used, format, context })
+        Ok(Scripted { lines, used, format, context, log, section_model, workers: None })
+    }
+
+    /// The script asks for section workers on a local model.
+    pub(crate) fn wants_section_model(&self) -> bool {
+        self.section_model
+    }
+
+    /// Runs section workers on `local`.
+    pub(crate) fn set_workers(&mut self, local: super::local::Local) {
+        self.workers = Some(Box::new(local));
     }
 
     fn pick(&mut self, phase: Phase) -> Value {
         let fits = |v: &Value| match v.get("when").and_then(Value::as_str) {
-            Some("final") => phase != Phase::Research,
+            Some("final") => matches!(phase, Phase::Final | Phase::Correction),
             Some("research") => phase == Phase::Research,
-            _ => true,
+            Some("section") => phase == Phase::Section,
+            _ => phase != Phase::Section,
         };
         if let Some(i) = (0..self.lines.len()).find(|&i| !self.used[i] && fits(&self.lines[i])) {
             self.used[i] = true;
@@ -96,13 +122,34 @@ impl Provider for Scripted {
         attempt: &mut dyn FnMut(u32) -> Result<(), Refused>,
         on: &mut dyn FnMut(TurnEvent),
     ) -> Result<TurnReply, ProviderError> {
+        if let (Phase::Section, Some(local)) = (req.phase, self.workers.as_mut()) {
+            return local.turn(req, cancel, attempt, on);
+        }
         if let Some(limit) = self.context {
             let need = self.count(req.messages, req.tools).unwrap_or(0);
             if need > limit {
                 return Err(ProviderError::Context { need, limit });
             }
         }
+        if let Some(path) = &self.log {
+            use std::io::Write;
+            let msgs: Vec<Value> = req
+                .messages
+                .iter()
+                .map(|m| serde_json::json!({"role": m.role, "content": m.content}))
+                .collect();
+            let entry = serde_json::json!({"phase": req.phase.as_str(), "messages": msgs});
+            if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(path) {
+                let _ = writeln!(f, "{entry}");
+            }
+        }
         let line = self.pick(req.phase);
+        if line.is_null() && req.phase == Phase::Section {
+            return Err(ProviderError::Failed(format!(
+                "the script has no line for a {} turn",
+                req.phase.as_str()
+            )));
+        }
         // Errors named `transient` are retried like the openai provider's.
         let retries = line.get("retries").and_then(Value::as_u64).unwrap_or(0) as u32;
         for k in 0..=retries {
@@ -181,6 +228,24 @@ impl Provider for Scripted {
             reply.push_call(call, !req.tools.is_empty(), on);
         }
         Ok(reply)
+    }
+
+    fn turns(
+        &mut self,
+        reqs: &[TurnRequest<'_>],
+        cancel: &AtomicBool,
+        attempt: &mut dyn FnMut(usize, u32) -> Result<(), Refused>,
+    ) -> Vec<Result<TurnReply, ProviderError>> {
+        if let Some(local) = self.workers.as_mut() {
+            if reqs.iter().all(|r| r.phase == Phase::Section) {
+                return local.turns(reqs, cancel, attempt);
+            }
+        }
+        let mut out = Vec::with_capacity(reqs.len());
+        for (i, r) in reqs.iter().enumerate() {
+            out.push(self.turn(r, cancel, &mut |k| attempt(i, k), &mut |_| {}));
+        }
+        out
     }
 
     fn count(&mut self, messages: &[Message], tools: &[ToolDef]) -> Option<usize> {

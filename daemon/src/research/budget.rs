@@ -39,6 +39,15 @@ pub(super) struct Budget {
     research_used: usize,
     /// Requests in the ledger from the reserve (final and correction).
     reserve_used: usize,
+    /// Section-worker requests the run may send (`research/section-requests`);
+    /// each also spends the research allowance.
+    pub(super) sections: usize,
+    /// Section-worker requests in the ledger.
+    section_used: usize,
+    /// The section limit cut an analysis short: research ends (seed 000).
+    pub(super) sections_cut: bool,
+    /// Section size, worker output tokens, workers at once.
+    pub(super) section_limits: super::sections::Limits,
     clock: Clock,
 }
 
@@ -55,6 +64,10 @@ impl Budget {
             turn_tokens: p.get(policy::TURN_TOKENS) as usize,
             research_used: 0,
             reserve_used: 0,
+            sections: p.get(policy::SECTION_REQUESTS) as usize,
+            section_used: 0,
+            sections_cut: false,
+            section_limits: super::sections::Limits::from_policies(p),
             clock: Clock { before: Duration::ZERO, started: Instant::now() },
         }
     }
@@ -66,6 +79,7 @@ impl Budget {
         let mut b = Budget::from_policies(p);
         b.research_used = used.research;
         b.reserve_used = used.reserve;
+        b.section_used = used.section;
         b.clock.before = elapsed_before;
         b
     }
@@ -81,6 +95,16 @@ impl Budget {
     /// Requests admitted so far, both allowances.
     pub(super) fn requests(&self) -> usize {
         self.research_used + self.reserve_used
+    }
+
+    /// Section-worker requests still allowed: by the section limit and by
+    /// the research allowance (never the reserve).
+    pub(super) fn sections_left(&self) -> usize {
+        if self.research_open().is_err() {
+            return 0;
+        }
+        let research_left = self.total - self.reserve - self.research_used;
+        self.sections.saturating_sub(self.section_used).min(research_left)
     }
 
     /// The research share of the run deadline is spent.
@@ -106,6 +130,13 @@ impl Budget {
                 self.research_open().map_err(|_| Refused)?;
                 self.research_used += 1;
             }
+            Phase::Section => {
+                if self.sections_left() == 0 {
+                    return Err(Refused);
+                }
+                self.research_used += 1;
+                self.section_used += 1;
+            }
             Phase::Final | Phase::Correction => {
                 if self.reserve_used >= self.reserve || self.elapsed() >= self.deadline {
                     return Err(Refused);
@@ -119,9 +150,11 @@ impl Budget {
     /// What the ledger says of a refused request.
     pub(super) fn refusal(&self) -> String {
         format!(
-            "not sent: research used {} of {}, reserve used {} of {}, {:.0} s of {:.0} s",
+            "not sent: research used {} of {}, sections {} of {}, reserve used {} of {}, {:.0} s of {:.0} s",
             self.research_used,
             self.total - self.reserve,
+            self.section_used,
+            self.sections,
             self.reserve_used,
             self.reserve,
             self.elapsed().as_secs_f64(),
@@ -151,6 +184,25 @@ mod tests {
     use serde_json::json;
 
     #[test]
+    fn section_workers_spend_research_within_their_own_limit() {
+        let mut p = Policies::from_snapshot(&json!({})).unwrap();
+        p.values.insert(policy::TOTAL_REQUESTS.into(), 6);
+        p.values.insert(policy::SECTION_REQUESTS.into(), 2);
+        let mut b = Budget::from_policies(&p);
+        assert_eq!(b.sections_left(), 2);
+        assert_eq!(b.admit(Phase::Section), Ok(()));
+        assert_eq!(b.admit(Phase::Section), Ok(()));
+        assert_eq!(b.admit(Phase::Section), Err(Refused), "the section limit");
+        assert_eq!(b.admit(Phase::Research), Ok(()));
+        assert_eq!(b.admit(Phase::Research), Ok(()));
+        assert_eq!(b.admit(Phase::Research), Err(Refused), "sections spent research");
+        assert_eq!(b.admit(Phase::Final), Ok(()), "never the reserve");
+        let r =
+            Budget::recovered(&p, Usage { research: 2, reserve: 0, section: 2 }, Duration::ZERO);
+        assert_eq!(r.sections_left(), 0, "a resumed run keeps its spent sections");
+    }
+
+    #[test]
     fn research_never_spends_the_reserve() {
         let mut p = Policies::from_snapshot(&json!({})).unwrap();
         p.values.insert(policy::TOTAL_REQUESTS.into(), 4);
@@ -163,7 +215,11 @@ mod tests {
         assert_eq!(b.admit(Phase::Correction), Ok(()));
         assert_eq!(b.admit(Phase::Final), Err(Refused));
         assert_eq!(b.requests(), 4);
-        let r = Budget::recovered(&p, Usage { research: 2, reserve: 1 }, Duration::from_secs(3));
+        let r = Budget::recovered(
+            &p,
+            Usage { research: 2, reserve: 1, section: 0 },
+            Duration::from_secs(3),
+        );
         assert_eq!(r.requests(), 3);
         assert!(r.elapsed() >= Duration::from_secs(3));
     }

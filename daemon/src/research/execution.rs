@@ -6,10 +6,11 @@
 //! rule (three consecutive identical read-only batches end research; a
 //! batch with a write is never counted).
 
+use super::admission::RunOptions;
 use super::request::arguments_value;
 use super::Ctx;
 use crate::events::Ev;
-use crate::provider::Call;
+use crate::provider::{Call, Provider};
 use crate::state::store::{MessageStatus, StoredCall, StoredMessage};
 use crate::tools::{self, Coverage, Host, Kind, ToolOutput};
 use prompts::fallback::Evidence;
@@ -125,6 +126,11 @@ pub(super) fn collect_evidence(evidence: &mut Vec<Evidence>, output: &ToolOutput
                 add(&h.handle, &h.title, &h.snippet);
             }
         }
+        ToolOutput::Analysis(a) => {
+            let text: Vec<String> =
+                a.findings.iter().map(|f| format!("(section {}) {}", f.section, f.text)).collect();
+            add(&a.handle, &a.title, &text.join("\n"));
+        }
         ToolOutput::Saved(_) | ToolOutput::Error(_) => {}
     }
 }
@@ -139,12 +145,14 @@ pub(super) fn projection(host: &Host, all: &[ToolDef]) -> Vec<ToolDef> {
 /// returns the batch for the repetition rule.
 pub(super) fn run_round(
     cx: &mut Ctx<'_>,
+    provider: &mut dyn Provider,
+    opts: &RunOptions,
     calls: &[Call],
     content: &str,
-    round: usize,
     offered: &[ToolDef],
     p: &mut super::run::Progress,
 ) -> Batch {
+    let round = p.rounds;
     let args: Vec<Value> = calls.iter().map(|c| arguments_value(&c.arguments)).collect();
     let mut assistant = Message::new("assistant", content.trim());
     assistant.tool_calls =
@@ -178,6 +186,9 @@ pub(super) fn run_round(
             arguments: args.clone(),
         });
         let output = match authorize(cx, c, offered) {
+            Ok(()) if c.name == tools::ANALYZE => {
+                super::sections::analyze(cx, provider, &opts.question, &c.arguments)
+            }
             Ok(()) => cx.host.call(&c.name, &c.arguments),
             Err(refusal) => refusal,
         };

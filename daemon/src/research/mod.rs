@@ -10,21 +10,28 @@
 //! with a labelled excerpt or a spoken fallback (`fallback`). The streamed
 //! text and its persistence are `reply`, what the model sees is `view`, the
 //! continuation of an interrupted run under its own snapshot and ledger is
-//! `recovery`, and a run's audit record and cancellation are `runs`. The
-//! limits it reads are declared in `state::policy`.
+//! `recovery`, and a run's audit record and cancellation are `runs`.
+//! Long sources are read by section workers (`sections`: `analyze_source`
+//! and condensing the final view), and an answer over a corpus that cites
+//! none of it is delivered marked (`grounding`). The sentences a voice
+//! request speaks as they complete are `voice`. The limits it reads are
+//! declared in `state::policy`.
 
 mod admission;
 mod budget;
 mod citations;
 mod execution;
 mod fallback;
+mod grounding;
 mod ledger;
 mod recovery;
 mod reply;
 mod request;
 mod run;
 pub(crate) mod runs;
+mod sections;
 mod view;
+mod voice;
 
 pub(crate) use admission::{run, RunConfig, RunOptions};
 pub(crate) use recovery::{resume, resume_with};

@@ -15,7 +15,7 @@ use super::execution::{projection, run_round, Repeats};
 use super::fallback::fallback;
 use super::ledger::Ledger;
 use super::reply::Reply;
-use super::{view, Ctx};
+use super::{grounding, sections, view, Ctx};
 use crate::events::{Done, Ev, Outcome, Phase, RunError, Stop};
 use crate::provider::{Provider, ProviderError, TurnFinish};
 use crate::state::store::{MessageStatus, RunStatus, Settled, Store};
@@ -56,6 +56,11 @@ pub(super) fn drive(
     emit: &mut dyn FnMut(&Ev),
 ) -> Done {
     let Admitted { run_id, chat_id, history, budget, progress } = run;
+    // A voice request also hears each sentence as it completes.
+    let mut speaker = super::voice::Speaker::default();
+    let voice = opts.voice;
+    let mut relay = |e: &Ev| if voice { speaker.relay(e, emit) } else { emit(e) };
+    let emit: &mut dyn FnMut(&Ev) = &mut relay;
     let ledger = Ledger::new(store, &run_id);
     let reply = Reply::new(store, ledger, budget.clock(), &chat_id, &run_id);
     let mut cx = Ctx {
@@ -74,7 +79,8 @@ pub(super) fn drive(
         chat_id: chat_id.clone(),
         max_tool_iters: cx.budget.rounds,
     });
-    let done = research(&mut cx, provider, opts, &history, progress);
+    let mut done = research(&mut cx, provider, opts, &history, progress);
+    grounding::ground(&mut cx, &mut done);
     let (message, status) = match done.outcome {
         Outcome::Cancelled => (MessageStatus::Cancelled, RunStatus::Cancelled),
         Outcome::Error => (MessageStatus::Error, RunStatus::Finished),
@@ -110,6 +116,7 @@ pub(super) fn done(
         },
         error,
         invalid_citations: Vec::new(),
+        grounded: false,
     }
 }
 
@@ -130,6 +137,9 @@ fn research(
     mut p: Progress,
 ) -> Done {
     let all_tools = cx.host.tools();
+    // The section size is checked against the model's context once the
+    // input itself is known to fit (an input too large is its own error).
+    let mut section_fit_checked = false;
     let stop = loop {
         if cx.cancelled() {
             return cancelled(cx, &p);
@@ -140,7 +150,7 @@ fn research(
         if let Err(stop) = cx.budget.research_open() {
             break stop;
         }
-        let tools = projection(cx.host, &all_tools);
+        let tools = sections::offer(cx, projection(cx.host, &all_tools));
         let view = view::research(history, &opts.question, &p.exchanges);
         let view = match view::fit(provider, &view, &tools, cx.budget.turn_tokens) {
             Ok(v) => v,
@@ -149,6 +159,12 @@ fn research(
                 return failed(cx, &p, RunError::new("INPUT_TOO_LARGE", "input", o.to_string()))
             }
         };
+        if !section_fit_checked {
+            section_fit_checked = true;
+            if let Err(e) = sections::check_fit(cx, provider, &opts.question) {
+                return failed(cx, &p, e);
+            }
+        }
         let reply = match cx.request(provider, Phase::Research, &view, &tools) {
             Ok(r) => r,
             Err(ProviderError::Budget { .. }) => break Stop::Budget,
@@ -170,9 +186,12 @@ fn research(
             return check_citations(cx, provider, &view::as_final(&view), answer, Stop::Answer, &p);
         }
         p.rounds += 1;
-        let batch = run_round(cx, &reply.calls, &reply.content, p.rounds, &tools, &mut p);
+        let batch = run_round(cx, provider, opts, &reply.calls, &reply.content, &tools, &mut p);
         if cx.cancelled() {
             return cancelled(cx, &p);
+        }
+        if cx.budget.sections_cut {
+            break Stop::SectionLimit;
         }
         if p.repeats.record(batch) {
             break Stop::RepeatedBatches;
@@ -193,6 +212,8 @@ fn final_turn(
 ) -> Done {
     cx.emit(Ev::Notice { kind: "finishing", text: "Finishing the answer".into() });
     let view = view::final_turn(history, &opts.question, &p.exchanges);
+    // Condensed by section workers rather than cut, where they can.
+    let view = sections::condense(cx, provider, &opts.question, view);
     let view = match view::fit(provider, &view, &[], cx.budget.turn_tokens) {
         Ok(v) => v,
         Err(o) => return fallback(cx, opts, p, stop, &o.to_string()),

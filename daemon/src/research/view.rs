@@ -85,6 +85,12 @@ impl std::fmt::Display for Overflowed {
     }
 }
 
+/// Tokens a request may take in a context of `ctx`, keeping `max_tokens`
+/// (at most half the context) for the reply.
+pub(super) fn limit(ctx: usize, max_tokens: usize) -> usize {
+    ctx.saturating_sub(max_tokens.min(ctx / 2)).max(1)
+}
+
 /// Fits a view into the provider's context (when it has one), keeping
 /// `max_tokens` (at most half the context) for the reply.
 pub(super) fn fit(
@@ -94,7 +100,7 @@ pub(super) fn fit(
     max_tokens: usize,
 ) -> Result<Vec<Message>, Overflowed> {
     let Some(ctx) = provider.context() else { return Ok(view.to_vec()) };
-    let limit = ctx.saturating_sub(max_tokens.min(ctx / 2)).max(1);
+    let limit = limit(ctx, max_tokens);
     let mut count = |m: &[Message]| provider.count(m, tools).unwrap_or(0);
     prompts::fit::fit(view, limit, &mut count).map(|(v, _)| v).map_err(|o| Overflowed {
         need: o.need,

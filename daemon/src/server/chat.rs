@@ -180,15 +180,18 @@ fn num(body: &Value, key: &str) -> Result<Option<f64>, Bad> {
     }
 }
 
-struct Parsed {
-    messages: Vec<Message>,
-    tools: Vec<ToolDef>,
-    params: ChatParams,
-    stream: bool,
+/// A chat request as the engine takes it. The Ollama and Anthropic routes
+/// translate their bodies into this route's JSON and parse them here, so
+/// every front gets the same checks and the same enforcement.
+pub(super) struct Parsed {
+    pub(super) messages: Vec<Message>,
+    pub(super) tools: Vec<ToolDef>,
+    pub(super) params: ChatParams,
+    pub(super) stream: bool,
     usage_in_stream: bool,
 }
 
-fn parse(st: &State, body: &Value) -> Result<Parsed, Bad> {
+pub(super) fn parse(st: &State, body: &Value) -> Result<Parsed, Bad> {
     if !body.is_object() {
         return Err(bad("the body must be a JSON object"));
     }
@@ -264,6 +267,11 @@ fn parse(st: &State, body: &Value) -> Result<Parsed, Bad> {
         return Err(bad("`top_p` must be in (0, 1]"));
     }
     let seed = num(body, "seed")?.map(|s| s as u64).unwrap_or(0);
+    let top_k = match num(body, "top_k")? {
+        None => 0,
+        Some(k) if k >= 0.0 && k.fract() == 0.0 => k as usize,
+        Some(_) => return Err(bad("`top_k` must be a non-negative integer")),
+    };
     if let Some(n) = num(body, "n")? {
         if n != 1.0 {
             return Err(bad("only `n: 1` is supported"));
@@ -287,14 +295,22 @@ fn parse(st: &State, body: &Value) -> Result<Parsed, Bad> {
         temperature: temperature as f32,
         top_p: top_p as f32,
         seed,
-        top_k: 0,
+        top_k,
         min_p: 0.0,
         ..Sampling::default()
     };
     Ok(Parsed {
         messages,
         tools,
-        params: ChatParams { max_tokens, sampling, stop, mode, constraint, lenient: false },
+        params: ChatParams {
+            max_tokens,
+            sampling,
+            stop,
+            mode,
+            constraint,
+            lenient: false,
+            raw: None,
+        },
         stream,
         usage_in_stream,
     })
@@ -307,7 +323,7 @@ fn now() -> u64 {
         .unwrap_or(0)
 }
 
-fn call_json(i: usize, c: &toolparse::ToolCall, id: &str) -> Value {
+pub(super) fn call_json(i: usize, c: &toolparse::ToolCall, id: &str) -> Value {
     json!({"index": i, "id": id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}})
 }
 
@@ -327,7 +343,7 @@ fn usage(o: &ChatOutput) -> Value {
            "prompt_tokens_details": {"cached_tokens": o.reused_tokens}})
 }
 
-fn provider_error(e: &ProviderError) -> Response {
+pub(super) fn provider_error(e: &ProviderError) -> Response {
     match e {
         ProviderError::Invalid(m) => error(StatusCode::BAD_REQUEST, "invalid_request_error", m.clone()),
         ProviderError::Context { need, limit } => error(

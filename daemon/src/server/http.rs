@@ -1,14 +1,19 @@
 //! The router and listeners of `agentd serve`: every route, the bearer
-//! token check on TCP, per-route request counting, the Unix socket (mode
-//! 0600) and the optional TCP listener, graceful shutdown that cancels the
-//! replies in flight; and the small routes (`/health`, `/metrics`,
-//! `/v1/models`). Every failure becomes a JSON `{"error": {"code",
-//! "message"}}` response with a fitting status; nothing a request sends can
-//! bring the daemon down.
+//! token check on TCP (`Authorization: Bearer`, `x-api-key`, or the chat
+//! page's sign-in cookie, `page`), per-route request counting, the Unix
+//! socket (mode 0600), the optional TCP listener and the tokenless
+//! `--ollama` loopback listener with its guard (a `Host` that is not
+//! loopback is refused: DNS rebinding; no CORS grant but to
+//! `--allow-origin`), graceful shutdown that cancels the replies in flight;
+//! and the small routes (`/health`, `/metrics`, `/v1/models`). Every
+//! failure becomes a JSON error in the shape of the API the route belongs
+//! to (`{"error": {"code", "message"}}`, Ollama's `{"error": "…"}`,
+//! Anthropic's `{"type": "error", …}`) with a fitting status; nothing a
+//! request sends can bring the daemon down.
 
-use super::json::error;
-use super::shared::State;
-use super::{chat, records, runs};
+use super::json::{error, reshape, Shape};
+use super::shared::{constant_eq, State};
+use super::{anthropic, chat, ollama, page, records, runs};
 use axum::extract::{Request, State as AxState};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -42,33 +47,185 @@ async fn auth(
     next: axum::middleware::Next,
 ) -> Response {
     if let Some(token) = st.0 {
-        let ok = req
+        let bearer = req
             .headers()
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .is_some_and(|t| constant_eq(t.trim().as_bytes(), token.as_bytes()));
-        if !ok {
-            return error(
-                StatusCode::UNAUTHORIZED,
-                "unauthorized",
-                "a valid bearer token is required (Authorization: Bearer …)",
-            );
+            .and_then(|v| v.strip_prefix("Bearer "));
+        // Anthropic's clients send the key as `x-api-key`.
+        let key = req.headers().get("x-api-key").and_then(|v| v.to_str().ok());
+        let ok = [bearer, key]
+            .into_iter()
+            .flatten()
+            .any(|t| constant_eq(t.trim().as_bytes(), token.as_bytes()));
+        if !ok && !page::public(req.uri().path()) {
+            match page::cookie(req.headers(), &token) {
+                page::Cookie::Valid => {}
+                page::Cookie::CrossOrigin => {
+                    return error(
+                        StatusCode::FORBIDDEN,
+                        "cross_origin",
+                        "the sign-in cookie was sent from another origin; use the page this daemon serves",
+                    )
+                }
+                page::Cookie::Missing => {
+                    return error(
+                        StatusCode::UNAUTHORIZED,
+                        "unauthorized",
+                        "a valid token is required (Authorization: Bearer …, or x-api-key), or open the link `agentd serve` printed to sign a browser in",
+                    )
+                }
+            }
         }
     }
     next.run(req).await
 }
 
-fn constant_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+/// Errors in the shape of the API the route belongs to.
+async fn shaped(req: Request, next: axum::middleware::Next) -> Response {
+    let path = req.uri().path();
+    let shape = if path.starts_with("/api/") || path == "/api" {
+        Some(Shape::Ollama)
+    } else if path.starts_with("/v1/messages") {
+        Some(Shape::Anthropic)
+    } else {
+        None
+    };
+    let r = next.run(req).await;
+    match shape {
+        Some(s) if r.status().is_client_error() || r.status().is_server_error() => {
+            reshape(r, s).await
+        }
+        _ => r,
+    }
+}
+
+/// The Ollama listener's origins: the ones `--allow-origin` names.
+#[derive(Debug, Clone)]
+struct Origins(Arc<Vec<String>>);
+
+/// The guard of the tokenless listener. A page on another site can reach a
+/// loopback port through the user's browser: by a name that resolves to
+/// 127.0.0.1 (DNS rebinding: its `Host` is that name, so anything but a
+/// loopback name or address is refused), or by a cross-origin request (no
+/// CORS grant but to the origins named; a cross-origin request that could
+/// act without a preflight is refused outright).
+async fn guard(st: AxState<Origins>, req: Request, next: axum::middleware::Next) -> Response {
+    let host = req.headers().get(header::HOST).and_then(|v| v.to_str().ok()).unwrap_or("");
+    if !req.headers().contains_key(header::HOST) && req.uri().host().is_none() {
+        // HTTP/1.0 without Host: no browser sends that.
+    } else if !loopback_host(req.uri().host().unwrap_or(host)) {
+        return error(
+            StatusCode::FORBIDDEN,
+            "forbidden_host",
+            format!("Host {host:?} is not a loopback name or address; this listener answers only requests addressed to localhost, 127.0.0.1 or [::1]"),
+        );
+    }
+    let origin = req.headers().get(header::ORIGIN).and_then(|v| v.to_str().ok()).map(str::to_owned);
+    let granted = origin.as_ref().filter(|o| st.0 .0.iter().any(|a| a == *o || a == "*")).cloned();
+    if let (Some(o), None) = (&origin, &granted) {
+        if req.method() != axum::http::Method::GET && req.method() != axum::http::Method::HEAD {
+            return error(
+                StatusCode::FORBIDDEN,
+                "forbidden_origin",
+                format!("requests from the origin {o:?} are not allowed; start agentd serve with --allow-origin {o} to allow it"),
+            );
+        }
+    }
+    let preflight = req.method() == axum::http::Method::OPTIONS;
+    let mut r = if preflight && granted.is_some() {
+        StatusCode::NO_CONTENT.into_response()
+    } else {
+        next.run(req).await
+    };
+    if let Some(o) = granted {
+        let h = r.headers_mut();
+        if let Ok(v) = o.parse() {
+            h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, v);
+        }
+        h.insert(header::VARY, axum::http::HeaderValue::from_static("Origin"));
+        if preflight {
+            h.insert(
+                header::ACCESS_CONTROL_ALLOW_METHODS,
+                axum::http::HeaderValue::from_static("GET, POST, DELETE, OPTIONS"),
+            );
+            h.insert(
+                header::ACCESS_CONTROL_ALLOW_HEADERS,
+                axum::http::HeaderValue::from_static(
+                    "Authorization, Content-Type, x-api-key, anthropic-version",
+                ),
+            );
+        }
+    }
+    r
+}
+
+/// `localhost`, `*.localhost`, `127.x.x.x` or `[::1]`, with or without a
+/// port.
+fn loopback_host(host: &str) -> bool {
+    let name = if let Some(rest) = host.strip_prefix('[') {
+        rest.split(']').next().unwrap_or("")
+    } else {
+        host.rsplit_once(':').map_or(host, |(h, p)| {
+            if p.bytes().all(|b| b.is_ascii_digit()) {
+                h
+            } else {
+                host
+            }
+        })
+    };
+    let name = name.trim_end_matches('.').to_ascii_lowercase();
+    name == "localhost"
+        || name.ends_with(".localhost")
+        || name.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+}
+
+/// The Ollama routes, on every listener.
+fn ollama_routes(r: Router<State>) -> Router<State> {
+    r.route("/api/version", get(ollama::version))
+        .route("/api/tags", get(ollama::tags))
+        .route("/api/show", post(ollama::show))
+        .route("/api/ps", get(ollama::ps))
+        .route("/api/chat", post(ollama::chat))
+        .route("/api/generate", post(ollama::generate))
+        .route("/api/pull", post(ollama::pull))
+        .route("/api/embed", post(ollama::embed))
+        .route("/api/embeddings", post(ollama::embed))
+}
+
+/// What the tokenless `--ollama` listener serves: the Ollama routes and the
+/// model-serving ones (OpenAI, Anthropic), nothing that reads or changes
+/// the daemon's records.
+fn ollama_router(st: State, origins: Vec<String>) -> Router {
+    ollama_routes(Router::new())
+        .route("/", get(ollama::root))
+        .route("/health", get(health))
+        .route("/v1/models", get(models))
+        .route("/v1/chat/completions", post(chat::completions))
+        .route("/v1/messages", post(anthropic::messages))
+        .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
+        .fallback(|| async {
+            error(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                "no such route on the Ollama listener; see CONTRACTS.md \"HTTP\"",
+            )
+        })
+        .layer(axum::middleware::from_fn_with_state(st.clone(), counted))
+        .layer(axum::middleware::from_fn_with_state(Origins(Arc::new(origins)), guard))
+        .layer(axum::middleware::from_fn(shaped))
+        .with_state(st)
 }
 
 fn router(st: State, token: Option<Arc<String>>) -> Router {
-    Router::new()
+    ollama_routes(Router::new())
+        .merge(page::routes(token.clone()))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .route("/v1/models", get(models))
         .route("/v1/chat/completions", post(chat::completions))
+        .route("/v1/messages", post(anthropic::messages))
+        .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/v1/research", post(runs::research))
         .route("/v1/runs/{id}", get(runs::get))
         .route("/v1/runs/{id}/cancel", post(runs::cancel))
@@ -85,17 +242,25 @@ fn router(st: State, token: Option<Arc<String>>) -> Router {
         })
         .layer(axum::middleware::from_fn_with_state(st.clone(), counted))
         .layer(axum::middleware::from_fn_with_state(token, auth))
+        .layer(axum::middleware::from_fn(shaped))
         .with_state(st)
 }
 
+/// Where `agentd serve` listens.
+#[derive(Debug)]
+pub(crate) struct Listeners {
+    pub(crate) socket: PathBuf,
+    pub(crate) listen: Option<String>,
+    pub(crate) token: Option<String>,
+    /// The tokenless loopback listener (checked to be loopback).
+    pub(crate) ollama: Option<std::net::SocketAddr>,
+    pub(crate) allow_origin: Vec<String>,
+}
+
 /// Serves on the Unix socket (and TCP when asked) until SIGTERM or SIGINT.
-pub(crate) async fn serve(
-    st: State,
-    socket: PathBuf,
-    listen: Option<String>,
-    token: Option<String>,
-) -> anyhow::Result<()> {
+pub(crate) async fn serve(st: State, l: Listeners) -> anyhow::Result<()> {
     use anyhow::Context;
+    let Listeners { socket, listen, token, ollama, allow_origin } = l;
     if let Some(dir) = socket.parent() {
         std::fs::create_dir_all(dir).ok();
     }
@@ -121,7 +286,24 @@ pub(crate) async fn serve(
             .await
             .with_context(|| format!("cannot listen on {addr}"))?;
         eprintln!("agentd serve: also on http://{} (bearer token required)", tcp.local_addr()?);
+        if let Some(t) = &token {
+            eprintln!("agentd serve: chat page: {}", page::link(tcp.local_addr()?, t));
+        }
         let app = router(st.clone(), token.map(Arc::new));
+        let sd = Arc::clone(&shutdown);
+        tasks.push(tokio::spawn(async move {
+            axum::serve(tcp, app).with_graceful_shutdown(async move { sd.notified().await }).await
+        }));
+    }
+    if let Some(addr) = ollama {
+        let tcp = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("cannot listen on {addr} (--ollama)"))?;
+        eprintln!(
+            "agentd serve: Ollama API on http://{} (no token; loopback only)",
+            tcp.local_addr()?
+        );
+        let app = ollama_router(st.clone(), allow_origin);
         let sd = Arc::clone(&shutdown);
         tasks.push(tokio::spawn(async move {
             axum::serve(tcp, app).with_graceful_shutdown(async move { sd.notified().await }).await
@@ -180,4 +362,34 @@ async fn models(AxState(st): AxState<State>) -> Response {
         }
     }
     axum::Json(json!({"object": "list", "data": data})).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn only_loopback_names_and_addresses_pass_the_host_check() {
+        for h in [
+            "localhost",
+            "localhost:11434",
+            "127.0.0.1:11434",
+            "127.1.2.3",
+            "[::1]:11434",
+            "[::1]",
+            "app.localhost",
+            "LOCALHOST.",
+        ] {
+            assert!(super::loopback_host(h), "{h}");
+        }
+        for h in [
+            "attacker.example",
+            "attacker.example:11434",
+            "10.0.0.2:11434",
+            "localhost.attacker.example",
+            "[::2]:1",
+            "",
+            "127.0.0.1.nip.io",
+        ] {
+            assert!(!super::loopback_host(h), "{h}");
+        }
+    }
 }

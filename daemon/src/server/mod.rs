@@ -7,14 +7,21 @@
 //! router and listeners). A client that disconnects cancels its generation
 //! within one token; SIGTERM cancels the replies in flight, which persist
 //! their text, and exits. The routes: `chat` (chat completions), `runs`
-//! (research and runs), `records` (chats and settings); what they share:
+//! (research and runs), `records` (chats and settings), `page` (the chat
+//! page at `/` and its sign-in cookie); what they share:
 //! `shared` (state, replies in flight, store access) and `json` (bodies and
-//! errors); `metrics` for `/metrics`.
+//! errors); `metrics` for `/metrics`. The clients that speak other APIs:
+//! `ollama` (Ollama's `/api/…`, also on a tokenless loopback listener with
+//! `--ollama`) and `anthropic` (`/v1/messages`); both translate into the
+//! chat completions request and back.
 
+mod anthropic;
 mod chat;
 mod http;
 mod json;
 pub(crate) mod metrics;
+mod ollama;
+mod page;
 mod records;
 mod runs;
 mod shared;
@@ -36,6 +43,96 @@ pub(crate) struct ServeArgs {
     pub(crate) socket: Option<PathBuf>,
     pub(crate) listen: Option<String>,
     pub(crate) token_file: Option<PathBuf>,
+    /// The tokenless Ollama listener (loopback only).
+    pub(crate) ollama: Option<String>,
+    /// Origins granted CORS on the Ollama listener.
+    pub(crate) allow_origin: Vec<String>,
+}
+
+/// The address of the tokenless `--ollama` listener: loopback only (a bare
+/// port means 127.0.0.1). Anything else is refused, saying why.
+fn ollama_addr(spec: &str) -> Result<std::net::SocketAddr> {
+    use std::net::ToSocketAddrs;
+    let full = if spec.contains(':') { spec.to_owned() } else { format!("127.0.0.1:{spec}") };
+    let addrs: Vec<std::net::SocketAddr> = full
+        .to_socket_addrs()
+        .with_context(|| {
+            format!("--ollama {spec}: not a HOST:PORT address (e.g. 127.0.0.1:11434)")
+        })?
+        .collect();
+    match addrs.iter().find(|a| !a.ip().is_loopback()).or(addrs.first()) {
+        // `localhost` binds 127.0.0.1, where clients look first.
+        Some(a) if a.ip().is_loopback() => Ok(*addrs.iter().find(|a| a.is_ipv4()).unwrap_or(a)),
+        Some(a) => bail!(
+            "--ollama {spec}: {} is not a loopback address. The Ollama listener serves without a token, \
+             so it listens on loopback only (127.0.0.1, ::1, localhost); to serve other machines use \
+             --listen {spec} --token-file PATH, which requires a bearer token there",
+            a.ip()
+        ),
+        None => bail!("--ollama {spec}: the address resolves to nothing"),
+    }
+}
+
+/// What the Ollama routes say about the loaded model.
+fn card(local: &crate::provider::local::Local) -> shared::Card {
+    let info = local.engine.info();
+    let c = &info.config;
+    let meta = std::fs::metadata(&info.path).ok();
+    let file_bytes = meta.as_ref().map_or(0, std::fs::Metadata::len);
+    let modified = meta.as_ref().and_then(|m| m.modified().ok());
+    let digest = match &local.resolved.entry {
+        Some(e) => e.sha256.clone(),
+        None => {
+            use sha2::Digest;
+            let mut h = sha2::Sha256::new();
+            h.update(info.path.to_string_lossy().as_bytes());
+            h.update(file_bytes.to_le_bytes());
+            h.update(format!("{modified:?}").as_bytes());
+            h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+        }
+    };
+    let (e, hd) = (c.n_embd as u64, c.head_dim as u64);
+    let attn = e * hd * (2 * c.n_head as u64 + 2 * c.n_kv as u64);
+    let parameters = c.n_layer as u64 * (attn + 3 * e * c.n_ff as u64) + c.n_vocab as u64 * e;
+    let quantization = info
+        .kernels
+        .iter()
+        .max_by_key(|k| k.2)
+        .map(|k| k.0.to_ascii_uppercase())
+        .unwrap_or_default();
+    let tok = local.engine.tokenizer();
+    let fim = [
+        ["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"],
+        ["<fim_prefix>", "<fim_suffix>", "<fim_middle>"],
+    ]
+    .into_iter()
+    .find(|set| set.iter().all(|t| tok.id_of(t).is_some()))
+    .map(|set| set.map(str::to_owned));
+    let template = local
+        .resolved
+        .entry
+        .as_ref()
+        .and_then(|e| e.chat_template.as_deref())
+        .filter(|t| *t != "gguf")
+        .and_then(|p| std::fs::read_to_string(p).ok())
+        .or_else(|| info.chat_template.clone())
+        .unwrap_or_default();
+    shared::Card {
+        path: info.path.clone(),
+        arch: c.arch_name.clone(),
+        template,
+        file_bytes,
+        weight_bytes: info.weight_bytes as u64,
+        digest: format!("sha256:{digest}"),
+        parameters,
+        quantization,
+        embedding: c.n_embd,
+        layers: c.n_layer,
+        heads: (c.n_head, c.n_kv),
+        fim,
+        stop: local.resolved.entry.as_ref().map(|e| e.stop.clone()).unwrap_or_default(),
+        modified,
+    }
 }
 
 pub(crate) fn run(a: ServeArgs) -> Result<()> {
@@ -70,6 +167,7 @@ pub(crate) fn run(a: ServeArgs) -> Result<()> {
         }
         (None, _) => None,
     };
+    let ollama = a.ollama.as_deref().map(ollama_addr).transpose()?;
     let store = crate::state::store::Store::open()?;
     let interrupted = store.mark_interrupted(false)?;
     if interrupted > 0 {
@@ -83,6 +181,7 @@ pub(crate) fn run(a: ServeArgs) -> Result<()> {
         Some(policies.get(policy::CONTEXT) as usize),
     )?;
     let model = local.resolved.name.clone();
+    let card = card(&local);
     let context = local.engine.info().context;
     let metrics = Arc::new(metrics::Metrics::default());
     let config = RunConfig { engine: a.engine, corpus: a.corpus, notes: a.notes };
@@ -92,7 +191,9 @@ pub(crate) fn run(a: ServeArgs) -> Result<()> {
         worker::Setup { local, policies, metrics: Arc::clone(&metrics), config },
         capacity,
     );
-    let state = shared::State::new(worker, metrics, model, context, body_limit);
+    let state = shared::State::new(worker, metrics, model, card, context, body_limit);
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-    rt.block_on(http::serve(state, socket, a.listen, token))
+    let listeners =
+        http::Listeners { socket, listen: a.listen, token, ollama, allow_origin: a.allow_origin };
+    rt.block_on(http::serve(state, listeners))
 }

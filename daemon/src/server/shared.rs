@@ -1,7 +1,7 @@
 //! What every request shares: the server `State` (the engine worker, the
 //! metrics, the model served, the replies in flight with their cancel flags)
 //! and access to the store from a handler, off the async threads
-//! (`blocking`).
+//! (`blocking`); the constant-time comparison of secrets.
 
 use super::json::error;
 use super::metrics::Metrics;
@@ -14,12 +14,40 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+/// What the Ollama routes say about the model served (`/api/show`,
+/// `/api/tags`, `/api/ps`), read once at start.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Card {
+    pub(crate) path: std::path::PathBuf,
+    pub(crate) arch: String,
+    /// The chat template's source.
+    pub(crate) template: String,
+    /// Bytes of the file, and of the weights in memory.
+    pub(crate) file_bytes: u64,
+    pub(crate) weight_bytes: u64,
+    /// `sha256:…`: the registry's checksum, else one of the path, size and
+    /// modification time (it names the file, not its bytes).
+    pub(crate) digest: String,
+    pub(crate) parameters: u64,
+    /// The GGUF tensor type most weights have (`Q4_1`).
+    pub(crate) quantization: String,
+    pub(crate) embedding: usize,
+    pub(crate) layers: usize,
+    pub(crate) heads: (usize, usize),
+    /// Fill-in-the-middle tokens (prefix, suffix, middle), when the
+    /// vocabulary has them: what `suffix` in `/api/generate` needs.
+    pub(crate) fim: Option<[String; 3]>,
+    pub(crate) stop: Vec<String>,
+    pub(crate) modified: Option<std::time::SystemTime>,
+}
+
 /// Shared by every request.
 #[derive(Debug, Clone)]
 pub(crate) struct State {
     pub(crate) worker: Worker,
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) model: String,
+    pub(crate) card: Arc<Card>,
     pub(crate) context: usize,
     pub(crate) body_limit: usize,
     /// Cancel flags of replies in flight (by run id, or a request id).
@@ -32,6 +60,7 @@ impl State {
         worker: Worker,
         metrics: Arc<Metrics>,
         model: String,
+        card: Card,
         context: usize,
         body_limit: usize,
     ) -> State {
@@ -39,6 +68,7 @@ impl State {
             worker,
             metrics,
             model,
+            card: Arc::new(card),
             context,
             body_limit,
             inflight: Arc::default(),
@@ -100,4 +130,9 @@ pub(super) async fn blocking<T: Send + 'static>(
         }
         Err(_) => Err(error(StatusCode::INTERNAL_SERVER_ERROR, "internal", "the request failed")),
     }
+}
+
+/// Compares two secrets in time that depends only on their lengths.
+pub(super) fn constant_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }

@@ -227,6 +227,73 @@ impl Provider for EngineLink {
         }
     }
 
+    /// Section workers: every request goes to the engine thread at once,
+    /// so they decode together in its batch (with other clients' turns).
+    fn turns(
+        &mut self,
+        reqs: &[TurnRequest<'_>],
+        cancel: &AtomicBool,
+        attempt: &mut dyn FnMut(usize, u32) -> Result<(), Refused>,
+    ) -> Vec<Result<TurnReply, ProviderError>> {
+        let mut out: Vec<Option<Result<TurnReply, ProviderError>>> = Vec::new();
+        let mut pending = Vec::new();
+        for (i, req) in reqs.iter().enumerate() {
+            let sent = self.tokens(req.messages, req.tools).and_then(|n| {
+                admit_turn(n, self.context, &mut |k| attempt(i, k))?;
+                let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+                self.worker.internal(Job::Chat {
+                    messages: req.messages.to_vec(),
+                    tools: req.tools.to_vec(),
+                    params: turn_params(&self.sampling, req),
+                    cancel: Arc::clone(&self.cancel),
+                    tx,
+                })?;
+                Ok(rx)
+            });
+            match sent {
+                Ok(rx) => {
+                    pending.push((i, rx, TurnReply::empty()));
+                    out.push(None);
+                }
+                Err(e) => out.push(Some(Err(e))),
+            }
+        }
+        while !pending.is_empty() {
+            let mut progressed = false;
+            pending.retain_mut(|(i, rx, reply)| loop {
+                match rx.try_recv() {
+                    Ok(ChatMsg::Event(e)) => {
+                        progressed = true;
+                        fold_event(reply, e, &mut |_| {});
+                    }
+                    Ok(ChatMsg::Done(r)) => {
+                        progressed = true;
+                        let mut reply = std::mem::replace(reply, TurnReply::empty());
+                        out[*i] = Some(r.map(|o| {
+                            reply.finish = turn_finish(o.finish);
+                            reply
+                        }));
+                        return false;
+                    }
+                    Err(tokio::sync::mpsc::error::TryRecvError::Empty) => return true,
+                    Err(tokio::sync::mpsc::error::TryRecvError::Disconnected) => {
+                        out[*i] = Some(Err(ProviderError::Failed("the engine has stopped".into())));
+                        return false;
+                    }
+                }
+            });
+            if cancel.load(Ordering::Relaxed) {
+                self.cancel.store(true, Ordering::Relaxed);
+            }
+            if !progressed {
+                std::thread::sleep(std::time::Duration::from_millis(2));
+            }
+        }
+        out.into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(ProviderError::Failed("no reply".into()))))
+            .collect()
+    }
+
     fn count(&mut self, messages: &[Message], tools: &[ToolDef]) -> Option<usize> {
         self.tokens(messages, tools).ok()
     }
@@ -284,7 +351,12 @@ fn serve_jobs(setup: &mut Setup, rx: &Receiver<(Job, bool)>, worker: &Worker) {
             // waiting, then go and act on it.
             wait = false;
             match next {
-                Ok((Job::Count { messages, tools, tx }, _)) => {
+                Ok((Job::Count { messages, tools, tx }, external)) => {
+                    // A client's count (`/v1/messages/count_tokens`) leaves
+                    // the queue as it is answered.
+                    if external {
+                        worker.depth.fetch_sub(1, Ordering::Relaxed);
+                    }
                     let n = catch_unwind(AssertUnwindSafe(|| {
                         setup.local.prompt_tokens(&messages, &tools)
                     }))

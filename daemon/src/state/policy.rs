@@ -84,6 +84,10 @@ pub(crate) const TOTAL_REQUESTS: &str = "research-runtime/total-model-requests";
 pub(crate) const RESERVE: &str = "research-runtime/finalization-request-reserve";
 pub(crate) const DEADLINE: &str = "research-runtime/run-deadline";
 pub(crate) const RESEARCH_SHARE: &str = "research-runtime/research-deadline-share-percent";
+pub(crate) const SECTION_REQUESTS: &str = "research/section-requests";
+pub(crate) const SECTION_SIZE: &str = "research/section-size";
+pub(crate) const SECTION_TOKENS: &str = "research/section-output-tokens";
+pub(crate) const SECTION_WORKERS: &str = "research/section-workers";
 pub(crate) const SEARCHES: &str = "tools/searches-per-run";
 pub(crate) const RESULTS: &str = "tools/results-per-search";
 pub(crate) const READS: &str = "tools/reads-per-run";
@@ -99,6 +103,10 @@ pub(crate) const QUEUE: &str = "server/request-queue-capacity";
 pub(crate) const BODY_LIMIT: &str = "server/request-body-limit";
 pub(crate) const DECODE_BATCH: &str = "server/decode-batch";
 
+/// Tokens a section worker's request needs besides its section and reply
+/// (instructions, question, focus), for the composition check.
+pub(crate) const SECTION_OVERHEAD: i64 = 256;
+
 /// The research runtime's declarations.
 fn research_runtime() -> Vec<Policy> {
     let o = "research-runtime";
@@ -110,6 +118,11 @@ fn research_runtime() -> Vec<Policy> {
         p(RESERVE, o, v, Unit::Requests, 2, 2, None),
         p(DEADLINE, o, v, Unit::Seconds, 1800, 86_400, Some("chat.run_deadline_secs")),
         p(RESEARCH_SHARE, o, v, Unit::Seconds, 80, 95, None),
+        // Section analysis (seed 000): workers spend the research allowance.
+        p(SECTION_REQUESTS, o, v, Unit::Requests, 24, 256, None),
+        p(SECTION_SIZE, o, v, Unit::Characters, 3000, 32_000, None),
+        p(SECTION_TOKENS, o, v, Unit::Tokens, 256, 4096, None),
+        p(SECTION_WORKERS, o, v, Unit::Requests, 4, 16, None),
     ]
 }
 
@@ -318,6 +331,21 @@ impl Policies {
         if g(SEARCHES) < 1 || g(READS) < 1 || g(RESULTS) < 1 {
             bail!("{SEARCHES}, {READS} and {RESULTS} must each be at least 1 for a search → read → answer path");
         }
+        if g(SECTION_SIZE) < 200 || g(SECTION_WORKERS) < 1 || g(SECTION_TOKENS) < 16 {
+            bail!(
+                "{SECTION_SIZE} = {} (at least 200), {SECTION_WORKERS} = {} (at least 1) and {SECTION_TOKENS} = {} (at least 16) cannot analyze a section",
+                g(SECTION_SIZE), g(SECTION_WORKERS), g(SECTION_TOKENS)
+            );
+        }
+        // A worker's request holds one section (at worst a token per 3
+        // characters), the question and the worker's reply.
+        let worker = g(SECTION_SIZE) / 3 + g(SECTION_TOKENS) + SECTION_OVERHEAD;
+        if worker > g(CONTEXT) {
+            bail!(
+                "{SECTION_SIZE} = {} characters (about {} tokens) + {SECTION_TOKENS} = {} + {SECTION_OVERHEAD} for the question and instructions exceeds {CONTEXT} = {} tokens: a section worker's request could not fit the context; lower {SECTION_SIZE}",
+                g(SECTION_SIZE), g(SECTION_SIZE) / 3, g(SECTION_TOKENS), g(CONTEXT)
+            );
+        }
         if g(TOTAL_REQUESTS) - g(RESERVE) < 2 {
             bail!(
                 "{TOTAL_REQUESTS} = {} less {RESERVE} = {} leaves fewer than the 2 research requests a search and a read need",
@@ -400,6 +428,7 @@ mod tests {
             (HANDLE_CAPACITY, 50, &[HANDLE_CAPACITY, SEARCHES, RESULTS]),
             (TOTAL_REQUESTS, 2, &[RESERVE, TOTAL_REQUESTS]),
             (TIMEOUT, 1000, &[TIMEOUT, RETRIES, DEADLINE]),
+            (SECTION_SIZE, 30_000, &[SECTION_SIZE, SECTION_TOKENS, CONTEXT]),
         ];
         for (id, v, names) in cases {
             let mut ps = defaults();

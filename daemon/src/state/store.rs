@@ -266,6 +266,8 @@ pub(crate) struct Usage {
     pub(crate) research: usize,
     /// Final and correction requests (the finalization reserve).
     pub(crate) reserve: usize,
+    /// Section-worker requests (also counted in `research`).
+    pub(crate) section: usize,
 }
 
 const RUN_COLUMNS: &str =
@@ -637,6 +639,11 @@ impl Store {
         for row in rows {
             match row? {
                 (phase, n) if phase == Phase::Research.as_str() => usage.research += n,
+                // Section workers spend the research allowance.
+                (phase, n) if phase == Phase::Section.as_str() => {
+                    usage.research += n;
+                    usage.section += n;
+                }
                 (_, n) => usage.reserve += n,
             }
         }
@@ -734,7 +741,7 @@ mod tests {
         let c = s.ledger_sent("r", 3, Phase::Final).unwrap();
         s.ledger_close(c, LedgerOutcome::Ok, None, None).unwrap();
         s.ledger_refused("r", 4, Phase::Final, "not sent").unwrap();
-        assert_eq!(s.usage("r").unwrap(), Usage { research: 2, reserve: 1 });
+        assert_eq!(s.usage("r").unwrap(), Usage { research: 2, reserve: 1, section: 0 });
         let l = s.ledger("r").unwrap();
         assert_eq!(l.len(), 4);
         assert_eq!(l[3].outcome, LedgerOutcome::Refused);

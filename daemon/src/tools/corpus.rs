@@ -352,6 +352,13 @@ impl Corpus {
         }))
     }
 
+    /// The whole file at `rel` (title and text), read from disk now.
+    pub(crate) fn read_all(&self, rel: &str) -> Result<Option<(String, String)>> {
+        let Some(abs) = self.abs_path(rel) else { return Ok(None) };
+        let text = std::fs::read_to_string(&abs).with_context(|| format!("cannot read {rel}"))?;
+        Ok(Some((title_of(rel, &text), text)))
+    }
+
     fn abs_path(&self, rel: &str) -> Option<PathBuf> {
         let (top, rest) = rel.split_once('/')?;
         let root = self

@@ -70,7 +70,7 @@ impl Handles {
         Ok(r)
     }
 
-    pub(super) fn mark_read(&mut self, h: &str) {
+    pub(crate) fn mark_read(&mut self, h: &str) {
         self.read_ok.insert(h.to_owned());
         if let Some(r) = self.recs.get_mut(h) {
             r.read_ok = true;

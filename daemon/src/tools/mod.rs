@@ -11,7 +11,7 @@ mod handles;
 mod output;
 
 pub(crate) use handles::Handles;
-pub(crate) use output::{Coverage, ToolOutput};
+pub(crate) use output::{Analysis, Coverage, Finding, ToolOutput};
 
 use crate::state::policy::{self, Policies};
 use corpus::Corpus;
@@ -65,6 +65,16 @@ pub(crate) struct Host {
     reads: usize,
 }
 
+/// A whole source, for section analysis.
+#[derive(Debug, Clone)]
+pub(crate) struct Source {
+    pub(crate) handle: String,
+    #[allow(dead_code)] // kept for diagnostics
+    pub(crate) path: String,
+    pub(crate) title: String,
+    pub(crate) text: String,
+}
+
 /// Why a tool is not offered (or a call is refused) right now.
 pub(crate) fn unavailable(name: &str, why: &str) -> ToolOutput {
     error("TOOL_NOT_AVAILABLE", format!("{name} cannot run now: {why}"))
@@ -72,6 +82,8 @@ pub(crate) fn unavailable(name: &str, why: &str) -> ToolOutput {
 
 pub(crate) const SEARCH: &str = "search_sources";
 pub(crate) const READ: &str = "read_source";
+/// Runs in the research loop (`research::sections`): it needs the model.
+pub(crate) const ANALYZE: &str = "analyze_source";
 const NOTE: &str = "save_note";
 
 impl Host {
@@ -106,7 +118,7 @@ impl Host {
     pub(crate) fn count_recovered(&mut self, name: &str) {
         match name {
             SEARCH => self.searches += 1,
-            READ => self.reads += 1,
+            READ | ANALYZE => self.reads += 1,
             _ => {}
         }
     }
@@ -118,7 +130,7 @@ impl Host {
                 "the search quota of {} per reply is spent; read the sources already found",
                 self.limits.searches
             )),
-            READ if self.reads >= self.limits.reads => {
+            READ | ANALYZE if self.reads >= self.limits.reads => {
                 Some(format!("the read quota of {} per reply is spent", self.limits.reads))
             }
             _ => None,
@@ -128,7 +140,7 @@ impl Host {
     /// The kind of a tool, `None` when unknown.
     pub(crate) fn kind(name: &str) -> Option<Kind> {
         match name {
-            SEARCH | READ => Some(Kind::Read),
+            SEARCH | READ | ANALYZE => Some(Kind::Read),
             NOTE => Some(Kind::Write),
             _ => None,
         }
@@ -152,6 +164,14 @@ impl Host {
                 parameters: json!({"type": "object", "properties": {
                     "handle": {"type": "string", "description": "a handle such as S1"},
                     "segment": {"type": "integer", "description": "which segment, from 1"}},
+                    "required": ["handle"]}),
+            });
+            v.push(ToolDef {
+                name: ANALYZE.into(),
+                description: "Analyze a whole long source section by section, by the handle of any of its segments; returns findings that bear on the question (and the focus), cited by section.".into(),
+                parameters: json!({"type": "object", "properties": {
+                    "handle": {"type": "string", "description": "a handle such as S1"},
+                    "focus": {"type": "string", "description": "what to look for (optional)"}},
                     "required": ["handle"]}),
             });
         }
@@ -191,6 +211,7 @@ impl Host {
                 self.read(&args)
             }
             NOTE => self.save_note(&args),
+            ANALYZE => error("NOT_AVAILABLE", "analyze_source runs only inside a research run"),
             _ => error(
                 "UNKNOWN_TOOL",
                 format!(
@@ -199,6 +220,45 @@ impl Host {
                 ),
             ),
         }
+    }
+
+    /// Whether the run has a corpus (an answer over it should cite it).
+    pub(crate) fn has_corpus(&self) -> bool {
+        self.corpus.is_some()
+    }
+
+    /// The whole source a handle belongs to (any of its segments), for
+    /// `analyze_source`: counted against the read quota. The handle
+    /// returned is the source's first segment's (registered if needed).
+    pub(crate) fn whole_source(&mut self, args: &Value) -> Result<Source, ToolOutput> {
+        let Some(corpus) = &self.corpus else {
+            return Err(error("NOT_AVAILABLE", "no corpus was given (--corpus DIR)"));
+        };
+        let Some(handle) = args.get("handle").and_then(Value::as_str) else {
+            return Err(error("INVALID_ARGUMENTS", "`handle` must be a string such as \"S1\""));
+        };
+        if let Some(why) = self.spent(ANALYZE) {
+            return Err(unavailable(ANALYZE, &why));
+        }
+        let handle = handle.trim().trim_matches(|c| c == '[' || c == ']');
+        let path = match self.handles.lookup(handle) {
+            Ok(r) => r.path.clone(),
+            Err(why) => return Err(error("INVALID_SOURCE", why)),
+        };
+        self.reads += 1;
+        match corpus.read_all(&path) {
+            Ok(Some((title, text))) => Ok(Source { handle: handle.to_owned(), path, title, text }),
+            Ok(None) => Err(error(
+                "INVALID_SOURCE",
+                format!("the file behind {handle} is no longer in the corpus"),
+            )),
+            Err(e) => Err(error("READ_FAILED", format!("{e:#}"))),
+        }
+    }
+
+    /// Marks `handle` as read (its source was analyzed).
+    pub(crate) fn mark_analyzed(&mut self, handle: &str) {
+        self.handles.mark_read(handle);
     }
 
     fn search(&mut self, args: &Value) -> ToolOutput {

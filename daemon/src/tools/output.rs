@@ -16,7 +16,7 @@ pub(crate) enum Coverage {
 }
 
 impl Coverage {
-    fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Coverage::Complete => "complete",
             Coverage::Partial => "partial",
@@ -53,6 +53,31 @@ pub(crate) struct Passage {
     pub(crate) text: String,
 }
 
+/// What one section worker found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Finding {
+    /// 1-based section number.
+    pub(crate) section: usize,
+    pub(crate) text: String,
+}
+
+/// What `analyze_source` found: section workers' findings over a whole
+/// source; partial when the section limit (or a failed worker) left
+/// sections unanalyzed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Analysis {
+    pub(crate) handle: String,
+    pub(crate) title: String,
+    pub(crate) sections: usize,
+    pub(crate) analyzed: usize,
+    pub(crate) coverage: Coverage,
+    pub(crate) findings: Vec<Finding>,
+    /// Section numbers that were not analyzed.
+    pub(crate) unanalyzed: Vec<usize>,
+    /// Why coverage is partial, for the model.
+    pub(crate) note: Option<String>,
+}
+
 /// A failed call, as the model sees it: it never ends the loop.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct ToolError {
@@ -66,6 +91,7 @@ pub(crate) struct ToolError {
 pub(crate) enum ToolOutput {
     Search(Found),
     Read(Passage),
+    Analysis(Box<Analysis>),
     /// `save_note` wrote this file under the notes folder.
     Saved(String),
     Error(ToolError),
@@ -98,6 +124,22 @@ impl ToolOutput {
             }
             ToolOutput::Read(p) => {
                 json!({"handle": p.handle, "title": p.title, "segment": p.segment, "segments": p.segments, "text": p.text})
+            }
+            ToolOutput::Analysis(a) => {
+                let findings: Vec<Value> = a
+                    .findings
+                    .iter()
+                    .map(|f| json!({"section": f.section, "text": f.text}))
+                    .collect();
+                let mut out = json!({"handle": a.handle, "title": a.title, "sections": a.sections,
+                    "analyzed": a.analyzed, "coverage": a.coverage.as_str(), "findings": findings});
+                if !a.unanalyzed.is_empty() {
+                    out["unanalyzed"] = json!(a.unanalyzed);
+                }
+                if let Some(note) = &a.note {
+                    out["note"] = json!(note);
+                }
+                out
             }
             ToolOutput::Saved(name) => json!({"saved": name}),
             ToolOutput::Error(e) => json!({"error": {"code": e.code, "message": e.message}}),
@@ -138,6 +180,31 @@ impl ToolOutput {
                 segments: n(&v, "segments"),
                 text: s(&v, "text"),
             })),
+            super::ANALYZE => Some(ToolOutput::Analysis(Box::new(Analysis {
+                handle: s(&v, "handle"),
+                title: s(&v, "title"),
+                sections: n(&v, "sections"),
+                analyzed: n(&v, "analyzed"),
+                coverage: if v["coverage"] == "partial" {
+                    Coverage::Partial
+                } else {
+                    Coverage::Complete
+                },
+                findings: v["findings"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|f| Finding { section: n(f, "section"), text: s(f, "text") })
+                    .collect(),
+                unanalyzed: v["unanalyzed"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(Value::as_u64)
+                    .map(|x| x as usize)
+                    .collect(),
+                note: v["note"].as_str().map(str::to_owned),
+            }))),
             _ => None,
         }
     }
@@ -176,6 +243,24 @@ mod tests {
         let text = read.to_json().to_string();
         assert_eq!(text, r#"{"handle":"S2","title":"T","segment":2,"segments":3,"text":"x"}"#);
         assert_eq!(ToolOutput::from_stored(super::super::READ, &text), Some(read));
+        let analysis = ToolOutput::Analysis(Box::new(Analysis {
+            handle: "S3".into(),
+            title: "Long".into(),
+            sections: 4,
+            analyzed: 2,
+            coverage: Coverage::Partial,
+            findings: vec![Finding { section: 2, text: "two [S3]".into() }],
+            unanalyzed: vec![3, 4],
+            note: Some("the section-request limit".into()),
+        }));
+        let text = analysis.to_json().to_string();
+        assert!(
+            text.starts_with(
+                r#"{"handle":"S3","title":"Long","sections":4,"analyzed":2,"coverage":"partial","findings":[{"section":2,"text":"two [S3]"}]"#
+            ),
+            "{text}"
+        );
+        assert_eq!(ToolOutput::from_stored(super::super::ANALYZE, &text), Some(analysis));
         let e = ToolOutput::error("INVALID_SOURCE", "no");
         assert!(!e.ok());
         assert_eq!(

@@ -530,6 +530,18 @@ struct Q4KChain;
 
 impl Kern for Q4KChain {
     #[inline(always)]
+    unsafe fn wide(
+        w: &RowMat,
+        acts: &Acts,
+        rows: std::ops::Range<usize>,
+        out: &OutRows<'_>,
+    ) -> bool {
+        // SAFETY: forwarded.
+        unsafe { q4k_wide(w, acts, rows, out) };
+        true
+    }
+
+    #[inline(always)]
     unsafe fn run<const R: usize, const N: usize>(
         w: &RowMat,
         acts: &Acts,
@@ -615,6 +627,183 @@ impl Kern for Q4KChain {
                 for j in 0..N {
                     out[r][j] = acc[r][j] - accm[r][j];
                 }
+            }
+        }
+    }
+}
+
+/// A wide Q4_K product on the chain numerics, eight rows at once with the
+/// rows in the lanes: per 64 values each row's integer sum, then the same
+/// `fma(isum, d·da, acc)` and `fma(Σmin·bsum, dmin·da, accm)` per lane as
+/// `Q4KChain::run` does per row, so the numbers are identical. The eight
+/// rows' nibbles and scales are decoded once per block for all columns.
+#[inline(always)]
+unsafe fn q4k_wide(w: &RowMat, acts: &Acts, rows: std::ops::Range<usize>, out: &OutRows<'_>) {
+    // SAFETY: the caller has the features; the scratch is this thread's.
+    DECODED.with_borrow_mut(|dec| unsafe { q4k_wide_in(dec, w, acts, rows, out) });
+}
+
+/// The body of [`q4k_wide`].
+///
+/// # Safety
+/// The CPU must support avx2, fma and f16c.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q4k_wide_in(
+    dec: &mut Vec<u8>,
+    w: &RowMat,
+    acts: &Acts,
+    rows: std::ops::Range<usize>,
+    out: &OutRows<'_>,
+) {
+    let k = acts.k;
+    let n = acts.n;
+    let nb = k / QK_K;
+    assert!(rows.end * w.row_bytes <= w.data.len() && w.row_bytes >= nb * 144);
+    assert!(n * k <= acts.kq.len() && n * nb <= acts.kd.len() && n * nb * 16 <= acts.kbs.len());
+    // Accumulators per column: acc and accm, eight rows each.
+    let acc_bytes = 2 * n * 32;
+    dec.resize(acc_bytes + 32, 0);
+    let full = rows.start + (rows.end - rows.start) / 8 * 8;
+    // SAFETY: loads stay within the eight rows of each group (asserted
+    // rows), the columns' activations (asserted) and the accumulators
+    // (2·n vectors in `dec`, 32-byte aligned below).
+    unsafe {
+        let base = dec.as_mut_ptr();
+        let accs = base.add(base.align_offset(32)) as *mut __m256;
+        let m4 = _mm256_set1_epi8(0x0F);
+        for rb in (rows.start..full).step_by(8) {
+            for c in 0..2 * n {
+                accs.add(c).write(_mm256_setzero_ps());
+            }
+            for b in 0..nb {
+                // The eight rows' scales, mins and nibbles for this block,
+                // rows `p` and `p + 4` side by side in the two 128-bit halves
+                // (so three hadds put the eight rows' sums in the lanes in
+                // order): `nib[p][g][h]`, h = 0/1 the low nibbles of the first
+                // and second 16 bytes of group g, h = 2/3 the high nibbles.
+                let mut nib = [[[_mm256_setzero_si256(); 4]; 4]; 4];
+                let mut sc = [[_mm256_setzero_si256(); 8]; 4];
+                let mut mins = [[0i32; 8]; 8];
+                let mut dw = [0f32; 8];
+                let mut dm = [0f32; 8];
+                let mut sms = [[0u8; 16]; 8];
+                for r in 0..8 {
+                    let blk = w.data.as_ptr().add((rb + r) * w.row_bytes + b * 144);
+                    dw[r] = f16_at(blk);
+                    dm[r] = f16_at(blk.add(2));
+                    sms[r] = k4_scales(blk.add(4));
+                    for s in 0..8 {
+                        mins[s][r] = sms[r][8 + s] as i32;
+                    }
+                }
+                for p in 0..4 {
+                    let qa = w.data.as_ptr().add((rb + p) * w.row_bytes + b * 144 + 16);
+                    let qb = w.data.as_ptr().add((rb + p + 4) * w.row_bytes + b * 144 + 16);
+                    for s in 0..8 {
+                        sc[p][s] = _mm256_setr_m128i(
+                            _mm_set1_epi16(sms[p][s] as i16),
+                            _mm_set1_epi16(sms[p + 4][s] as i16),
+                        );
+                    }
+                    for g in 0..4 {
+                        for h in 0..2 {
+                            let q = _mm256_setr_m128i(
+                                _mm_loadu_si128(qa.add(32 * g + 16 * h) as *const __m128i),
+                                _mm_loadu_si128(qb.add(32 * g + 16 * h) as *const __m128i),
+                            );
+                            nib[p][g][h] = _mm256_and_si256(q, m4);
+                            nib[p][g][2 + h] = _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4);
+                        }
+                    }
+                }
+                let dwv = _mm256_loadu_ps(dw.as_ptr());
+                let dmv = _mm256_loadu_ps(dm.as_ptr());
+                // Per group of 64 values, each row's two mins as an i16 pair
+                // (≤ 63): one madd with the pair of bsum sums gives Σ min·bsum.
+                let mut minp = [_mm256_setzero_si256(); 4];
+                for g in 0..4 {
+                    let mut m = [0i32; 8];
+                    for r in 0..8 {
+                        m[r] = mins[2 * g][r] | (mins[2 * g + 1][r] << 16);
+                    }
+                    minp[g] = _mm256_loadu_si256(m.as_ptr() as *const __m256i);
+                }
+                for c in 0..n {
+                    if !acts.grouped(c) {
+                        continue;
+                    }
+                    let a0 = acts.kq.as_ptr().add(c * k + b * QK_K);
+                    let bs = acts.kbs.as_ptr().add(c * nb * 16 + b * 16);
+                    let da = _mm256_set1_ps(*acts.kd.get_unchecked(c * nb + b));
+                    let dd = _mm256_mul_ps(dwv, da);
+                    let ddm = _mm256_mul_ps(dmv, da);
+                    // Sums of bsum pairs (two per 32 values, fit i16 exactly):
+                    // lane g holds the pair for sub-blocks 2g and 2g + 1.
+                    let mut ps = [0i32; 4];
+                    let h = _mm_hadd_epi16(
+                        _mm_loadu_si128(bs as *const __m128i),
+                        _mm_loadu_si128(bs.add(8) as *const __m128i),
+                    );
+                    _mm_storeu_si128(ps.as_mut_ptr() as *mut __m128i, h);
+                    let mut acc = accs.add(2 * c).read();
+                    let mut accm = accs.add(2 * c + 1).read();
+                    for g in 0..4 {
+                        // The group's activations, 16 at a time in both halves.
+                        let mut a = [_mm256_setzero_si256(); 4];
+                        for (h, a) in a.iter_mut().enumerate() {
+                            *a = _mm256_broadcastsi128_si256(_mm_loadu_si128(
+                                a0.add(64 * g + 16 * h) as *const __m128i,
+                            ));
+                        }
+                        // (Loops, not closures: a closure would not inherit
+                        // this function's target features.) Two maddubs sums
+                        // of one sub-block add exactly in i16 (|x| ≤ 7680).
+                        let mut v = [_mm256_setzero_si256(); 4];
+                        for p in 0..4 {
+                            let q = &nib[p][g];
+                            let l0 = _mm256_maddubs_epi16(q[0], a[0]);
+                            let l1 = _mm256_maddubs_epi16(q[1], a[1]);
+                            let h0 = _mm256_maddubs_epi16(q[2], a[2]);
+                            let h1 = _mm256_maddubs_epi16(q[3], a[3]);
+                            let pl = _mm256_madd_epi16(_mm256_add_epi16(l0, l1), sc[p][2 * g]);
+                            let ph = _mm256_madd_epi16(_mm256_add_epi16(h0, h1), sc[p][2 * g + 1]);
+                            v[p] = _mm256_add_epi32(pl, ph);
+                        }
+                        let iv = _mm256_hadd_epi32(
+                            _mm256_hadd_epi32(v[0], v[1]),
+                            _mm256_hadd_epi32(v[2], v[3]),
+                        );
+                        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iv), dd, acc);
+                        let im = _mm256_madd_epi16(minp[g], _mm256_set1_epi32(ps[g]));
+                        accm = _mm256_fmadd_ps(_mm256_cvtepi32_ps(im), ddm, accm);
+                    }
+                    accs.add(2 * c).write(acc);
+                    accs.add(2 * c + 1).write(accm);
+                }
+            }
+            for c in 0..n {
+                if acts.grouped(c) {
+                    let mut o = [0f32; 8];
+                    let v = _mm256_sub_ps(accs.add(2 * c).read(), accs.add(2 * c + 1).read());
+                    _mm256_storeu_ps(o.as_mut_ptr(), v);
+                    for (r, v) in o.iter().enumerate() {
+                        out.set(c, rb + r, *v);
+                    }
+                } else {
+                    for r in rb..rb + 8 {
+                        let mut o = [[0f32; 1]; 1];
+                        Q4KChain::run::<1, 1>(w, acts, r, c, &mut o);
+                        out.set(c, r, o[0][0]);
+                    }
+                }
+            }
+        }
+        // Rows past the last group of eight: one at a time.
+        for r in full..rows.end {
+            for c in 0..n {
+                let mut o = [[0f32; 1]; 1];
+                Q4KChain::run::<1, 1>(w, acts, r, c, &mut o);
+                out.set(c, r, o[0][0]);
             }
         }
     }

@@ -50,3 +50,6 @@ for t in q4_0 q4_K; do
     "$tmp/mulmat" "$t" 12 "$cols" 7 "$seed" "$out/$t-12x$cols-n7.agkf"
     seed=$((seed + 1))
 done
+# A wide repacked Q4_K product: 24 rows (three groups of 8, the engine's eight-rows-in-lanes
+# path), 19 columns (16 in ggml's groups of four, 3 on its gemv).
+"$tmp/mulmat" q4_K 24 512 19 100 "$out/q4_K-24x512-n19.agkf"
