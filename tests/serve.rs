@@ -320,6 +320,39 @@ fn the_openai_python_sdk_works_over_tcp_with_a_token() {
     );
 }
 
+/// `response_format` and `tool_choice` are kept by the grammar, checked
+/// with the openai SDK and python `jsonschema` (tests/python/constrained_check.py
+/// over the schemas in tests/data/schemas/).
+#[test]
+fn the_grammar_keeps_response_formats_and_tool_choices() {
+    let test = "the_grammar_keeps_response_formats_and_tool_choices";
+    let (Some(_), Some(python)) = (model(), agentd_tests::python(test)) else {
+        return;
+    };
+    let h = Home::new();
+    let token = h.write("token", "test-token-0123456789abcdef");
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let listen = format!("127.0.0.1:{port}");
+    let d = start(&h, &["--listen", &listen, "--token-file", token.to_str().unwrap()]);
+    let (_, b) = http(&d.socket, "GET", "/health", b"");
+    let model_id = json_of(&b)["model"].as_str().unwrap().to_owned();
+    let root = agentd_tests::workspace_root();
+    let out = Command::new(python)
+        .arg(root.join("tests/python/constrained_check.py"))
+        .arg(format!("http://{listen}/v1"))
+        .arg("test-token-0123456789abcdef")
+        .arg(&model_id)
+        .arg(root.join("tests/data/schemas"))
+        .output()
+        .expect("the test venv's python runs");
+    assert!(
+        out.status.success(),
+        "stdout: {}\nstderr: {}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 #[test]
 fn a_client_that_disconnects_cancels_its_generation() {
     if model().is_none() {

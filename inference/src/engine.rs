@@ -4,6 +4,7 @@
 //! text deltas.
 
 use crate::candle_path::CandleModel;
+use crate::constraint::{Commit, Constraint, Grammars, Guide, MAX_FF};
 use crate::error::{Error, ErrorKind, Result};
 use crate::gguf::Gguf;
 use crate::kernels::attn::{Mode, Route, UBATCH, WIDE};
@@ -13,6 +14,7 @@ use crate::sampler::{sample, Rng, Sampling};
 use crate::tokenizer::Tok;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 /// Session ids for backends that keep one shared cache.
@@ -132,7 +134,9 @@ pub struct Engine {
     route: (bool, bool),
     /// Buffers of batched decode steps (a session's own serve it alone).
     batch: std::sync::Mutex<Scratch>,
-    tok: Tok,
+    tok: Arc<Tok>,
+    /// The grammar compiler over this vocabulary, built on first use.
+    grammars: OnceLock<Arc<Grammars>>,
     pool: Pool,
     info: ModelInfo,
 }
@@ -191,6 +195,8 @@ pub struct GenParams {
     pub forbid: Vec<u32>,
     /// Prompt tokens processed per step (cancellation is checked between).
     pub chunk: usize,
+    /// What the output must follow (see [`Constraint`]); none: free text.
+    pub constraint: Option<Constraint>,
 }
 
 impl Default for GenParams {
@@ -202,6 +208,7 @@ impl Default for GenParams {
             stop_strings: Vec::new(),
             forbid: Vec::new(),
             chunk: 128,
+            constraint: None,
         }
     }
 }
@@ -348,7 +355,8 @@ impl Engine {
             backend,
             route,
             batch: Default::default(),
-            tok,
+            tok: Arc::new(tok),
+            grammars: OnceLock::new(),
             pool: Pool::new(threads),
             info,
         })
@@ -362,6 +370,20 @@ impl Engine {
     /// The tokenizer.
     pub fn tokenizer(&self) -> &Tok {
         &self.tok
+    }
+
+    /// The grammar compiler and cache over this model's vocabulary (built
+    /// on first use: the vocabulary's trie takes tens of milliseconds).
+    pub fn grammars(&self) -> Result<Arc<Grammars>> {
+        if let Some(g) = self.grammars.get() {
+            return Ok(Arc::clone(g));
+        }
+        let g = Arc::new(Grammars::new(
+            Arc::clone(&self.tok),
+            self.info.config.n_vocab,
+            &self.info.stop_tokens,
+        )?);
+        Ok(Arc::clone(self.grammars.get_or_init(|| g)))
     }
 
     /// Token ids of `text` (no BOS added).
@@ -534,6 +556,8 @@ impl Engine {
             stops: self.info.stop_tokens.iter().chain(&params.stop_tokens).copied().collect(),
             banned,
             rng: Rng::new(params.sampling.seed),
+            guide: params.constraint.as_ref().map(Guide::new),
+            started: false,
             text: TextStream::new(params.stop_strings.clone()),
             params: params.clone(),
             prompt: prompt.to_vec(),
@@ -588,35 +612,77 @@ impl Engine {
                 g.done = true;
                 continue;
             }
-            let recent = &session.tokens
-                [session.tokens.len().saturating_sub(g.params.sampling.repeat_last_n)..];
-            let id = sample(
-                &mut session.scratch.logits,
-                &g.params.sampling,
-                recent,
-                &g.banned,
-                &mut g.rng,
-            );
+            // Room for tokens this step: the limit and the context (a last
+            // token is still delivered when the context is full).
+            let room = (g.params.max_tokens - out.ids.len())
+                .min(self.info.context.saturating_sub(session.tokens.len() + 1).max(1));
+            let mut run = Vec::new();
+            if !g.started {
+                g.started = true;
+                // Text the grammar fixes before any choice: no sampling.
+                if let Some(guide) = g.guide.as_mut() {
+                    run = guide.initial(room.min(MAX_FF));
+                }
+            }
+            let mut grammar_done = false;
+            if run.is_empty() {
+                if let Some(guide) = g.guide.as_mut() {
+                    if !guide.mask(&mut session.scratch.logits, room) {
+                        // Nothing is allowed: the constraint cannot go on.
+                        out.finish = Finish::Stop;
+                        g.done = true;
+                        continue;
+                    }
+                }
+                let recent = &session.tokens
+                    [session.tokens.len().saturating_sub(g.params.sampling.repeat_last_n)..];
+                let id = sample(
+                    &mut session.scratch.logits,
+                    &g.params.sampling,
+                    recent,
+                    &g.banned,
+                    &mut g.rng,
+                );
+                run.push(id);
+                if let Some(guide) = g.guide.as_mut() {
+                    match guide.commit(id, self.tok.piece(id), (room - 1).min(MAX_FF)) {
+                        Commit::Go(ff) => run.extend(ff),
+                        Commit::Done(ff) => {
+                            run.extend(ff);
+                            grammar_done = true;
+                        }
+                    }
+                }
+            }
             if out.ids.is_empty() {
                 out.first_token = g.t0.elapsed();
             }
-            out.ids.push(id);
-            if g.stops.contains(&id) {
+            let mut ended = false;
+            for &id in &run {
+                out.ids.push(id);
+                if g.stops.contains(&id) || g.text.push(self.tok.piece(id), it.on_text) {
+                    ended = true;
+                    break;
+                }
+            }
+            if ended || grammar_done {
                 out.finish = Finish::Stop;
                 g.done = true;
                 continue;
             }
-            if g.text.push(self.tok.piece(id), it.on_text) {
-                out.finish = Finish::Stop;
-                g.done = true;
-                continue;
-            }
-            if session.tokens.len() + 1 >= self.info.context {
+            if session.tokens.len() + run.len() >= self.info.context {
                 out.finish = Finish::Length;
                 g.done = true;
                 continue;
             }
-            go.push((k, vec![id], Mode::Vec, (0, 0), None));
+            if run.len() == 1 {
+                go.push((k, run, Mode::Vec, (0, 0), None));
+            } else {
+                // Forced tokens run together, as one short prompt chunk.
+                let (at, n) = (session.tokens.len(), run.len());
+                let wide = if n >= WIDE { at + n } else { at };
+                go.push((k, run, Mode::for_batch(n), (at + n - n % 4, wide), None));
+            }
         }
         match (&self.backend, go.len()) {
             (_, 0) => {}
@@ -695,6 +761,10 @@ pub struct Generation {
     banned: Vec<bool>,
     stops: Vec<u32>,
     rng: Rng,
+    /// The constraint in progress.
+    guide: Option<Guide>,
+    /// Whether decoding has begun (forced opening tokens are taken then).
+    started: bool,
     text: TextStream,
     t0: Instant,
     t1: Instant,
@@ -710,6 +780,17 @@ impl Generation {
     /// Tokens generated so far.
     pub fn generated(&self) -> usize {
         self.out.ids.len()
+    }
+
+    /// Token ids generated so far.
+    pub fn ids(&self) -> &[u32] {
+        &self.out.ids
+    }
+
+    /// Whether a grammar governs the next token (a [`Constraint::Grammar`],
+    /// or a lazy one that its marker engaged).
+    pub fn constrained(&self) -> bool {
+        self.guide.as_ref().is_some_and(Guide::engaged)
     }
 }
 

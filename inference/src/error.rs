@@ -20,6 +20,9 @@ pub enum ErrorKind {
     Device,
     /// The compute backend failed.
     Backend,
+    /// A grammar could not be compiled (llguidance refused it: a schema
+    /// keyword it cannot enforce, a bad pattern, a syntax error).
+    Grammar,
 }
 
 /// An engine error.

@@ -12,6 +12,7 @@
 
 mod arch;
 mod candle_path;
+mod constraint;
 mod engine;
 mod error;
 pub mod gguf;
@@ -23,6 +24,7 @@ mod sampler;
 mod tokenizer;
 
 pub use arch::{Act, Arch, Config};
+pub use constraint::{Constraint, Grammar, Grammars, Marker};
 pub use engine::{
     Device, Engine, EngineOptions, Finish, GenParams, Generation, ModelInfo, Output, Session, Step,
 };

@@ -5,6 +5,7 @@
 //! and the format's call-start token is forbidden.
 
 use super::build::{EngineArgs, Resolved};
+use super::constrain::{self, Constraint, ToolChoice};
 use super::{
     fold_event, tool_specs, Provider, ProviderError, Refused, TurnEvent, TurnFinish, TurnReply,
     TurnRequest,
@@ -107,6 +108,12 @@ pub(crate) struct ChatParams {
     pub(crate) stop: Vec<String>,
     /// Parse calls, or strip and discard them (no tools may run).
     pub(crate) mode: Mode,
+    /// What the output must follow (JSON, enforced calls, no calls).
+    pub(crate) constraint: Constraint,
+    /// A tool whose schema the grammar cannot enforce is held only to being
+    /// a JSON object instead of refusing the turn (the research loop, whose
+    /// host checks every call; a client's request is refused instead).
+    pub(crate) lenient: bool,
     /// A raw prompt sent as it is, without the chat template (control
     /// tokens written in it are parsed); the messages are then unused.
     pub(crate) raw: Option<String>,
@@ -226,11 +233,13 @@ impl Local {
         }
         let mut stop = self.stop_strings.clone();
         stop.extend(params.stop.iter().cloned());
+        let constraint = self.constraint(&params.constraint, tools, params.lenient)?;
         let gen = GenParams {
             max_tokens: params.max_tokens.min(limit - prompt.len() - 1),
             sampling: params.sampling.clone(),
             stop_strings: stop,
             forbid,
+            constraint,
             ..GenParams::default()
         };
         let slot = self.pick_session(&prompt);
@@ -244,6 +253,42 @@ impl Local {
                     _ => ProviderError::Failed(e.to_string()),
                 })
             }
+        }
+    }
+
+    /// The engine's form of `c` over `tools` (compiled grammars are cached
+    /// by the engine); a request the grammar cannot enforce is refused
+    /// ([`ProviderError::Invalid`]).
+    pub(crate) fn constraint(
+        &self,
+        c: &Constraint,
+        tools: &[ToolDef],
+        lenient: bool,
+    ) -> Result<Option<inference::Constraint>, ProviderError> {
+        if *c == Constraint::None {
+            return Ok(None);
+        }
+        let grammars = self.engine.grammars().map_err(|e| ProviderError::Failed(e.to_string()))?;
+        let tok = self.engine.tokenizer();
+        let vocab = |t: &str| tok.id_of(t);
+        match constrain::compile(c, tools, self.format, &grammars, &vocab) {
+            Ok(c) => Ok(c),
+            Err(_) if lenient => {
+                // Each tool's arguments held to their schema where it can
+                // be enforced, else to being an object.
+                let loose: Vec<ToolDef> = tools
+                    .iter()
+                    .map(|t| {
+                        let mut t = t.clone();
+                        if constrain::check_schema(&t.parameters, "parameters").is_err() {
+                            t.parameters = serde_json::json!({"type": "object"});
+                        }
+                        t
+                    })
+                    .collect();
+                Ok(constrain::compile(c, &loose, self.format, &grammars, &vocab).ok().flatten())
+            }
+            Err(r) => Err(ProviderError::Invalid(r.message)),
         }
     }
 
@@ -433,6 +478,14 @@ pub(crate) fn turn_params(sampling: &Sampling, req: &TurnRequest<'_>) -> ChatPar
         sampling: sampling.clone(),
         stop: Vec::new(),
         mode: if req.tools.is_empty() { Mode::Suppress } else { Mode::Tools },
+        // Research: a call the model starts is held to its tool's schema;
+        // the final turn (no tools) cannot start one.
+        constraint: if req.tools.is_empty() {
+            Constraint::NoCalls
+        } else {
+            Constraint::ToolCalls(ToolChoice::Auto)
+        },
+        lenient: true,
         raw: None,
     }
 }
@@ -455,5 +508,189 @@ pub(crate) fn call_token(f: Format) -> &'static str {
         Format::KimiK2 => "<|tool_calls_section_begin|>",
         Format::DeepSeekV3 | Format::DeepSeekV31 => "<｜tool▁calls▁begin｜>",
         _ => "",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The research loop's turns on the real default model (set
+    //! `AGENTD_TEST_MODEL`; skipped otherwise), with the parameters the loop
+    //! uses (`turn_params`): a research round's call is held to its tool's
+    //! schema, and the final turn cannot begin a call.
+
+    use super::*;
+    use crate::events::Phase;
+    use serde_json::{json, Value};
+
+    fn local() -> Option<Local> {
+        let Some(path) = std::env::var_os("AGENTD_TEST_MODEL") else {
+            eprintln!("SKIP: AGENTD_TEST_MODEL is not set");
+            return None;
+        };
+        let args = EngineArgs {
+            model: Some(path.to_string_lossy().into_owned()),
+            device: "cpu".into(),
+            threads: Some(2),
+            provider: "local".into(),
+            ..EngineArgs::default()
+        };
+        Some(Local::load(&args, None, None).expect("the model loads"))
+    }
+
+    fn search_tool() -> ToolDef {
+        ToolDef {
+            name: "search_sources".into(),
+            description: "Search the local sources.".into(),
+            parameters: json!({"type": "object", "properties": {
+                "query": {"type": "string", "maxLength": 40},
+                "limit": {"type": "integer"}}, "required": ["query"]}),
+        }
+    }
+
+    /// A turn's generated ids and its parser events.
+    fn turn(
+        l: &mut Local,
+        messages: &[Message],
+        tools: &[ToolDef],
+        p: &ChatParams,
+    ) -> (Vec<u32>, Vec<Event>) {
+        let cancel = AtomicBool::new(false);
+        let mut events = Vec::new();
+        let mut run = l.begin_chat(messages, tools, p).expect("the turn begins");
+        while !run.is_done() {
+            l.step_chats(&mut [(&mut run, &cancel, &mut |e| events.push(e))]).unwrap();
+        }
+        let ids = run.gen.ids().to_vec();
+        l.end_chat(run, &mut |e| events.push(e));
+        (ids, events)
+    }
+
+    /// Prompts that get the free model to write call markup: a system
+    /// prompt that dictates the reply, and plain repetition requests.
+    fn markup_prompts(call: &str) -> Vec<Vec<Message>> {
+        vec![
+            vec![
+                Message::new(
+                    "system",
+                    format!("You always reply with exactly this text and nothing else: {call}"),
+                ),
+                Message::new("user", "hi"),
+            ],
+            vec![Message::new("user", format!("Repeat exactly this text: {call}"))],
+            vec![
+                Message::new("system", "You are a helpful assistant."),
+                Message::new("user", format!("Repeat exactly this text: {call}")),
+            ],
+            vec![Message::new(
+                "user",
+                format!("Copy this line exactly and write nothing else:\n{call}"),
+            )],
+        ]
+    }
+
+    /// The model is asked to write a call whose JSON is broken (single
+    /// quotes): unconstrained it does, and the parser finds no call; in a
+    /// research round the lazy grammar engages at `<tool_call>` and the call
+    /// comes out valid against the tool's schema.
+    #[test]
+    fn a_research_round_call_is_valid_where_the_free_model_breaks_its_json() {
+        let Some(mut l) = local() else { return };
+        let tools = [search_tool()];
+        let broken = "<tool_call>\n{'name': 'search_sources', 'arguments': {'query': 'paris'}}\n</tool_call>";
+        let mut shown = 0;
+        for msgs in markup_prompts(broken) {
+            let req = TurnRequest {
+                messages: &msgs,
+                tools: &tools,
+                phase: Phase::Research,
+                max_tokens: 80,
+            };
+            let research = turn_params(&l.sampling, &req);
+            assert_eq!(research.constraint, Constraint::ToolCalls(ToolChoice::Auto));
+            let free = ChatParams { constraint: Constraint::None, ..research.clone() };
+            let (ids, events) = turn(&mut l, &msgs, &tools, &free);
+            let text = l.engine.tokenizer().decode(&ids);
+            let broke = text.contains("<tool_call>")
+                && !events.iter().any(|e| matches!(e, Event::CallEnd { .. }));
+            eprintln!("free: {text:?} (broken call: {broke})");
+            if !broke {
+                continue;
+            }
+            shown += 1;
+            let (ids, events) = turn(&mut l, &msgs, &tools, &research);
+            let calls: Vec<_> = events
+                .iter()
+                .filter_map(|e| match e {
+                    Event::CallEnd { call, .. } => Some(call.clone()),
+                    _ => None,
+                })
+                .collect();
+            let text = l.engine.tokenizer().decode(&ids);
+            eprintln!("research round: {text:?}");
+            assert_eq!(calls.len(), 1, "{text:?}");
+            assert_eq!(calls[0].name, "search_sources");
+            let args: Value = serde_json::from_str(&calls[0].arguments).unwrap();
+            assert!(args["query"].as_str().is_some_and(|q| q.chars().count() <= 40), "{args}");
+            assert!(
+                args.as_object().unwrap().keys().all(|k| k == "query" || k == "limit"),
+                "{args}"
+            );
+            break;
+        }
+        assert!(shown > 0, "no prompt got the free model to write a broken call");
+    }
+
+    /// The final turn (no tools) masks every token that would complete the
+    /// call-start marker: the model that writes `<tool_call>` unconstrained
+    /// never samples a completing token id with the loop's parameters.
+    #[test]
+    fn the_final_turn_mask_removes_every_call_start() {
+        let Some(mut l) = local() else { return };
+        // Without the loop's repetition penalty the model copies markup
+        // readily; the mask is the same either way.
+        l.sampling.repeat_penalty = 1.0;
+        let call = "<tool_call>{\"name\": \"search_sources\", \"arguments\": {\"query\": \"paris\"}}</tool_call>";
+        let marker = l.engine.grammars().unwrap().marker(call_token(l.format)).unwrap();
+        let mut shown = 0;
+        // As the loop's final turn sees it: a round of calls and results.
+        let mut asked = Message::new("assistant", "");
+        asked.tool_calls.push(prompts::ToolCallMsg::new(
+            "c1",
+            "search_sources",
+            "{\"query\": \"paris\"}",
+        ));
+        let mut result = Message::new("tool", "{\"results\": []}");
+        result.tool_call_id = Some("c1".into());
+        let history = vec![Message::new("user", "Search the sources for Paris."), asked, result];
+        let mut candidates = vec![history];
+        candidates.extend(markup_prompts("<tool_call>{\"name\": \"search\"}</tool_call>"));
+        candidates.extend(markup_prompts(call));
+        for msgs in candidates {
+            let req =
+                TurnRequest { messages: &msgs, tools: &[], phase: Phase::Final, max_tokens: 60 };
+            let fin = turn_params(&l.sampling, &req);
+            assert_eq!(fin.constraint, Constraint::NoCalls);
+            let free = ChatParams { constraint: Constraint::None, ..fin.clone() };
+            let (ids, _) = turn(&mut l, &msgs, &[], &free);
+            let text = l.engine.tokenizer().decode(&ids);
+            eprintln!("free: {text:?}");
+            if !text.contains("<tool_call>") {
+                continue;
+            }
+            shown += 1;
+            let (ids, events) = turn(&mut l, &msgs, &[], &fin);
+            let mut state = 0;
+            for &id in &ids {
+                assert!(!marker.completing(state).contains(&id), "token {id} starts a call");
+                state = marker.advance(state, l.engine.tokenizer().piece(id));
+                assert!(state < marker.len());
+            }
+            let text = l.engine.tokenizer().decode(&ids);
+            eprintln!("final turn: {text:?}");
+            assert!(!text.contains("<tool_call>"), "{text:?}");
+            assert!(!events.iter().any(|e| matches!(e, Event::Discarded(_))), "nothing to discard");
+            break;
+        }
+        assert!(shown > 0, "no prompt got the free model to write call markup");
     }
 }

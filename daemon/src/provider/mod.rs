@@ -7,6 +7,7 @@
 //! allowance included.
 
 pub(crate) mod build;
+pub(crate) mod constrain;
 pub(crate) mod local;
 pub(crate) mod openai;
 pub(crate) mod scripted;
@@ -117,6 +118,9 @@ pub(crate) enum ProviderError {
     Unavailable(String),
     /// Anything else (bad response, local engine failure).
     Failed(String),
+    /// The request asks for what cannot be done (a schema or tool choice
+    /// the grammar cannot enforce); nothing was generated.
+    Invalid(String),
     /// The run's own allowance refused the attempt, so it was never sent
     /// (`local_budget_exhausted`, never "provider unavailable"). When the
     /// refused attempt was a retry, `retrying` is the transient failure of
@@ -136,7 +140,7 @@ impl std::fmt::Display for ProviderError {
             ProviderError::Quota(m) => write!(f, "upstream quota exhausted: {m}"),
             ProviderError::Transient(m) => write!(f, "upstream failed after retries: {m}"),
             ProviderError::Unavailable(m) => write!(f, "provider unavailable: {m}"),
-            ProviderError::Failed(m) => write!(f, "{m}"),
+            ProviderError::Failed(m) | ProviderError::Invalid(m) => write!(f, "{m}"),
             ProviderError::Budget { .. } => {
                 write!(f, "this run's own request allowance is spent; the request was not sent")
             }
@@ -157,6 +161,7 @@ impl ProviderError {
             ProviderError::Transient(_) => ("PROVIDER_TRANSIENT", "transient"),
             ProviderError::Unavailable(_) => ("PROVIDER_UNAVAILABLE", "provider_unavailable"),
             ProviderError::Failed(_) => ("PROVIDER_ERROR", "provider_error"),
+            ProviderError::Invalid(_) => ("INVALID_REQUEST", "invalid_request"),
             ProviderError::Budget { .. } => {
                 ("PROVIDER_CALL_BUDGET_EXCEEDED", "local_budget_exhausted")
             }

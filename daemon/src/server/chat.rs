@@ -7,6 +7,7 @@
 use super::json::{busy, error, json_body};
 use super::shared::State;
 use super::worker::{ChatMsg, Job};
+use crate::provider::constrain::{Constraint, ToolChoice};
 use crate::provider::local::{ChatOutput, ChatParams};
 use crate::provider::ProviderError;
 use axum::extract::{Request, State as AxState};
@@ -138,6 +139,39 @@ fn tools(v: Option<&Value>) -> Result<Vec<ToolDef>, Bad> {
     Ok(out)
 }
 
+/// `response_format`: `text`, `json_object`, or `json_schema` with its
+/// `schema` (checked when the turn's grammar is built).
+fn response_format(v: Option<&Value>) -> Result<Option<Constraint>, Bad> {
+    let Some(v) = v.filter(|v| !v.is_null()) else { return Ok(None) };
+    match v.get("type").and_then(Value::as_str) {
+        Some("text") => Ok(None),
+        Some("json_object") => Ok(Some(Constraint::JsonObject)),
+        Some("json_schema") => {
+            let js = v.get("json_schema").filter(|j| j.is_object()).ok_or_else(|| {
+                bad("`response_format.json_schema` must be an object with a `schema`")
+            })?;
+            match js.get("strict") {
+                None | Some(Value::Null) | Some(Value::Bool(_)) => {}
+                Some(_) => {
+                    return Err(bad("`response_format.json_schema.strict` must be a boolean"))
+                }
+            }
+            match js.get("schema") {
+                Some(s @ (Value::Object(_) | Value::Bool(_))) => {
+                    Ok(Some(Constraint::JsonSchema(s.clone())))
+                }
+                None | Some(Value::Null) => Ok(Some(Constraint::JsonObject)),
+                Some(_) => {
+                    Err(bad("`response_format.json_schema.schema` must be a JSON Schema object"))
+                }
+            }
+        }
+        _ => {
+            Err(bad("`response_format.type` must be \"text\", \"json_object\" or \"json_schema\""))
+        }
+    }
+}
+
 fn num(body: &Value, key: &str) -> Result<Option<f64>, Bad> {
     match body.get(key) {
         None | Some(Value::Null) => Ok(None),
@@ -181,6 +215,7 @@ pub(super) fn parse(st: &State, body: &Value) -> Result<Parsed, Bad> {
     }
     let mut messages = messages(body.get("messages"))?;
     let mut tools = tools(body.get("tools"))?;
+    let mut choice = ToolChoice::Auto;
     let mode = match body.get("tool_choice") {
         None | Some(Value::Null) => Mode::Tools,
         Some(Value::String(s)) if s == "auto" => Mode::Tools,
@@ -193,6 +228,7 @@ pub(super) fn parse(st: &State, body: &Value) -> Result<Parsed, Bad> {
                 return Err(bad("`tool_choice: required` needs `tools`"));
             }
             messages.push(Message::new("system", "You must answer by calling one of the provided tools."));
+            choice = ToolChoice::Required;
             Mode::Tools
         }
         Some(v @ Value::Object(_)) => {
@@ -202,11 +238,21 @@ pub(super) fn parse(st: &State, body: &Value) -> Result<Parsed, Bad> {
                 return Err(bad(format!("`tool_choice` names {name:?}, which is not in `tools`")));
             }
             messages.push(Message::new("system", format!("You must answer by calling the tool {name}.")));
+            choice = ToolChoice::Named(name.to_owned());
             Mode::Tools
         }
         Some(_) => return Err(bad("`tool_choice` must be \"auto\", \"none\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": …}}")),
     };
     let mode = if tools.is_empty() { Mode::Suppress } else { mode };
+    let format = response_format(body.get("response_format"))?;
+    let constraint = match (format, mode, choice) {
+        (Some(_), Mode::Tools, ToolChoice::Required | ToolChoice::Named(_)) => {
+            return Err(bad("`response_format` and a `tool_choice` that forces a call cannot both be enforced; drop one"))
+        }
+        (Some(f), _, _) => f,
+        (None, Mode::Tools, c) => Constraint::ToolCalls(c),
+        (None, _, _) => Constraint::None,
+    };
     let max_tokens = match num(body, "max_completion_tokens")?.or(num(body, "max_tokens")?) {
         None => 1024,
         Some(n) if n >= 1.0 && n.fract() == 0.0 => n as usize,
@@ -256,7 +302,15 @@ pub(super) fn parse(st: &State, body: &Value) -> Result<Parsed, Bad> {
     Ok(Parsed {
         messages,
         tools,
-        params: ChatParams { max_tokens, sampling, stop, mode, raw: None },
+        params: ChatParams {
+            max_tokens,
+            sampling,
+            stop,
+            mode,
+            constraint,
+            lenient: false,
+            raw: None,
+        },
         stream,
         usage_in_stream,
     })
@@ -291,6 +345,7 @@ fn usage(o: &ChatOutput) -> Value {
 
 pub(super) fn provider_error(e: &ProviderError) -> Response {
     match e {
+        ProviderError::Invalid(m) => error(StatusCode::BAD_REQUEST, "invalid_request_error", m.clone()),
         ProviderError::Context { need, limit } => error(
             StatusCode::BAD_REQUEST,
             "context_length_exceeded",
