@@ -64,7 +64,7 @@ enum Command {
         #[arg(long, num_args = 0..=1, default_missing_value = "")]
         connect: Option<String>,
     },
-    /// Serve the local model to many clients (Unix socket; TCP with --listen)
+    /// Serve the local model (or, with --provider openai, an upstream engine) to many clients (Unix socket; TCP with --listen)
     Serve {
         #[command(flatten)]
         engine: EngineArgs,
@@ -83,6 +83,9 @@ enum Command {
         /// File holding the bearer token TCP clients must send
         #[arg(long)]
         token_file: Option<std::path::PathBuf>,
+        /// With --provider openai: wait up to SECONDS for the upstream to answer before giving up
+        #[arg(long, value_name = "SECONDS")]
+        wait_upstream: Option<u64>,
     },
     /// List, audit, cancel and resume research runs
     Runs {
@@ -244,8 +247,16 @@ fn run(cli: Cli, cancel: &AtomicBool) -> anyhow::Result<ExitCode> {
         Command::Chat { connect } => {
             return commands::chat::run(connect.as_deref().unwrap_or(""), cancel)
         }
-        Command::Serve { engine, corpus, notes, socket, listen, token_file } => {
-            server::run(server::ServeArgs { engine, corpus, notes, socket, listen, token_file })?
+        Command::Serve { engine, corpus, notes, socket, listen, token_file, wait_upstream } => {
+            server::run(server::ServeArgs {
+                engine,
+                corpus,
+                notes,
+                socket,
+                listen,
+                token_file,
+                wait_upstream,
+            })?
         }
         Command::Runs { command } => {
             let store = Store::open()?;

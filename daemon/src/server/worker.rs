@@ -9,11 +9,20 @@
 //! `server/decode-batch` at once, in queue order; its model turns come back
 //! to this queue as completions through [`EngineLink`] and join the batch
 //! like any other, ahead of the capacity check (the run was admitted).
+//!
+//! In front of an upstream engine (`serve --provider openai`) there is no
+//! engine thread: a dispatcher thread (`serve_upstream`) starts each chat
+//! completion on a thread of its own as soon as the upstream gate
+//! (`server/upstream-concurrency`) has a place, queue order kept, and each
+//! research run on its own thread with the `openai` provider exactly as
+//! `ask` builds it, its attempts holding places in the same gate.
 
 use crate::events::Ev;
 use crate::provider::local::{
     admit_turn, turn_finish, turn_params, ChatOutput, ChatParams, ChatRun, ChatStep, Local,
 };
+use crate::provider::openai::OpenAi;
+use crate::provider::upstream::Gate;
 use crate::provider::{
     fold_event, Provider, ProviderError, Refused, TurnEvent, TurnReply, TurnRequest,
 };
@@ -138,6 +147,36 @@ impl Worker {
         Ok(())
     }
 
+    /// The dispatcher in front of an upstream engine (no engine thread):
+    /// chat completions go upstream through `gate`, research runs use
+    /// `upstream` as their provider.
+    pub(crate) fn start_upstream(
+        upstream: OpenAi,
+        gate: Arc<Gate>,
+        policies: Policies,
+        metrics: Arc<super::metrics::Metrics>,
+        config: RunConfig,
+        capacity: usize,
+    ) -> Worker {
+        let (tx, rx) = channel::<(Job, bool)>();
+        let worker = Worker { tx, depth: Arc::new(AtomicUsize::new(0)), capacity };
+        let me = worker.clone();
+        let setup = RunSetup {
+            context: policies.get(policy::CONTEXT) as usize,
+            name: upstream.describe(),
+            sampling: Sampling::default(),
+            policies,
+            metrics,
+            config,
+            upstream: Some(upstream.with_gate(Arc::clone(&gate))),
+        };
+        std::thread::Builder::new()
+            .name("agentd-upstream".into())
+            .spawn(move || serve_upstream(&setup, &gate, &rx, &me))
+            .expect("spawning the upstream dispatcher");
+        worker
+    }
+
     /// A job of an admitted research run.
     fn internal(&self, job: Job) -> Result<(), ProviderError> {
         self.tx
@@ -155,6 +194,8 @@ struct RunSetup {
     context: usize,
     name: String,
     sampling: Sampling,
+    /// In front of an upstream: the provider every run uses.
+    upstream: Option<OpenAi>,
 }
 
 /// The research loop's provider inside `serve`: each turn goes to the
@@ -327,6 +368,7 @@ fn serve_jobs(setup: &mut Setup, rx: &Receiver<(Job, bool)>, worker: &Worker) {
         context: setup.local.engine.info().context,
         name: setup.local.resolved.name.clone(),
         sampling: setup.local.sampling.clone(),
+        upstream: None,
     };
     let mut active: Vec<Active> = Vec::new();
     // Completions waiting for room in the batch, and research jobs waiting
@@ -464,6 +506,82 @@ fn serve_jobs(setup: &mut Setup, rx: &Receiver<(Job, bool)>, worker: &Worker) {
     }
 }
 
+/// The dispatcher in front of an upstream: chat completions start in
+/// queue order as the gate frees places, each on a thread of its own;
+/// research runs start up to the gate's size at once.
+fn serve_upstream(setup: &RunSetup, gate: &Arc<Gate>, rx: &Receiver<(Job, bool)>, worker: &Worker) {
+    let slots = (setup.policies.get(policy::UPSTREAM_CONCURRENCY) as usize).max(1);
+    let Some(upstream) = setup.upstream.clone() else { return };
+    let mut pending: VecDeque<(Job, bool)> = VecDeque::new();
+    let mut held: VecDeque<(Job, bool)> = VecDeque::new();
+    let mut research = 0usize;
+    loop {
+        let idle = pending.is_empty() && held.is_empty();
+        // Waiting for a place: look again soon (a place frees when a
+        // reply or a research turn ends).
+        let next = if idle {
+            rx.recv().map_err(|_| std::sync::mpsc::RecvTimeoutError::Disconnected)
+        } else {
+            rx.recv_timeout(std::time::Duration::from_millis(5))
+        };
+        match next {
+            Ok((Job::Count { tx, .. }, _)) => {
+                let _ = tx.send(Err(ProviderError::Failed("the upstream counts no tokens".into())));
+            }
+            Ok((Job::Finished, _)) => research = research.saturating_sub(1),
+            Ok(j @ (Job::Chat { .. }, _)) => pending.push_back(j),
+            Ok(j) => held.push_back(j),
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                if idle {
+                    return;
+                }
+            }
+        }
+        while research < slots {
+            let Some((job, external)) = held.pop_front() else { break };
+            if external {
+                worker.depth.fetch_sub(1, Ordering::Relaxed);
+            }
+            research += 1;
+            spawn_research(job, setup.clone(), worker.clone());
+        }
+        while !pending.is_empty() {
+            let Some(place) = gate.try_acquire() else { break };
+            let Some((job, external)) = pending.pop_front() else { break };
+            if external {
+                worker.depth.fetch_sub(1, Ordering::Relaxed);
+            }
+            let Job::Chat { messages, tools, params, cancel, tx } = job else { continue };
+            let (up, metrics) = (upstream.clone(), Arc::clone(&setup.metrics));
+            let spawned =
+                std::thread::Builder::new().name("agentd-forward".into()).spawn(move || {
+                    let _place = place;
+                    let started = std::time::Instant::now();
+                    let r = catch_unwind(AssertUnwindSafe(|| {
+                        up.forward(&messages, &tools, &params, &cancel, &mut |e| {
+                            if tx.send(ChatMsg::Event(e)).is_err() {
+                                // The client went away: close the upstream stream.
+                                cancel.store(true, Ordering::Relaxed);
+                            }
+                        })
+                    }))
+                    .unwrap_or_else(|_| {
+                        Err(ProviderError::Failed("internal error while forwarding".into()))
+                    });
+                    match &r {
+                        Ok(o) => metrics.tokens(o.completion_tokens, started.elapsed()),
+                        Err(e) => metrics.error(e.code().1),
+                    }
+                    let _ = tx.send(ChatMsg::Done(r));
+                });
+            if let Err(e) = spawned {
+                eprintln!("agentd serve: cannot start a forwarding thread: {e}");
+            }
+        }
+    }
+}
+
 /// Frees the research slot when the thread ends, however it ends.
 struct SlotGuard(Worker);
 
@@ -505,12 +623,17 @@ fn research_job(job: Job, setup: &RunSetup, worker: Worker) {
             return;
         }
     };
-    let link = |cancel: &Arc<AtomicBool>| EngineLink {
-        worker: worker.clone(),
-        cancel: Arc::clone(cancel),
-        context: setup.context,
-        name: setup.name.clone(),
-        sampling: setup.sampling.clone(),
+    let link = |cancel: &Arc<AtomicBool>| -> Box<dyn Provider> {
+        match &setup.upstream {
+            Some(u) => Box::new(u.clone()),
+            None => Box::new(EngineLink {
+                worker: worker.clone(),
+                cancel: Arc::clone(cancel),
+                context: setup.context,
+                name: setup.name.clone(),
+                sampling: setup.sampling.clone(),
+            }),
+        }
     };
     match job {
         Job::Research { request, cancel, tx } => {
@@ -536,7 +659,7 @@ fn research_job(job: Job, setup: &RunSetup, worker: Worker) {
                 config: setup.config.clone(),
             };
             let done = crate::research::run(
-                &mut link,
+                link.as_mut(),
                 &mut host,
                 &store,
                 &policies,
@@ -554,7 +677,7 @@ fn research_job(job: Job, setup: &RunSetup, worker: Worker) {
             match crate::research::resume_with(
                 &store,
                 &run_id,
-                &mut link(&cancel),
+                link(&cancel).as_mut(),
                 &cancel,
                 &mut |e| {
                     let _ = tx.send(e.clone());
