@@ -61,16 +61,16 @@ fn tcp_get(port: u16, path: &str) -> Option<(u16, String)> {
 }
 
 /// `agentd serve --provider openai` over `base`, up on its socket.
-fn serve(h: &Home, base: &str, extra: &[&str]) -> (Proc, PathBuf) {
+fn serve(h: &Home, base: &str, model: &str, extra: &[&str]) -> (Proc, PathBuf) {
     let socket = h.path().join("d.sock");
-    let mut args =
-        vec!["serve", "--provider", "openai", "--base-url", base, "--model", "smollm2-135m"];
+    let mut args = vec!["serve", "--provider", "openai", "--base-url", base, "--model", model];
     args.extend_from_slice(&["--socket", socket.to_str().unwrap()]);
     args.extend_from_slice(extra);
     let child = h.cmd(&args).stderr(Stdio::inherit()).spawn().expect("serve starts");
-    let p = Proc(child);
+    let mut p = Proc(child);
     let t = Instant::now();
     while UnixStream::connect(&socket).is_err() {
+        assert!(p.0.try_wait().unwrap().is_none(), "the daemon exited");
         assert!(t.elapsed() < Duration::from_secs(60), "the daemon did not come up");
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -148,7 +148,7 @@ fn serve_fronts_a_real_llama_server() {
     let listen = format!("127.0.0.1:{}", free_port());
     let base = format!("http://127.0.0.1:{port}/v1");
     let (_d, sock) =
-        serve(&h, &base, &["--listen", &listen, "--token-file", token.to_str().unwrap()]);
+        serve(&h, &base, "smollm2-135m", &["--listen", &listen, "--token-file", token.to_str().unwrap()]);
 
     // Health names the upstream; the model list shows it under our name.
     let (st, b) = http(&sock, "GET", "/health", "");
@@ -214,7 +214,8 @@ fn serve_fronts_a_real_llama_server() {
     let run = json_of(&b);
     let ledger = run["ledger"].as_array().expect("ledger");
     assert!(!ledger.is_empty(), "{run}");
-    assert_eq!(ledger.len() as u64, done["model_requests"].as_u64().unwrap(), "{run}");
+    let requests = done["model_requests"].as_u64().unwrap();
+    assert!(requests >= 1 && ledger.len() as u64 >= requests, "every request in the ledger: {run}");
     assert!(run["snapshot"].to_string().contains(&base), "the run records its upstream: {run}");
 
     // A client that goes away stops the upstream's generation: its slots
@@ -262,7 +263,7 @@ fn the_upstream_killed_mid_reply_leaves_the_text_interrupted() {
         "[values]\n\"provider/transient-retries\" = 1\n\"provider/retry-backoff\" = 10\n",
     );
     let base = format!("http://127.0.0.1:{port}/v1");
-    let (_d, sock) = serve(&h, &base, &[]);
+    let (_d, sock) = serve(&h, &base, "smollm2-135m", &[]);
     let body = json!({"question": "Write a long explanation of how sockets work, with many details.", "chat_id": "chat_up"}).to_string();
     let s = stream_until(&sock, "/v1/research", &body, "\"type\":\"content\"", 5);
     let _ = llama.0.kill(); // SIGKILL
@@ -334,7 +335,7 @@ fn upstream_failures_keep_their_classification_and_markup_stays_out_of_content()
         "policies.toml",
         "[values]\n\"provider/transient-retries\" = 1\n\"provider/retry-backoff\" = 10\n",
     );
-    let (_d, sock) = serve(&h, &mock.base(), &["--model", "m"]);
+    let (_d, sock) = serve(&h, &mock.base(), "m", &[]);
     let ask = |q: &str, extra: &str| {
         http(
             &sock,
