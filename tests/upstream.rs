@@ -144,11 +144,17 @@ fn serve_fronts_a_real_llama_server() {
     let test = "serve_fronts_a_real_llama_server";
     let Some((_llama, port)) = llama(test) else { return };
     let h = Home::new();
+    // Short research turns keep the run quick on a small CPU.
+    h.write("policies.toml", "[values]\n\"prompts/turn-output-tokens\" = 96\n");
     let token = h.write("token", "test-token-0123456789abcdef");
     let listen = format!("127.0.0.1:{}", free_port());
     let base = format!("http://127.0.0.1:{port}/v1");
-    let (_d, sock) =
-        serve(&h, &base, "smollm2-135m", &["--listen", &listen, "--token-file", token.to_str().unwrap()]);
+    let (_d, sock) = serve(
+        &h,
+        &base,
+        "smollm2-135m",
+        &["--listen", &listen, "--token-file", token.to_str().unwrap()],
+    );
 
     // Health names the upstream; the model list shows it under our name.
     let (st, b) = http(&sock, "GET", "/health", "");
@@ -204,7 +210,7 @@ fn serve_fronts_a_real_llama_server() {
         &sock,
         "POST",
         "/v1/research",
-        r#"{"question": "What is a socket?", "stream": false, "max_tool_iters": 2}"#,
+        r#"{"question": "What is a socket?", "stream": false, "max_tool_iters": 1}"#,
     );
     assert_eq!(st, 200, "{b}");
     let done = json_of(&b);
