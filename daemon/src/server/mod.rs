@@ -50,9 +50,9 @@ pub(crate) struct ServeArgs {
 
 pub(crate) fn run(a: ServeArgs) -> Result<()> {
     match a.engine.provider.as_str() {
-        "local" | "openai" => {}
+        "local" | "openai" | "scripted" => {}
         other => bail!(
-            "agentd serve runs the local engine or an upstream (--provider openai); --provider {other} is for `ask`"
+            "unknown provider {other:?}: agentd serve runs local, openai (an upstream) or scripted (tests)"
         ),
     }
     let socket = a.socket.clone().unwrap_or_else(crate::state::home::default_socket);
@@ -93,7 +93,23 @@ pub(crate) fn run(a: ServeArgs) -> Result<()> {
     let metrics = Arc::new(metrics::Metrics::default());
     let capacity = policies.get(policy::QUEUE) as usize;
     let body_limit = policies.get(policy::BODY_LIMIT) as usize;
-    let state = if a.engine.provider == "openai" {
+    let state = if a.engine.provider == "scripted" {
+        // Tests: research runs replay the script (each run from its start);
+        // a script that does not load stops start-up here.
+        crate::provider::build::build(&a.engine, &policies)?;
+        let gate = crate::provider::upstream::Gate::new(1);
+        let config = RunConfig { engine: a.engine, corpus: a.corpus, notes: a.notes };
+        let context = policies.get(policy::CONTEXT) as usize;
+        let worker = worker::Worker::start_upstream(
+            None,
+            gate,
+            policies,
+            Arc::clone(&metrics),
+            config,
+            capacity,
+        );
+        shared::State::new(worker, metrics, "scripted".into(), context, body_limit)
+    } else if a.engine.provider == "openai" {
         let upstream = crate::provider::build::openai(&a.engine, &policies)?;
         let probe = wait_for(&upstream, a.wait_upstream)?;
         let gate = crate::provider::upstream::Gate::new(
@@ -107,7 +123,7 @@ pub(crate) fn run(a: ServeArgs) -> Result<()> {
         let context = policies.get(policy::CONTEXT) as usize;
         let config = RunConfig { engine: a.engine, corpus: a.corpus, notes: a.notes };
         let worker = worker::Worker::start_upstream(
-            upstream.clone(),
+            Some(upstream.clone()),
             gate,
             policies,
             Arc::clone(&metrics),

@@ -149,9 +149,11 @@ impl Worker {
 
     /// The dispatcher in front of an upstream engine (no engine thread):
     /// chat completions go upstream through `gate`, research runs use
-    /// `upstream` as their provider.
+    /// `upstream` as their provider. Without one (`--provider scripted`,
+    /// for tests) each run builds its provider from the daemon's ENGINE
+    /// options and chat completions are refused.
     pub(crate) fn start_upstream(
-        upstream: OpenAi,
+        upstream: Option<OpenAi>,
         gate: Arc<Gate>,
         policies: Policies,
         metrics: Arc<super::metrics::Metrics>,
@@ -163,12 +165,13 @@ impl Worker {
         let me = worker.clone();
         let setup = RunSetup {
             context: policies.get(policy::CONTEXT) as usize,
-            name: upstream.describe(),
+            name: upstream.as_ref().map_or_else(|| "scripted".into(), |u| u.describe()),
             sampling: Sampling::default(),
+            built: upstream.is_none(),
             policies,
             metrics,
             config,
-            upstream: Some(upstream.with_gate(Arc::clone(&gate))),
+            upstream: upstream.map(|u| u.with_gate(Arc::clone(&gate))),
         };
         std::thread::Builder::new()
             .name("agentd-upstream".into())
@@ -196,6 +199,8 @@ struct RunSetup {
     sampling: Sampling,
     /// In front of an upstream: the provider every run uses.
     upstream: Option<OpenAi>,
+    /// Each run builds its provider from `config.engine` (scripted).
+    built: bool,
 }
 
 /// The research loop's provider inside `serve`: each turn goes to the
@@ -369,6 +374,7 @@ fn serve_jobs(setup: &mut Setup, rx: &Receiver<(Job, bool)>, worker: &Worker) {
         name: setup.local.resolved.name.clone(),
         sampling: setup.local.sampling.clone(),
         upstream: None,
+        built: false,
     };
     let mut active: Vec<Active> = Vec::new();
     // Completions waiting for room in the batch, and research jobs waiting
@@ -511,7 +517,7 @@ fn serve_jobs(setup: &mut Setup, rx: &Receiver<(Job, bool)>, worker: &Worker) {
 /// research runs start up to the gate's size at once.
 fn serve_upstream(setup: &RunSetup, gate: &Arc<Gate>, rx: &Receiver<(Job, bool)>, worker: &Worker) {
     let slots = (setup.policies.get(policy::UPSTREAM_CONCURRENCY) as usize).max(1);
-    let Some(upstream) = setup.upstream.clone() else { return };
+    let upstream = setup.upstream.clone();
     let mut pending: VecDeque<(Job, bool)> = VecDeque::new();
     let mut held: VecDeque<(Job, bool)> = VecDeque::new();
     let mut research = 0usize;
@@ -553,7 +559,13 @@ fn serve_upstream(setup: &RunSetup, gate: &Arc<Gate>, rx: &Receiver<(Job, bool)>
                 worker.depth.fetch_sub(1, Ordering::Relaxed);
             }
             let Job::Chat { messages, tools, params, cancel, tx } = job else { continue };
-            let (up, metrics) = (upstream.clone(), Arc::clone(&setup.metrics));
+            let Some(up) = upstream.clone() else {
+                let _ = tx.send(ChatMsg::Done(Err(ProviderError::Failed(
+                    "--provider scripted serves /v1/research only; chat completions need --provider local or openai".into(),
+                ))));
+                continue;
+            };
+            let metrics = Arc::clone(&setup.metrics);
             let spawned =
                 std::thread::Builder::new().name("agentd-forward".into()).spawn(move || {
                     let _place = place;
@@ -623,8 +635,12 @@ fn research_job(job: Job, setup: &RunSetup, worker: Worker) {
             return;
         }
     };
-    let link = |cancel: &Arc<AtomicBool>| -> Box<dyn Provider> {
-        match &setup.upstream {
+    let link = |cancel: &Arc<AtomicBool>| -> Result<Box<dyn Provider>, String> {
+        if setup.built {
+            return crate::provider::build::build(&setup.config.engine, &setup.policies)
+                .map_err(|e| format!("{e:#}"));
+        }
+        Ok(match &setup.upstream {
             Some(u) => Box::new(u.clone()),
             None => Box::new(EngineLink {
                 worker: worker.clone(),
@@ -633,7 +649,7 @@ fn research_job(job: Job, setup: &RunSetup, worker: Worker) {
                 name: setup.name.clone(),
                 sampling: setup.sampling.clone(),
             }),
-        }
+        })
     };
     match job {
         Job::Research { request, cancel, tx } => {
@@ -650,7 +666,13 @@ fn research_job(job: Job, setup: &RunSetup, worker: Worker) {
                 let cur = policies.get(policy::ROUNDS);
                 policies.values.insert(policy::ROUNDS.into(), cur.min(n as i64));
             }
-            let mut link = link(&cancel);
+            let mut link = match link(&cancel) {
+                Ok(l) => l,
+                Err(text) => {
+                    let _ = tx.send(Ev::Notice { kind: "error", text });
+                    return;
+                }
+            };
             let opts = RunOptions {
                 question: request.question,
                 chat_id: request.chat_id,
@@ -674,15 +696,16 @@ fn research_job(job: Job, setup: &RunSetup, worker: Worker) {
             setup.metrics.research(&done);
         }
         Job::Resume { run_id, cancel, tx, err } => {
-            match crate::research::resume_with(
-                &store,
-                &run_id,
-                link(&cancel).as_mut(),
-                &cancel,
-                &mut |e| {
-                    let _ = tx.send(e.clone());
-                },
-            ) {
+            let mut link = match link(&cancel) {
+                Ok(l) => l,
+                Err(text) => {
+                    let _ = err.send(text);
+                    return;
+                }
+            };
+            match crate::research::resume_with(&store, &run_id, link.as_mut(), &cancel, &mut |e| {
+                let _ = tx.send(e.clone());
+            }) {
                 Ok(done) => setup.metrics.research(&done),
                 Err(e) => {
                     let _ = err.send(format!("{e:#}"));
