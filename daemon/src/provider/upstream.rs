@@ -321,3 +321,21 @@ fn event_index(e: &Event) -> usize {
         _ => 0,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_gate_holds_at_most_its_size_and_a_dropped_place_frees_one() {
+        let g = Gate::new(2);
+        let a = g.try_acquire().expect("first place");
+        let _b = g.try_acquire().expect("second place");
+        assert!(g.try_acquire().is_none(), "a third is over the bound");
+        assert_eq!(g.in_flight.load(Ordering::Relaxed), 2);
+        drop(a);
+        assert_eq!(g.in_flight.load(Ordering::Relaxed), 1);
+        let _c = g.acquire();
+        assert!(g.try_acquire().is_none());
+    }
+}
