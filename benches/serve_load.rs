@@ -7,6 +7,12 @@
 //! --release`). With `LLAMA_SERVER=/path/to/llama-server` the same load is
 //! then run against llama.cpp's server (its defaults, same model, same
 //! thread count) and the two are printed side by side.
+//!
+//! With `LLAMA_SERVER` and `AGENTD_BENCH_UPSTREAM=1` it measures instead
+//! what `agentd serve --provider openai` adds in front of llama-server: the
+//! same load against llama-server alone, then through agentd over that same
+//! llama-server (`--jinja -np 16`), and the TTFT overhead (p50, ms) and the
+//! aggregate tokens/s ratio.
 
 use agentd_benches::{agentd, model, percentile};
 use std::collections::BTreeMap;
@@ -85,6 +91,10 @@ fn main() {
     }
     let model = model();
     let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    if std::env::var("AGENTD_BENCH_UPSTREAM").as_deref() == Ok("1") {
+        upstream(&model, threads);
+        return;
+    }
     let home = tempfile_dir();
     let sock = home.join("load.sock");
     let child = std::process::Command::new(agentd())
@@ -94,7 +104,7 @@ fn main() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .expect("serve starts");
-    let ours = load("agentd serve", child, Target::Unix(sock));
+    let ours = load("agentd serve", Some(child), Target::Unix(sock));
     let _ = std::fs::remove_dir_all(&home);
     let Ok(bin) = std::env::var("LLAMA_SERVER") else {
         println!("(llama-server not measured: set LLAMA_SERVER to its binary)");
@@ -108,7 +118,7 @@ fn main() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .expect("llama-server starts");
-    let theirs = load("llama-server", child, Target::Tcp(format!("127.0.0.1:{port}")));
+    let theirs = load("llama-server", Some(child), Target::Tcp(format!("127.0.0.1:{port}")));
     println!(
         "ratio agentd/llama-server: p50 TTFT {:.2}x (lower is better) · p95 TTFT {:.2}x · tokens/s {:.2}x",
         ours.0 / theirs.0,
@@ -117,9 +127,43 @@ fn main() {
     );
 }
 
+/// agentd in front of llama-server against llama-server alone.
+fn upstream(model: &std::path::Path, threads: usize) {
+    let bin = std::env::var("LLAMA_SERVER").expect("AGENTD_BENCH_UPSTREAM=1 needs LLAMA_SERVER");
+    let port = 18000 + std::process::id() % 1000;
+    let mut llama = std::process::Command::new(bin)
+        .args(["-m", model.to_str().unwrap(), "--host", "127.0.0.1", "--port", &port.to_string()])
+        .args(["-t", &threads.to_string(), "--no-webui", "--jinja", "-np", &CLIENTS.to_string()])
+        .args(["-c", &(CLIENTS * 2048).to_string()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("llama-server starts");
+    let theirs = load("llama-server alone", None, Target::Tcp(format!("127.0.0.1:{port}")));
+    let home = tempfile_dir();
+    let sock = home.join("load.sock");
+    let base = format!("http://127.0.0.1:{port}/v1");
+    let child = std::process::Command::new(agentd())
+        .args(["serve", "--provider", "openai", "--base-url", &base, "--model", "smollm2"])
+        .args(["--socket", sock.to_str().unwrap(), "--wait-upstream", "60"])
+        .env("AGENTD_HOME", &home)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("serve starts");
+    let ours = load("agentd serve --provider openai", Some(child), Target::Unix(sock));
+    let _ = llama.kill();
+    let _ = llama.wait();
+    let _ = std::fs::remove_dir_all(&home);
+    println!(
+        "agentd in front of llama-server: TTFT overhead p50 {:+.1} ms (goal <= 5) · aggregate tokens/s {:.3}x (goal >= 0.97)",
+        (ours.0 - theirs.0) * 1000.0,
+        ours.2 / theirs.2
+    );
+}
+
 /// Waits for the server, runs the load, stops it; returns
 /// (p50 TTFT, p95 TTFT, aggregate tokens/s).
-fn load(name: &str, mut child: std::process::Child, target: Target) -> (f64, f64, f64) {
+fn load(name: &str, child: Option<std::process::Child>, target: Target) -> (f64, f64, f64) {
     let t = Instant::now();
     loop {
         // Up when /health answers 200 (llama-server answers 503 while loading).
@@ -161,8 +205,10 @@ fn load(name: &str, mut child: std::process::Child, target: Target) -> (f64, f64
         w.join().unwrap();
     }
     let wall = start.elapsed().as_secs_f64();
-    let _ = child.kill();
-    let _ = child.wait();
+    if let Some(mut child) = child {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
     let results = results.lock().unwrap();
     let mut by_status: BTreeMap<u16, usize> = BTreeMap::new();
     for r in results.iter() {

@@ -105,6 +105,9 @@ impl RunError {
 /// The last event of a run.
 #[derive(Debug, Clone)]
 pub(crate) struct Done {
+    /// The run and its chat (so a client can fetch both).
+    pub(crate) run_id: String,
+    pub(crate) chat_id: String,
     pub(crate) outcome: Outcome,
     pub(crate) stop: Stop,
     pub(crate) rounds: usize,
@@ -185,7 +188,7 @@ impl Ev {
                 json!({"type": "sentence", "text": text, "kind": "progress"})
             }
             Ev::Done(d) => json!({
-                "type": "done", "outcome": d.outcome.as_str(), "stop": d.stop.as_str(), "rounds": d.rounds,
+                "type": "done", "run_id": d.run_id, "chat_id": d.chat_id, "outcome": d.outcome.as_str(), "stop": d.stop.as_str(), "rounds": d.rounds,
                 "model_requests": d.model_requests, "answer": d.answer,
                 "error": d.error.as_ref().map(RunError::to_json),
                 "invalid_citations": d.invalid_citations, "grounded": d.grounded,

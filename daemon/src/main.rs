@@ -68,7 +68,7 @@ enum Command {
         #[arg(long, num_args = 0..=1, default_missing_value = "")]
         connect: Option<String>,
     },
-    /// Serve the local model to many clients (Unix socket; TCP with --listen)
+    /// Serve the local model (or, with --provider openai, an upstream engine) to many clients (Unix socket; TCP with --listen)
     Serve {
         #[command(flatten)]
         engine: EngineArgs,
@@ -98,6 +98,9 @@ enum Command {
         /// none by default)
         #[arg(long, value_name = "ORIGIN")]
         allow_origin: Vec<String>,
+        /// With --provider openai: wait up to SECONDS for the upstream to answer before giving up
+        #[arg(long, value_name = "SECONDS")]
+        wait_upstream: Option<u64>,
     },
     /// MCP servers: their state and tools
     Mcp {
@@ -296,6 +299,7 @@ fn run(cli: Cli, cancel: &AtomicBool) -> anyhow::Result<ExitCode> {
             token_file,
             ollama,
             allow_origin,
+            wait_upstream,
         } => server::run(server::ServeArgs {
             engine,
             corpus,
@@ -306,6 +310,7 @@ fn run(cli: Cli, cancel: &AtomicBool) -> anyhow::Result<ExitCode> {
             token_file,
             ollama,
             allow_origin,
+            wait_upstream,
         })?,
         Command::Mcp { command: McpCommand::List { mcp } } => commands::mcp::list(&mcp)?,
         Command::Runs { command } => {

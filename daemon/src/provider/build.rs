@@ -126,39 +126,43 @@ fn tracing_note(msg: &str) {
     }
 }
 
+/// The `openai` provider `args` name (`ask`, and `serve` in front of an
+/// upstream), its retries under the provider layer's policies.
+pub(crate) fn openai(args: &EngineArgs, policies: &Policies) -> Result<OpenAi> {
+    let retry = Retry::from_policies(policies);
+    let base = args
+        .base_url
+        .as_deref()
+        .context("--provider openai needs --base-url (e.g. http://127.0.0.1:8080/v1)")?;
+    let key = match &args.api_key_env {
+        Some(var) => Some(
+            std::env::var(var)
+                .with_context(|| format!("--api-key-env {var}: the variable is not set"))?,
+        ),
+        None => None,
+    };
+    let model = args.model.clone().unwrap_or_else(|| "default".into());
+    let format = match &args.tool_format {
+        Some(f) => Format::from_name(f)?,
+        None => Registry::load()
+            .ok()
+            .and_then(|r| r.entries.get(&model).and_then(|e| e.tool_format.clone()))
+            .map(|f| Format::from_name(&f))
+            .transpose()?
+            .or_else(|| Format::for_model(&model))
+            .unwrap_or(Format::Hermes),
+    };
+    Ok(OpenAi::new(base, key, &model, format, retry))
+}
+
 /// The provider for `args`, under a run's policies: a local model's context
 /// is bounded by `prompts/context-budget`, an upstream's retries follow the
 /// provider layer's policies.
 pub(crate) fn build(args: &EngineArgs, policies: &Policies) -> Result<Box<dyn Provider>> {
-    let retry = Retry::from_policies(policies);
     let context_cap = Some(policies.get(policy::CONTEXT) as usize);
     match args.provider.as_str() {
         "local" => Ok(Box::new(Local::load(args, args.tool_format.as_deref(), context_cap)?)),
-        "openai" => {
-            let base = args
-                .base_url
-                .as_deref()
-                .context("--provider openai needs --base-url (e.g. http://127.0.0.1:8080/v1)")?;
-            let key = match &args.api_key_env {
-                Some(var) => Some(
-                    std::env::var(var)
-                        .with_context(|| format!("--api-key-env {var}: the variable is not set"))?,
-                ),
-                None => None,
-            };
-            let model = args.model.clone().unwrap_or_else(|| "default".into());
-            let format = match &args.tool_format {
-                Some(f) => Format::from_name(f)?,
-                None => Registry::load()
-                    .ok()
-                    .and_then(|r| r.entries.get(&model).and_then(|e| e.tool_format.clone()))
-                    .map(|f| Format::from_name(&f))
-                    .transpose()?
-                    .or_else(|| Format::for_model(&model))
-                    .unwrap_or(Format::Hermes),
-            };
-            Ok(Box::new(OpenAi::new(base, key, &model, format, retry)))
-        }
+        "openai" => Ok(Box::new(openai(args, policies)?)),
         "scripted" => {
             let path = args.script.as_deref().context("--provider scripted needs --script FILE")?;
             let format = Format::from_name(args.tool_format.as_deref().unwrap_or("hermes"))?;

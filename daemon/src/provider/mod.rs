@@ -1,6 +1,8 @@
 //! Model providers behind one interface (`Provider`): `local` (a GGUF
 //! through `inference`), `openai` (any OpenAI-compatible server) and
-//! `scripted` (turns from a file, for tests); `build` makes the one an
+//! `scripted` (turns from a file, for tests); `upstream` is what `serve`
+//! needs besides when generation runs on an `openai` upstream (forwarded
+//! chat completions, probes, the in-flight bound); `build` makes the one an
 //! ENGINE option set names. The research loop sees one stream of events
 //! whatever runs the model, and every failure comes back as a
 //! `ProviderError` that names its owner — a refusal by the run's own
@@ -11,6 +13,7 @@ pub(crate) mod constrain;
 pub(crate) mod local;
 pub(crate) mod openai;
 pub(crate) mod scripted;
+pub(crate) mod upstream;
 
 use crate::events::Phase;
 use prompts::{Message, ToolDef};

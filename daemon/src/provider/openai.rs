@@ -43,14 +43,17 @@ impl Retry {
 }
 
 /// An OpenAI-compatible upstream.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct OpenAi {
-    base: String,
-    api_key: Option<String>,
-    model: String,
-    format: Format,
-    agent: ureq::Agent,
-    retry: Retry,
+    pub(super) base: String,
+    pub(super) api_key: Option<String>,
+    pub(super) model: String,
+    pub(super) format: Format,
+    pub(super) agent: ureq::Agent,
+    pub(super) retry: Retry,
+    /// Inside `serve`: the server's bound on requests in flight to the
+    /// upstream, which every attempt holds a place in.
+    pub(super) gate: Option<std::sync::Arc<super::upstream::Gate>>,
 }
 
 impl OpenAi {
@@ -72,7 +75,19 @@ impl OpenAi {
             format,
             agent,
             retry,
+            gate: None,
         }
+    }
+
+    /// The same upstream, every attempt holding a place in `gate`.
+    pub(crate) fn with_gate(mut self, gate: std::sync::Arc<super::upstream::Gate>) -> OpenAi {
+        self.gate = Some(gate);
+        self
+    }
+
+    /// The upstream's base URL (up to `/v1`).
+    pub(crate) fn base_url(&self) -> &str {
+        &self.base
     }
 
     fn body(&self, req: &TurnRequest<'_>) -> Value {
@@ -84,13 +99,7 @@ impl OpenAi {
         b
     }
 
-    fn once(
-        &self,
-        body: &str,
-        req: &TurnRequest<'_>,
-        cancel: &AtomicBool,
-        on: &mut dyn FnMut(TurnEvent),
-    ) -> Result<TurnReply, Attempt> {
+    pub(super) fn post(&self, body: &str) -> Result<ureq::Response, Attempt> {
         let mut r = self
             .agent
             .post(&format!("{}/chat/completions", self.base))
@@ -98,14 +107,24 @@ impl OpenAi {
         if let Some(k) = &self.api_key {
             r = r.set("Authorization", &format!("Bearer {k}"));
         }
-        let resp = match r.send_string(body) {
-            Ok(resp) => resp,
+        match r.send_string(body) {
+            Ok(resp) => Ok(resp),
             Err(ureq::Error::Status(code, resp)) => {
                 let text = resp.into_string().unwrap_or_default();
-                return Err(classify_status(code, &text));
+                Err(classify_status(code, &text))
             }
-            Err(ureq::Error::Transport(t)) => return Err(classify_transport(&t)),
-        };
+            Err(ureq::Error::Transport(t)) => Err(classify_transport(&t)),
+        }
+    }
+
+    fn once(
+        &self,
+        body: &str,
+        req: &TurnRequest<'_>,
+        cancel: &AtomicBool,
+        on: &mut dyn FnMut(TurnEvent),
+    ) -> Result<TurnReply, Attempt> {
+        let resp = self.post(body)?;
         let tools_mode = if req.tools.is_empty() { Mode::Suppress } else { Mode::Tools };
         let mut parser = Parser::new(
             self.format,
@@ -115,6 +134,9 @@ impl OpenAi {
         let mut structured: BTreeMap<u64, (String, String, String)> = BTreeMap::new();
         let mut finish_reason = String::new();
         let streamed = resp.content_type().contains("event-stream");
+        // The stream said it is over ([DONE] or a finish reason); a stream
+        // that just stops was cut (the upstream went away).
+        let mut ended = !streamed;
         if streamed {
             let reader = BufReader::new(resp.into_reader());
             for line in reader.lines() {
@@ -127,6 +149,7 @@ impl OpenAi {
                 let Some(data) = line.strip_prefix("data:") else { continue };
                 let data = data.trim();
                 if data == "[DONE]" {
+                    ended = true;
                     break;
                 }
                 let Ok(v) = serde_json::from_str::<Value>(data) else { continue };
@@ -166,7 +189,13 @@ impl OpenAi {
                 }
                 if let Some(f) = choice["finish_reason"].as_str() {
                     finish_reason = f.to_owned();
+                    ended = true;
                 }
+            }
+            if !ended && reply.finish != TurnFinish::Cancelled {
+                return Err(Attempt::Transient(
+                    "the upstream closed the stream before the reply finished".into(),
+                ));
             }
         } else {
             let text = resp
@@ -228,7 +257,7 @@ impl OpenAi {
 
 /// The outcome of one HTTP attempt.
 #[derive(Debug)]
-enum Attempt {
+pub(super) enum Attempt {
     Transient(String),
     Quota(String),
     Unavailable(String),
@@ -236,7 +265,7 @@ enum Attempt {
     Failed(String),
 }
 
-fn classify_status(code: u16, body: &str) -> Attempt {
+pub(super) fn classify_status(code: u16, body: &str) -> Attempt {
     let snippet: String = body.chars().take(300).collect();
     let lower = body.to_ascii_lowercase();
     if code == 429 && (lower.contains("insufficient_quota") || lower.contains("budget_exceeded")) {
@@ -253,7 +282,7 @@ fn classify_status(code: u16, body: &str) -> Attempt {
     Attempt::Failed(format!("HTTP {code}: {snippet}"))
 }
 
-fn classify_transport(t: &ureq::Transport) -> Attempt {
+pub(super) fn classify_transport(t: &ureq::Transport) -> Attempt {
     let msg = t.to_string();
     let lower = msg.to_ascii_lowercase();
     match t.kind() {
@@ -266,7 +295,7 @@ fn classify_transport(t: &ureq::Transport) -> Attempt {
     }
 }
 
-fn wire_message(m: &Message) -> Value {
+pub(super) fn wire_message(m: &Message) -> Value {
     let mut v = json!({"role": m.role, "content": m.content});
     if !m.tool_calls.is_empty() {
         v["tool_calls"] = Value::Array(
@@ -290,7 +319,7 @@ fn wire_message(m: &Message) -> Value {
     v
 }
 
-fn wire_tool(t: &ToolDef) -> Value {
+pub(super) fn wire_tool(t: &ToolDef) -> Value {
     json!({"type": "function", "function": {"name": t.name, "description": t.description, "parameters": t.parameters}})
 }
 
@@ -318,8 +347,22 @@ impl Provider for OpenAi {
                 });
                 return Err(ProviderError::Budget { retrying });
             }
-            match self.once(&body, req, cancel, on) {
+            let _place = self.gate.as_ref().map(|g| g.acquire());
+            // Text already handed on is never streamed twice: a stream that
+            // breaks after it is not retried.
+            let mut streamed = false;
+            let outcome = self.once(&body, req, cancel, &mut |e| {
+                streamed = true;
+                on(e)
+            });
+            drop(_place);
+            match outcome {
                 Ok(r) => return Ok(r),
+                Err(Attempt::Transient(m)) if streamed => {
+                    return Err(ProviderError::Transient(format!(
+                        "{m} (after part of the reply had streamed; not retried)"
+                    )))
+                }
                 Err(Attempt::Transient(m)) => {
                     last = m;
                     if k < self.retry.retries {

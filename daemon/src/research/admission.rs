@@ -206,6 +206,8 @@ fn unrecorded(run_id: &str, chat_id: &str, why: String, emit: &mut dyn FnMut(&Ev
         error: Some(RunError::new(code, class, e.to_string())),
         invalid_citations: Vec::new(),
         grounded: false,
+        run_id: run_id.to_owned(),
+        chat_id: chat_id.to_owned(),
     };
     emit(&Ev::Done(done.clone()));
     done

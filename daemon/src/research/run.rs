@@ -85,8 +85,18 @@ pub(super) fn drive(
     });
     let mut done = research(&mut cx, provider, opts, &history, progress);
     grounding::ground(&mut cx, &mut done);
+    done.run_id.clone_from(&run_id);
+    done.chat_id.clone_from(&chat_id);
+    // An upstream that went away mid-reply (unreachable, or a stream cut
+    // after part of the text) leaves the streamed text interrupted, as a
+    // daemon killed mid-reply does; the error keeps its classification.
+    let upstream_gone = done
+        .error
+        .as_ref()
+        .is_some_and(|e| matches!(e.classification.as_str(), "provider_unavailable" | "transient"));
     let (message, status) = match done.outcome {
         Outcome::Cancelled => (MessageStatus::Cancelled, RunStatus::Cancelled),
+        _ if upstream_gone => (MessageStatus::Interrupted, RunStatus::Finished),
         Outcome::Error => (MessageStatus::Error, RunStatus::Finished),
         _ => (MessageStatus::Complete, RunStatus::Finished),
     };
@@ -124,6 +134,8 @@ pub(super) fn done(
     error: Option<RunError>,
 ) -> Done {
     Done {
+        run_id: cx.run_id.to_owned(),
+        chat_id: cx.chat_id.to_owned(),
         outcome,
         stop,
         rounds,

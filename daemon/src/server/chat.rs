@@ -351,6 +351,12 @@ pub(super) fn provider_error(e: &ProviderError) -> Response {
             "context_length_exceeded",
             format!("the prompt needs {need} tokens but the model's context holds {limit}; shorten the messages"),
         ),
+        // An upstream's failures keep their classification; the status
+        // says whose they are.
+        ProviderError::Quota(_) => error(StatusCode::TOO_MANY_REQUESTS, e.code().1, e.to_string()),
+        ProviderError::Transient(_) | ProviderError::Unavailable(_) => {
+            error(StatusCode::BAD_GATEWAY, e.code().1, e.to_string())
+        }
         other => error(StatusCode::INTERNAL_SERVER_ERROR, other.code().1, other.to_string()),
     }
 }

@@ -340,10 +340,25 @@ pub(crate) async fn serve(st: State, l: Listeners) -> anyhow::Result<()> {
 }
 
 async fn health(AxState(st): AxState<State>) -> Response {
-    axum::Json(json!({"status": "ok", "model": st.model, "context": st.context,
+    let mut v = json!({"status": "ok", "model": st.model, "context": st.context,
         "queue_depth": st.worker.depth.load(Ordering::Relaxed), "queue_capacity": st.worker.capacity,
-        "uptime_s": st.started.elapsed().as_secs(), "version": env!("CARGO_PKG_VERSION")}))
-    .into_response()
+        "uptime_s": st.started.elapsed().as_secs(), "version": env!("CARGO_PKG_VERSION")});
+    if let Some(up) = st.upstream.clone() {
+        let base = up.provider.base_url().to_owned();
+        let probe = tokio::task::spawn_blocking(move || {
+            up.provider.probe(std::time::Duration::from_secs(2))
+        })
+        .await
+        .unwrap_or_else(|_| Err("the probe failed".into()));
+        v["upstream"] = match probe {
+            Ok(p) => json!({"base_url": base, "reachable": true, "models": p.models}),
+            Err(e) => {
+                v["status"] = json!("degraded");
+                json!({"base_url": base, "reachable": false, "error": e})
+            }
+        };
+    }
+    axum::Json(v).into_response()
 }
 
 async fn metrics(AxState(st): AxState<State>) -> Response {
@@ -352,6 +367,12 @@ async fn metrics(AxState(st): AxState<State>) -> Response {
 }
 
 async fn models(AxState(st): AxState<State>) -> Response {
+    if let Some(up) = &st.upstream {
+        // The upstream's model, under the name agentd serves it by.
+        let data = json!([{"id": st.model, "object": "model", "created": 0, "owned_by": "agentd",
+            "upstream": up.provider.base_url(), "upstream_models": up.models}]);
+        return axum::Json(json!({"object": "list", "data": data})).into_response();
+    }
     let mut data =
         vec![json!({"id": st.model, "object": "model", "created": 0, "owned_by": "agentd"})];
     if let Ok(reg) = crate::state::registry::Registry::load() {

@@ -17,6 +17,8 @@ pub(crate) struct Metrics {
     rounds: AtomicU64,
     runs: Mutex<BTreeMap<String, u64>>,
     errors: Mutex<BTreeMap<String, u64>>,
+    /// In front of an upstream: its requests in flight, and the bound.
+    upstream: std::sync::OnceLock<(std::sync::Arc<std::sync::atomic::AtomicUsize>, usize)>,
 }
 
 impl Metrics {
@@ -38,6 +40,23 @@ impl Metrics {
     /// Completions decoding together in the engine's current step.
     pub(crate) fn batch(&self, n: usize) {
         self.batch.store(n as u64, Ordering::Relaxed);
+    }
+
+    /// A chat completion failed (an upstream's failures keep their
+    /// classification: quota, transient, unavailable).
+    pub(crate) fn error(&self, classification: &str) {
+        if let Ok(mut m) = self.errors.lock() {
+            *m.entry(classification.to_owned()).or_default() += 1;
+        }
+    }
+
+    /// Reports the upstream's requests in flight (`in_flight`) under `max`.
+    pub(crate) fn upstream(
+        &self,
+        in_flight: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+        max: usize,
+    ) {
+        let _ = self.upstream.set((in_flight, max));
     }
 
     pub(crate) fn research(&self, d: &Done) {
@@ -78,6 +97,13 @@ impl Metrics {
         s.push_str(&format!(
             "agentd_queue_depth {queue_depth}\nagentd_queue_capacity {queue_capacity}\n"
         ));
+        if let Some((n, max)) = self.upstream.get() {
+            s.push_str("# HELP agentd_upstream_in_flight Requests in flight to the upstream engine (at most agentd_upstream_concurrency).\n# TYPE agentd_upstream_in_flight gauge\n");
+            s.push_str(&format!(
+                "agentd_upstream_in_flight {}\nagentd_upstream_concurrency {max}\n",
+                n.load(Ordering::Relaxed)
+            ));
+        }
         s.push_str("# HELP agentd_research_rounds_total Tool research rounds run.\n# TYPE agentd_research_rounds_total counter\n");
         s.push_str(&format!(
             "agentd_research_rounds_total {}\n",

@@ -14,6 +14,12 @@
 //! `ollama` (Ollama's `/api/…`, also on a tokenless loopback listener with
 //! `--ollama`) and `anthropic` (`/v1/messages`); both translate into the
 //! chat completions request and back.
+//!
+//! With `--provider openai` generation moves to an upstream engine
+//! (llama-server, vLLM): no engine thread and no model loaded; the worker
+//! is a dispatcher (`worker::Worker::start_upstream`) and the forwarding,
+//! probes and in-flight bound live in `provider::upstream`. Everything
+//! else (state, tools, budgets, chats, the page) stays here.
 
 mod anthropic;
 mod chat;
@@ -49,6 +55,8 @@ pub(crate) struct ServeArgs {
     pub(crate) ollama: Option<String>,
     /// Origins granted CORS on the Ollama listener.
     pub(crate) allow_origin: Vec<String>,
+    /// Seconds to wait for the upstream at start-up (`--provider openai`).
+    pub(crate) wait_upstream: Option<u64>,
 }
 
 /// The address of the tokenless `--ollama` listener: loopback only (a bare
@@ -138,8 +146,11 @@ fn card(local: &crate::provider::local::Local) -> shared::Card {
 }
 
 pub(crate) fn run(a: ServeArgs) -> Result<()> {
-    if a.engine.provider != "local" {
-        bail!("agentd serve runs the local engine; --provider {} is for `ask`", a.engine.provider);
+    match a.engine.provider.as_str() {
+        "local" | "openai" | "scripted" => {}
+        other => bail!(
+            "unknown provider {other:?}: agentd serve runs local, openai (an upstream) or scripted (tests)"
+        ),
     }
     let socket = a.socket.clone().unwrap_or_else(crate::state::home::default_socket);
     // A live daemon on the socket: refuse. A stale file: replace it.
@@ -177,34 +188,132 @@ pub(crate) fn run(a: ServeArgs) -> Result<()> {
     }
     let policies = Policies::load(&store)?;
     drop(store);
-    let local = crate::provider::local::Local::load(
-        &a.engine,
-        a.engine.tool_format.as_deref(),
-        Some(policies.get(policy::CONTEXT) as usize),
-    )?;
-    let model = local.resolved.name.clone();
-    let card = card(&local);
-    let context = local.engine.info().context;
     let metrics = Arc::new(metrics::Metrics::default());
-    let mut config = RunConfig {
-        engine: a.engine,
-        corpus: a.corpus,
-        notes: a.notes,
-        mcp: crate::tools::mcp::files(&a.mcp),
-        servers: None,
-    };
-    // The daemon's MCP servers, started once for all its runs (and again
-    // when the daemon restarts).
-    config.start_servers(&policies)?;
     let capacity = policies.get(policy::QUEUE) as usize;
     let body_limit = policies.get(policy::BODY_LIMIT) as usize;
-    let worker = worker::Worker::start(
-        worker::Setup { local, policies, metrics: Arc::clone(&metrics), config },
-        capacity,
-    );
-    let state = shared::State::new(worker, metrics, model, card, context, body_limit);
+    let state = if a.engine.provider == "scripted" {
+        // Tests: research runs replay the script (each run from its start);
+        // a script that does not load stops start-up here.
+        crate::provider::build::build(&a.engine, &policies)?;
+        let gate = crate::provider::upstream::Gate::new(1);
+        let mut config = RunConfig {
+            engine: a.engine,
+            corpus: a.corpus,
+            notes: a.notes,
+            mcp: crate::tools::mcp::files(&a.mcp),
+            servers: None,
+        };
+        // The daemon's MCP servers, started once for all its runs (and
+        // again when the daemon restarts).
+        config.start_servers(&policies)?;
+        let context = policies.get(policy::CONTEXT) as usize;
+        let worker = worker::Worker::start_upstream(
+            None,
+            gate,
+            policies,
+            Arc::clone(&metrics),
+            config,
+            capacity,
+        );
+        shared::State::new(
+            worker,
+            metrics,
+            "scripted".into(),
+            shared::Card::default(),
+            context,
+            body_limit,
+        )
+    } else if a.engine.provider == "openai" {
+        let upstream = crate::provider::build::openai(&a.engine, &policies)?;
+        let probe = wait_for(&upstream, a.wait_upstream)?;
+        let gate = crate::provider::upstream::Gate::new(
+            policies.get(policy::UPSTREAM_CONCURRENCY) as usize
+        );
+        metrics.upstream(
+            Arc::clone(&gate.in_flight),
+            policies.get(policy::UPSTREAM_CONCURRENCY) as usize,
+        );
+        let model = a.engine.model.clone().unwrap_or_else(|| "default".into());
+        let context = policies.get(policy::CONTEXT) as usize;
+        let mut config = RunConfig {
+            engine: a.engine,
+            corpus: a.corpus,
+            notes: a.notes,
+            mcp: crate::tools::mcp::files(&a.mcp),
+            servers: None,
+        };
+        // The daemon's MCP servers, started once for all its runs (and
+        // again when the daemon restarts).
+        config.start_servers(&policies)?;
+        let worker = worker::Worker::start_upstream(
+            Some(upstream.clone()),
+            gate,
+            policies,
+            Arc::clone(&metrics),
+            config,
+            capacity,
+        );
+        let mut st = shared::State::new(
+            worker,
+            metrics,
+            model,
+            shared::Card::default(),
+            context,
+            body_limit,
+        );
+        st.upstream = Some(shared::Upstream { provider: upstream, models: probe.models });
+        st
+    } else {
+        let local = crate::provider::local::Local::load(
+            &a.engine,
+            a.engine.tool_format.as_deref(),
+            Some(policies.get(policy::CONTEXT) as usize),
+        )?;
+        let model = local.resolved.name.clone();
+        let card = card(&local);
+        let context = local.engine.info().context;
+        let mut config = RunConfig {
+            engine: a.engine,
+            corpus: a.corpus,
+            notes: a.notes,
+            mcp: crate::tools::mcp::files(&a.mcp),
+            servers: None,
+        };
+        // The daemon's MCP servers, started once for all its runs (and
+        // again when the daemon restarts).
+        config.start_servers(&policies)?;
+        let worker = worker::Worker::start(
+            worker::Setup { local, policies, metrics: Arc::clone(&metrics), config },
+            capacity,
+        );
+        shared::State::new(worker, metrics, model, card, context, body_limit)
+    };
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let listeners =
         http::Listeners { socket, listen: a.listen, token, ollama, allow_origin: a.allow_origin };
     rt.block_on(http::serve(state, listeners))
+}
+
+/// Probes the upstream until it answers (`--wait-upstream SECONDS`), or
+/// once; unreachable is a start-up error that says what to do.
+fn wait_for(
+    upstream: &crate::provider::openai::OpenAi,
+    wait: Option<u64>,
+) -> Result<crate::provider::upstream::Probe> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(wait.unwrap_or(0));
+    loop {
+        match upstream.probe(std::time::Duration::from_secs(5)) {
+            Ok(p) => return Ok(p),
+            Err(e) if std::time::Instant::now() < deadline => {
+                if std::env::var_os("AGENTD_VERBOSE").is_some() {
+                    eprintln!("agentd serve: waiting for the upstream: {e}");
+                }
+                std::thread::sleep(std::time::Duration::from_millis(250));
+            }
+            Err(e) => bail!(
+                "cannot reach the upstream at {} ({e}); start it first, check --base-url, or pass --wait-upstream SECONDS to wait for it",
+                upstream.base_url()
+            ),
+        }
+    }
 }

@@ -53,6 +53,16 @@ pub(crate) struct State {
     /// Cancel flags of replies in flight (by run id, or a request id).
     pub(crate) inflight: Arc<Mutex<HashMap<String, Arc<AtomicBool>>>>,
     pub(crate) started: Instant,
+    /// In front of an upstream engine: it, and the models it listed at
+    /// start-up.
+    pub(crate) upstream: Option<Upstream>,
+}
+
+/// The upstream engine generation runs on (`serve --provider openai`).
+#[derive(Debug, Clone)]
+pub(crate) struct Upstream {
+    pub(crate) provider: crate::provider::openai::OpenAi,
+    pub(crate) models: Vec<String>,
 }
 
 impl State {
@@ -73,6 +83,7 @@ impl State {
             body_limit,
             inflight: Arc::default(),
             started: Instant::now(),
+            upstream: None,
         }
     }
 

@@ -9,11 +9,20 @@
 //! `server/decode-batch` at once, in queue order; its model turns come back
 //! to this queue as completions through [`EngineLink`] and join the batch
 //! like any other, ahead of the capacity check (the run was admitted).
+//!
+//! In front of an upstream engine (`serve --provider openai`) there is no
+//! engine thread: a dispatcher thread (`serve_upstream`) starts each chat
+//! completion on a thread of its own as soon as the upstream gate
+//! (`server/upstream-concurrency`) has a place, queue order kept, and each
+//! research run on its own thread with the `openai` provider exactly as
+//! `ask` builds it, its attempts holding places in the same gate.
 
 use crate::events::Ev;
 use crate::provider::local::{
     admit_turn, turn_finish, turn_params, ChatOutput, ChatParams, ChatRun, ChatStep, Local,
 };
+use crate::provider::openai::OpenAi;
+use crate::provider::upstream::Gate;
 use crate::provider::{
     fold_event, Provider, ProviderError, Refused, TurnEvent, TurnReply, TurnRequest,
 };
@@ -138,6 +147,39 @@ impl Worker {
         Ok(())
     }
 
+    /// The dispatcher in front of an upstream engine (no engine thread):
+    /// chat completions go upstream through `gate`, research runs use
+    /// `upstream` as their provider. Without one (`--provider scripted`,
+    /// for tests) each run builds its provider from the daemon's ENGINE
+    /// options and chat completions are refused.
+    pub(crate) fn start_upstream(
+        upstream: Option<OpenAi>,
+        gate: Arc<Gate>,
+        policies: Policies,
+        metrics: Arc<super::metrics::Metrics>,
+        config: RunConfig,
+        capacity: usize,
+    ) -> Worker {
+        let (tx, rx) = channel::<(Job, bool)>();
+        let worker = Worker { tx, depth: Arc::new(AtomicUsize::new(0)), capacity };
+        let me = worker.clone();
+        let setup = RunSetup {
+            context: policies.get(policy::CONTEXT) as usize,
+            name: upstream.as_ref().map_or_else(|| "scripted".into(), |u| u.describe()),
+            sampling: Sampling::default(),
+            built: upstream.is_none(),
+            policies,
+            metrics,
+            config,
+            upstream: upstream.map(|u| u.with_gate(Arc::clone(&gate))),
+        };
+        std::thread::Builder::new()
+            .name("agentd-upstream".into())
+            .spawn(move || serve_upstream(&setup, &gate, &rx, &me))
+            .expect("spawning the upstream dispatcher");
+        worker
+    }
+
     /// A job of an admitted research run.
     fn internal(&self, job: Job) -> Result<(), ProviderError> {
         self.tx
@@ -155,6 +197,10 @@ struct RunSetup {
     context: usize,
     name: String,
     sampling: Sampling,
+    /// In front of an upstream: the provider every run uses.
+    upstream: Option<OpenAi>,
+    /// Each run builds its provider from `config.engine` (scripted).
+    built: bool,
 }
 
 /// The research loop's provider inside `serve`: each turn goes to the
@@ -327,6 +373,8 @@ fn serve_jobs(setup: &mut Setup, rx: &Receiver<(Job, bool)>, worker: &Worker) {
         context: setup.local.engine.info().context,
         name: setup.local.resolved.name.clone(),
         sampling: setup.local.sampling.clone(),
+        upstream: None,
+        built: false,
     };
     let mut active: Vec<Active> = Vec::new();
     // Completions waiting for room in the batch, and research jobs waiting
@@ -518,6 +566,88 @@ fn reload(setup: &mut Setup) -> Option<String> {
     }
 }
 
+/// The dispatcher in front of an upstream: chat completions start in
+/// queue order as the gate frees places, each on a thread of its own;
+/// research runs start up to the gate's size at once.
+fn serve_upstream(setup: &RunSetup, gate: &Arc<Gate>, rx: &Receiver<(Job, bool)>, worker: &Worker) {
+    let slots = (setup.policies.get(policy::UPSTREAM_CONCURRENCY) as usize).max(1);
+    let upstream = setup.upstream.clone();
+    let mut pending: VecDeque<(Job, bool)> = VecDeque::new();
+    let mut held: VecDeque<(Job, bool)> = VecDeque::new();
+    let mut research = 0usize;
+    loop {
+        let idle = pending.is_empty() && held.is_empty();
+        // Waiting for a place: look again soon (a place frees when a
+        // reply or a research turn ends).
+        let next = if idle {
+            rx.recv().map_err(|_| std::sync::mpsc::RecvTimeoutError::Disconnected)
+        } else {
+            rx.recv_timeout(std::time::Duration::from_millis(5))
+        };
+        match next {
+            Ok((Job::Count { tx, .. }, _)) => {
+                let _ = tx.send(Err(ProviderError::Failed("the upstream counts no tokens".into())));
+            }
+            Ok((Job::Finished, _)) => research = research.saturating_sub(1),
+            Ok(j @ (Job::Chat { .. }, _)) => pending.push_back(j),
+            Ok(j) => held.push_back(j),
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                if idle {
+                    return;
+                }
+            }
+        }
+        while research < slots {
+            let Some((job, external)) = held.pop_front() else { break };
+            if external {
+                worker.depth.fetch_sub(1, Ordering::Relaxed);
+            }
+            research += 1;
+            spawn_research(job, setup.clone(), worker.clone());
+        }
+        while !pending.is_empty() {
+            let Some(place) = gate.try_acquire() else { break };
+            let Some((job, external)) = pending.pop_front() else { break };
+            if external {
+                worker.depth.fetch_sub(1, Ordering::Relaxed);
+            }
+            let Job::Chat { messages, tools, params, cancel, tx } = job else { continue };
+            let Some(up) = upstream.clone() else {
+                let _ = tx.send(ChatMsg::Done(Err(ProviderError::Failed(
+                    "--provider scripted serves /v1/research only; chat completions need --provider local or openai".into(),
+                ))));
+                continue;
+            };
+            let metrics = Arc::clone(&setup.metrics);
+            let spawned =
+                std::thread::Builder::new().name("agentd-forward".into()).spawn(move || {
+                    let _place = place;
+                    let started = std::time::Instant::now();
+                    let r = catch_unwind(AssertUnwindSafe(|| {
+                        up.forward(&messages, &tools, &params, &cancel, &mut |e| {
+                            if tx.send(ChatMsg::Event(e)).is_err() {
+                                // The client went away: close the upstream stream.
+                                cancel.store(true, Ordering::Relaxed);
+                            }
+                        })
+                    }))
+                    .unwrap_or_else(|_| {
+                        Err(ProviderError::Failed("internal error while forwarding".into()))
+                    });
+                    match &r {
+                        Ok(o) => metrics.tokens(o.completion_tokens, started.elapsed()),
+                        Err(e) => metrics.error(e.code().1),
+                    }
+                    let _ = tx.send(ChatMsg::Done(r));
+                });
+            if let Err(e) = spawned {
+                eprintln!("agentd serve: cannot start a forwarding thread: {e}");
+            }
+        }
+    }
+}
+
 /// Frees the research slot when the thread ends, however it ends.
 struct SlotGuard(Worker);
 
@@ -559,12 +689,21 @@ fn research_job(job: Job, setup: &RunSetup, worker: Worker) {
             return;
         }
     };
-    let link = |cancel: &Arc<AtomicBool>| EngineLink {
-        worker: worker.clone(),
-        cancel: Arc::clone(cancel),
-        context: setup.context,
-        name: setup.name.clone(),
-        sampling: setup.sampling.clone(),
+    let link = |cancel: &Arc<AtomicBool>| -> Result<Box<dyn Provider>, String> {
+        if setup.built {
+            return crate::provider::build::build(&setup.config.engine, &setup.policies)
+                .map_err(|e| format!("{e:#}"));
+        }
+        Ok(match &setup.upstream {
+            Some(u) => Box::new(u.clone()),
+            None => Box::new(EngineLink {
+                worker: worker.clone(),
+                cancel: Arc::clone(cancel),
+                context: setup.context,
+                name: setup.name.clone(),
+                sampling: setup.sampling.clone(),
+            }),
+        })
     };
     match job {
         Job::Research { request, cancel, tx } => {
@@ -581,7 +720,13 @@ fn research_job(job: Job, setup: &RunSetup, worker: Worker) {
                 let cur = policies.get(policy::ROUNDS);
                 policies.values.insert(policy::ROUNDS.into(), cur.min(n as i64));
             }
-            let mut link = link(&cancel);
+            let mut link = match link(&cancel) {
+                Ok(l) => l,
+                Err(text) => {
+                    let _ = tx.send(Ev::Notice { kind: "error", text });
+                    return;
+                }
+            };
             let opts = RunOptions {
                 question: request.question,
                 chat_id: request.chat_id,
@@ -590,7 +735,7 @@ fn research_job(job: Job, setup: &RunSetup, worker: Worker) {
                 config: setup.config.clone(),
             };
             let done = crate::research::run(
-                &mut link,
+                link.as_mut(),
                 &mut host,
                 &store,
                 &policies,
@@ -605,15 +750,16 @@ fn research_job(job: Job, setup: &RunSetup, worker: Worker) {
             setup.metrics.research(&done);
         }
         Job::Resume { run_id, cancel, tx, err } => {
-            match crate::research::resume_with(
-                &store,
-                &run_id,
-                &mut link(&cancel),
-                &cancel,
-                &mut |e| {
-                    let _ = tx.send(e.clone());
-                },
-            ) {
+            let mut link = match link(&cancel) {
+                Ok(l) => l,
+                Err(text) => {
+                    let _ = err.send(text);
+                    return;
+                }
+            };
+            match crate::research::resume_with(&store, &run_id, link.as_mut(), &cancel, &mut |e| {
+                let _ = tx.send(e.clone());
+            }) {
                 Ok(done) => setup.metrics.research(&done),
                 Err(e) => {
                     let _ = err.send(format!("{e:#}"));

@@ -102,6 +102,7 @@ pub(crate) const TURN_TOKENS: &str = "prompts/turn-output-tokens";
 pub(crate) const QUEUE: &str = "server/request-queue-capacity";
 pub(crate) const BODY_LIMIT: &str = "server/request-body-limit";
 pub(crate) const DECODE_BATCH: &str = "server/decode-batch";
+pub(crate) const UPSTREAM_CONCURRENCY: &str = "server/upstream-concurrency";
 
 /// Tokens a section worker's request needs besides its section and reply
 /// (instructions, question, focus), for the composition check.
@@ -170,6 +171,9 @@ fn server() -> Vec<Policy> {
         p(BODY_LIMIT, o, v, Unit::Bytes, 4 << 20, 256 << 20, None),
         // Chat completions decoding together (one batched pass per token).
         p(DECODE_BATCH, o, v, Unit::Requests, 8, 64, None),
+        // Requests in flight to an upstream engine (`serve --provider
+        // openai`): sized for a batching server; more wait in the queue.
+        p(UPSTREAM_CONCURRENCY, o, v, Unit::Requests, 16, 1024, None),
     ]
 }
 

@@ -1,0 +1,341 @@
+//! `agentd serve --provider openai`: what the daemon needs of an upstream
+//! OpenAI-compatible engine (llama-server, vLLM) beside the research turns
+//! of [`OpenAi`]: a client's chat completion forwarded and streamed back
+//! through toolparse (`forward`), whether the upstream answers and what it
+//! serves (`probe`), and the bound on requests in flight to it (`Gate`),
+//! which the server owns (policy `server/upstream-concurrency`).
+//!
+//! Guarantees kept on the way back, whatever the upstream does: call markup
+//! left in `content` is parsed (tools offered) or stripped (none offered,
+//! `tool_choice: none`) by the model's format; structured `tool_calls` are
+//! handed over only when tools were offered and only whole (a call cut off
+//! by `length` or by the stream breaking is dropped); a stream that stops
+//! without finishing is an error, never a reply.
+
+use super::local::{ChatOutput, ChatParams};
+use super::openai::{wire_message, wire_tool, Attempt, OpenAi};
+use super::{tool_specs, ProviderError};
+use inference::Finish;
+use prompts::{Message, ToolDef};
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+use toolparse::{Event, FinishReason, Mode, Options, Parser, ToolCall};
+
+/// A bound on requests in flight to the upstream.
+#[derive(Debug)]
+pub(crate) struct Gate {
+    max: usize,
+    used: Mutex<usize>,
+    freed: Condvar,
+    /// Places held now (for `/metrics`).
+    pub(crate) in_flight: Arc<AtomicUsize>,
+}
+
+/// A place in the gate, given back when dropped.
+#[derive(Debug)]
+pub(crate) struct Place(Arc<Gate>);
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        if let Ok(mut n) = self.0.used.lock() {
+            *n = n.saturating_sub(1);
+            self.0.in_flight.store(*n, Ordering::Relaxed);
+        }
+        self.0.freed.notify_one();
+    }
+}
+
+impl Gate {
+    pub(crate) fn new(max: usize) -> Arc<Gate> {
+        Arc::new(Gate {
+            max: max.max(1),
+            used: Mutex::new(0),
+            freed: Condvar::new(),
+            in_flight: Arc::default(),
+        })
+    }
+
+    /// A place now, or `None` when all are taken.
+    pub(crate) fn try_acquire(self: &Arc<Self>) -> Option<Place> {
+        let mut n = self.used.lock().ok()?;
+        if *n >= self.max {
+            return None;
+        }
+        *n += 1;
+        self.in_flight.store(*n, Ordering::Relaxed);
+        Some(Place(Arc::clone(self)))
+    }
+
+    /// A place, waiting for one (an admitted research run's turn).
+    pub(crate) fn acquire(self: &Arc<Self>) -> Place {
+        let mut n = match self.used.lock() {
+            Ok(n) => n,
+            Err(p) => p.into_inner(),
+        };
+        while *n >= self.max {
+            n = match self.freed.wait(n) {
+                Ok(n) => n,
+                Err(p) => p.into_inner(),
+            };
+        }
+        *n += 1;
+        self.in_flight.store(*n, Ordering::Relaxed);
+        Place(Arc::clone(self))
+    }
+}
+
+/// What a probe of the upstream found.
+#[derive(Debug, Clone)]
+pub(crate) struct Probe {
+    /// The model ids `GET /models` lists.
+    pub(crate) models: Vec<String>,
+}
+
+impl OpenAi {
+    /// Asks the upstream what it serves (`GET {base}/models`), within
+    /// `timeout`. An error says why it is not usable.
+    pub(crate) fn probe(&self, timeout: Duration) -> Result<Probe, String> {
+        let url = format!("{}/models", self.base);
+        let mut r = self.agent.get(&url).timeout(timeout);
+        if let Some(k) = &self.api_key {
+            r = r.set("Authorization", &format!("Bearer {k}"));
+        }
+        match r.call() {
+            Ok(resp) => {
+                let v: Value =
+                    resp.into_json().map_err(|e| format!("GET {url} did not answer JSON: {e}"))?;
+                let models = v["data"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|m| m["id"].as_str().map(str::to_owned))
+                    .collect();
+                Ok(Probe { models })
+            }
+            Err(ureq::Error::Status(code, _)) => Err(format!("GET {url} answered HTTP {code}")),
+            Err(ureq::Error::Transport(t)) => Err(format!("GET {url}: {t}")),
+        }
+    }
+
+    fn chat_body(&self, messages: &[Message], tools: &[ToolDef], p: &ChatParams) -> Value {
+        let messages: Vec<Value> = messages.iter().map(wire_message).collect();
+        let mut b = json!({"model": self.model, "messages": messages, "stream": true,
+            "stream_options": {"include_usage": true}, "max_tokens": p.max_tokens,
+            "temperature": p.sampling.temperature, "top_p": p.sampling.top_p, "seed": p.sampling.seed});
+        if !p.stop.is_empty() {
+            b["stop"] = json!(p.stop);
+        }
+        if p.mode == Mode::Tools && !tools.is_empty() {
+            b["tools"] = Value::Array(tools.iter().map(wire_tool).collect());
+        }
+        b
+    }
+
+    /// Forwards a client's chat completion and streams the upstream's reply
+    /// back as toolparse events through `on`, as the local engine would.
+    /// Transient failures before anything streamed are retried (bounded
+    /// backoff); `cancel` (the client went away) closes the upstream stream.
+    pub(crate) fn forward(
+        &self,
+        messages: &[Message],
+        tools: &[ToolDef],
+        params: &ChatParams,
+        cancel: &AtomicBool,
+        on: &mut dyn FnMut(Event),
+    ) -> Result<ChatOutput, ProviderError> {
+        let body = self.chat_body(messages, tools, params).to_string();
+        let mut last = String::new();
+        for k in 0..=self.retry.retries {
+            if cancel.load(Ordering::Relaxed) {
+                return Ok(ChatOutput::cancelled());
+            }
+            let mut streamed = false;
+            let got = self.forward_once(&body, tools, params, cancel, &mut |e| {
+                streamed = true;
+                on(e)
+            });
+            match got {
+                Ok(o) => return Ok(o),
+                Err(Attempt::Transient(m)) if streamed => {
+                    return Err(ProviderError::Transient(format!(
+                        "{m} (after part of the reply had streamed; not retried)"
+                    )))
+                }
+                Err(Attempt::Transient(m)) => {
+                    last = m;
+                    if k < self.retry.retries {
+                        let wait = self.retry.backoff.saturating_mul(1 << k.min(6));
+                        std::thread::sleep(wait.min(Duration::from_secs(8)));
+                    }
+                }
+                Err(Attempt::Quota(m)) => return Err(ProviderError::Quota(m)),
+                Err(Attempt::Unavailable(m)) => return Err(ProviderError::Unavailable(m)),
+                Err(Attempt::Context) => return Err(ProviderError::Failed(
+                    "the upstream says the prompt does not fit its context; shorten the messages"
+                        .into(),
+                )),
+                Err(Attempt::Failed(m)) => return Err(ProviderError::Failed(m)),
+            }
+        }
+        Err(ProviderError::Transient(last))
+    }
+
+    fn forward_once(
+        &self,
+        body: &str,
+        tools: &[ToolDef],
+        params: &ChatParams,
+        cancel: &AtomicBool,
+        on: &mut dyn FnMut(Event),
+    ) -> Result<ChatOutput, Attempt> {
+        let resp = self.post(body)?;
+        let mode = if tools.is_empty() { Mode::Suppress } else { params.mode };
+        let mut parser = Parser::new(
+            self.format,
+            Options { tools: tool_specs(tools), mode, ..Options::default() },
+        );
+        let mut structured: BTreeMap<u64, (String, String, String)> = BTreeMap::new();
+        let (mut finish_reason, mut ended, mut cancelled) = (String::new(), false, false);
+        let (mut prompt_tokens, mut completion_tokens, mut chunks) = (0usize, None, 0usize);
+        let mut index = 0usize;
+        let reader = BufReader::new(resp.into_reader());
+        for line in reader.lines() {
+            if cancel.load(Ordering::Relaxed) {
+                // Dropping the reader closes the connection: the upstream
+                // stops generating.
+                cancelled = true;
+                break;
+            }
+            let line =
+                line.map_err(|e| Attempt::Transient(format!("the upstream stream broke: {e}")))?;
+            let Some(data) = line.strip_prefix("data:") else { continue };
+            let data = data.trim();
+            if data == "[DONE]" {
+                ended = true;
+                break;
+            }
+            let Ok(v) = serde_json::from_str::<Value>(data) else { continue };
+            if let Some(err) = v.get("error") {
+                return Err(Attempt::Failed(format!(
+                    "the upstream reported an error mid-stream: {err}"
+                )));
+            }
+            if let Some(u) = v.get("usage").filter(|u| u.is_object()) {
+                prompt_tokens = u["prompt_tokens"].as_u64().unwrap_or(0) as usize;
+                completion_tokens = u["completion_tokens"].as_u64().map(|n| n as usize);
+            }
+            let Some(choice) = v["choices"].get(0) else { continue };
+            let delta = &choice["delta"];
+            if let Some(r) = delta
+                .get("reasoning_content")
+                .or_else(|| delta.get("reasoning"))
+                .and_then(Value::as_str)
+                .filter(|r| !r.is_empty())
+            {
+                on(Event::Reasoning(r.to_owned()));
+            }
+            if let Some(c) = delta["content"].as_str().filter(|c| !c.is_empty()) {
+                chunks += 1;
+                for e in parser.push(c) {
+                    index = index.max(event_index(&e) + 1);
+                    on(e);
+                }
+            }
+            for tc in delta["tool_calls"].as_array().into_iter().flatten() {
+                let idx = tc["index"].as_u64().unwrap_or(structured.len() as u64);
+                let slot = structured.entry(idx).or_default();
+                if let Some(id) = tc["id"].as_str() {
+                    slot.0 = id.to_owned();
+                }
+                if let Some(n) = tc["function"]["name"].as_str() {
+                    slot.1.push_str(n);
+                }
+                if let Some(a) = tc["function"]["arguments"].as_str() {
+                    slot.2.push_str(a);
+                }
+            }
+            if let Some(f) = choice["finish_reason"].as_str() {
+                finish_reason = f.to_owned();
+                ended = true;
+            }
+        }
+        if cancelled {
+            return Ok(ChatOutput {
+                finish: Finish::Cancelled,
+                ..out(prompt_tokens, chunks, None)
+            });
+        }
+        if !ended {
+            // Whatever call was under way is never handed over.
+            return Err(Attempt::Transient(
+                "the upstream closed the stream before the reply finished".into(),
+            ));
+        }
+        let length = finish_reason == "length";
+        for e in parser.finish(if length { FinishReason::Length } else { FinishReason::Stop }) {
+            index = index.max(event_index(&e) + 1);
+            on(e);
+        }
+        for (_, (id, name, args)) in structured {
+            if name.is_empty() {
+                continue;
+            }
+            let args = if args.trim().is_empty() { "{}".to_owned() } else { args };
+            let arguments = match serde_json::from_str::<Value>(&args) {
+                Ok(v @ Value::Object(_)) => v.to_string(),
+                // Cut off (or not an object): never handed over.
+                _ => continue,
+            };
+            let call = ToolCall { id: (!id.is_empty()).then_some(id), name, arguments };
+            if mode == Mode::Tools {
+                on(Event::CallEnd { index, call });
+                index += 1;
+            } else {
+                on(Event::Discarded(call));
+            }
+        }
+        let mut o = out(prompt_tokens, chunks, completion_tokens);
+        o.finish = if length { Finish::Length } else { Finish::Stop };
+        Ok(o)
+    }
+}
+
+fn out(prompt_tokens: usize, chunks: usize, completion: Option<usize>) -> ChatOutput {
+    ChatOutput {
+        finish: Finish::Stop,
+        prompt_tokens,
+        completion_tokens: completion.unwrap_or(chunks),
+        reused_tokens: 0,
+    }
+}
+
+fn event_index(e: &Event) -> usize {
+    match e {
+        Event::CallStart { index, .. }
+        | Event::CallArgs { index, .. }
+        | Event::CallEnd { index, .. } => *index,
+        _ => 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_gate_holds_at_most_its_size_and_a_dropped_place_frees_one() {
+        let g = Gate::new(2);
+        let a = g.try_acquire().expect("first place");
+        let _b = g.try_acquire().expect("second place");
+        assert!(g.try_acquire().is_none(), "a third is over the bound");
+        assert_eq!(g.in_flight.load(Ordering::Relaxed), 2);
+        drop(a);
+        assert_eq!(g.in_flight.load(Ordering::Relaxed), 1);
+        let _c = g.acquire();
+        assert!(g.try_acquire().is_none());
+    }
+}
