@@ -8,9 +8,13 @@
 # - The CUDA 13 wheels: the `-cu12` nvcc wheels hold only `ptxas`, not `nvcc` itself.
 # - 13.4, not newer: cudarc 0.19 (candle 0.11's CUDA bindings) refuses CUDA 13.5 at build time
 #   ("Unsupported cuda toolkit version").
-# - nvcc, crt (the compiler's headers), nvvm (cicc, the device compiler) and the runtime
-#   headers are the least that compiles candle's kernels to PTX. cuBLAS, cuRAND and NVRTC are
+# - nvcc, crt (the compiler's headers), nvvm (cicc, the device compiler), the runtime
+#   headers and cccl (below) are the least that compiles candle's kernels. cuBLAS, cuRAND, NVRTC are
 #   loaded by cudarc only at run time, so only `cuda_toolkit runtime` (a GPU run) adds them.
+# - cccl: the runtime wheel's cuda_fp16.h includes <nv/target>, which is CCCL's (libcu++) and
+#   ships in its own wheel; without it nvcc stops at candle's first kernel ("fatal error:
+#   nv/target: No such file or directory"). PyPI has no 13.4 cccl wheel; 13.3.5.0.6, the
+#   newest, is header-only and compiles candle's kernels with nvcc 13.4.
 # The toolkit lands under the venv's site-packages/nvidia/cu13.
 #
 # A toolkit already on the machine (nvcc on PATH, or CUDA_ROOT set) is used as it is.
@@ -20,6 +24,7 @@ cuda_toolkit_pins=(
     "nvidia-cuda-crt==13.4.*"
     "nvidia-nvvm==13.4.*"
     "nvidia-cuda-runtime==13.4.*"
+    "nvidia-cuda-cccl==13.3.5.0.6"
 )
 cuda_runtime_pins=(
     "nvidia-cublas==13.4.*"
