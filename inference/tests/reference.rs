@@ -296,14 +296,18 @@ fn a_continued_conversation_matches_a_fresh_session() {
 /// 0.01) may flip; a wrong forward pass would be off by whole units. So at
 /// every step llama.cpp's token must be candle's argmax or within 0.5 of
 /// it, and nearly all steps must agree exactly.
+///
+/// `AGENTD_TEST_DEVICE` picks the candle device (default `candle-cpu`;
+/// `scripts/gpu-check.sh` sets `cuda` to hold the GPU to the same bound).
 #[test]
 fn the_candle_path_follows_llama_cpp_within_rounding() {
     let Some(path) = model() else { return };
-    let engine = Engine::load(
-        &path,
-        &EngineOptions { device: inference::Device::CandleCpu, ..Default::default() },
-    )
-    .expect("model loads on the candle path");
+    let device: inference::Device = std::env::var("AGENTD_TEST_DEVICE")
+        .unwrap_or_else(|_| "candle-cpu".into())
+        .parse()
+        .expect("AGENTD_TEST_DEVICE is a device: candle-cpu, cuda, cuda:N or metal");
+    let engine = Engine::load(&path, &EngineOptions { device, ..Default::default() })
+        .unwrap_or_else(|e| panic!("model loads on the candle path ({device}): {e}"));
     let (mut steps, mut exact, mut worst) = (0, 0, 0f32);
     for case in lines("smollm2-greedy.jsonl") {
         let prompt = ids(&case["prompt_ids"]);
@@ -325,7 +329,7 @@ fn the_candle_path_follows_llama_cpp_within_rounding() {
             engine.eval(&mut s, &[w]).expect("token runs");
         }
     }
-    eprintln!("candle path: {exact}/{steps} steps argmax-equal to llama.cpp, worst gap {worst}");
+    eprintln!("candle path ({device}): {exact}/{steps} steps argmax-equal to llama.cpp, worst gap {worst}");
     assert!(exact * 10 >= steps * 9, "only {exact} of {steps} steps agree exactly");
 }
 
