@@ -355,6 +355,11 @@ impl<M: Machine> Drive for Driver<M> {
                         self.machine.overflow(text, &mut self.cx);
                         pos = wend;
                         chain.0.clear();
+                        if window.is_empty() {
+                            // Nothing left to drop: stepping again would
+                            // only go round the same circle.
+                            break;
+                        }
                     }
                 }
                 Step::Wait => {
