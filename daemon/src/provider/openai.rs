@@ -32,6 +32,17 @@ pub(crate) struct Retry {
 }
 
 impl Retry {
+    /// Waits before retry `k + 1` (doubling backoff, at most 8 s); no wait
+    /// after the last attempt.
+    pub(super) fn pause(&self, k: u32) {
+        if k < self.retries {
+            let wait = self.backoff.saturating_mul(1 << k.min(6));
+            std::thread::sleep(wait.min(Duration::from_secs(8)));
+        }
+    }
+}
+
+impl Retry {
     /// The retry settings of the provider layer's policies.
     pub(crate) fn from_policies(p: &Policies) -> Retry {
         Retry {
@@ -265,6 +276,30 @@ pub(super) enum Attempt {
     Failed(String),
 }
 
+impl Attempt {
+    /// What a failed attempt means to the retry loop (the one retry policy
+    /// of research turns and forwarded chat completions): the message of a
+    /// transient failure, to retry; else the error to return. A failure
+    /// after part of the reply streamed is never retried (the text would
+    /// repeat); `context` is the error for a prompt the upstream cannot fit.
+    pub(super) fn settle(
+        self,
+        streamed: bool,
+        context: impl FnOnce() -> ProviderError,
+    ) -> Result<String, ProviderError> {
+        match self {
+            Attempt::Transient(m) if streamed => Err(ProviderError::Transient(format!(
+                "{m} (after part of the reply had streamed; not retried)"
+            ))),
+            Attempt::Transient(m) => Ok(m),
+            Attempt::Quota(m) => Err(ProviderError::Quota(m)),
+            Attempt::Unavailable(m) => Err(ProviderError::Unavailable(m)),
+            Attempt::Context => Err(context()),
+            Attempt::Failed(m) => Err(ProviderError::Failed(m)),
+        }
+    }
+}
+
 pub(super) fn classify_status(code: u16, body: &str) -> Attempt {
     let snippet: String = body.chars().take(300).collect();
     let lower = body.to_ascii_lowercase();
@@ -358,22 +393,10 @@ impl Provider for OpenAi {
             drop(_place);
             match outcome {
                 Ok(r) => return Ok(r),
-                Err(Attempt::Transient(m)) if streamed => {
-                    return Err(ProviderError::Transient(format!(
-                        "{m} (after part of the reply had streamed; not retried)"
-                    )))
+                Err(a) => {
+                    last = a.settle(streamed, || ProviderError::Context { need: 0, limit: 0 })?;
+                    self.retry.pause(k);
                 }
-                Err(Attempt::Transient(m)) => {
-                    last = m;
-                    if k < self.retry.retries {
-                        let wait = self.retry.backoff.saturating_mul(1 << k.min(6));
-                        std::thread::sleep(wait.min(Duration::from_secs(8)));
-                    }
-                }
-                Err(Attempt::Quota(m)) => return Err(ProviderError::Quota(m)),
-                Err(Attempt::Unavailable(m)) => return Err(ProviderError::Unavailable(m)),
-                Err(Attempt::Context) => return Err(ProviderError::Context { need: 0, limit: 0 }),
-                Err(Attempt::Failed(m)) => return Err(ProviderError::Failed(m)),
             }
         }
         Err(ProviderError::Transient(last))

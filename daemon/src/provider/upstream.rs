@@ -160,25 +160,15 @@ impl OpenAi {
             });
             match got {
                 Ok(o) => return Ok(o),
-                Err(Attempt::Transient(m)) if streamed => {
-                    return Err(ProviderError::Transient(format!(
-                        "{m} (after part of the reply had streamed; not retried)"
-                    )))
+                Err(a) => {
+                    last = a.settle(streamed, || {
+                        ProviderError::Failed(
+                            "the upstream says the prompt does not fit its context; shorten the messages"
+                                .into(),
+                        )
+                    })?;
+                    self.retry.pause(k);
                 }
-                Err(Attempt::Transient(m)) => {
-                    last = m;
-                    if k < self.retry.retries {
-                        let wait = self.retry.backoff.saturating_mul(1 << k.min(6));
-                        std::thread::sleep(wait.min(Duration::from_secs(8)));
-                    }
-                }
-                Err(Attempt::Quota(m)) => return Err(ProviderError::Quota(m)),
-                Err(Attempt::Unavailable(m)) => return Err(ProviderError::Unavailable(m)),
-                Err(Attempt::Context) => return Err(ProviderError::Failed(
-                    "the upstream says the prompt does not fit its context; shorten the messages"
-                        .into(),
-                )),
-                Err(Attempt::Failed(m)) => return Err(ProviderError::Failed(m)),
             }
         }
         Err(ProviderError::Transient(last))
