@@ -14,6 +14,7 @@ started=$SECONDS
 step "test dependencies (cached under target/)"
 # shellcheck source=scripts/test-deps.sh
 . scripts/test-deps.sh
+deps_disk
 deps_python
 deps_npm
 deps_debian

@@ -25,6 +25,18 @@ deps_die() {
 # sha256 of the files given, as one line (a cache stamp).
 deps_stamp() { cat "$@" | sha256sum | cut -d' ' -f1; }
 
+# The suite needs room for the release and test builds (~11 GB under target/), the venv,
+# npm packages, native llama.cpp and the model files: stop early with the real reason rather
+# than fail halfway with a misleading error from pip or cargo.
+deps_disk() {
+    local need_gb="${AGENTD_TEST_DISK_GB:-16}" have_kb
+    mkdir -p target
+    have_kb="$(df -Pk target | awk 'NR == 2 { print $4 }')"
+    if [ -n "$have_kb" ] && [ "$have_kb" -lt $((need_gb * 1024 * 1024)) ]; then
+        deps_die "only $((have_kb / 1024)) MB free under $PWD/target; the suite needs about ${need_gb} GB (free some space, or set AGENTD_TEST_DISK_GB to override)"
+    fi
+}
+
 deps_python() {
     local venv="$PWD/target/test-venv" req="tests/deps/requirements.txt" want
     want="$(deps_stamp "$req")"
@@ -34,7 +46,7 @@ deps_python() {
         python3 -m venv --clear "$venv" ||
             deps_die "python3 -m venv failed; on Debian install python3-venv (sudo apt-get install python3-venv)"
         "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps -r "$req" ||
-            deps_die "pip could not install $req into $venv (is PyPI reachable?)"
+            deps_die "pip could not install $req into $venv (is PyPI reachable, and is there disk space? see the pip error above)"
         echo "$want" >"$venv/.stamp"
     fi
     export AGENTD_TEST_PYTHON="$venv/bin/python"
