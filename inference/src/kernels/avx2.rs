@@ -366,9 +366,12 @@ thread_local! {
 
 /// [`B32`] on a product of many columns: each block of rows is decoded once
 /// (signed formats as value and magnitude, 32 bytes each, plus `d`, `m`)
-/// into scratch, then met by the columns eight at a time, their scales
-/// taken from the transposed `Acts::dt`/`st` eight at once. Same numbers as
-/// `B32::run` (the same lanes, the same fused multiply-adds per block).
+/// into scratch, then met by the columns eight at a time: each group of four
+/// weight values is broadcast against the same group of eight columns
+/// (`Acts::qi`), so lane j of accumulator g is column j's lane g of
+/// `B32::run`, and the scales come from the transposed `Acts::dt`/`st`
+/// eight at once with no shuffles. Same numbers as `B32::run` (the same
+/// lanes, the same fused multiply-adds per block, the same final sum).
 ///
 /// # Safety
 /// The CPU has avx2, fma and f16c (it is called from the AVX2 kernels);
@@ -406,6 +409,7 @@ unsafe fn b32_wide_in<const F: u8>(
     let dtw = n + 8;
     assert!(rows.end * w.row_bytes <= w.data.len() && w.row_bytes >= nb * bb);
     assert!(n * k <= acts.q.len() && nb * dtw <= acts.dt.len().min(acts.st.len()));
+    assert!(n.div_ceil(8) * nb * 256 <= acts.qi.len());
     // Per row and block: 32 bytes x, 32 bytes |x| (signed formats), then
     // d and m as f32 after all blocks.
     let per_block = if signed { 64 } else { 32 };
@@ -413,8 +417,9 @@ unsafe fn b32_wide_in<const F: u8>(
     {
         dec.resize(ROW_BLOCK * row_scratch + 32, 0);
         // SAFETY: every pointer below stays within `dec` (sized above), the
-        // rows (asserted), `acts.q` (n columns of k) and `acts.dt`/`st`
-        // (nb rows of n + 8, so a load of 8 from any column < n fits).
+        // rows (asserted), `acts.qi` (256 bytes per panel of eight columns
+        // and block, asserted) and `acts.dt`/`st` (nb rows of n + 8, so a
+        // load of 8 from any column < n fits).
         unsafe {
             let dp = dec.as_mut_ptr();
             for rb in rows.clone().step_by(ROW_BLOCK) {
@@ -457,60 +462,66 @@ unsafe fn b32_wide_in<const F: u8>(
                 let mut c = 0;
                 while c < n {
                     let m = (n - c).min(8);
+                    // This panel's values: block b, group g of four values,
+                    // eight columns (`Acts::qi`).
+                    let panel = acts.qi.as_ptr().add((c / 8) * nb * 256);
                     for r in rb..re {
                         let o = dp.add((r - rb) * row_scratch) as *const u8;
                         let scales = o.add(nb * per_block) as *const f32;
+                        // acc[g]: lane j is column c + j's lane g of ggml's
+                        // per-block product (the same four values), so each
+                        // lane meets the same fused multiply-adds as there.
                         let mut acc = [_mm256_setzero_ps(); 8];
                         let mut summs = _mm256_setzero_ps();
                         for b in 0..nb {
-                            let x = _mm256_loadu_si256(o.add(b * per_block) as *const __m256i);
-                            let ax = if signed {
-                                _mm256_loadu_si256(o.add(b * per_block + 32) as *const __m256i)
-                            } else {
-                                x
-                            };
+                            let xb = o.add(b * per_block);
                             let dw = scales.add(b).read_unaligned();
-                            // dw · da of the eight columns, each broadcast by a
-                            // shuffle within its 128-bit half.
                             let dv = _mm256_mul_ps(
                                 _mm256_set1_ps(dw),
                                 _mm256_loadu_ps(acts.dt.as_ptr().add(b * dtw + c)),
                             );
-                            let dlo = _mm256_permute2f128_ps::<0x00>(dv, dv);
-                            let dhi = _mm256_permute2f128_ps::<0x11>(dv, dv);
                             if !signed {
                                 let mw = scales.add(nb + b).read_unaligned();
                                 let sv = _mm256_loadu_ps(acts.st.as_ptr().add(b * dtw + c));
                                 summs = _mm256_fmadd_ps(_mm256_set1_ps(mw), sv, summs);
                             }
-                            macro_rules! col {
-                                ($j:literal, $half:ident, $imm:literal) => {
-                                    if $j < m {
-                                        let y = _mm256_loadu_si256(
-                                            acts.q.as_ptr().add((c + $j) * k + b * QK)
-                                                as *const __m256i,
+                            let yb = panel.add(b * 256);
+                            macro_rules! group {
+                                ($g:literal) => {{
+                                    let y = _mm256_loadu_si256(yb.add($g * 32) as *const __m256i);
+                                    let x = _mm256_set1_epi32(
+                                        (xb.add($g * 4) as *const i32).read_unaligned(),
+                                    );
+                                    let lanes = if signed {
+                                        let ax = _mm256_set1_epi32(
+                                            (xb.add(32 + $g * 4) as *const i32).read_unaligned(),
                                         );
-                                        let sy = if signed { _mm256_sign_epi8(y, x) } else { y };
-                                        let lanes = us_lanes(ax, sy);
-                                        let d = _mm256_shuffle_ps::<$imm>($half, $half);
-                                        acc[$j] =
-                                            _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(lanes), acc[$j]);
-                                    }
-                                };
+                                        us_lanes(ax, _mm256_sign_epi8(y, x))
+                                    } else {
+                                        us_lanes(x, y)
+                                    };
+                                    acc[$g] =
+                                        _mm256_fmadd_ps(dv, _mm256_cvtepi32_ps(lanes), acc[$g]);
+                                }};
                             }
-                            col!(0, dlo, 0x00);
-                            col!(1, dlo, 0x55);
-                            col!(2, dlo, 0xAA);
-                            col!(3, dlo, 0xFF);
-                            col!(4, dhi, 0x00);
-                            col!(5, dhi, 0x55);
-                            col!(6, dhi, 0xAA);
-                            col!(7, dhi, 0xFF);
+                            group!(0);
+                            group!(1);
+                            group!(2);
+                            group!(3);
+                            group!(4);
+                            group!(5);
+                            group!(6);
+                            group!(7);
+                        }
+                        let mut t = [[0f32; 8]; 8];
+                        for (g, a) in acc.iter().enumerate() {
+                            _mm256_storeu_ps(t[g].as_mut_ptr(), *a);
                         }
                         let mut sm = [0f32; 8];
                         _mm256_storeu_ps(sm.as_mut_ptr(), summs);
                         for j in 0..m {
-                            out.set(c + j, r, hsum8_reg(acc[j]) + sm[j]);
+                            let l: [f32; 8] = std::array::from_fn(|g| t[g][j]);
+                            out.set(c + j, r, hsum8(&l) + sm[j]);
                         }
                     }
                     c += m;

@@ -478,6 +478,12 @@ pub(crate) struct Acts {
     /// 8 columns so a vector load past the last is in bounds).
     pub(crate) dt: Vec<f32>,
     pub(crate) st: Vec<f32>,
+    /// The quantized values of the 32-blocks as panels of eight columns,
+    /// `[panel][block][group of 4 values][column]`, 4 bytes each (256 bytes
+    /// per panel and block; columns past `n` are zeros): one 32-byte load
+    /// holds the same four values of eight columns, so a kernel meets them
+    /// with one broadcast group of a weight block (`avx2::b32_wide`).
+    pub(crate) qi: Vec<i8>,
     /// Columns that llama.cpp computes as part of a group of four
     /// (`attn::Route::grouped`); empty means none.
     pub(crate) grouped: Vec<bool>,
@@ -570,6 +576,18 @@ impl Acts {
                 for b in 0..nb {
                     self.dt[b * w + c] = self.d[c * nb + b];
                     self.st[b * w + c] = self.s[c * nb + b];
+                }
+            }
+            self.qi.clear();
+            self.qi.resize(n.div_ceil(8) * nb * 256, 0);
+            for c in 0..n {
+                let (panel, j) = (c / 8, c % 8);
+                let col = &self.q[c * nb * QK..(c + 1) * nb * QK];
+                for (b, blk) in col.chunks_exact(QK).enumerate() {
+                    let at = (panel * nb + b) * 256 + j * 4;
+                    for (g, four) in blk.chunks_exact(4).enumerate() {
+                        self.qi[at + g * 32..at + g * 32 + 4].copy_from_slice(four);
+                    }
                 }
             }
         }
