@@ -25,11 +25,11 @@ deps_die() {
 # sha256 of the files given, as one line (a cache stamp).
 deps_stamp() { cat "$@" | sha256sum | cut -d' ' -f1; }
 
-# The suite needs room for the release and test builds (~11 GB under target/), the venv,
+# The suite needs room for the release and test builds (~6 GB under target/ from a clean clone), the venv,
 # npm packages, native llama.cpp and the model files: stop early with the real reason rather
 # than fail halfway with a misleading error from pip or cargo.
 deps_disk() {
-    local need_gb="${AGENTD_TEST_DISK_GB:-16}" have_kb
+    local need_gb="${AGENTD_TEST_DISK_GB:-10}" have_kb
     mkdir -p target
     have_kb="$(df -Pk target | awk 'NR == 2 { print $4 }')"
     if [ -n "$have_kb" ] && [ "$have_kb" -lt $((need_gb * 1024 * 1024)) ]; then
