@@ -64,6 +64,21 @@ trait Kern {
         false
     }
 
+    /// A one-column product (decode) done another way (several rows in
+    /// the lanes); `false` when the format has none.
+    ///
+    /// # Safety
+    /// As [`Kern::run`].
+    #[inline(always)]
+    unsafe fn dec(
+        _w: &RowMat,
+        _acts: &Acts,
+        _rows: std::ops::Range<usize>,
+        _out: &OutRows<'_>,
+    ) -> bool {
+        false
+    }
+
     /// # Safety
     /// The CPU has avx2, fma and f16c; the rows and columns exist in `w`
     /// and `acts` (each kernel asserts its bounds).
@@ -134,6 +149,9 @@ unsafe fn drive<K: Kern>(w: &RowMat, acts: &Acts, rows: std::ops::Range<usize>, 
     // SAFETY: forwarded from `matmul`.
     unsafe {
         if acts.n == 1 {
+            if K::dec(w, acts, rows.clone(), out) {
+                return;
+            }
             let mut r = rows.start;
             while r < rows.end {
                 let m = (rows.end - r).min(DEC_ROWS);
@@ -586,6 +604,21 @@ impl Kern for Q4KChain {
     }
 
     #[inline(always)]
+    unsafe fn dec(
+        w: &RowMat,
+        acts: &Acts,
+        rows: std::ops::Range<usize>,
+        out: &OutRows<'_>,
+    ) -> bool {
+        if acts.grouped(0) {
+            return false;
+        }
+        // SAFETY: forwarded.
+        unsafe { q4k_dec8(w, acts, rows, out) };
+        true
+    }
+
+    #[inline(always)]
     unsafe fn run<const R: usize, const N: usize>(
         w: &RowMat,
         acts: &Acts,
@@ -849,6 +882,183 @@ unsafe fn q4k_wide_in(
                 Q4KChain::run::<1, 1>(w, acts, r, c, &mut o);
                 out.set(c, r, o[0][0]);
             }
+        }
+    }
+}
+
+/// A one-column Q4_K product on the chain numerics of an ungrouped column
+/// (ggml's repacked gemv), eight rows at once with the rows in the lanes:
+/// per super-block each row's exact integer sum and `Σ min·bsum`, then the
+/// same `fma(isum, d·da, acc)` and `fma(imin, dmin·da, accm)` per lane as
+/// `Q4KChain::run` does per row, so the numbers are identical. Rows past
+/// the last group of eight go through `Q4KChain::run`.
+///
+/// # Safety
+/// The CPU must support avx2, fma and f16c; rows `rows` of `out` are the
+/// caller's (`OutRows::set`); `w` and `acts` hold them (bounds are
+/// asserted); `acts` has one column.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q4k_dec8(w: &RowMat, acts: &Acts, rows: std::ops::Range<usize>, out: &OutRows<'_>) {
+    let k = acts.k;
+    let nb = k / QK_K;
+    assert!(acts.n == 1);
+    assert!(rows.end * w.row_bytes <= w.data.len() && w.row_bytes >= nb * 144);
+    assert!(k <= acts.kq.len() && nb <= acts.kd.len() && nb * 16 <= acts.kbs.len());
+    let full = rows.start + (rows.end - rows.start) / 8 * 8;
+    // SAFETY: loads stay within the eight rows of each group (asserted
+    // rows) and the column's activations (asserted).
+    unsafe {
+        let m4 = _mm256_set1_epi8(0x0F);
+        // Byte s of each half's 16 scale/min bytes as an i16 in every lane
+        // (the high byte's index has its top bit set: a zero).
+        let pick: [__m256i; 8] =
+            std::array::from_fn(|s| _mm256_set1_epi16((0xFF00u16 | s as u16) as i16));
+        // The eight mins (bytes 8..16) as i16.
+        let mins16 = _mm256_setr_epi8(
+            8, -1, 9, -1, 10, -1, 11, -1, 12, -1, 13, -1, 14, -1, 15, -1, 8, -1, 9, -1, 10, -1, 11,
+            -1, 12, -1, 13, -1, 14, -1, 15, -1,
+        );
+        for rb in (rows.start..full).step_by(8) {
+            let mut acc = _mm256_setzero_ps();
+            let mut accm = _mm256_setzero_ps();
+            for b in 0..nb {
+                let blk: [*const u8; 8] =
+                    std::array::from_fn(|r| w.data.as_ptr().add((rb + r) * w.row_bytes + b * 144));
+                for p in blk {
+                    for l in 0..3 {
+                        prefetch(p.wrapping_add(2 * PF_DIST + 64 * l));
+                    }
+                }
+                // Rows p and p + 4's first 16 bytes (d, dmin, the 12 packed
+                // scale bytes) in the two halves.
+                let v: [__m256i; 4] = std::array::from_fn(|p| {
+                    _mm256_setr_m128i(
+                        _mm_loadu_si128(blk[p] as *const __m128i),
+                        _mm_loadu_si128(blk[p + 4] as *const __m128i),
+                    )
+                });
+                // d and dmin of the eight rows, in row order (lane 0 of each).
+                let dv = _mm256_unpacklo_epi64(
+                    _mm256_unpacklo_epi32(v[0], v[1]),
+                    _mm256_unpacklo_epi32(v[2], v[3]),
+                );
+                let halves = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packus_epi32(
+                    _mm256_and_si256(dv, _mm256_set1_epi32(0xFFFF)),
+                    _mm256_srli_epi32::<16>(dv),
+                ));
+                let da = _mm256_set1_ps(*acts.kd.get_unchecked(b));
+                let dd = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(halves)), da);
+                let ddm = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256::<1>(halves)), da);
+                let a0 = acts.kq.as_ptr().add(b * QK_K);
+                let bs = acts.kbs.as_ptr().add(b * 16);
+                // Sums of bsum pairs, one i16 per sub-block, in both halves.
+                let bsp = _mm_hadd_epi16(
+                    _mm_loadu_si128(bs as *const __m128i),
+                    _mm_loadu_si128(bs.add(8) as *const __m128i),
+                );
+                let bsp = _mm256_setr_m128i(bsp, bsp);
+                // Rows p and p + 4's 16 scale and min bytes (`k4_scales`) in
+                // the two halves: from the 12 packed bytes [a, b, c] (u32
+                // lanes 1..4 of `v`), [a & M1, (c & M2) | ((a >> 6) & M3) << 4, b & M1,
+                // ((c >> 4) & M2) | ((b >> 6) & M3) << 4].
+                let t: [__m256i; 4] = std::array::from_fn(|p| {
+                    let x = _mm256_shuffle_epi32::<0b11_10_11_01>(v[p]); // a c b c
+                    let y = _mm256_shuffle_epi32::<0b10_10_01_01>(v[p]); // a a b b
+                    let lo = _mm256_and_si256(
+                        _mm256_srlv_epi32(x, _mm256_setr_epi32(0, 0, 0, 4, 0, 0, 0, 4)),
+                        _mm256_setr_epi32(
+                            0x3f3f_3f3f,
+                            0x0f0f_0f0f,
+                            0x3f3f_3f3f,
+                            0x0f0f_0f0f,
+                            0x3f3f_3f3f,
+                            0x0f0f_0f0f,
+                            0x3f3f_3f3f,
+                            0x0f0f_0f0f,
+                        ),
+                    );
+                    let hi = _mm256_slli_epi32::<4>(_mm256_and_si256(
+                        _mm256_srli_epi32::<6>(y),
+                        _mm256_setr_epi32(
+                            0,
+                            0x0303_0303,
+                            0,
+                            0x0303_0303,
+                            0,
+                            0x0303_0303,
+                            0,
+                            0x0303_0303,
+                        ),
+                    ));
+                    _mm256_or_si256(lo, hi)
+                });
+                let mut iv = _mm256_setzero_si256();
+                for g in 0..4 {
+                    let mut a = [_mm256_setzero_si256(); 4];
+                    for (h, a) in a.iter_mut().enumerate() {
+                        *a = _mm256_broadcastsi128_si256(_mm_loadu_si128(
+                            a0.add(64 * g + 16 * h) as *const __m128i
+                        ));
+                    }
+                    let mut v = [_mm256_setzero_si256(); 4];
+                    for p in 0..4 {
+                        let qa =
+                            w.data.as_ptr().add((rb + p) * w.row_bytes + b * 144 + 16 + 32 * g);
+                        let qb =
+                            w.data.as_ptr().add((rb + p + 4) * w.row_bytes + b * 144 + 16 + 32 * g);
+                        let q0 = _mm256_setr_m128i(
+                            _mm_loadu_si128(qa as *const __m128i),
+                            _mm_loadu_si128(qb as *const __m128i),
+                        );
+                        let q1 = _mm256_setr_m128i(
+                            _mm_loadu_si128(qa.add(16) as *const __m128i),
+                            _mm_loadu_si128(qb.add(16) as *const __m128i),
+                        );
+                        let l0 = _mm256_maddubs_epi16(_mm256_and_si256(q0, m4), a[0]);
+                        let l1 = _mm256_maddubs_epi16(_mm256_and_si256(q1, m4), a[1]);
+                        let h0 = _mm256_maddubs_epi16(
+                            _mm256_and_si256(_mm256_srli_epi16::<4>(q0), m4),
+                            a[2],
+                        );
+                        let h1 = _mm256_maddubs_epi16(
+                            _mm256_and_si256(_mm256_srli_epi16::<4>(q1), m4),
+                            a[3],
+                        );
+                        // Two maddubs sums of one sub-block add exactly in
+                        // i16 (|x| ≤ 7680); the scale bytes as i16 pairs.
+                        let sl = _mm256_shuffle_epi8(t[p], pick[2 * g]);
+                        let sh = _mm256_shuffle_epi8(t[p], pick[2 * g + 1]);
+                        let pl = _mm256_madd_epi16(_mm256_add_epi16(l0, l1), sl);
+                        let ph = _mm256_madd_epi16(_mm256_add_epi16(h0, h1), sh);
+                        v[p] = _mm256_add_epi32(pl, ph);
+                    }
+                    iv = _mm256_add_epi32(
+                        iv,
+                        _mm256_hadd_epi32(
+                            _mm256_hadd_epi32(v[0], v[1]),
+                            _mm256_hadd_epi32(v[2], v[3]),
+                        ),
+                    );
+                }
+                // Σ min·bsum per row, the same order of hadds.
+                let u: [__m256i; 4] = std::array::from_fn(|p| {
+                    _mm256_madd_epi16(_mm256_shuffle_epi8(t[p], mins16), bsp)
+                });
+                let im =
+                    _mm256_hadd_epi32(_mm256_hadd_epi32(u[0], u[1]), _mm256_hadd_epi32(u[2], u[3]));
+                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iv), dd, acc);
+                accm = _mm256_fmadd_ps(_mm256_cvtepi32_ps(im), ddm, accm);
+            }
+            let mut o = [0f32; 8];
+            _mm256_storeu_ps(o.as_mut_ptr(), _mm256_sub_ps(acc, accm));
+            for (r, v) in o.iter().enumerate() {
+                out.set(0, rb + r, *v);
+            }
+        }
+        for r in full..rows.end {
+            let mut o = [[0f32; 1]; 1];
+            Q4KChain::run::<1, 1>(w, acts, r, 0, &mut o);
+            out.set(0, r, o[0][0]);
         }
     }
 }
