@@ -181,6 +181,9 @@ fn list_step(
                 if list.markup && input[j..].starts_with(']') {
                     return Some(close(list, j, cx));
                 }
+                if continuation_pending(input, j, end) {
+                    break;
+                }
                 match header(&input[j..]) {
                     Head::Ok(paren) => {
                         list.markup = true;
@@ -209,6 +212,9 @@ fn list_step(
                 if j - at > HEADER_MAX {
                     return Some(not_a_list(list, input, j, cx));
                 }
+                if continuation_pending(input, j, end) {
+                    break;
+                }
                 match input.as_bytes().get(j) {
                     Some(b']') => return Some(close(list, j, cx)),
                     Some(b',') => list.phase = Phase::Element(j + 1),
@@ -228,6 +234,12 @@ fn list_step(
         Some(FinishReason::Stop) => cx.content(input),
     }
     Some(Decided(input.len(), false))
+}
+
+/// Whether the whitespace at `j` may still be a line continuation: a `\`
+/// that ends the text seen so far (its `\n` may come in the next delta).
+fn continuation_pending(input: &str, j: usize, end: Option<FinishReason>) -> bool {
+    end.is_none() && &input[j..] == "\\"
 }
 
 /// The list closes with the `]` at `at`: its calls stand.
@@ -277,6 +289,9 @@ fn header(s: &str) -> Head {
         break;
     }
     i += py_ws(&s[i..]);
+    if &s[i..] == "\\" {
+        return more;
+    }
     match s.as_bytes().get(i) {
         None => return more,
         Some(b'(') => {}
@@ -285,6 +300,9 @@ fn header(s: &str) -> Head {
     let paren = i;
     i += 1;
     i += py_ws(&s[i..]);
+    if &s[i..] == "\\" {
+        return more;
+    }
     match s.as_bytes().get(i) {
         None => return more,
         Some(b')') => return Head::Ok(paren),
@@ -299,6 +317,9 @@ fn header(s: &str) -> Head {
         return more;
     }
     i += py_ws(&s[i..]);
+    if &s[i..] == "\\" {
+        return more;
+    }
     match s.as_bytes().get(i) {
         None => more,
         // `key=`, not `key==`.
