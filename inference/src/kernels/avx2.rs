@@ -30,9 +30,7 @@ const DEC_ROWS: usize = 1;
 const COLS: usize = 8;
 /// Rows that share a group of columns (their weights stay in L1).
 const ROW_BLOCK: usize = 16;
-/// Columns from which a format's `Kern::wide` pays for decoding its rows
-/// once into scratch.
-const WIDE_MIN: usize = 16;
+use super::WIDE_MIN;
 
 /// How far ahead of the block being read the kernels ask for memory.
 const PF_DIST: usize = 1024;

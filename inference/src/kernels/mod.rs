@@ -23,6 +23,11 @@ mod scalar;
 mod x86;
 
 use crate::quant::{quantize_q8, Q8Row, Q4_1_BYTES, Q8_0_BYTES, QK, QK_K};
+
+/// Columns from which a format's wide product (`avx2`'s `Kern::wide`) pays
+/// for decoding its rows once into scratch; `Acts::qi` is laid out only
+/// from here.
+pub(crate) const WIDE_MIN: usize = 16;
 use rows::{ActKind, RowMat};
 
 pub(crate) fn u16_at(b: &[u8], at: usize) -> u16 {
@@ -578,6 +583,9 @@ impl Acts {
                     self.st[b * w + c] = self.s[c * nb + b];
                 }
             }
+        }
+        // Only the AVX2 wide product of row-major 32-block weights reads it.
+        if need.b32 && n >= WIDE_MIN {
             self.qi.clear();
             self.qi.resize(n.div_ceil(8) * nb * 256, 0);
             for c in 0..n {
