@@ -142,7 +142,7 @@ impl OpenAi {
             Options { tools: tool_specs(req.tools), mode: tools_mode, ..Options::default() },
         );
         let mut reply = TurnReply::empty();
-        let mut structured: BTreeMap<u64, (String, String, String)> = BTreeMap::new();
+        let mut structured = CallSlots::new();
         let mut finish_reason = String::new();
         let streamed = resp.content_type().contains("event-stream");
         // The stream said it is over ([DONE] or a finish reason); a stream
@@ -185,19 +185,7 @@ impl OpenAi {
                         fold_event(&mut reply, e, on);
                     }
                 }
-                for tc in delta["tool_calls"].as_array().into_iter().flatten() {
-                    let idx = tc["index"].as_u64().unwrap_or(structured.len() as u64);
-                    let slot = structured.entry(idx).or_default();
-                    if let Some(id) = tc["id"].as_str() {
-                        slot.0 = id.to_owned();
-                    }
-                    if let Some(n) = tc["function"]["name"].as_str() {
-                        slot.1.push_str(n);
-                    }
-                    if let Some(a) = tc["function"]["arguments"].as_str() {
-                        slot.2.push_str(a);
-                    }
-                }
+                merge_tool_call_deltas(delta, &mut structured);
                 if let Some(f) = choice["finish_reason"].as_str() {
                     finish_reason = f.to_owned();
                     ended = true;
@@ -412,5 +400,27 @@ impl Provider for OpenAi {
 
     fn describe(&self) -> String {
         format!("openai:{}@{}", self.model, self.base)
+    }
+}
+
+/// Streamed tool calls, by their `index`: `(id, name, arguments)`, each
+/// delta's name and argument pieces appended in order.
+pub(crate) type CallSlots = BTreeMap<u64, (String, String, String)>;
+
+/// Merges one streamed `delta`'s `tool_calls` pieces into `slots` (a piece
+/// without an `index` starts a new call).
+pub(crate) fn merge_tool_call_deltas(delta: &Value, slots: &mut CallSlots) {
+    for tc in delta["tool_calls"].as_array().into_iter().flatten() {
+        let idx = tc["index"].as_u64().unwrap_or(slots.len() as u64);
+        let slot = slots.entry(idx).or_default();
+        if let Some(id) = tc["id"].as_str() {
+            slot.0 = id.to_owned();
+        }
+        if let Some(n) = tc["function"]["name"].as_str() {
+            slot.1.push_str(n);
+        }
+        if let Some(a) = tc["function"]["arguments"].as_str() {
+            slot.2.push_str(a);
+        }
     }
 }

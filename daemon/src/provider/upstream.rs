@@ -13,12 +13,11 @@
 //! without finishing is an error, never a reply.
 
 use super::local::{ChatOutput, ChatParams};
-use super::openai::{wire_message, wire_tool, Attempt, OpenAi};
+use super::openai::{merge_tool_call_deltas, wire_message, wire_tool, Attempt, CallSlots, OpenAi};
 use super::{tool_specs, ProviderError};
 use inference::Finish;
 use prompts::{Message, ToolDef};
 use serde_json::{json, Value};
-use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -188,7 +187,7 @@ impl OpenAi {
             self.format,
             Options { tools: tool_specs(tools), mode, ..Options::default() },
         );
-        let mut structured: BTreeMap<u64, (String, String, String)> = BTreeMap::new();
+        let mut structured = CallSlots::new();
         let (mut finish_reason, mut ended, mut cancelled) = (String::new(), false, false);
         let (mut prompt_tokens, mut completion_tokens, mut chunks) = (0usize, None, 0usize);
         let mut index = 0usize;
@@ -235,19 +234,7 @@ impl OpenAi {
                     on(e);
                 }
             }
-            for tc in delta["tool_calls"].as_array().into_iter().flatten() {
-                let idx = tc["index"].as_u64().unwrap_or(structured.len() as u64);
-                let slot = structured.entry(idx).or_default();
-                if let Some(id) = tc["id"].as_str() {
-                    slot.0 = id.to_owned();
-                }
-                if let Some(n) = tc["function"]["name"].as_str() {
-                    slot.1.push_str(n);
-                }
-                if let Some(a) = tc["function"]["arguments"].as_str() {
-                    slot.2.push_str(a);
-                }
-            }
+            merge_tool_call_deltas(delta, &mut structured);
             if let Some(f) = choice["finish_reason"].as_str() {
                 finish_reason = f.to_owned();
                 ended = true;
