@@ -108,7 +108,8 @@ impl Linear {
             offs.push(off);
             if let Part::Fast(p) = p {
                 let tiles = p.tiles();
-                let per = (tiles / (pool.threads() * 8)).max(1);
+                let align = p.tile_align();
+                let per = (tiles / (pool.threads() * 8)).max(1).next_multiple_of(align);
                 tasks.extend((0..tiles).step_by(per).map(|t| (i, t, (t + per).min(tiles))));
             }
             off += p.rows();

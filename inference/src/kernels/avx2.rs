@@ -108,7 +108,7 @@ pub(super) unsafe fn matmul(
         unsafe { super::rows::matmul(w, acts, rows, out) };
         return;
     }
-    assert!(w.data.len() >= rows.end * w.row_bytes);
+    assert!(w.bytes().len() >= rows.end * w.row_bytes);
     // SAFETY: features checked by the caller; rows are within `w` (asserted)
     // and every kernel asserts the activation bounds of its columns.
     unsafe {
@@ -312,16 +312,17 @@ impl<const F: u8, const CH: bool> Kern for B32<F, CH> {
         let nb = k / QK;
         let bb = [34, 18, 22, 20, 24][F as usize];
         let signed = F < 3;
-        assert!((r0 + R) * w.row_bytes <= w.data.len() && w.row_bytes >= nb * bb);
+        let at = w.at(r0, R);
+        assert!(w.row_bytes >= nb * bb);
         assert!((c0 + N) * k <= acts.q.len() && (c0 + N) * nb <= acts.d.len().min(acts.s.len()));
-        // SAFETY: loads within the R rows and N columns asserted above.
+        // SAFETY: loads within the R rows (`at`) and N columns asserted above.
         unsafe {
             let mut acc = [[_mm256_setzero_ps(); N]; R];
             let mut facc = [[0f32; N]; R];
-            let base = w.data.as_ptr().add(r0 * w.row_bytes);
+            let base = w.bytes().as_ptr().add(at.base);
             for b in 0..nb {
                 for r in 0..R {
-                    let blk = base.add(r * w.row_bytes + b * bb);
+                    let blk = base.add(r * at.row + b * at.block);
                     prefetch(blk.wrapping_add(PF_DIST));
                     let dw = f16_at(blk);
                     let x = match F {
@@ -423,7 +424,7 @@ unsafe fn b32_wide_in<const F: u8>(
     let bb = [34usize, 18, 22, 20, 24][F as usize];
     let signed = F < 3;
     let dtw = n + 8;
-    assert!(rows.end * w.row_bytes <= w.data.len() && w.row_bytes >= nb * bb);
+    assert!(w.row_bytes >= nb * bb);
     assert!(n * k <= acts.q.len() && nb * dtw <= acts.dt.len().min(acts.st.len()));
     assert!(n.div_ceil(8) * nb * 256 <= acts.qi.len());
     // Per row and block: 32 bytes x, 32 bytes |x| (signed formats), then
@@ -441,11 +442,12 @@ unsafe fn b32_wide_in<const F: u8>(
             for rb in rows.clone().step_by(ROW_BLOCK) {
                 let re = (rb + ROW_BLOCK).min(rows.end);
                 for r in rb..re {
-                    let row = w.data.as_ptr().add(r * w.row_bytes);
+                    let at = w.at(r, 1);
+                    let row = w.bytes().as_ptr().add(at.base);
                     let o = dp.add((r - rb) * row_scratch);
                     let scales = o.add(nb * per_block) as *mut f32;
                     for b in 0..nb {
-                        let blk = row.add(b * bb);
+                        let blk = row.add(b * at.block);
                         let x = match F {
                             0 => _mm256_loadu_si256(blk.add(2) as *const __m256i),
                             1 => _mm256_sub_epi8(nibbles(blk.add(2)), _mm256_set1_epi8(8)),
@@ -626,22 +628,23 @@ impl Kern for Q4KChain {
     ) {
         let k = acts.k;
         let nb = k / QK_K;
-        assert!((r0 + R) * w.row_bytes <= w.data.len() && w.row_bytes >= nb * 144);
+        let at = w.at(r0, R);
+        assert!(w.row_bytes >= nb * 144);
         assert!((c0 + N) * k <= acts.kq.len() && (c0 + N) * nb <= acts.kd.len());
         assert!((c0 + N) * nb * 16 <= acts.kbs.len());
-        // SAFETY: loads within the R rows and N columns asserted above.
+        // SAFETY: loads within the R rows (`at`) and N columns asserted above.
         unsafe {
             let mut acc = [[0f32; N]; R];
             let mut accm = [[0f32; N]; R];
             let m4 = _mm256_set1_epi8(0x0F);
             let grouped: [bool; N] = std::array::from_fn(|j| acts.grouped(c0 + j));
-            let base = w.data.as_ptr().add(r0 * w.row_bytes);
+            let base = w.bytes().as_ptr().add(at.base);
             for b in 0..nb {
                 let mut dw = [0f32; R];
                 let mut dmin = [0f32; R];
                 let mut sm = [[0u8; 16]; R];
                 for r in 0..R {
-                    let blk = base.add(r * w.row_bytes + b * 144);
+                    let blk = base.add(r * at.row + b * at.block);
                     for l in 0..3 {
                         prefetch(blk.wrapping_add(PF_DIST + 64 * l));
                     }
@@ -664,7 +667,7 @@ impl Kern for Q4KChain {
                     }
                     for r in 0..R {
                         let q = _mm256_loadu_si256(
-                            base.add(r * w.row_bytes + b * 144 + 16 + 32 * g) as *const __m256i,
+                            base.add(r * at.row + b * at.block + 16 + 32 * g) as *const __m256i,
                         );
                         let lo = _mm256_and_si256(q, m4);
                         let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4);
@@ -733,7 +736,7 @@ unsafe fn q4k_wide_in(
     let k = acts.k;
     let n = acts.n;
     let nb = k / QK_K;
-    assert!(rows.end * w.row_bytes <= w.data.len() && w.row_bytes >= nb * 144);
+    assert!(w.row_bytes >= nb * 144);
     assert!(n * k <= acts.kq.len() && n * nb <= acts.kd.len() && n * nb * 16 <= acts.kbs.len());
     // Accumulators per column: acc and accm, eight rows each.
     let acc_bytes = 2 * n * 32;
@@ -747,6 +750,8 @@ unsafe fn q4k_wide_in(
         let accs = base.add(base.align_offset(32)) as *mut __m256;
         let m4 = _mm256_set1_epi8(0x0F);
         for rb in (rows.start..full).step_by(8) {
+            let at = w.at(rb, 8);
+            let base = w.bytes().as_ptr().add(at.base);
             for c in 0..2 * n {
                 accs.add(c).write(_mm256_setzero_ps());
             }
@@ -763,7 +768,7 @@ unsafe fn q4k_wide_in(
                 let mut dm = [0f32; 8];
                 let mut sms = [[0u8; 16]; 8];
                 for r in 0..8 {
-                    let blk = w.data.as_ptr().add((rb + r) * w.row_bytes + b * 144);
+                    let blk = base.add(r * at.row + b * at.block);
                     dw[r] = f16_at(blk);
                     dm[r] = f16_at(blk.add(2));
                     sms[r] = k4_scales(blk.add(4));
@@ -772,8 +777,8 @@ unsafe fn q4k_wide_in(
                     }
                 }
                 for p in 0..4 {
-                    let qa = w.data.as_ptr().add((rb + p) * w.row_bytes + b * 144 + 16);
-                    let qb = w.data.as_ptr().add((rb + p + 4) * w.row_bytes + b * 144 + 16);
+                    let qa = base.add(p * at.row + b * at.block + 16);
+                    let qb = base.add((p + 4) * at.row + b * at.block + 16);
                     for s in 0..8 {
                         sc[p][s] = _mm256_setr_m128i(
                             _mm_set1_epi16(sms[p][s] as i16),
@@ -888,8 +893,10 @@ unsafe fn q4k_wide_in(
 /// (ggml's repacked gemv), eight rows at once with the rows in the lanes:
 /// per super-block each row's exact integer sum and `Σ min·bsum`, then the
 /// same `fma(isum, d·da, acc)` and `fma(imin, dmin·da, accm)` per lane as
-/// `Q4KChain::run` does per row, so the numbers are identical. Rows past
-/// the last group of eight go through `Q4KChain::run`.
+/// `Q4KChain::run` does per row, so the numbers are identical. The rows of
+/// a group are interleaved block by block (`RowMat::group`), so the eight
+/// rows are one stream of memory. Rows past the last group of eight go
+/// through `Q4KChain::run`.
 ///
 /// # Safety
 /// The CPU must support avx2, fma and f16c; rows `rows` of `out` are the
@@ -900,7 +907,7 @@ unsafe fn q4k_dec8(w: &RowMat, acts: &Acts, rows: std::ops::Range<usize>, out: &
     let k = acts.k;
     let nb = k / QK_K;
     assert!(acts.n == 1);
-    assert!(rows.end * w.row_bytes <= w.data.len() && w.row_bytes >= nb * 144);
+    assert!(w.row_bytes >= nb * 144);
     assert!(k <= acts.kq.len() && nb <= acts.kd.len() && nb * 16 <= acts.kbs.len());
     let full = rows.start + (rows.end - rows.start) / 8 * 8;
     // SAFETY: loads stay within the eight rows of each group (asserted
@@ -917,11 +924,13 @@ unsafe fn q4k_dec8(w: &RowMat, acts: &Acts, rows: std::ops::Range<usize>, out: &
             -1, 12, -1, 13, -1, 14, -1, 15, -1,
         );
         for rb in (rows.start..full).step_by(8) {
+            let at = w.at(rb, 8);
+            let base = w.bytes().as_ptr().add(at.base);
             let mut acc = _mm256_setzero_ps();
             let mut accm = _mm256_setzero_ps();
             for b in 0..nb {
                 let blk: [*const u8; 8] =
-                    std::array::from_fn(|r| w.data.as_ptr().add((rb + r) * w.row_bytes + b * 144));
+                    std::array::from_fn(|r| base.add(r * at.row + b * at.block));
                 for p in blk {
                     for l in 0..3 {
                         prefetch(p.wrapping_add(2 * PF_DIST + 64 * l));
@@ -1000,10 +1009,8 @@ unsafe fn q4k_dec8(w: &RowMat, acts: &Acts, rows: std::ops::Range<usize>, out: &
                     }
                     let mut v = [_mm256_setzero_si256(); 4];
                     for p in 0..4 {
-                        let qa =
-                            w.data.as_ptr().add((rb + p) * w.row_bytes + b * 144 + 16 + 32 * g);
-                        let qb =
-                            w.data.as_ptr().add((rb + p + 4) * w.row_bytes + b * 144 + 16 + 32 * g);
+                        let qa = blk[p].add(16 + 32 * g);
+                        let qb = blk[p + 4].add(16 + 32 * g);
                         let q0 = _mm256_setr_m128i(
                             _mm_loadu_si128(qa as *const __m128i),
                             _mm_loadu_si128(qb as *const __m128i),
@@ -1076,7 +1083,8 @@ impl Kern for Q5K {
     ) {
         let k = acts.k;
         let nb = k / QK_K;
-        assert!((r0 + R) * w.row_bytes <= w.data.len() && w.row_bytes >= nb * 176);
+        let at = w.at(r0, R);
+        assert!(w.row_bytes >= nb * 176);
         assert!((c0 + N) * k <= acts.kq.len() && (c0 + N) * nb <= acts.kd.len());
         assert!((c0 + N) * nb * 16 <= acts.kbs.len());
         // SAFETY: loads within the R rows and N columns asserted above.
@@ -1085,13 +1093,13 @@ impl Kern for Q5K {
             let mut facc = [[0f32; N]; R];
             let m4 = _mm256_set1_epi8(0x0F);
             let wide: [bool; N] = std::array::from_fn(|j| acts.wide(c0 + j));
-            let base = w.data.as_ptr().add(r0 * w.row_bytes);
+            let base = w.bytes().as_ptr().add(at.base);
             for b in 0..nb {
                 let mut dw = [0f32; R];
                 let mut dminw = [0f32; R];
                 let mut sm = [[0u8; 16]; R];
                 for r in 0..R {
-                    let blk = base.add(r * w.row_bytes + b * 176);
+                    let blk = base.add(r * at.row + b * at.block);
                     for l in 0..3 {
                         prefetch(blk.wrapping_add(PF_DIST + 64 * l));
                     }
@@ -1109,7 +1117,7 @@ impl Kern for Q5K {
                         ah[j] = _mm256_loadu_si256(a.add(32) as *const __m256i);
                     }
                     for r in 0..R {
-                        let blk = base.add(r * w.row_bytes + b * 176);
+                        let blk = base.add(r * at.row + b * at.block);
                         let hbits = _mm256_loadu_si256(blk.add(16) as *const __m256i);
                         let q = _mm256_loadu_si256(blk.add(48 + 32 * g) as *const __m256i);
                         let h0 = _mm256_and_si256(hbits, _mm256_set1_epi8(1 << (2 * g)));
@@ -1179,7 +1187,8 @@ impl Kern for Q6K {
     ) {
         let k = acts.k;
         let nb = k / QK_K;
-        assert!((r0 + R) * w.row_bytes <= w.data.len() && w.row_bytes >= nb * 210);
+        let at = w.at(r0, R);
+        assert!(w.row_bytes >= nb * 210);
         assert!((c0 + N) * k <= acts.kq.len() && (c0 + N) * nb <= acts.kd.len());
         assert!((c0 + N) * nb * 16 <= acts.kbs.len());
         // SAFETY: loads within the R rows and N columns asserted above.
@@ -1188,10 +1197,10 @@ impl Kern for Q6K {
             let mut facc = [[0f32; N]; R];
             let m15 = _mm256_set1_epi8(15);
             let wide: [bool; N] = std::array::from_fn(|j| acts.wide(c0 + j));
-            let base = w.data.as_ptr().add(r0 * w.row_bytes);
+            let base = w.bytes().as_ptr().add(at.base);
             for b in 0..nb {
                 for r in 0..R {
-                    let blk = base.add(r * w.row_bytes + b * 210);
+                    let blk = base.add(r * at.row + b * at.block);
                     for l in 0..4 {
                         prefetch(blk.wrapping_add(PF_DIST + 64 * l));
                     }
@@ -1206,7 +1215,7 @@ impl Kern for Q6K {
                             av[j] = _mm256_loadu_si256(a as *const __m256i);
                         }
                         for r in 0..R {
-                            let blk = base.add(r * w.row_bytes + b * 210);
+                            let blk = base.add(r * at.row + b * at.block);
                             let ql = _mm256_loadu_si256(
                                 blk.add(64 * h + 32 * (kk & 1)) as *const __m256i
                             );
@@ -1247,7 +1256,7 @@ impl Kern for Q6K {
                     }
                 }
                 for r in 0..R {
-                    let blk = base.add(r * w.row_bytes + b * 210);
+                    let blk = base.add(r * at.row + b * at.block);
                     let dw = f16_at(blk.add(208));
                     let scales16 =
                         _mm256_cvtepi8_epi16(_mm_loadu_si128(blk.add(192) as *const __m128i));

@@ -203,9 +203,7 @@ impl Packed {
 
     /// GGUF rows of `fmt`, as the file stores them.
     pub(crate) fn rows(fmt: rows::Fmt, data: Vec<u8>, rows: usize, cols: usize) -> Packed {
-        let row_bytes = fmt.row_bytes(cols);
-        let chain = fmt.chain(rows);
-        Packed { rows, cols, kind: PackedKind::Rows(RowMat { fmt, chain, data, row_bytes }) }
+        Packed { rows, cols, kind: PackedKind::Rows(RowMat::new(fmt, data, rows, cols)) }
     }
 
     /// Whether a GGUF Q4_1/Q8_0 tensor is tile-packed for the AVX-512
@@ -220,7 +218,7 @@ impl Packed {
         match &self.kind {
             PackedKind::Q4_1 { data } | PackedKind::Q8_0 { data } => data.len(),
             PackedKind::F32 { w } => 4 * w.len(),
-            PackedKind::Rows(m) => m.data.len(),
+            PackedKind::Rows(m) => m.bytes().len(),
         }
     }
 
@@ -349,11 +347,8 @@ impl Packed {
                     rows::Fmt::F16 => crate::gguf::GgmlType::F16,
                     rows::Fmt::BF16 => crate::gguf::GgmlType::BF16,
                 };
-                crate::quant::dequantize_row(
-                    ty,
-                    &m.data[r * m.row_bytes..(r + 1) * m.row_bytes],
-                    out,
-                );
+                let mut buf = Vec::new();
+                crate::quant::dequantize_row(ty, m.row(r, &mut buf), out);
             }
         }
     }
@@ -361,6 +356,15 @@ impl Packed {
     /// Number of row tiles.
     pub(crate) fn tiles(&self) -> usize {
         padded(self.rows) / ROW_TILE
+    }
+
+    /// Tiles that must stay in one task: a [`RowMat`]'s group of rows
+    /// (`matmul_tiles` ranges start and end at multiples of this).
+    pub(crate) fn tile_align(&self) -> usize {
+        match &self.kind {
+            PackedKind::Rows(m) => m.group().div_ceil(ROW_TILE),
+            _ => 1,
+        }
     }
 }
 
@@ -1013,6 +1017,49 @@ mod tests {
                     x86::quantize_column(&x, &mut b.0, &mut b.1, &mut b.2, &mut b.3, &mut b.4, four)
                 };
                 assert_eq!(a, b, "four={four}");
+            }
+        }
+    }
+
+    /// Grouped matrices (rows interleaved block by block) keep every row's
+    /// bytes, and a product split into tasks at `tile_align` boundaries, as
+    /// the model splits it across threads, equals the whole product bit for
+    /// bit on every fixture.
+    #[test]
+    fn grouped_rows_and_split_products_keep_the_numbers() {
+        for f in fixtures() {
+            let w = pack(&f);
+            if let PackedKind::Rows(m) = &w.kind {
+                let rb = m.row_bytes;
+                let mut buf = Vec::new();
+                for r in 0..f.rows {
+                    assert_eq!(
+                        m.row(r, &mut buf),
+                        &f.w[r * rb..(r + 1) * rb],
+                        "{} row {r}",
+                        f.name
+                    );
+                }
+                if f.ty == crate::gguf::GgmlType::Q4_K && f.rows % 8 == 0 {
+                    assert_eq!(m.group(), 8, "{}", f.name);
+                }
+            }
+            let whole = run(&w, &f.x, f.n, None);
+            let mut acts = Acts::default();
+            acts.prepare(&f.x, f.n, w.cols, w.needs(), &crate::pool::Pool::new(1));
+            let grouped: Vec<bool> = (0..f.n).map(|c| c < f.n - f.n % 4).collect();
+            acts.set_route(&grouped, &vec![f.n >= attn::WIDE; f.n]);
+            let mut out = vec![f32::NAN; f.n * w.rows];
+            {
+                let o = OutRows::new(&mut out, w.rows);
+                let step = w.tile_align();
+                for t in (0..w.tiles()).step_by(step) {
+                    // SAFETY: one thread, disjoint tile ranges in turn.
+                    unsafe { w.matmul_tiles(&acts, t..(t + step).min(w.tiles()), &o) };
+                }
+            }
+            for (i, (a, b)) in out.iter().zip(&whole).enumerate() {
+                assert_eq!(a.to_bits(), b.to_bits(), "{} value {i}: {a} vs {b}", f.name);
             }
         }
     }

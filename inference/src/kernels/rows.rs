@@ -1,6 +1,7 @@
-//! Weight matrices kept as GGUF stores them (row after row of blocks), and
-//! the portable kernels over them that define the numbers; `avx2.rs` has
-//! their SIMD twins, bit-identical.
+//! Weight matrices kept as GGUF stores them (its blocks, rows interleaved
+//! block by block in groups where a kernel reads rows together), and the
+//! portable kernels over them that define the numbers; `avx2.rs` has their
+//! SIMD twins, bit-identical.
 //!
 //! INVARIANT: each format's product is computed the way llama.cpp's x86 CPU
 //! backend computes it at inference, so greedy output follows llama.cpp's:
@@ -105,13 +106,101 @@ impl Fmt {
     }
 }
 
-/// A row-major GGUF matrix.
+/// A GGUF matrix: the file's blocks, rows interleaved block by block in
+/// groups of [`RowMat::group`] rows (the bytes and their count unchanged,
+/// only their order), so that a kernel reading a group's rows together
+/// reads one stream, as ggml's repacked `q4_K_8x8` layout does.
 #[derive(Debug)]
 pub(crate) struct RowMat {
     pub(crate) fmt: Fmt,
     pub(crate) chain: bool,
-    pub(crate) data: Vec<u8>,
+    /// Group `g` (rows `G·g ..`, `gs = min(G, rows − G·g)` of them) holds
+    /// block 0 of each of its rows, then block 1 of each, …
+    data: Vec<u8>,
     pub(crate) row_bytes: usize,
+    rows: usize,
+    /// Rows per group: 8 for chain Q4_K (`q4k_dec8` reads eight rows at
+    /// once), else 1 (plain rows).
+    group: usize,
+    /// Bytes per block.
+    bb: usize,
+}
+
+/// Where a run of rows lies in a [`RowMat`]: block `b` of row `r0 + r` is
+/// at `base + r·row + b·block`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct At {
+    pub(crate) base: usize,
+    pub(crate) row: usize,
+    pub(crate) block: usize,
+}
+
+impl RowMat {
+    /// The file's row-major bytes of a `rows` × `cols` matrix, regrouped.
+    pub(crate) fn new(fmt: Fmt, mut data: Vec<u8>, rows: usize, cols: usize) -> RowMat {
+        let row_bytes = fmt.row_bytes(cols);
+        let chain = fmt.chain(rows);
+        let group = if fmt == Fmt::Q4K && chain { 8 } else { 1 };
+        let bb = fmt.block().1;
+        assert!(data.len() >= rows * row_bytes, "{} bytes for {rows} rows", data.len());
+        if group > 1 {
+            // One group at a time through a group-sized buffer: no second
+            // copy of the matrix.
+            let mut tmp = vec![0u8; group * row_bytes];
+            for g0 in (0..rows).step_by(group) {
+                let gs = group.min(rows - g0);
+                let chunk = &mut data[g0 * row_bytes..(g0 + gs) * row_bytes];
+                tmp[..chunk.len()].copy_from_slice(chunk);
+                for r in 0..gs {
+                    for b in 0..row_bytes / bb {
+                        let from = r * row_bytes + b * bb;
+                        let to = (b * gs + r) * bb;
+                        chunk[to..to + bb].copy_from_slice(&tmp[from..from + bb]);
+                    }
+                }
+            }
+        }
+        RowMat { fmt, chain, data, row_bytes, rows, group, bb }
+    }
+
+    /// Rows per group (see [`RowMat`]).
+    pub(crate) fn group(&self) -> usize {
+        self.group
+    }
+
+    /// The bytes, in the grouped order.
+    pub(crate) fn bytes(&self) -> &[u8] {
+        &self.data
+    }
+
+    /// Where rows `r0 .. r0 + n` lie: every block of them is within
+    /// [`RowMat::bytes`]. Asserts that the rows exist and, when grouped,
+    /// lie in one group.
+    #[inline(always)]
+    pub(crate) fn at(&self, r0: usize, n: usize) -> At {
+        assert!(n >= 1 && r0 + n <= self.rows, "rows {r0}..{} of {}", r0 + n, self.rows);
+        if self.group == 1 {
+            return At { base: r0 * self.row_bytes, row: self.row_bytes, block: self.bb };
+        }
+        let g0 = r0 / self.group * self.group;
+        let gs = self.group.min(self.rows - g0);
+        assert!(r0 + n <= g0 + gs, "rows {r0}..{} across a group of {}", r0 + n, self.group);
+        At { base: g0 * self.row_bytes + (r0 - g0) * self.bb, row: self.bb, block: gs * self.bb }
+    }
+
+    /// Row `r` in the file's order (for the portable kernels and lookups).
+    pub(crate) fn row<'a>(&'a self, r: usize, buf: &'a mut Vec<u8>) -> &'a [u8] {
+        if self.group == 1 {
+            return &self.data[r * self.row_bytes..(r + 1) * self.row_bytes];
+        }
+        let at = self.at(r, 1);
+        buf.clear();
+        for b in 0..self.row_bytes / self.bb {
+            let o = at.base + b * at.block;
+            buf.extend_from_slice(&self.data[o..o + self.bb]);
+        }
+        buf
+    }
 }
 
 /// Columns per cache block: their activations stay in L2 while every row of
@@ -130,10 +219,11 @@ pub(crate) unsafe fn matmul(
     out: &OutRows<'_>,
 ) {
     let mut wf = Vec::new();
+    let mut rowbuf = Vec::new();
     for c0 in (0..acts.n).step_by(COL_BLOCK) {
         let c1 = (c0 + COL_BLOCK).min(acts.n);
         for r in rows.clone() {
-            let row = &w.data[r * w.row_bytes..(r + 1) * w.row_bytes];
+            let row = w.row(r, &mut rowbuf);
             if matches!(w.fmt, Fmt::F16 | Fmt::BF16) {
                 wf.resize(acts.k, 0.0);
                 crate::quant::dequantize_row(
