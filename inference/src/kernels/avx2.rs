@@ -586,6 +586,28 @@ fn k_mins(sm: &[u8; 16], bs: &[i16], subs: std::ops::Range<usize>) -> i32 {
     subs.map(|s| sm[8 + s] as i32 * (bs[2 * s] as i32 + bs[2 * s + 1] as i32)).sum()
 }
 
+/// [`k_mins`] over all eight sub-blocks in vector registers: the same
+/// exact integer (pair sums of the 16 bsums fit i16: |x| ≤ 4064).
+///
+/// # Safety
+/// The CPU has avx2, fma and f16c (it is called from the AVX2 kernels).
+#[inline(always)]
+unsafe fn k_mins8(sm: &[u8; 16], bs: &[i16]) -> i32 {
+    assert!(bs.len() >= 16);
+    // SAFETY: 16 i16 read from `bs` (asserted), 8 bytes from `sm[8..]`.
+    unsafe {
+        let bsp = _mm_hadd_epi16(
+            _mm_loadu_si128(bs.as_ptr() as *const __m128i),
+            _mm_loadu_si128(bs.as_ptr().add(8) as *const __m128i),
+        );
+        let m = _mm_cvtepu8_epi16(_mm_loadl_epi64(sm.as_ptr().add(8) as *const __m128i));
+        let p = _mm_madd_epi16(m, bsp);
+        let p = _mm_add_epi32(p, _mm_unpackhi_epi64(p, p));
+        let p = _mm_add_epi32(p, _mm_shuffle_epi32::<1>(p));
+        _mm_cvtsi128_si32(p)
+    }
+}
+
 /// Q4_K on the *chain* numerics (ggml's repacked `q4_K_8x8` gemv, or its
 /// gemm for a grouped column: one step per 64 values).
 struct Q4KChain;
@@ -697,7 +719,7 @@ impl Kern for Q4KChain {
                         let i = hsum_i32(isum[r][j]);
                         acc[r][j] = (i as f32).mul_add(dw[r] * da[j], acc[r][j]);
                         accm[r][j] =
-                            (k_mins(&sm[r], bs, 0..8) as f32).mul_add(dmin[r] * da[j], accm[r][j]);
+                            (k_mins8(&sm[r], bs) as f32).mul_add(dmin[r] * da[j], accm[r][j]);
                     }
                 }
             }
@@ -1146,7 +1168,7 @@ impl Kern for Q5K {
                     let da = *acts.kd.get_unchecked(col * nb + b);
                     let bs = acts.kbs.get_unchecked((col * nb + b) * 16..);
                     for r in 0..R {
-                        let im = k_mins(&sm[r], bs, 0..8) as f32;
+                        let im = k_mins8(&sm[r], bs) as f32;
                         if wide[j] {
                             // ggml's tiled kernel (see `rows::dot`).
                             let v = (-dminw[r]).mul_add(im, dw[r] * hsum_i32(sumi[r][j]) as f32);
