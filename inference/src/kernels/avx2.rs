@@ -13,7 +13,7 @@
 #![allow(clippy::needless_range_loop)]
 
 use super::rows::{Fmt, RowMat};
-use super::{hsum8, Acts, OutRows};
+use super::{hsum8, Acts, OutRows, WIDE_MIN};
 use crate::quant::{QK, QK_K};
 use std::arch::x86_64::*;
 
@@ -30,7 +30,6 @@ const DEC_ROWS: usize = 1;
 const COLS: usize = 8;
 /// Rows that share a group of columns (their weights stay in L1).
 const ROW_BLOCK: usize = 16;
-use super::WIDE_MIN;
 
 /// How far ahead of the block being read the kernels ask for memory.
 const PF_DIST: usize = 1024;
@@ -773,7 +772,7 @@ unsafe fn q4k_wide_in(
         let m4 = _mm256_set1_epi8(0x0F);
         for rb in (rows.start..full).step_by(8) {
             let at = w.at(rb, 8);
-            let base = w.bytes().as_ptr().add(at.base);
+            let wp = w.bytes().as_ptr().add(at.base);
             for c in 0..2 * n {
                 accs.add(c).write(_mm256_setzero_ps());
             }
@@ -790,7 +789,7 @@ unsafe fn q4k_wide_in(
                 let mut dm = [0f32; 8];
                 let mut sms = [[0u8; 16]; 8];
                 for r in 0..8 {
-                    let blk = base.add(r * at.row + b * at.block);
+                    let blk = wp.add(r * at.row + b * at.block);
                     dw[r] = f16_at(blk);
                     dm[r] = f16_at(blk.add(2));
                     sms[r] = k4_scales(blk.add(4));
@@ -799,8 +798,8 @@ unsafe fn q4k_wide_in(
                     }
                 }
                 for p in 0..4 {
-                    let qa = base.add(p * at.row + b * at.block + 16);
-                    let qb = base.add((p + 4) * at.row + b * at.block + 16);
+                    let qa = wp.add(p * at.row + b * at.block + 16);
+                    let qb = wp.add((p + 4) * at.row + b * at.block + 16);
                     for s in 0..8 {
                         sc[p][s] = _mm256_setr_m128i(
                             _mm_set1_epi16(sms[p][s] as i16),
@@ -1109,7 +1108,7 @@ impl Kern for Q5K {
         assert!(w.row_bytes >= nb * 176);
         assert!((c0 + N) * k <= acts.kq.len() && (c0 + N) * nb <= acts.kd.len());
         assert!((c0 + N) * nb * 16 <= acts.kbs.len());
-        // SAFETY: loads within the R rows and N columns asserted above.
+        // SAFETY: loads within the R rows (`at`) and N columns asserted above.
         unsafe {
             let mut acc = [[_mm256_setzero_ps(); N]; R];
             let mut facc = [[0f32; N]; R];
@@ -1213,7 +1212,7 @@ impl Kern for Q6K {
         assert!(w.row_bytes >= nb * 210);
         assert!((c0 + N) * k <= acts.kq.len() && (c0 + N) * nb <= acts.kd.len());
         assert!((c0 + N) * nb * 16 <= acts.kbs.len());
-        // SAFETY: loads within the R rows and N columns asserted above.
+        // SAFETY: loads within the R rows (`at`) and N columns asserted above.
         unsafe {
             let mut acc = [[_mm256_setzero_ps(); N]; R];
             let mut facc = [[0f32; N]; R];

@@ -23,12 +23,12 @@ mod scalar;
 mod x86;
 
 use crate::quant::{quantize_q8, Q8Row, Q4_1_BYTES, Q8_0_BYTES, QK, QK_K};
+use rows::{ActKind, RowMat};
 
 /// Columns from which a format's wide product (`avx2`'s `Kern::wide`) pays
 /// for decoding its rows once into scratch; `Acts::qi` is laid out only
 /// from here.
 pub(crate) const WIDE_MIN: usize = 16;
-use rows::{ActKind, RowMat};
 
 pub(crate) fn u16_at(b: &[u8], at: usize) -> u16 {
     u16::from_le_bytes([b[at], b[at + 1]])
