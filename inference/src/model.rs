@@ -91,7 +91,9 @@ impl Linear {
         out: &mut Vec<f32>,
     ) -> Result<()> {
         let rows = self.rows;
-        out.clear();
+        // Every element is written below (the kernels set each row of each
+        // column, candle's parts are copied in), so a reused buffer is not
+        // cleared first: only growth is zero-filled.
         out.resize(n * rows, 0.0);
         let need = self.parts.iter().fold(Needs::default(), |a, p| match p {
             Part::Fast(p) => a.or(p.needs()),
@@ -724,15 +726,13 @@ impl Model {
                 rope_cache(pos, cfg.rope_base_swa, cfg, &mut s.rope_swa[i * rd..(i + 1) * rd]);
             }
         }
+        // Per-row steps (norms, RoPE, residuals, the GLU) run over the pool
+        // when a pass has many rows; each row's numbers are its own.
         for (li, layer) in self.layers.iter().enumerate() {
-            for i in 0..n {
-                rms_norm(
-                    &s.x[i * d..(i + 1) * d],
-                    &layer.attn_norm,
-                    cfg.eps,
-                    &mut s.h[i * d..(i + 1) * d],
-                );
-            }
+            let x = &s.x;
+            pool.chunks_mut(&mut s.h[..n * d], d, &|i, h| {
+                rms_norm(&x[i * d..(i + 1) * d], &layer.attn_norm, cfg.eps, h)
+            });
             layer.qkv.forward(pool, &s.h, n, &s.grouped, &s.wide, &mut s.acts, &mut s.qkv)?;
             let w = qd + 2 * kd;
             let rope_tab = if layer.rope_base != cfg.rope_base && !s.rope_swa.is_empty() {
@@ -740,8 +740,7 @@ impl Model {
             } else {
                 &s.rope
             };
-            for i in 0..n {
-                let row = &mut s.qkv[i * w..(i + 1) * w];
+            let rope_rows = |i: usize, row: &mut [f32]| {
                 if let Some(b) = &layer.bias {
                     row.iter_mut().zip(b).for_each(|(x, b)| *x += b);
                 }
@@ -761,6 +760,10 @@ impl Model {
                 if let Some(qs) = cfg.q_scale {
                     row[..qd].iter_mut().for_each(|v| *v *= qs);
                 }
+            };
+            pool.chunks_mut(&mut s.qkv[..n * w], w, &rope_rows);
+            for i in 0..n {
+                let row = &s.qkv[i * w..(i + 1) * w];
                 let kv = &mut *seqs[s.rows[i].0].kv;
                 kv.k[li].extend(row[qd..qd + kd].iter().map(|&v| f16::from_f32(v)));
                 kv.v[li].extend(row[qd + kd..].iter().map(|&v| f16::from_f32(v)));
@@ -768,11 +771,12 @@ impl Model {
             self.attention(pool, li, layer.swa, seqs, s);
             layer.wo.forward(pool, &s.att, n, &s.grouped, &s.wide, &mut s.acts, &mut s.proj)?;
             if let Some(pn) = &layer.post_attn_norm {
-                for p in s.proj.chunks_exact_mut(d) {
-                    rms_norm_in_place(p, pn, cfg.eps);
-                }
+                pool.chunks_mut(&mut s.proj[..n * d], d, &|_, p| rms_norm_in_place(p, pn, cfg.eps));
             }
-            s.x.iter_mut().zip(&s.proj).for_each(|(x, p)| *x += p);
+            let proj = &s.proj;
+            pool.chunks_mut(&mut s.x[..n * d], d, &|i, x| {
+                x.iter_mut().zip(&proj[i * d..(i + 1) * d]).for_each(|(x, p)| *x += p)
+            });
             // In the last layer only each sequence's last row goes on (its
             // keys and values are cached already): llama.cpp's output rows,
             // one column each.
@@ -786,14 +790,10 @@ impl Model {
             } else {
                 n
             };
-            for i in 0..nr {
-                rms_norm(
-                    &s.x[i * d..(i + 1) * d],
-                    &layer.ffn_norm,
-                    cfg.eps,
-                    &mut s.h[i * d..(i + 1) * d],
-                );
-            }
+            let x = &s.x;
+            pool.chunks_mut(&mut s.h[..nr * d], d, &|i, h| {
+                rms_norm(&x[i * d..(i + 1) * d], &layer.ffn_norm, cfg.eps, h)
+            });
             // The feed-forward block, FFN_SLICE positions at a time: its
             // activations are the widest (2·n_ff per position), and each
             // position's arithmetic does not depend on its neighbours.
@@ -810,10 +810,11 @@ impl Model {
                     &mut s.gu,
                 )?;
                 s.act.resize(m * ff, 0.0);
-                for i in 0..m {
-                    let (g, u) = s.gu[i * 2 * ff..(i + 1) * 2 * ff].split_at(ff);
-                    glu(cfg.act, g, u, &mut s.act[i * ff..(i + 1) * ff]);
-                }
+                let gu = &s.gu;
+                pool.chunks_mut(&mut s.act[..m * ff], ff, &|i, a| {
+                    let (g, u) = gu[i * 2 * ff..(i + 1) * 2 * ff].split_at(ff);
+                    glu(cfg.act, g, u, a);
+                });
                 layer.down.forward(
                     pool,
                     &s.act,
@@ -824,11 +825,14 @@ impl Model {
                     &mut s.proj,
                 )?;
                 if let Some(pn) = &layer.post_ffn_norm {
-                    for p in s.proj.chunks_exact_mut(d) {
-                        rms_norm_in_place(p, pn, cfg.eps);
-                    }
+                    pool.chunks_mut(&mut s.proj[..m * d], d, &|_, p| {
+                        rms_norm_in_place(p, pn, cfg.eps)
+                    });
                 }
-                s.x[c0 * d..(c0 + m) * d].iter_mut().zip(&s.proj).for_each(|(x, p)| *x += p);
+                let proj = &s.proj;
+                pool.chunks_mut(&mut s.x[c0 * d..(c0 + m) * d], d, &|i, x| {
+                    x.iter_mut().zip(&proj[i * d..(i + 1) * d]).for_each(|(x, p)| *x += p)
+                });
             }
         }
         // Each sequence's last row (compacted in the last layer): final

@@ -202,6 +202,54 @@ impl Pool {
     }
 }
 
+/// A buffer's base pointer, shared by the tasks of [`Pool::chunks_mut`]
+/// (each task forms only its own chunks from it).
+struct Base<T>(*mut T);
+
+// SAFETY: the tasks of one `chunks_mut` call form disjoint chunks of a
+// buffer borrowed mutably for that call; moving or sharing the pointer
+// between them moves `&mut` chunks of `T: Send` between threads.
+unsafe impl<T: Send> Send for Base<T> {}
+// SAFETY: as above.
+unsafe impl<T: Send> Sync for Base<T> {}
+
+/// Chunks below which [`Pool::chunks_mut`] stays on the calling thread
+/// (a job's dispatch costs about what a few short rows of work do).
+const PAR_CHUNKS: usize = 32;
+
+impl Pool {
+    /// Runs `f(i, chunk)` for every chunk `i` of `len` elements of `buf`
+    /// (a trailing part shorter than `len` is left alone), spread over the
+    /// pool when there are many, in order on this thread otherwise.
+    pub fn chunks_mut<T: Send>(
+        &self,
+        buf: &mut [T],
+        len: usize,
+        f: &(dyn Fn(usize, &mut [T]) + Sync),
+    ) {
+        assert!(len > 0, "chunks of no elements");
+        let n = buf.len() / len;
+        if self.threads == 1 || n < PAR_CHUNKS {
+            buf.chunks_exact_mut(len).enumerate().for_each(|(i, c)| f(i, c));
+            return;
+        }
+        let per = n.div_ceil(self.threads * 4);
+        let base = Base(buf.as_mut_ptr());
+        let base = &base;
+        self.run(n.div_ceil(per), &|t| {
+            for i in t * per..((t + 1) * per).min(n) {
+                // SAFETY: chunk i is elements i·len..(i + 1)·len of `buf`
+                // (i < n, so within it); task t alone forms chunks
+                // t·per..(t + 1)·per, so no element is reached twice; `buf`
+                // stays borrowed mutably until `run` has returned, after
+                // every task.
+                let c = unsafe { std::slice::from_raw_parts_mut(base.0.add(i * len), len) };
+                f(i, c);
+            }
+        });
+    }
+}
+
 fn worker(s: &Shared) {
     let mut seen = 0u64;
     loop {
@@ -253,6 +301,21 @@ impl Drop for Pool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn chunks_are_each_visited_once_with_their_index() {
+        for threads in [1, 2, 3] {
+            let pool = Pool::new(threads);
+            for n in [0usize, 5, 31, 32, 33, 100, 1000] {
+                let mut buf = vec![0usize; n * 3 + 2];
+                pool.chunks_mut(&mut buf, 3, &|i, c| c.iter_mut().for_each(|v| *v += i + 1));
+                for (j, v) in buf.iter().enumerate() {
+                    let want = if j < n * 3 { j / 3 + 1 } else { 0 };
+                    assert_eq!(*v, want, "threads {threads}, n {n}, element {j}");
+                }
+            }
+        }
+    }
 
     #[test]
     fn every_task_runs_once() {

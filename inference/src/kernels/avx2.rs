@@ -162,7 +162,10 @@ unsafe fn drive<K: Kern>(w: &RowMat, acts: &Acts, rows: std::ops::Range<usize>, 
             }
             return;
         }
-        if acts.n >= WIDE_MIN && K::wide(w, acts, rows.clone(), out) {
+        if acts.n >= WIDE_MIN
+            && std::env::var_os("NOWIDE").is_none()
+            && K::wide(w, acts, rows.clone(), out)
+        {
             return;
         }
         // A block of rows against each group of columns in turn: the rows'
@@ -530,15 +533,23 @@ unsafe fn b32_wide_in<const F: u8>(
                             group!(6);
                             group!(7);
                         }
-                        let mut t = [[0f32; 8]; 8];
-                        for (g, a) in acc.iter().enumerate() {
-                            _mm256_storeu_ps(t[g].as_mut_ptr(), *a);
-                        }
-                        let mut sm = [0f32; 8];
-                        _mm256_storeu_ps(sm.as_mut_ptr(), summs);
+                        // `hsum8` of each column's eight lanes, all eight
+                        // columns at once (the same additions in the same
+                        // order, lane by lane), then `+ Σ m·s`.
+                        let sum = _mm256_add_ps(
+                            _mm256_add_ps(
+                                _mm256_add_ps(acc[0], acc[4]),
+                                _mm256_add_ps(acc[2], acc[6]),
+                            ),
+                            _mm256_add_ps(
+                                _mm256_add_ps(acc[1], acc[5]),
+                                _mm256_add_ps(acc[3], acc[7]),
+                            ),
+                        );
+                        let mut o = [0f32; 8];
+                        _mm256_storeu_ps(o.as_mut_ptr(), _mm256_add_ps(sum, summs));
                         for j in 0..m {
-                            let l: [f32; 8] = std::array::from_fn(|g| t[g][j]);
-                            out.set(c + j, r, hsum8(&l) + sm[j]);
+                            out.set(c + j, r, o[j]);
                         }
                     }
                     c += m;
@@ -1546,22 +1557,52 @@ pub(super) unsafe fn tiled_softmax(kq: &mut [f32; 64], max: f32) -> f64 {
 pub(super) unsafe fn tiled_accumulate(p: &[f32], v32: &[f32], acc: &mut [f32]) {
     let hd = acc.len();
     assert!(hd.is_multiple_of(8) && hd <= 256 && v32.len() >= p.len() * hd);
-    // SAFETY: all offsets stay within `acc` and `v32` (asserted above).
-    unsafe {
-        let mut a = [_mm256_setzero_ps(); 32];
-        let chunks = hd / 8;
-        for (c, r) in a.iter_mut().take(chunks).enumerate() {
-            *r = _mm256_loadu_ps(acc.as_ptr().add(8 * c));
-        }
-        for (t, &pt) in p.iter().enumerate() {
-            let pv = _mm256_set1_ps(pt);
-            let row = v32.as_ptr().add(t * hd);
-            for (c, r) in a.iter_mut().take(chunks).enumerate() {
-                *r = _mm256_fmadd_ps(_mm256_loadu_ps(row.add(8 * c)), pv, *r);
+    // Slabs of 64 values (eight registers, a fixed count so they stay in
+    // registers), then the rest eight at a time; every value meets the same
+    // fused multiply-adds in the same order whatever the slab.
+    let mut c = 0;
+    while c < hd {
+        // SAFETY: `c + 64 <= hd` or `c + 8 <= hd` (hd is a multiple of 8),
+        // within `acc` and every row of `v32` (asserted above).
+        unsafe {
+            if hd - c >= 64 {
+                accumulate_slab::<8>(p, v32, hd, c, acc);
+                c += 64;
+            } else {
+                accumulate_slab::<1>(p, v32, hd, c, acc);
+                c += 8;
             }
         }
-        for (c, r) in a.iter().take(chunks).enumerate() {
-            _mm256_storeu_ps(acc.as_mut_ptr().add(8 * c), *r);
+    }
+}
+
+/// Values `c..c + 8·S` of [`tiled_accumulate`].
+///
+/// # Safety
+/// The CPU must support avx2 and fma; `c + 8·S <= hd = acc.len()` and
+/// `v32` holds `p.len() · hd` values.
+#[inline(always)]
+unsafe fn accumulate_slab<const S: usize>(
+    p: &[f32],
+    v32: &[f32],
+    hd: usize,
+    c: usize,
+    acc: &mut [f32],
+) {
+    // SAFETY: offsets `c..c + 8·S` of `acc` and of each of the `p.len()`
+    // rows of `v32` (the caller's contract).
+    unsafe {
+        let o = acc.as_mut_ptr().add(c);
+        let mut a: [__m256; S] = std::array::from_fn(|j| _mm256_loadu_ps(o.add(8 * j)));
+        for (t, &pt) in p.iter().enumerate() {
+            let pv = _mm256_set1_ps(pt);
+            let row = v32.as_ptr().add(t * hd + c);
+            for j in 0..S {
+                a[j] = _mm256_fmadd_ps(_mm256_loadu_ps(row.add(8 * j)), pv, a[j]);
+            }
+        }
+        for j in 0..S {
+            _mm256_storeu_ps(o.add(8 * j), a[j]);
         }
     }
 }

@@ -643,22 +643,52 @@ pub(super) unsafe fn tiled_softmax(kq: &mut [f32; 64], max: f32) -> f64 {
 pub(super) unsafe fn tiled_accumulate(p: &[f32], v32: &[f32], acc: &mut [f32]) {
     let hd = acc.len();
     assert!(hd.is_multiple_of(16) && hd <= 256 && v32.len() >= p.len() * hd);
-    // SAFETY: all offsets stay within `acc` and `v32` (asserted above).
-    unsafe {
-        let mut a = [_mm512_setzero_ps(); 16];
-        let chunks = hd / 16;
-        for (c, r) in a.iter_mut().take(chunks).enumerate() {
-            *r = _mm512_loadu_ps(acc.as_ptr().add(16 * c));
-        }
-        for (t, &pt) in p.iter().enumerate() {
-            let pv = _mm512_set1_ps(pt);
-            let row = v32.as_ptr().add(t * hd);
-            for (c, r) in a.iter_mut().take(chunks).enumerate() {
-                *r = _mm512_fmadd_ps(_mm512_loadu_ps(row.add(16 * c)), pv, *r);
+    // Slabs of 64 values (four registers, a fixed count so they stay in
+    // registers), then the rest sixteen at a time; every value meets the
+    // same fused multiply-adds in the same order whatever the slab.
+    let mut c = 0;
+    while c < hd {
+        // SAFETY: `c + 64 <= hd` or `c + 16 <= hd` (hd is a multiple of
+        // 16), within `acc` and every row of `v32` (asserted above).
+        unsafe {
+            if hd - c >= 64 {
+                accumulate_slab::<4>(p, v32, hd, c, acc);
+                c += 64;
+            } else {
+                accumulate_slab::<1>(p, v32, hd, c, acc);
+                c += 16;
             }
         }
-        for (c, r) in a.iter().take(chunks).enumerate() {
-            _mm512_storeu_ps(acc.as_mut_ptr().add(16 * c), *r);
+    }
+}
+
+/// Values `c..c + 16·S` of [`tiled_accumulate`].
+///
+/// # Safety
+/// The CPU must support avx512f and fma; `c + 16·S <= hd = acc.len()` and
+/// `v32` holds `p.len() · hd` values.
+#[inline(always)]
+unsafe fn accumulate_slab<const S: usize>(
+    p: &[f32],
+    v32: &[f32],
+    hd: usize,
+    c: usize,
+    acc: &mut [f32],
+) {
+    // SAFETY: offsets `c..c + 16·S` of `acc` and of each of the `p.len()`
+    // rows of `v32` (the caller's contract).
+    unsafe {
+        let o = acc.as_mut_ptr().add(c);
+        let mut a: [__m512; S] = std::array::from_fn(|j| _mm512_loadu_ps(o.add(16 * j)));
+        for (t, &pt) in p.iter().enumerate() {
+            let pv = _mm512_set1_ps(pt);
+            let row = v32.as_ptr().add(t * hd + c);
+            for j in 0..S {
+                a[j] = _mm512_fmadd_ps(_mm512_loadu_ps(row.add(16 * j)), pv, a[j]);
+            }
+        }
+        for j in 0..S {
+            _mm512_storeu_ps(o.add(16 * j), a[j]);
         }
     }
 }
