@@ -317,7 +317,9 @@ impl<const F: u8, const CH: bool> Kern for B32<F, CH> {
         let at = w.at(r0, R);
         assert!(w.row_bytes >= nb * bb);
         assert!((c0 + N) * k <= acts.q.len() && (c0 + N) * nb <= acts.d.len().min(acts.s.len()));
-        // SAFETY: loads within the R rows (`at`) and N columns asserted above.
+        let u5 = F == 2 && !CH && (c0 + N) * nb * 8 <= acts.g16.len();
+        // SAFETY: loads within the R rows (`at`), the N columns asserted
+        // above and their `g16` lanes (checked in `u5`).
         unsafe {
             let mut acc = [[_mm256_setzero_ps(); N]; R];
             let mut facc = [[0f32; N]; R];
@@ -330,6 +332,13 @@ impl<const F: u8, const CH: bool> Kern for B32<F, CH> {
                     let x = match F {
                         0 => _mm256_loadu_si256(blk.add(2) as *const __m256i),
                         1 => _mm256_sub_epi8(nibbles(blk.add(2)), _mm256_set1_epi8(8)),
+                        // Q5_0 on a decode: the values as `x + 16`
+                        // (unsigned, no sign trick), each lane later less
+                        // its `16 · Σ a` (the same integers).
+                        2 if u5 => {
+                            let hi = _mm256_and_si256(bits(blk.add(2)), _mm256_set1_epi8(0x10));
+                            _mm256_or_si256(nibbles(blk.add(6)), hi)
+                        }
                         2 => {
                             let hi = _mm256_andnot_si256(
                                 bits(blk.add(2)),
@@ -343,15 +352,23 @@ impl<const F: u8, const CH: bool> Kern for B32<F, CH> {
                             _mm256_or_si256(nibbles(blk.add(8)), hi)
                         }
                     };
-                    let ax = if signed { _mm256_sign_epi8(x, x) } else { x };
+                    let ax = if signed && !u5 { _mm256_sign_epi8(x, x) } else { x };
                     let m = if signed { 0.0 } else { f16_at(blk.add(2)) };
                     for j in 0..N {
                         let y = _mm256_loadu_si256(
                             acts.q.as_ptr().add((c0 + j) * k + b * QK) as *const __m256i
                         );
                         let da = *acts.d.get_unchecked((c0 + j) * nb + b);
-                        let sy = if signed { _mm256_sign_epi8(y, x) } else { y };
-                        let lanes = us_lanes(ax, sy);
+                        let lanes = if u5 {
+                            let g = acts.g16.as_ptr().add(((c0 + j) * nb + b) * 8);
+                            _mm256_sub_epi32(
+                                us_lanes(x, y),
+                                _mm256_loadu_si256(g as *const __m256i),
+                            )
+                        } else {
+                            let sy = if signed { _mm256_sign_epi8(y, x) } else { y };
+                            us_lanes(ax, sy)
+                        };
                         if CH {
                             let isum = hsum_i32(lanes);
                             facc[r][j] = (isum as f32).mul_add(dw * da, facc[r][j]);
@@ -1346,15 +1363,48 @@ pub(super) unsafe fn attend_vec(
     let chunks = hd / 8;
     assert!(out.len() == hd && chunks <= 32 && hd.is_multiple_of(64) && from <= upto);
     assert!(upto == 0 || (upto - 1) * lane.stride + lane.offset + hd <= kc.len().min(vc.len()));
+    // The common head sizes with their registers' count fixed (so the
+    // accumulators stay in registers); others up to 256 values through
+    // the widest.
+    // SAFETY: the bounds are asserted above; the features are the caller's.
+    unsafe {
+        match chunks {
+            8 => attend_vec_c::<8, true>(q, kc, vc, lane, from, upto, scale, out),
+            16 => attend_vec_c::<16, true>(q, kc, vc, lane, from, upto, scale, out),
+            _ => attend_vec_c::<32, false>(q, kc, vc, lane, from, upto, scale, out),
+        }
+    }
+}
+
+/// [`attend_vec`] for heads of at most `8·C` values (`C` registers), of
+/// exactly that many when `EXACT` (the loops' bounds then constants).
+///
+/// # Safety
+/// As [`attend_vec`], whose assertions it relies on; `q.len() <= 8·C`.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn attend_vec_c<const C: usize, const EXACT: bool>(
+    q: &[f32],
+    kc: &[half::f16],
+    vc: &[half::f16],
+    lane: super::attn::Lane,
+    from: usize,
+    upto: usize,
+    scale: f32,
+    out: &mut [f32],
+) {
+    let hd = q.len();
+    let chunks = if EXACT { C } else { hd / 8 };
+    assert!(chunks <= C && hd == 8 * chunks);
     // SAFETY: every pointer below stays within the slices asserted above.
     unsafe {
-        let mut qv = [_mm256_setzero_ps(); 32];
+        let mut qv = [_mm256_setzero_ps(); C];
         for (c, v) in qv.iter_mut().take(chunks).enumerate() {
             // The query rounded to f16 and back, as llama.cpp converts it.
             let x = _mm256_loadu_ps(q.as_ptr().add(8 * c));
             *v = _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x));
         }
-        let mut acc = [_mm_setzero_si128(); 32];
+        let mut acc = [_mm_setzero_si128(); C];
         let (mut s_sum, mut m) = (0f32, f32::NEG_INFINITY);
         for t in from..upto {
             let at = t * lane.stride + lane.offset;

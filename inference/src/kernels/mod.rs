@@ -30,6 +30,9 @@ use rows::{ActKind, RowMat};
 /// from here.
 pub(crate) const WIDE_MIN: usize = 16;
 
+/// Columns up to which `Acts::g16` is kept (decode steps).
+pub(crate) const G16_COLS: usize = 4;
+
 pub(crate) fn u16_at(b: &[u8], at: usize) -> u16 {
     u16::from_le_bytes([b[at], b[at + 1]])
 }
@@ -477,6 +480,10 @@ pub(crate) struct Acts {
     /// Per column and block, 16 lanes: `128 · (a[4j]+…+a[4j+3])` (twice),
     /// the offset the unsigned 8-bit tile weights add.
     pub(crate) corr: Vec<i32>,
+    /// Per column and block of a decode (at most [`G16_COLS`] columns), 8
+    /// lanes: `16 · (a[4j]+…+a[4j+3])`, the offset unsigned Q5_0 values
+    /// (`x + 16`) add to each lane of ggml's per-block sums.
+    pub(crate) g16: Vec<i32>,
     /// Per column and super-block of 256 (Q8_K): scale (f32), values, and
     /// the sums of each 16 values.
     pub(crate) kd: Vec<f32>,
@@ -575,6 +582,14 @@ impl Acts {
                 unsafe { cols.column(&x[c * k..(c + 1) * k], c) };
             }
         });
+        self.g16.clear();
+        if n <= G16_COLS {
+            self.g16.extend(
+                self.q[..n * nb * QK]
+                    .chunks_exact(4)
+                    .map(|g| 16 * g.iter().map(|&v| v as i32).sum::<i32>()),
+            );
+        }
         if n > 1 {
             let w = n + 8;
             self.dt.clear();
