@@ -216,6 +216,25 @@ unsafe fn hsum_i32(v: __m256i) -> i32 {
     }
 }
 
+/// The exact integer sums of eight registers, all at once: lane j is
+/// `hsum_i32(s[j])` (integer additions, so their order does not matter).
+///
+/// # Safety
+/// The CPU has avx2, fma and f16c (it is called from the AVX2 kernels).
+#[inline(always)]
+unsafe fn hsum_i32_x8(s: &[__m256i]) -> __m256i {
+    assert!(s.len() == 8);
+    // SAFETY: register arithmetic only.
+    unsafe {
+        let a = _mm256_hadd_epi32(_mm256_hadd_epi32(s[0], s[1]), _mm256_hadd_epi32(s[2], s[3]));
+        let b = _mm256_hadd_epi32(_mm256_hadd_epi32(s[4], s[5]), _mm256_hadd_epi32(s[6], s[7]));
+        _mm256_add_epi32(
+            _mm256_permute2x128_si256::<0x20>(a, b),
+            _mm256_permute2x128_si256::<0x31>(a, b),
+        )
+    }
+}
+
 /// An f16 at `p` as f32 (F16C).
 ///
 /// # Safety
@@ -707,12 +726,16 @@ impl Kern for Q4KChain {
                 }
                 let mut isum = [[_mm256_setzero_si256(); N]; R];
                 for g in 0..4 {
+                    // One row: each column's activations are read where they
+                    // are used (held in registers they would spill).
+                    let act = |j: usize| acts.kq.as_ptr().add((c0 + j) * k + b * QK_K + 64 * g);
                     let mut al = [_mm256_setzero_si256(); N];
                     let mut ah = [_mm256_setzero_si256(); N];
-                    for j in 0..N {
-                        let a = acts.kq.as_ptr().add((c0 + j) * k + b * QK_K + 64 * g);
-                        al[j] = _mm256_loadu_si256(a as *const __m256i);
-                        ah[j] = _mm256_loadu_si256(a.add(32) as *const __m256i);
+                    if R > 1 {
+                        for j in 0..N {
+                            al[j] = _mm256_loadu_si256(act(j) as *const __m256i);
+                            ah[j] = _mm256_loadu_si256(act(j).add(32) as *const __m256i);
+                        }
                     }
                     for r in 0..R {
                         let q = _mm256_loadu_si256(
@@ -723,8 +746,16 @@ impl Kern for Q4KChain {
                         let sl = _mm256_set1_epi16(sm[r][2 * g] as i16);
                         let sh = _mm256_set1_epi16(sm[r][2 * g + 1] as i16);
                         for j in 0..N {
-                            let pl = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, al[j]), sl);
-                            let ph = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, ah[j]), sh);
+                            let (al, ah) = if R > 1 {
+                                (al[j], ah[j])
+                            } else {
+                                (
+                                    _mm256_loadu_si256(act(j) as *const __m256i),
+                                    _mm256_loadu_si256(act(j).add(32) as *const __m256i),
+                                )
+                            };
+                            let pl = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, al), sl);
+                            let ph = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, ah), sh);
                             isum[r][j] = _mm256_add_epi32(isum[r][j], _mm256_add_epi32(pl, ph));
                             if grouped[j] {
                                 let bs = acts.kbs.get_unchecked((c0 + j) * nb * 16 + b * 16..);
@@ -1142,6 +1173,10 @@ impl Kern for Q5K {
             let mut facc = [[0f32; N]; R];
             let m4 = _mm256_set1_epi8(0x0F);
             let wide: [bool; N] = std::array::from_fn(|j| acts.wide(c0 + j));
+            let all_wide = N == 8 && wide.iter().all(|&w| w);
+            let panel_mins =
+                all_wide && c0.is_multiple_of(8) && (c0 / 8 + 1) * nb * 32 <= acts.kbp.len();
+            let mut fv = [_mm256_setzero_ps(); R];
             let base = w.bytes().as_ptr().add(at.base);
             for b in 0..nb {
                 let mut dw = [0f32; R];
@@ -1158,12 +1193,16 @@ impl Kern for Q5K {
                 }
                 let mut sumi = [[_mm256_setzero_si256(); N]; R];
                 for g in 0..4 {
+                    // One row: each column's activations are read where they
+                    // are used (held in registers they would spill).
+                    let act = |j: usize| acts.kq.as_ptr().add((c0 + j) * k + b * QK_K + 64 * g);
                     let mut al = [_mm256_setzero_si256(); N];
                     let mut ah = [_mm256_setzero_si256(); N];
-                    for j in 0..N {
-                        let a = acts.kq.as_ptr().add((c0 + j) * k + b * QK_K + 64 * g);
-                        al[j] = _mm256_loadu_si256(a as *const __m256i);
-                        ah[j] = _mm256_loadu_si256(a.add(32) as *const __m256i);
+                    if R > 1 {
+                        for j in 0..N {
+                            al[j] = _mm256_loadu_si256(act(j) as *const __m256i);
+                            ah[j] = _mm256_loadu_si256(act(j).add(32) as *const __m256i);
+                        }
                     }
                     for r in 0..R {
                         let blk = base.add(r * at.row + b * at.block);
@@ -1184,11 +1223,62 @@ impl Kern for Q5K {
                         let sl = _mm256_set1_epi16(sm[r][2 * g] as i16);
                         let sh = _mm256_set1_epi16(sm[r][2 * g + 1] as i16);
                         for j in 0..N {
-                            let pl = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, al[j]), sl);
-                            let ph = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, ah[j]), sh);
+                            let (al, ah) = if R > 1 {
+                                (al[j], ah[j])
+                            } else {
+                                (
+                                    _mm256_loadu_si256(act(j) as *const __m256i),
+                                    _mm256_loadu_si256(act(j).add(32) as *const __m256i),
+                                )
+                            };
+                            let pl = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, al), sl);
+                            let ph = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, ah), sh);
                             sumi[r][j] = _mm256_add_epi32(sumi[r][j], _mm256_add_epi32(pl, ph));
                         }
                     }
+                }
+                if all_wide {
+                    // ggml's tiled kernel for eight columns at once: lane j
+                    // is `fma(fma(-dmin, Σ min·bsum, d · Σ s), da, facc)`.
+                    let mut dav = [0f32; 8];
+                    for j in 0..N {
+                        dav[j] = *acts.kd.get_unchecked((c0 + j) * nb + b);
+                    }
+                    let dav = _mm256_loadu_ps(dav.as_ptr());
+                    for r in 0..R {
+                        // Σ min·bsum of the eight columns: per pair of
+                        // sub-blocks one madd of the row's two mins with
+                        // the panel's pairs of sums (`Acts::kbp`), exact.
+                        let imv = if panel_mins {
+                            let pp = acts.kbp.as_ptr().add(((c0 / 8) * nb + b) * 32);
+                            let mut iv = _mm256_setzero_si256();
+                            for t in 0..4 {
+                                let mm = sm[r][8 + 2 * t] as i32 | (sm[r][9 + 2 * t] as i32) << 16;
+                                let p = _mm256_loadu_si256(pp.add(8 * t) as *const __m256i);
+                                iv = _mm256_add_epi32(
+                                    iv,
+                                    _mm256_madd_epi16(p, _mm256_set1_epi32(mm)),
+                                );
+                            }
+                            iv
+                        } else {
+                            let mut im = [0i32; 8];
+                            for j in 0..N {
+                                let bs = acts.kbs.get_unchecked(((c0 + j) * nb + b) * 16..);
+                                im[j] = k_mins8(&sm[r], bs);
+                            }
+                            _mm256_loadu_si256(im.as_ptr() as *const __m256i)
+                        };
+                        let imv = _mm256_cvtepi32_ps(imv);
+                        let iv = _mm256_cvtepi32_ps(hsum_i32_x8(&sumi[r]));
+                        let v = _mm256_fmadd_ps(
+                            _mm256_set1_ps(-dminw[r]),
+                            imv,
+                            _mm256_mul_ps(_mm256_set1_ps(dw[r]), iv),
+                        );
+                        fv[r] = _mm256_fmadd_ps(v, dav, fv[r]);
+                    }
+                    continue;
                 }
                 for j in 0..N {
                     let col = c0 + j;
@@ -1212,6 +1302,12 @@ impl Kern for Q5K {
                 }
             }
             for r in 0..R {
+                if all_wide {
+                    let mut o = [0f32; 8];
+                    _mm256_storeu_ps(o.as_mut_ptr(), fv[r]);
+                    out[r].copy_from_slice(&o[..N]);
+                    continue;
+                }
                 for j in 0..N {
                     out[r][j] =
                         if wide[j] { facc[r][j] } else { hsum8_reg(acc[r][j]) + facc[r][j] };
@@ -1246,6 +1342,8 @@ impl Kern for Q6K {
             let mut facc = [[0f32; N]; R];
             let m15 = _mm256_set1_epi8(15);
             let wide: [bool; N] = std::array::from_fn(|j| acts.wide(c0 + j));
+            let all_wide = N == 8 && wide.iter().all(|&w| w);
+            let mut fv = [_mm256_setzero_ps(); R];
             let base = w.bytes().as_ptr().add(at.base);
             for b in 0..nb {
                 for r in 0..R {
@@ -1257,11 +1355,17 @@ impl Kern for Q6K {
                 let mut sumi = [[_mm256_setzero_si256(); N]; R];
                 for h in 0..2 {
                     for kk in 0..4 {
+                        // One row: each column's activations are read where
+                        // they are used (held in registers they would spill).
+                        let act = |j: usize| {
+                            acts.kq.as_ptr().add((c0 + j) * k + b * QK_K + 128 * h + 32 * kk)
+                                as *const __m256i
+                        };
                         let mut av = [_mm256_setzero_si256(); N];
-                        for j in 0..N {
-                            let a =
-                                acts.kq.as_ptr().add((c0 + j) * k + b * QK_K + 128 * h + 32 * kk);
-                            av[j] = _mm256_loadu_si256(a as *const __m256i);
+                        if R > 1 {
+                            for j in 0..N {
+                                av[j] = _mm256_loadu_si256(act(j));
+                            }
                         }
                         for r in 0..R {
                             let blk = base.add(r * at.row + b * at.block);
@@ -1298,7 +1402,8 @@ impl Kern for Q6K {
                                 _mm_set1_epi16(*blk.add(192 + s) as i8 as i16),
                             );
                             for j in 0..N {
-                                let p = _mm256_madd_epi16(_mm256_maddubs_epi16(wq, av[j]), sv);
+                                let a = if R > 1 { av[j] } else { _mm256_loadu_si256(act(j)) };
+                                let p = _mm256_madd_epi16(_mm256_maddubs_epi16(wq, a), sv);
                                 sumi[r][j] = _mm256_add_epi32(sumi[r][j], p);
                             }
                         }
@@ -1309,6 +1414,25 @@ impl Kern for Q6K {
                     let dw = f16_at(blk.add(208));
                     let scales16 =
                         _mm256_cvtepi8_epi16(_mm_loadu_si128(blk.add(192) as *const __m128i));
+                    if all_wide {
+                        // ggml's tiled kernel for eight columns at once:
+                        // lane j is `(dw · Σ s_j) · da_j + facc_j`.
+                        let mut sv = [_mm256_setzero_si256(); N];
+                        let mut dav = [0f32; 8];
+                        for j in 0..N {
+                            let col = c0 + j;
+                            dav[j] = *acts.kd.get_unchecked(col * nb + b);
+                            let bs = _mm256_loadu_si256(
+                                acts.kbs.as_ptr().add((col * nb + b) * 16) as *const __m256i
+                            );
+                            let corr = _mm256_slli_epi32::<5>(_mm256_madd_epi16(bs, scales16));
+                            sv[j] = _mm256_sub_epi32(sumi[r][j], corr);
+                        }
+                        let iv = _mm256_cvtepi32_ps(hsum_i32_x8(&sv));
+                        let v = _mm256_mul_ps(_mm256_set1_ps(dw), iv);
+                        fv[r] = _mm256_fmadd_ps(v, _mm256_loadu_ps(dav.as_ptr()), fv[r]);
+                        continue;
+                    }
                     for j in 0..N {
                         let col = c0 + j;
                         let da = *acts.kd.get_unchecked(col * nb + b);
@@ -1331,6 +1455,12 @@ impl Kern for Q6K {
                 }
             }
             for r in 0..R {
+                if all_wide {
+                    let mut o = [0f32; 8];
+                    _mm256_storeu_ps(o.as_mut_ptr(), fv[r]);
+                    out[r].copy_from_slice(&o[..N]);
+                    continue;
+                }
                 for j in 0..N {
                     out[r][j] = if wide[j] { facc[r][j] } else { hsum8_reg(acc[r][j]) };
                 }

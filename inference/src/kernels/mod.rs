@@ -489,6 +489,12 @@ pub(crate) struct Acts {
     pub(crate) kd: Vec<f32>,
     pub(crate) kq: Vec<i8>,
     pub(crate) kbs: Vec<i16>,
+    /// The Q8_K sums of each 32 values (pairs of `kbs`) in panels of eight
+    /// columns for wide products, `[panel][super-block][t][column]`: lane
+    /// j of row t holds column j's sums of sub-blocks 2t and 2t + 1 as an
+    /// i16 pair (one `vpmaddwd` with a row's two mins gives Σ min·bsum of
+    /// eight columns). Columns past `n` are zeros.
+    pub(crate) kbp: Vec<i32>,
     /// `d` and `s` of the 32-blocks transposed, `[block][column]`, for
     /// kernels that take several columns of one block at once (padded by
     /// 8 columns so a vector load past the last is in bounds).
@@ -552,6 +558,21 @@ impl Acts {
                     unsafe { cols.column(&x[c * k..(c + 1) * k], c) };
                 }
             });
+        }
+        self.kbp.clear();
+        if need.k256 && k.is_multiple_of(QK_K) && n >= WIDE_MIN {
+            let nb = k / QK_K;
+            self.kbp.resize(n.div_ceil(8) * nb * 32, 0);
+            for c in 0..n {
+                for b in 0..nb {
+                    let bs = &self.kbs[(c * nb + b) * 16..(c * nb + b + 1) * 16];
+                    for t in 0..4 {
+                        let lo = bs[4 * t].wrapping_add(bs[4 * t + 1]) as u16 as u32;
+                        let hi = bs[4 * t + 2].wrapping_add(bs[4 * t + 3]) as u16 as u32;
+                        self.kbp[(((c / 8) * nb + b) * 4 + t) * 8 + c % 8] = (lo | hi << 16) as i32;
+                    }
+                }
+            }
         }
         let b32 = need.b32 || need.tile4 || need.tile8;
         if !b32 {
@@ -1081,6 +1102,56 @@ mod tests {
 
     /// The packed kernels agree with a plain dequantized product, and the
     /// SIMD path is bit-identical to the scalar one for every column count.
+    /// Every row format's SIMD kernels against the portable ones, on
+    /// random blocks, for decode widths, grouped and wide prompt widths and
+    /// ragged ones (the wide paths' panels of eight columns, their tails):
+    /// bit for bit, as the design requires.
+    #[test]
+    fn row_kernels_agree_with_the_portable_path_at_every_width() {
+        use rows::Fmt;
+        // Block bytes and the offsets of the block's f16 scales.
+        let formats: [(Fmt, usize, usize, &[usize]); 8] = [
+            (Fmt::Q4_0, 32, 18, &[0]),
+            (Fmt::Q4_1, 32, 20, &[0, 2]),
+            (Fmt::Q5_0, 32, 22, &[0]),
+            (Fmt::Q5_1, 32, 24, &[0, 2]),
+            (Fmt::Q8_0, 32, 34, &[0]),
+            (Fmt::Q4K, 256, 144, &[0, 2]),
+            (Fmt::Q5K, 256, 176, &[0, 2]),
+            (Fmt::Q6K, 256, 210, &[208]),
+        ];
+        let cols = 512;
+        for (fmt, qk, bb, scales) in formats {
+            for rows in [16usize, 12] {
+                let mut r = rng(fmt as u64 * 31 + rows as u64);
+                let blocks = rows * cols / qk;
+                let mut raw: Vec<u8> = (0..blocks * bb).map(|_| r() as u8).collect();
+                for b in 0..blocks {
+                    for &o in scales {
+                        let d = half::f16::from_f32((r() % 1000) as f32 / 20_000.0 + 1e-4);
+                        raw[b * bb + o..b * bb + o + 2].copy_from_slice(&d.to_le_bytes());
+                    }
+                }
+                let w = Packed::rows(fmt, raw, rows, cols);
+                for n in [1usize, 2, 4, 5, 8, 9, 16, 17, 24, 31, 40] {
+                    let x = random_x(n * cols, n as u64);
+                    let simd = run(&w, &x, n, None);
+                    let sc = run(&w, &x, n, Some(Isa::Scalar));
+                    assert!(simd.iter().all(|v| v.is_finite()), "{fmt:?} {rows} rows n={n}");
+                    for (i, (a, b)) in simd.iter().zip(&sc).enumerate() {
+                        assert_eq!(
+                            a.to_bits(),
+                            b.to_bits(),
+                            "{fmt:?} {rows} rows n={n}: column {} row {}: {a} vs {b}",
+                            i / rows,
+                            i % rows
+                        );
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn kernels_match_reference_and_each_other() {
         for (rows, cols) in [(6usize, 64usize), (13, 96), (32, 576)] {
