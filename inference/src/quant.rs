@@ -271,12 +271,52 @@ fn column_q8(x: &[f32], q: &mut [i8], d: &mut [f32], s: &mut [f32]) {
     }
 }
 
+/// [`column_q8`] in AVX2 registers, as ggml's AVX2 `quantize_row_q8_1`
+/// forms it: the block's largest magnitude, `round(v · 127/amax)` to
+/// nearest even, packed to bytes with saturation, the exact integer sum.
+/// The same numbers as [`quantize_block_q8`] for every finite input.
+///
 /// # Safety
 /// The CPU must support avx2, fma and f16c.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn column_q8_avx2(x: &[f32], q: &mut [i8], d: &mut [f32], s: &mut [f32]) {
-    column_q8(x, q, d, s);
+    use std::arch::x86_64::*;
+    let nb = x.len() / QK;
+    assert!(q.len() >= nb * QK && d.len() >= nb && s.len() >= nb);
+    // SAFETY: block b reads x[32b..32b + 32] and writes q[32b..32b + 32],
+    // d[b], s[b], all within the slices (asserted above).
+    unsafe {
+        let sign = _mm256_set1_ps(-0.0);
+        let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+        for b in 0..nb {
+            let p = x.as_ptr().add(b * QK);
+            let v: [__m256; 4] = std::array::from_fn(|i| _mm256_loadu_ps(p.add(8 * i)));
+            let m01 = _mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1]));
+            let m23 = _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3]));
+            let m = _mm256_max_ps(m01, m23);
+            let m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
+            let m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+            let amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+            let dd = amax / 127.0;
+            let id = _mm256_set1_ps(if amax != 0.0 { 127.0 / amax } else { 0.0 });
+            let r: [__m256i; 4] = std::array::from_fn(|i| {
+                _mm256_cvtps_epi32(_mm256_round_ps::<
+                    { _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC },
+                >(_mm256_mul_ps(v[i], id)))
+            });
+            let sum = _mm256_add_epi32(_mm256_add_epi32(r[0], r[1]), _mm256_add_epi32(r[2], r[3]));
+            let s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256::<1>(sum));
+            let s4 = _mm_add_epi32(s4, _mm_unpackhi_epi64(s4, s4));
+            let isum = _mm_cvtsi128_si32(_mm_add_epi32(s4, _mm_shuffle_epi32::<1>(s4)));
+            let packed =
+                _mm256_packs_epi16(_mm256_packs_epi32(r[0], r[1]), _mm256_packs_epi32(r[2], r[3]));
+            let bytes = _mm256_permutevar8x32_epi32(packed, order);
+            _mm256_storeu_si256(q.as_mut_ptr().add(b * QK) as *mut __m256i, bytes);
+            d[b] = f16::from_f32(dd).to_f32();
+            s[b] = f16::from_f32(dd * isum as f32).to_f32();
+        }
+    }
 }
 
 /// See [`quantize_column_q8`], for Q8_K super-blocks.
@@ -325,6 +365,54 @@ mod tests {
         assert_eq!(&r.q[..4], &[127, 0, 2, -2]);
         assert_eq!(r.d[0], 1.0);
         assert_eq!(r.s[0], 127.0);
+    }
+
+    /// The AVX2 column quantizer and the portable one, bit for bit, on
+    /// random columns with exact ties, zero blocks, one-value blocks and
+    /// extreme magnitudes.
+    #[test]
+    fn q8_column_paths_agree() {
+        #[cfg(target_arch = "x86_64")]
+        if crate::kernels::isa().avx2() {
+            let mut r = 0x2545_f491_4f6c_dd1du64;
+            let mut next = move || {
+                r ^= r << 13;
+                r ^= r >> 7;
+                r ^= r << 17;
+                r
+            };
+            for case in 0..200 {
+                let nb = 1 + case % 7;
+                let spread = [1e-30f32, 1e-3, 1.0, 300.0, 1e30][case % 5];
+                let mut x: Vec<f32> = (0..nb * QK)
+                    .map(|_| ((next() % 20001) as f32 - 10000.0) / 10000.0 * spread)
+                    .collect();
+                match case % 4 {
+                    // Exact halves after scaling: the block's max is 127.
+                    0 => {
+                        x[0] = 127.0;
+                        for (i, v) in x[1..QK].iter_mut().enumerate() {
+                            *v = i as f32 - 15.5;
+                        }
+                    }
+                    1 => x[..QK].fill(0.0),
+                    2 => {
+                        x[..QK].fill(0.0);
+                        x[7] = -spread;
+                    }
+                    _ => {}
+                }
+                let mut a = (vec![0i8; nb * QK], vec![0f32; nb], vec![0f32; nb]);
+                let mut b = a.clone();
+                column_q8(&x, &mut a.0, &mut a.1, &mut a.2);
+                // SAFETY: the CPU has AVX2, FMA and F16C (`isa`).
+                unsafe { column_q8_avx2(&x, &mut b.0, &mut b.1, &mut b.2) };
+                assert_eq!(a.0, b.0, "case {case}");
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&a.1), bits(&b.1), "case {case}");
+                assert_eq!(bits(&a.2), bits(&b.2), "case {case}");
+            }
+        }
     }
 
     #[test]

@@ -444,15 +444,49 @@ pub(super) unsafe fn attend_vec(
     let chunks = hd / 16;
     assert!(out.len() == hd && chunks <= 16 && hd.is_multiple_of(64));
     assert!(upto == 0 || (upto - 1) * lane.stride + lane.offset + hd <= kc.len().min(vc.len()));
-    // SAFETY: every pointer below stays within the slices asserted above.
+    // The common head sizes with their registers' count fixed (so the
+    // accumulators stay in registers); others up to 256 values through
+    // the widest.
+    // SAFETY: the bounds are asserted above; the features are the caller's.
     unsafe {
-        let mut qv = [_mm512_setzero_ps(); 16];
+        match chunks {
+            4 => attend_vec_c::<4, true>(q, kc, vc, lane, from, upto, scale, out),
+            8 => attend_vec_c::<8, true>(q, kc, vc, lane, from, upto, scale, out),
+            _ => attend_vec_c::<16, false>(q, kc, vc, lane, from, upto, scale, out),
+        }
+    }
+}
+
+/// [`attend_vec`] for heads of at most `16·C` values (`C` registers), of
+/// exactly that many when `EXACT` (the loops' bounds then constants).
+///
+/// # Safety
+/// As [`attend_vec`], whose assertions it relies on; `q.len() <= 16·C`.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn attend_vec_c<const C: usize, const EXACT: bool>(
+    q: &[f32],
+    kc: &[half::f16],
+    vc: &[half::f16],
+    lane: super::attn::Lane,
+    from: usize,
+    upto: usize,
+    scale: f32,
+    out: &mut [f32],
+) {
+    let hd = q.len();
+    let chunks = if EXACT { C } else { hd / 16 };
+    assert!(chunks <= C && hd == 16 * chunks);
+    // SAFETY: every pointer below stays within the slices asserted by
+    // `attend_vec`.
+    unsafe {
+        let mut qv = [_mm512_setzero_ps(); C];
         for (c, v) in qv.iter_mut().take(chunks).enumerate() {
             // The query rounded to f16 and back, as llama.cpp converts it.
             let x = _mm512_loadu_ps(q.as_ptr().add(16 * c));
             *v = _mm512_cvtph_ps(_mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x));
         }
-        let mut acc = [_mm256_setzero_si256(); 16];
+        let mut acc = [_mm256_setzero_si256(); C];
         let (mut s_sum, mut m) = (0f32, f32::NEG_INFINITY);
         for t in from..upto {
             let at = t * lane.stride + lane.offset;
