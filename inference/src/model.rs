@@ -730,7 +730,7 @@ impl Model {
         // when a pass has many rows; each row's numbers are its own.
         for (li, layer) in self.layers.iter().enumerate() {
             let x = &s.x;
-            pool.chunks_mut(&mut s.h[..n * d], d, &|i, h| {
+            crate::kernels::rows_mut(pool, &mut s.h[..n * d], d, |i, h| {
                 rms_norm(&x[i * d..(i + 1) * d], &layer.attn_norm, cfg.eps, h)
             });
             layer.qkv.forward(pool, &s.h, n, &s.grouped, &s.wide, &mut s.acts, &mut s.qkv)?;
@@ -761,7 +761,7 @@ impl Model {
                     row[..qd].iter_mut().for_each(|v| *v *= qs);
                 }
             };
-            pool.chunks_mut(&mut s.qkv[..n * w], w, &rope_rows);
+            crate::kernels::rows_mut(pool, &mut s.qkv[..n * w], w, rope_rows);
             for i in 0..n {
                 let row = &s.qkv[i * w..(i + 1) * w];
                 let kv = &mut *seqs[s.rows[i].0].kv;
@@ -771,10 +771,12 @@ impl Model {
             self.attention(pool, li, layer.swa, seqs, s);
             layer.wo.forward(pool, &s.att, n, &s.grouped, &s.wide, &mut s.acts, &mut s.proj)?;
             if let Some(pn) = &layer.post_attn_norm {
-                pool.chunks_mut(&mut s.proj[..n * d], d, &|_, p| rms_norm_in_place(p, pn, cfg.eps));
+                crate::kernels::rows_mut(pool, &mut s.proj[..n * d], d, |_, p| {
+                    rms_norm_in_place(p, pn, cfg.eps)
+                });
             }
             let proj = &s.proj;
-            pool.chunks_mut(&mut s.x[..n * d], d, &|i, x| {
+            crate::kernels::rows_mut(pool, &mut s.x[..n * d], d, |i, x| {
                 x.iter_mut().zip(&proj[i * d..(i + 1) * d]).for_each(|(x, p)| *x += p)
             });
             // In the last layer only each sequence's last row goes on (its
@@ -791,7 +793,7 @@ impl Model {
                 n
             };
             let x = &s.x;
-            pool.chunks_mut(&mut s.h[..nr * d], d, &|i, h| {
+            crate::kernels::rows_mut(pool, &mut s.h[..nr * d], d, |i, h| {
                 rms_norm(&x[i * d..(i + 1) * d], &layer.ffn_norm, cfg.eps, h)
             });
             // The feed-forward block, FFN_SLICE positions at a time: its
@@ -811,7 +813,7 @@ impl Model {
                 )?;
                 s.act.resize(m * ff, 0.0);
                 let gu = &s.gu;
-                pool.chunks_mut(&mut s.act[..m * ff], ff, &|i, a| {
+                crate::kernels::rows_mut(pool, &mut s.act[..m * ff], ff, |i, a| {
                     let (g, u) = gu[i * 2 * ff..(i + 1) * 2 * ff].split_at(ff);
                     glu(cfg.act, g, u, a);
                 });
@@ -825,12 +827,12 @@ impl Model {
                     &mut s.proj,
                 )?;
                 if let Some(pn) = &layer.post_ffn_norm {
-                    pool.chunks_mut(&mut s.proj[..m * d], d, &|_, p| {
+                    crate::kernels::rows_mut(pool, &mut s.proj[..m * d], d, |_, p| {
                         rms_norm_in_place(p, pn, cfg.eps)
                     });
                 }
                 let proj = &s.proj;
-                pool.chunks_mut(&mut s.x[c0 * d..(c0 + m) * d], d, &|i, x| {
+                crate::kernels::rows_mut(pool, &mut s.x[c0 * d..(c0 + m) * d], d, |i, x| {
                     x.iter_mut().zip(&proj[i * d..(i + 1) * d]).for_each(|(x, p)| *x += p)
                 });
             }

@@ -356,7 +356,7 @@ pub(crate) struct TiledRow<'a> {
 /// running max and sum.
 #[derive(Debug, Default)]
 pub(crate) struct TiledScratch {
-    kt16: Vec<f16>,
+    krow: Vec<f32>,
     kt: Vec<f32>,
     v32: Vec<f32>,
     m: Vec<f32>,
@@ -381,7 +381,7 @@ pub(crate) fn attend_tiled(
     assert!(out.len() >= rows.len() * hd && rows.iter().all(|r| r.q.len() == hd));
     let upto = rows.iter().map(|r| r.upto).max().unwrap_or(0);
     assert!(upto == 0 || lane.at(upto - 1) + hd <= kc.len().min(vc.len()));
-    tile.kt16.resize(hd * TILE, f16::ZERO);
+    tile.krow.resize(hd, 0.0);
     tile.kt.resize(hd * TILE, 0.0);
     tile.v32.resize(TILE * hd, 0.0);
     tile.m.clear();
@@ -408,12 +408,12 @@ pub(crate) fn attend_tiled(
         let nk = TILE.min(upto - c);
         for t in 0..nk {
             let at = lane.at(c + t);
-            for (d, k) in kc[at..at + hd].iter().enumerate() {
-                tile.kt16[d * TILE + t] = *k;
+            kc[at..at + hd].convert_to_f32_slice(&mut tile.krow);
+            for (row, &k) in tile.kt.chunks_exact_mut(TILE).zip(&tile.krow) {
+                row[t] = k;
             }
             vc[at..at + hd].convert_to_f32_slice(&mut tile.v32[t * hd..(t + 1) * hd]);
         }
-        tile.kt16.convert_to_f32_slice(&mut tile.kt);
         for (r, row) in rows.iter().enumerate() {
             if row.upto <= c {
                 continue;

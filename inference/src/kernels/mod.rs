@@ -801,6 +801,38 @@ fn quantize_column_scalar(
     }
 }
 
+/// Runs `f(i, chunk)` for every chunk of `len` elements of `buf` on
+/// `pool` (`Pool::chunks_mut`), with `f` compiled for AVX2, FMA and F16C
+/// where the CPU has them: a closure handed to the pool is a function of its
+/// own and would not inherit the features of the pass that made it (its
+/// `mul_add`s would be library calls). The numbers are the same either way.
+pub(crate) fn rows_mut<T: Send>(
+    pool: &crate::pool::Pool,
+    buf: &mut [T],
+    len: usize,
+    f: impl Fn(usize, &mut [T]) + Sync,
+) {
+    pool.chunks_mut(buf, len, &|i, c| with_avx2(|| f(i, c)));
+}
+
+/// `f()`, inlined into a function compiled for AVX2, FMA and F16C when the
+/// CPU has them (else plainly).
+#[inline(always)]
+fn with_avx2<R>(f: impl FnOnce() -> R) -> R {
+    #[cfg(target_arch = "x86_64")]
+    if isa().avx2() {
+        /// # Safety
+        /// The CPU must support avx2, fma and f16c.
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn call<R>(f: impl FnOnce() -> R) -> R {
+            f()
+        }
+        // SAFETY: the CPU has AVX2, FMA and F16C (`isa`).
+        return unsafe { call(f) };
+    }
+    f()
+}
+
 /// llama.cpp's horizontal sum of eight lanes.
 #[inline]
 pub(crate) fn hsum8(l: &[f32; 8]) -> f32 {
