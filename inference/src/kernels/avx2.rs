@@ -162,10 +162,7 @@ unsafe fn drive<K: Kern>(w: &RowMat, acts: &Acts, rows: std::ops::Range<usize>, 
             }
             return;
         }
-        if acts.n >= WIDE_MIN
-            && std::env::var_os("NOWIDE").is_none()
-            && K::wide(w, acts, rows.clone(), out)
-        {
+        if acts.n >= WIDE_MIN && K::wide(w, acts, rows.clone(), out) {
             return;
         }
         // A block of rows against each group of columns in turn: the rows'
