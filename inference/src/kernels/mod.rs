@@ -262,8 +262,12 @@ impl Packed {
             PackedKind::Q8_0 { .. } => Needs { tile8: true, ..Needs::default() },
             PackedKind::F32 { .. } => Needs { f32: true, ..Needs::default() },
             PackedKind::Rows(m) => match m.fmt.acts() {
-                ActKind::B32 => Needs { b32: true, ..Needs::default() },
-                ActKind::K256 => Needs { k256: true, ..Needs::default() },
+                ActKind::B32 => {
+                    Needs { b32: true, g16: m.fmt == rows::Fmt::Q5_0, ..Needs::default() }
+                }
+                ActKind::K256 => {
+                    Needs { k256: true, kbp: m.fmt == rows::Fmt::Q5K, ..Needs::default() }
+                }
                 ActKind::F32 => Needs { f32: true, ..Needs::default() },
             },
         }
@@ -444,6 +448,10 @@ pub(crate) struct Needs {
     pub(crate) tile8: bool,
     /// Q8_K super-blocks (`kq`, `kd`, `kbs`).
     pub(crate) k256: bool,
+    /// Q5_0 rows: `g16` on a decode.
+    pub(crate) g16: bool,
+    /// Q5_K rows: `kbp` on a wide product.
+    pub(crate) kbp: bool,
 }
 
 impl Needs {
@@ -454,6 +462,8 @@ impl Needs {
             tile4: self.tile4 || o.tile4,
             tile8: self.tile8 || o.tile8,
             k256: self.k256 || o.k256,
+            g16: self.g16 || o.g16,
+            kbp: self.kbp || o.kbp,
         }
     }
 }
@@ -560,7 +570,7 @@ impl Acts {
             });
         }
         self.kbp.clear();
-        if need.k256 && k.is_multiple_of(QK_K) && n >= WIDE_MIN {
+        if need.k256 && need.kbp && k.is_multiple_of(QK_K) && n >= WIDE_MIN {
             let nb = k / QK_K;
             self.kbp.resize(n.div_ceil(8) * nb * 32, 0);
             for c in 0..n {
@@ -604,7 +614,7 @@ impl Acts {
             }
         });
         self.g16.clear();
-        if n <= G16_COLS {
+        if need.g16 && n <= G16_COLS {
             self.g16.extend(
                 self.q[..n * nb * QK]
                     .chunks_exact(4)
