@@ -294,6 +294,41 @@ unsafe fn us_lanes(u: __m256i, s: __m256i) -> __m256i {
     unsafe { _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)) }
 }
 
+/// Each column's 32 activation bytes at `p(j)` for a call of `R` rows:
+/// loaded once for all rows when several rows share them; with one row left
+/// to [`act_at`] (an array of them held in registers would spill).
+///
+/// # Safety
+/// The CPU has avx2, fma and f16c (it is called from the AVX2 kernels);
+/// with `R > 1`, `p(j)` points to 32 readable bytes for every `j < N`.
+#[inline(always)]
+unsafe fn preload<const R: usize, const N: usize>(p: impl Fn(usize) -> *const i8) -> [__m256i; N] {
+    // SAFETY: the caller's contract.
+    std::array::from_fn(|j| unsafe {
+        if R > 1 {
+            _mm256_loadu_si256(p(j) as *const __m256i)
+        } else {
+            _mm256_setzero_si256()
+        }
+    })
+}
+
+/// A column's activations from [`preload`]: `pre` when several rows share
+/// them, else read at `p` where they are used.
+///
+/// # Safety
+/// The CPU has avx2, fma and f16c (it is called from the AVX2 kernels);
+/// with `R == 1`, `p` points to 32 readable bytes.
+#[inline(always)]
+unsafe fn act_at<const R: usize>(pre: __m256i, p: *const i8) -> __m256i {
+    if R > 1 {
+        pre
+    } else {
+        // SAFETY: the caller's contract (32 readable bytes at `p`).
+        unsafe { _mm256_loadu_si256(p as *const __m256i) }
+    }
+}
+
 /// Blocks of 32 with Q8_0/Q8_1 activations. `F`: 0 Q8_0, 1 Q4_0, 2 Q5_0
 /// (signed values: ggml's sign trick), 3 Q4_1, 4 Q5_1 (unsigned, plus
 /// `Σ m·s`); `CH`: the *chain* numerics (repacked Q4_0).
@@ -723,17 +758,10 @@ impl Kern for Q4KChain {
                 }
                 let mut isum = [[_mm256_setzero_si256(); N]; R];
                 for g in 0..4 {
-                    // One row: each column's activations are read where they
-                    // are used (held in registers they would spill).
+                    // This group's activations of each column (`preload`).
                     let act = |j: usize| acts.kq.as_ptr().add((c0 + j) * k + b * QK_K + 64 * g);
-                    let mut al = [_mm256_setzero_si256(); N];
-                    let mut ah = [_mm256_setzero_si256(); N];
-                    if R > 1 {
-                        for j in 0..N {
-                            al[j] = _mm256_loadu_si256(act(j) as *const __m256i);
-                            ah[j] = _mm256_loadu_si256(act(j).add(32) as *const __m256i);
-                        }
-                    }
+                    let al = preload::<R, N>(act);
+                    let ah = preload::<R, N>(|j| act(j).add(32));
                     for r in 0..R {
                         let q = _mm256_loadu_si256(
                             base.add(r * at.row + b * at.block + 16 + 32 * g) as *const __m256i,
@@ -743,14 +771,8 @@ impl Kern for Q4KChain {
                         let sl = _mm256_set1_epi16(sm[r][2 * g] as i16);
                         let sh = _mm256_set1_epi16(sm[r][2 * g + 1] as i16);
                         for j in 0..N {
-                            let (al, ah) = if R > 1 {
-                                (al[j], ah[j])
-                            } else {
-                                (
-                                    _mm256_loadu_si256(act(j) as *const __m256i),
-                                    _mm256_loadu_si256(act(j).add(32) as *const __m256i),
-                                )
-                            };
+                            let al = act_at::<R>(al[j], act(j));
+                            let ah = act_at::<R>(ah[j], act(j).add(32));
                             let pl = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, al), sl);
                             let ph = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, ah), sh);
                             isum[r][j] = _mm256_add_epi32(isum[r][j], _mm256_add_epi32(pl, ph));
@@ -1190,17 +1212,10 @@ impl Kern for Q5K {
                 }
                 let mut sumi = [[_mm256_setzero_si256(); N]; R];
                 for g in 0..4 {
-                    // One row: each column's activations are read where they
-                    // are used (held in registers they would spill).
+                    // This group's activations of each column (`preload`).
                     let act = |j: usize| acts.kq.as_ptr().add((c0 + j) * k + b * QK_K + 64 * g);
-                    let mut al = [_mm256_setzero_si256(); N];
-                    let mut ah = [_mm256_setzero_si256(); N];
-                    if R > 1 {
-                        for j in 0..N {
-                            al[j] = _mm256_loadu_si256(act(j) as *const __m256i);
-                            ah[j] = _mm256_loadu_si256(act(j).add(32) as *const __m256i);
-                        }
-                    }
+                    let al = preload::<R, N>(act);
+                    let ah = preload::<R, N>(|j| act(j).add(32));
                     for r in 0..R {
                         let blk = base.add(r * at.row + b * at.block);
                         let hbits = _mm256_loadu_si256(blk.add(16) as *const __m256i);
@@ -1220,14 +1235,8 @@ impl Kern for Q5K {
                         let sl = _mm256_set1_epi16(sm[r][2 * g] as i16);
                         let sh = _mm256_set1_epi16(sm[r][2 * g + 1] as i16);
                         for j in 0..N {
-                            let (al, ah) = if R > 1 {
-                                (al[j], ah[j])
-                            } else {
-                                (
-                                    _mm256_loadu_si256(act(j) as *const __m256i),
-                                    _mm256_loadu_si256(act(j).add(32) as *const __m256i),
-                                )
-                            };
+                            let al = act_at::<R>(al[j], act(j));
+                            let ah = act_at::<R>(ah[j], act(j).add(32));
                             let pl = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, al), sl);
                             let ph = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, ah), sh);
                             sumi[r][j] = _mm256_add_epi32(sumi[r][j], _mm256_add_epi32(pl, ph));
@@ -1352,18 +1361,11 @@ impl Kern for Q6K {
                 let mut sumi = [[_mm256_setzero_si256(); N]; R];
                 for h in 0..2 {
                     for kk in 0..4 {
-                        // One row: each column's activations are read where
-                        // they are used (held in registers they would spill).
+                        // This chunk's activations of each column (`preload`).
                         let act = |j: usize| {
                             acts.kq.as_ptr().add((c0 + j) * k + b * QK_K + 128 * h + 32 * kk)
-                                as *const __m256i
                         };
-                        let mut av = [_mm256_setzero_si256(); N];
-                        if R > 1 {
-                            for j in 0..N {
-                                av[j] = _mm256_loadu_si256(act(j));
-                            }
-                        }
+                        let av = preload::<R, N>(act);
                         for r in 0..R {
                             let blk = base.add(r * at.row + b * at.block);
                             let ql = _mm256_loadu_si256(
@@ -1399,7 +1401,7 @@ impl Kern for Q6K {
                                 _mm_set1_epi16(*blk.add(192 + s) as i8 as i16),
                             );
                             for j in 0..N {
-                                let a = if R > 1 { av[j] } else { _mm256_loadu_si256(act(j)) };
+                                let a = act_at::<R>(av[j], act(j));
                                 let p = _mm256_madd_epi16(_mm256_maddubs_epi16(wq, a), sv);
                                 sumi[r][j] = _mm256_add_epi32(sumi[r][j], p);
                             }
