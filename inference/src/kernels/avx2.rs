@@ -12,7 +12,7 @@
 // Register arrays are indexed in lock step; index loops read clearest here.
 #![allow(clippy::needless_range_loop)]
 
-use super::rows::{Fmt, RowMat};
+use super::rows::{self, Fmt, RowMat};
 use super::{hsum8, Acts, OutRows, WIDE_MIN};
 use crate::quant::{QK, QK_K};
 use std::arch::x86_64::*;
@@ -294,6 +294,116 @@ unsafe fn us_lanes(u: __m256i, s: __m256i) -> __m256i {
     unsafe { _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)) }
 }
 
+/// 0x10 at byte `j` where the high bit of value `j` is set, from a register
+/// holding a Q5_0 pair's eight high-bit bytes four times (`rows::q5_pair`),
+/// block a's bits in place (bit `4 + j / 8` of byte `j % 8`).
+///
+/// # Safety
+/// The CPU has avx2, fma and f16c (it is called from the AVX2 kernels).
+#[inline(always)]
+unsafe fn q5_high_of(q: __m256i) -> __m256i {
+    // SAFETY: register arithmetic only.
+    unsafe {
+        let lane_bit = _mm256_setr_epi64x(
+            0x1010_1010_1010_1010,
+            0x2020_2020_2020_2020,
+            0x4040_4040_4040_4040,
+            0x8080_8080_8080_8080u64 as i64,
+        );
+        _mm256_min_epu8(_mm256_and_si256(q, lane_bit), _mm256_set1_epi8(0x10))
+    }
+}
+
+/// Block `b` of a paired Q5_0 row at `row` (`RowMat::pairs`): its scale
+/// and its 32 values plus 16 (unsigned, as the decode lanes take them).
+///
+/// # Safety
+/// The CPU has avx2, fma and f16c (it is called from the AVX2 kernels);
+/// the row holds block `b`'s pair.
+#[inline(always)]
+unsafe fn q5_pair_block(row: *const u8, b: usize) -> (f32, __m256i) {
+    // SAFETY: the pair of block b lies within the row (the caller's
+    // contract): `d` at 0/2, high bits at 4..12, nibbles at 12/28..+16.
+    unsafe {
+        let p = row.add((b / 2) * rows::Q5_PAIR);
+        let h = b % 2;
+        let q = _mm256_set1_epi64x((p.add(4) as *const i64).read_unaligned());
+        let q = if h == 1 { _mm256_slli_epi16::<4>(q) } else { q };
+        (f16_at(p.add(2 * h)), _mm256_or_si256(nibbles(p.add(12 + 16 * h)), q5_high_of(q)))
+    }
+}
+
+/// A decode (one column) of paired Q5_0 rows, a pair of blocks per step:
+/// one 32-byte load gives both blocks' nibbles, one broadcast their high
+/// bits, one conversion both scales. The lanes and the fused multiply-adds
+/// are [`B32::run`]'s (values + 16 less `Acts::g16`), block after block.
+/// `false` (nothing done) when the rows are not paired.
+///
+/// # Safety
+/// The CPU has avx2, fma and f16c (it is called from the AVX2 kernels);
+/// rows `rows` of `out` are the caller's.
+#[inline(always)]
+unsafe fn q5_decode_pairs(
+    w: &RowMat,
+    acts: &Acts,
+    rows: std::ops::Range<usize>,
+    out: &OutRows<'_>,
+) -> bool {
+    let k = acts.k;
+    let nb = k / QK;
+    if !w.pairs() || nb % 2 != 0 || nb * 8 > acts.g16.len() {
+        return false;
+    }
+    assert!(k <= acts.q.len() && nb <= acts.d.len() && w.row_bytes >= nb * 22);
+    assert!(rows.end * w.row_bytes <= w.bytes().len());
+    // SAFETY: every load is within the rows (asserted: nb/2 pairs of 44
+    // bytes per row) or column 0's activations (asserted above).
+    unsafe {
+        let low = _mm256_set1_epi8(0x0F);
+        let second = _mm256_set1_epi32(1);
+        for r in rows {
+            let row = w.bytes().as_ptr().add(r * w.row_bytes);
+            let mut acc = _mm256_setzero_ps();
+            for p in 0..nb / 2 {
+                let pp = row.add(p * rows::Q5_PAIR);
+                prefetch(pp.wrapping_add(PF_DIST));
+                // Both blocks' `d · d_a` in one conversion and one product
+                // (the same f32 products as one at a time).
+                let dw = _mm_cvtph_ps(_mm_cvtsi32_si128((pp as *const i32).read_unaligned()));
+                let da =
+                    _mm_castsi128_ps(_mm_loadl_epi64(acts.d.as_ptr().add(2 * p) as *const __m128i));
+                let s = _mm_mul_ps(dw, da);
+                let (sa, sb) = (
+                    _mm256_broadcastss_ps(s),
+                    _mm256_permutevar8x32_ps(_mm256_castps128_ps256(s), second),
+                );
+                let v = _mm256_loadu_si256(pp.add(12) as *const __m256i);
+                let lo = _mm256_and_si256(v, low);
+                let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), low);
+                let q = _mm256_set1_epi64x((pp.add(4) as *const i64).read_unaligned());
+                let xa = _mm256_or_si256(_mm256_permute2x128_si256::<0x20>(lo, hi), q5_high_of(q));
+                let xb = _mm256_or_si256(
+                    _mm256_permute2x128_si256::<0x31>(lo, hi),
+                    q5_high_of(_mm256_slli_epi16::<4>(q)),
+                );
+                let y = acts.q.as_ptr().add(2 * p * QK) as *const __m256i;
+                let g = acts.g16.as_ptr().add(2 * p * 8) as *const __m256i;
+                let la =
+                    _mm256_sub_epi32(us_lanes(xa, _mm256_loadu_si256(y)), _mm256_loadu_si256(g));
+                let lb = _mm256_sub_epi32(
+                    us_lanes(xb, _mm256_loadu_si256(y.add(1))),
+                    _mm256_loadu_si256(g.add(1)),
+                );
+                acc = _mm256_fmadd_ps(sa, _mm256_cvtepi32_ps(la), acc);
+                acc = _mm256_fmadd_ps(sb, _mm256_cvtepi32_ps(lb), acc);
+            }
+            // `+ 0.0` as `B32::run` finishes a signed format's row.
+            out.set(0, r, hsum8_reg(acc) + 0.0);
+        }
+    }
+    true
+}
+
 /// Each column's 32 activation bytes at `p(j)` for a call of `R` rows:
 /// loaded once for all rows when several rows share them; with one row left
 /// to [`act_at`] (an array of them held in registers would spill).
@@ -354,6 +464,17 @@ impl<const F: u8, const CH: bool> Kern for B32<F, CH> {
     }
 
     #[inline(always)]
+    unsafe fn dec(
+        w: &RowMat,
+        acts: &Acts,
+        rows: std::ops::Range<usize>,
+        out: &OutRows<'_>,
+    ) -> bool {
+        // SAFETY: forwarded.
+        F == 2 && !CH && unsafe { q5_decode_pairs(w, acts, rows, out) }
+    }
+
+    #[inline(always)]
     unsafe fn run<const R: usize, const N: usize>(
         w: &RowMat,
         acts: &Acts,
@@ -375,33 +496,43 @@ impl<const F: u8, const CH: bool> Kern for B32<F, CH> {
             let mut acc = [[_mm256_setzero_ps(); N]; R];
             let mut facc = [[0f32; N]; R];
             let base = w.bytes().as_ptr().add(at.base);
+            let pairs = F == 2 && w.pairs();
             for b in 0..nb {
                 for r in 0..R {
                     let blk = base.add(r * at.row + b * at.block);
                     prefetch(blk.wrapping_add(PF_DIST));
-                    let dw = f16_at(blk);
-                    let x = match F {
-                        0 => _mm256_loadu_si256(blk.add(2) as *const __m256i),
-                        1 => _mm256_sub_epi8(nibbles(blk.add(2)), _mm256_set1_epi8(8)),
-                        // Q5_0 on a decode: the values as `x + 16`
-                        // (unsigned, no sign trick), each lane later less
-                        // its `16 · Σ a` (the same integers).
-                        2 if u5 => {
-                            let hi = _mm256_and_si256(bits(blk.add(2)), _mm256_set1_epi8(0x10));
-                            _mm256_or_si256(nibbles(blk.add(6)), hi)
-                        }
-                        2 => {
-                            let hi = _mm256_andnot_si256(
-                                bits(blk.add(2)),
-                                _mm256_set1_epi8(0xF0u8 as i8),
-                            );
-                            _mm256_or_si256(nibbles(blk.add(6)), hi)
-                        }
-                        3 => nibbles(blk.add(4)),
-                        _ => {
-                            let hi = _mm256_and_si256(bits(blk.add(4)), _mm256_set1_epi8(0x10));
-                            _mm256_or_si256(nibbles(blk.add(8)), hi)
-                        }
+                    let (dw, x) = if pairs {
+                        let (dw, xu) = q5_pair_block(base.add(r * at.row), b);
+                        (dw, if u5 { xu } else { _mm256_sub_epi8(xu, _mm256_set1_epi8(16)) })
+                    } else {
+                        (
+                            f16_at(blk),
+                            match F {
+                                0 => _mm256_loadu_si256(blk.add(2) as *const __m256i),
+                                1 => _mm256_sub_epi8(nibbles(blk.add(2)), _mm256_set1_epi8(8)),
+                                // Q5_0 on a decode: the values as `x + 16`
+                                // (unsigned, no sign trick), each lane later less
+                                // its `16 · Σ a` (the same integers).
+                                2 if u5 => {
+                                    let hi =
+                                        _mm256_and_si256(bits(blk.add(2)), _mm256_set1_epi8(0x10));
+                                    _mm256_or_si256(nibbles(blk.add(6)), hi)
+                                }
+                                2 => {
+                                    let hi = _mm256_andnot_si256(
+                                        bits(blk.add(2)),
+                                        _mm256_set1_epi8(0xF0u8 as i8),
+                                    );
+                                    _mm256_or_si256(nibbles(blk.add(6)), hi)
+                                }
+                                3 => nibbles(blk.add(4)),
+                                _ => {
+                                    let hi =
+                                        _mm256_and_si256(bits(blk.add(4)), _mm256_set1_epi8(0x10));
+                                    _mm256_or_si256(nibbles(blk.add(8)), hi)
+                                }
+                            },
+                        )
                     };
                     let ax = if signed && !u5 { _mm256_sign_epi8(x, x) } else { x };
                     let m = if signed { 0.0 } else { f16_at(blk.add(2)) };
@@ -516,30 +647,42 @@ unsafe fn b32_wide_in<const F: u8>(
                     let row = w.bytes().as_ptr().add(at.base);
                     let o = dp.add((r - rb) * row_scratch);
                     let scales = o.add(nb * per_block) as *mut f32;
+                    let pairs = F == 2 && w.pairs();
                     for b in 0..nb {
                         let blk = row.add(b * at.block);
-                        let x = match F {
-                            0 => _mm256_loadu_si256(blk.add(2) as *const __m256i),
-                            1 => _mm256_sub_epi8(nibbles(blk.add(2)), _mm256_set1_epi8(8)),
-                            2 => {
-                                let hi = _mm256_andnot_si256(
-                                    bits(blk.add(2)),
-                                    _mm256_set1_epi8(0xF0u8 as i8),
-                                );
-                                _mm256_or_si256(nibbles(blk.add(6)), hi)
-                            }
-                            3 => nibbles(blk.add(4)),
-                            _ => {
-                                let hi = _mm256_and_si256(bits(blk.add(4)), _mm256_set1_epi8(0x10));
-                                _mm256_or_si256(nibbles(blk.add(8)), hi)
-                            }
+                        let (dw, x) = if pairs {
+                            let (dw, xu) = q5_pair_block(row, b);
+                            (dw, _mm256_sub_epi8(xu, _mm256_set1_epi8(16)))
+                        } else {
+                            (
+                                f16_at(blk),
+                                match F {
+                                    0 => _mm256_loadu_si256(blk.add(2) as *const __m256i),
+                                    1 => _mm256_sub_epi8(nibbles(blk.add(2)), _mm256_set1_epi8(8)),
+                                    2 => {
+                                        let hi = _mm256_andnot_si256(
+                                            bits(blk.add(2)),
+                                            _mm256_set1_epi8(0xF0u8 as i8),
+                                        );
+                                        _mm256_or_si256(nibbles(blk.add(6)), hi)
+                                    }
+                                    3 => nibbles(blk.add(4)),
+                                    _ => {
+                                        let hi = _mm256_and_si256(
+                                            bits(blk.add(4)),
+                                            _mm256_set1_epi8(0x10),
+                                        );
+                                        _mm256_or_si256(nibbles(blk.add(8)), hi)
+                                    }
+                                },
+                            )
                         };
                         let at = o.add(b * per_block) as *mut __m256i;
                         _mm256_storeu_si256(at, x);
                         if signed {
                             _mm256_storeu_si256(at.add(1), _mm256_sign_epi8(x, x));
                         }
-                        scales.add(b).write_unaligned(f16_at(blk));
+                        scales.add(b).write_unaligned(dw);
                         scales.add(nb + b).write_unaligned(if signed {
                             0.0
                         } else {

@@ -1148,6 +1148,28 @@ mod tests {
     /// random blocks, for decode widths, grouped and wide prompt widths and
     /// ragged ones (the wide paths' panels of eight columns, their tails):
     /// bit for bit, as the design requires.
+    /// Q5_0 pairs keep every bit of both blocks: random pairs through
+    /// `q5_pair` and back, and each value's high bit where `q5_pair` says.
+    #[test]
+    fn q5_pairs_round_trip() {
+        let mut r = rng(55);
+        for _ in 0..2000 {
+            let file: [u8; rows::Q5_PAIR] = std::array::from_fn(|_| r() as u8);
+            let mut pair = [0u8; rows::Q5_PAIR];
+            rows::q5_pair(&file, &mut pair);
+            let mut back = [0u8; rows::Q5_PAIR];
+            rows::q5_unpair(&pair, &mut back);
+            assert_eq!(file, back);
+            for (blk, shift) in [(0usize, 4u32), (1, 0)] {
+                let qh = u32::from_le_bytes(file[22 * blk + 2..22 * blk + 6].try_into().unwrap());
+                for j in 0..32 {
+                    let got = (pair[4 + j % 8] >> (shift + j as u32 / 8)) & 1;
+                    assert_eq!(got as u32, (qh >> j) & 1, "block {blk} value {j}");
+                }
+            }
+        }
+    }
+
     #[test]
     fn row_kernels_agree_with_the_portable_path_at_every_width() {
         use rows::Fmt;
@@ -1162,9 +1184,18 @@ mod tests {
             (Fmt::Q5K, 256, 176, &[0, 2]),
             (Fmt::Q6K, 256, 210, &[208]),
         ];
-        let cols = 512;
+        // 512 columns: Q5_0 rows of an even block count (stored in pairs);
+        // 544: an odd one (the file's layout) for the formats of 32.
         for (fmt, qk, bb, scales) in formats {
-            for rows in [16usize, 12] {
+            for (rows, cols) in [(16usize, 512usize), (12, 512), (12, 544)] {
+                if cols % qk != 0 {
+                    continue;
+                }
+                if fmt == Fmt::Q5_0 {
+                    let w = Packed::rows(fmt, vec![0; rows * cols / qk * bb], rows, cols);
+                    let PackedKind::Rows(m) = &w.kind else { unreachable!() };
+                    assert_eq!(m.pairs(), (cols / qk) % 2 == 0, "{cols} columns");
+                }
                 let mut r = rng(fmt as u64 * 31 + rows as u64);
                 let blocks = rows * cols / qk;
                 let mut raw: Vec<u8> = (0..blocks * bb).map(|_| r() as u8).collect();

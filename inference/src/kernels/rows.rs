@@ -109,11 +109,18 @@ impl Fmt {
 /// A GGUF matrix: the file's blocks, rows interleaved block by block in
 /// groups of [`RowMat::group`] rows (the bytes and their count unchanged,
 /// only their order), so that a kernel reading a group's rows together
-/// reads one stream, as ggml's repacked `q4_K_8x8` layout does.
+/// reads one stream, as ggml's repacked `q4_K_8x8` layout does; Q5_0 rows
+/// of an even block count hold their blocks in pairs ([`RowMat::pairs`]).
 #[derive(Debug)]
 pub(crate) struct RowMat {
     pub(crate) fmt: Fmt,
     pub(crate) chain: bool,
+    /// Q5_0 blocks stored two by two within each row, [`Q5_PAIR`] bytes a
+    /// pair: both scales, both blocks' high bits in [`q5_pair`]'s order,
+    /// then both blocks' nibbles. The AVX2 kernels decode a pair with whole
+    /// registers (one 32-byte load of nibbles, the high bits from one
+    /// broadcast with no shuffle); the values are the file's.
+    pairs: bool,
     /// Group `g` (rows `G·g ..`, `gs = min(G, rows − G·g)` of them) holds
     /// block 0 of each of its rows, then block 1 of each, …
     data: Vec<u8>,
@@ -124,6 +131,47 @@ pub(crate) struct RowMat {
     group: usize,
     /// Bytes per block.
     bb: usize,
+}
+
+/// Bytes of a pair of Q5_0 blocks.
+pub(crate) const Q5_PAIR: usize = 44;
+
+/// Two Q5_0 blocks `a ‖ b` as the file stores them (22 bytes each: `d`,
+/// `qh`, `qs`) into their pair form: `d_a d_b`, eight bytes of high bits,
+/// `qs_a qs_b`. Bit `j` of block a's `qh` (the high bit of value `j`) goes
+/// to bit `4 + j / 8` of byte `j % 8`, block b's to bit `j / 8` of the same
+/// byte: byte `j` of a register holding the eight bytes four times then
+/// needs only a mask to isolate the bit of value `j` (`avx2::q5_high`).
+pub(crate) fn q5_pair(file: &[u8; Q5_PAIR], pair: &mut [u8; Q5_PAIR]) {
+    let (a, b) = file.split_at(22);
+    let qh = |blk: &[u8]| u32::from_le_bytes([blk[2], blk[3], blk[4], blk[5]]);
+    let (ha, hb) = (qh(a), qh(b));
+    pair[..2].copy_from_slice(&a[..2]);
+    pair[2..4].copy_from_slice(&b[..2]);
+    for (k, o) in pair[4..12].iter_mut().enumerate() {
+        *o = (0..4)
+            .map(|q| (((ha >> (8 * q + k)) & 1) << (4 + q)) | (((hb >> (8 * q + k)) & 1) << q))
+            .fold(0u32, |x, y| x | y) as u8;
+    }
+    pair[12..28].copy_from_slice(&a[6..22]);
+    pair[28..44].copy_from_slice(&b[6..22]);
+}
+
+/// The inverse of [`q5_pair`].
+pub(crate) fn q5_unpair(pair: &[u8; Q5_PAIR], file: &mut [u8; Q5_PAIR]) {
+    let (mut ha, mut hb) = (0u32, 0u32);
+    for (k, &v) in pair[4..12].iter().enumerate() {
+        for q in 0..4 {
+            ha |= ((v as u32 >> (4 + q)) & 1) << (8 * q + k);
+            hb |= ((v as u32 >> q) & 1) << (8 * q + k);
+        }
+    }
+    file[..2].copy_from_slice(&pair[..2]);
+    file[2..6].copy_from_slice(&ha.to_le_bytes());
+    file[6..22].copy_from_slice(&pair[12..28]);
+    file[22..24].copy_from_slice(&pair[2..4]);
+    file[24..28].copy_from_slice(&hb.to_le_bytes());
+    file[28..44].copy_from_slice(&pair[28..44]);
 }
 
 /// Where a run of rows lies in a [`RowMat`]: block `b` of row `r0 + r` is
@@ -143,6 +191,13 @@ impl RowMat {
         let group = if fmt == Fmt::Q4K && chain { 8 } else { 1 };
         let bb = fmt.block().1;
         assert!(data.len() >= rows * row_bytes, "{} bytes for {rows} rows", data.len());
+        let pairs = fmt == Fmt::Q5_0 && (row_bytes / bb).is_multiple_of(2);
+        if pairs {
+            for pair in data[..rows * row_bytes].chunks_exact_mut(Q5_PAIR) {
+                let file: [u8; Q5_PAIR] = pair.try_into().expect("a pair of blocks");
+                q5_pair(&file, pair.try_into().expect("a pair of blocks"));
+            }
+        }
         if group > 1 {
             // One group at a time through a group-sized buffer: no second
             // copy of the matrix.
@@ -160,7 +215,12 @@ impl RowMat {
                 }
             }
         }
-        RowMat { fmt, chain, data, row_bytes, rows, group, bb }
+        RowMat { fmt, chain, pairs, data, row_bytes, rows, group, bb }
+    }
+
+    /// Whether Q5_0 blocks are stored in pairs (see [`RowMat`]).
+    pub(crate) fn pairs(&self) -> bool {
+        self.pairs
     }
 
     /// Rows per group (see [`RowMat`]).
@@ -190,6 +250,17 @@ impl RowMat {
 
     /// Row `r` in the file's order (for the portable kernels and lookups).
     pub(crate) fn row<'a>(&'a self, r: usize, buf: &'a mut Vec<u8>) -> &'a [u8] {
+        if self.pairs {
+            buf.clear();
+            for pair in
+                self.data[r * self.row_bytes..(r + 1) * self.row_bytes].chunks_exact(Q5_PAIR)
+            {
+                let mut file = [0u8; Q5_PAIR];
+                q5_unpair(pair.try_into().expect("a pair of blocks"), &mut file);
+                buf.extend_from_slice(&file);
+            }
+            return buf;
+        }
         if self.group == 1 {
             return &self.data[r * self.row_bytes..(r + 1) * self.row_bytes];
         }
