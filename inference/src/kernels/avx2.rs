@@ -351,7 +351,7 @@ unsafe fn q5_decode_pairs(
 ) -> bool {
     let k = acts.k;
     let nb = k / QK;
-    if !w.pairs() || nb % 2 != 0 || nb * 8 > acts.g16.len() {
+    if !w.pairs() || !nb.is_multiple_of(2) || nb * 8 > acts.g16.len() {
         return false;
     }
     assert!(k <= acts.q.len() && nb <= acts.d.len() && w.row_bytes >= nb * 22);
