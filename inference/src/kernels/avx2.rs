@@ -34,6 +34,10 @@ const ROW_BLOCK: usize = 16;
 /// How far ahead of the block being read the kernels ask for memory.
 const PF_DIST: usize = 1024;
 
+/// How far ahead the one-column (decode) loops of paired rows ask for
+/// memory: they stream faster than the prompt kernels, so further.
+const DEC_PF: usize = 2048;
+
 /// Hints the cache to fetch the line at `p` (never faults, any address).
 #[inline(always)]
 fn prefetch(p: *const u8) {
@@ -366,7 +370,7 @@ unsafe fn q5_decode_pairs(
             let mut acc = _mm256_setzero_ps();
             for p in 0..nb / 2 {
                 let pp = row.add(p * rows::Q5_PAIR);
-                prefetch(pp.wrapping_add(PF_DIST));
+                prefetch(pp.wrapping_add(DEC_PF));
                 // Both blocks' `d · d_a` in one conversion and one product
                 // (the same f32 products as one at a time).
                 let dw = _mm_cvtph_ps(_mm_cvtsi32_si128((pp as *const i32).read_unaligned()));
@@ -394,6 +398,81 @@ unsafe fn q5_decode_pairs(
                     us_lanes(xb, _mm256_loadu_si256(y.add(1))),
                     _mm256_loadu_si256(g.add(1)),
                 );
+                acc = _mm256_fmadd_ps(sa, _mm256_cvtepi32_ps(la), acc);
+                acc = _mm256_fmadd_ps(sb, _mm256_cvtepi32_ps(lb), acc);
+            }
+            // `+ 0.0` as `B32::run` finishes a signed format's row.
+            out.set(0, r, hsum8_reg(acc) + 0.0);
+        }
+    }
+    true
+}
+
+/// Block `b` of a paired Q8_0 row at `row` (`RowMat::pairs`): its scale
+/// and its 32 values.
+///
+/// # Safety
+/// The CPU has avx2, fma and f16c (it is called from the AVX2 kernels);
+/// the row holds block `b`'s pair.
+#[inline(always)]
+unsafe fn q8_pair_block(row: *const u8, b: usize) -> (f32, __m256i) {
+    // SAFETY: the pair of block b lies within the row (the caller's
+    // contract): `d` at 0/2, values at 4/36..+32.
+    unsafe {
+        let p = row.add((b / 2) * rows::Q8_PAIR);
+        let h = b % 2;
+        (f16_at(p.add(2 * h)), _mm256_loadu_si256(p.add(4 + 32 * h) as *const __m256i))
+    }
+}
+
+/// A decode (one column) of paired Q8_0 rows, a pair of blocks per step:
+/// both scales converted and multiplied by the activations' in one
+/// instruction each. The lanes (ggml's sign trick) and the fused
+/// multiply-adds are [`B32::run`]'s, block after block. `false` (nothing
+/// done) when the rows are not paired.
+///
+/// # Safety
+/// The CPU has avx2, fma and f16c (it is called from the AVX2 kernels);
+/// rows `rows` of `out` are the caller's.
+#[inline(always)]
+unsafe fn q8_decode_pairs(
+    w: &RowMat,
+    acts: &Acts,
+    rows: std::ops::Range<usize>,
+    out: &OutRows<'_>,
+) -> bool {
+    let k = acts.k;
+    let nb = k / QK;
+    if !w.pairs() || !nb.is_multiple_of(2) {
+        return false;
+    }
+    assert!(k <= acts.q.len() && nb <= acts.d.len() && w.row_bytes >= nb * 34);
+    assert!(rows.end * w.row_bytes <= w.bytes().len());
+    // SAFETY: every load is within the rows (asserted: nb/2 pairs of 68
+    // bytes per row) or column 0's activations (asserted above).
+    unsafe {
+        let second = _mm256_set1_epi32(1);
+        for r in rows {
+            let row = w.bytes().as_ptr().add(r * w.row_bytes);
+            let mut acc = _mm256_setzero_ps();
+            for p in 0..nb / 2 {
+                let pp = row.add(p * rows::Q8_PAIR);
+                prefetch(pp.wrapping_add(DEC_PF));
+                prefetch(pp.wrapping_add(DEC_PF + 64));
+                let dw = _mm_cvtph_ps(_mm_cvtsi32_si128((pp as *const i32).read_unaligned()));
+                let da =
+                    _mm_castsi128_ps(_mm_loadl_epi64(acts.d.as_ptr().add(2 * p) as *const __m128i));
+                let s = _mm_mul_ps(dw, da);
+                let (sa, sb) = (
+                    _mm256_broadcastss_ps(s),
+                    _mm256_permutevar8x32_ps(_mm256_castps128_ps256(s), second),
+                );
+                let xa = _mm256_loadu_si256(pp.add(4) as *const __m256i);
+                let xb = _mm256_loadu_si256(pp.add(36) as *const __m256i);
+                let y = acts.q.as_ptr().add(2 * p * QK) as *const __m256i;
+                let (ya, yb) = (_mm256_loadu_si256(y), _mm256_loadu_si256(y.add(1)));
+                let la = us_lanes(_mm256_sign_epi8(xa, xa), _mm256_sign_epi8(ya, xa));
+                let lb = us_lanes(_mm256_sign_epi8(xb, xb), _mm256_sign_epi8(yb, xb));
                 acc = _mm256_fmadd_ps(sa, _mm256_cvtepi32_ps(la), acc);
                 acc = _mm256_fmadd_ps(sb, _mm256_cvtepi32_ps(lb), acc);
             }
@@ -471,7 +550,11 @@ impl<const F: u8, const CH: bool> Kern for B32<F, CH> {
         out: &OutRows<'_>,
     ) -> bool {
         // SAFETY: forwarded.
-        F == 2 && !CH && unsafe { q5_decode_pairs(w, acts, rows, out) }
+        match F {
+            0 => unsafe { q8_decode_pairs(w, acts, rows, out) },
+            2 => !CH && unsafe { q5_decode_pairs(w, acts, rows, out) },
+            _ => false,
+        }
     }
 
     #[inline(always)]
@@ -496,12 +579,14 @@ impl<const F: u8, const CH: bool> Kern for B32<F, CH> {
             let mut acc = [[_mm256_setzero_ps(); N]; R];
             let mut facc = [[0f32; N]; R];
             let base = w.bytes().as_ptr().add(at.base);
-            let pairs = F == 2 && w.pairs();
+            let pairs = (F == 0 || F == 2) && w.pairs();
             for b in 0..nb {
                 for r in 0..R {
                     let blk = base.add(r * at.row + b * at.block);
                     prefetch(blk.wrapping_add(PF_DIST));
-                    let (dw, x) = if pairs {
+                    let (dw, x) = if pairs && F == 0 {
+                        q8_pair_block(base.add(r * at.row), b)
+                    } else if pairs {
                         let (dw, xu) = q5_pair_block(base.add(r * at.row), b);
                         (dw, if u5 { xu } else { _mm256_sub_epi8(xu, _mm256_set1_epi8(16)) })
                     } else {
@@ -647,10 +732,12 @@ unsafe fn b32_wide_in<const F: u8>(
                     let row = w.bytes().as_ptr().add(at.base);
                     let o = dp.add((r - rb) * row_scratch);
                     let scales = o.add(nb * per_block) as *mut f32;
-                    let pairs = F == 2 && w.pairs();
+                    let pairs = (F == 0 || F == 2) && w.pairs();
                     for b in 0..nb {
                         let blk = row.add(b * at.block);
-                        let (dw, x) = if pairs {
+                        let (dw, x) = if pairs && F == 0 {
+                            q8_pair_block(row, b)
+                        } else if pairs {
                             let (dw, xu) = q5_pair_block(row, b);
                             (dw, _mm256_sub_epi8(xu, _mm256_set1_epi8(16)))
                         } else {

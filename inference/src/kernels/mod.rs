@@ -1148,23 +1148,31 @@ mod tests {
     /// random blocks, for decode widths, grouped and wide prompt widths and
     /// ragged ones (the wide paths' panels of eight columns, their tails):
     /// bit for bit, as the design requires.
-    /// Q5_0 pairs keep every bit of both blocks: random pairs through
-    /// `q5_pair` and back, and each value's high bit where `q5_pair` says.
+    /// Block pairs keep every bit of both blocks: random Q5_0 and Q8_0
+    /// pairs through `pair_blocks` and back, and each Q5_0 value's high bit
+    /// where `pair_blocks` says.
     #[test]
-    fn q5_pairs_round_trip() {
+    fn block_pairs_round_trip() {
         let mut r = rng(55);
-        for _ in 0..2000 {
-            let file: [u8; rows::Q5_PAIR] = std::array::from_fn(|_| r() as u8);
-            let mut pair = [0u8; rows::Q5_PAIR];
-            rows::q5_pair(&file, &mut pair);
-            let mut back = [0u8; rows::Q5_PAIR];
-            rows::q5_unpair(&pair, &mut back);
-            assert_eq!(file, back);
-            for (blk, shift) in [(0usize, 4u32), (1, 0)] {
-                let qh = u32::from_le_bytes(file[22 * blk + 2..22 * blk + 6].try_into().unwrap());
-                for j in 0..32 {
-                    let got = (pair[4 + j % 8] >> (shift + j as u32 / 8)) & 1;
-                    assert_eq!(got as u32, (qh >> j) & 1, "block {blk} value {j}");
+        for (fmt, pb) in [(rows::Fmt::Q5_0, rows::Q5_PAIR), (rows::Fmt::Q8_0, rows::Q8_PAIR)] {
+            for _ in 0..2000 {
+                let file: Vec<u8> = (0..pb).map(|_| r() as u8).collect();
+                let mut pair = vec![0u8; pb];
+                rows::pair_blocks(fmt, &file, &mut pair);
+                let mut back = vec![0u8; pb];
+                rows::unpair_blocks(fmt, &pair, &mut back);
+                assert_eq!(file, back, "{fmt:?}");
+                assert_eq!((&pair[..2], &pair[2..4]), (&file[..2], &file[pb / 2..pb / 2 + 2]));
+                if fmt != rows::Fmt::Q5_0 {
+                    continue;
+                }
+                for (blk, shift) in [(0usize, 4u32), (1, 0)] {
+                    let qh =
+                        u32::from_le_bytes(file[22 * blk + 2..22 * blk + 6].try_into().unwrap());
+                    for j in 0..32 {
+                        let got = (pair[4 + j % 8] >> (shift + j as u32 / 8)) & 1;
+                        assert_eq!(got as u32, (qh >> j) & 1, "block {blk} value {j}");
+                    }
                 }
             }
         }
@@ -1184,14 +1192,14 @@ mod tests {
             (Fmt::Q5K, 256, 176, &[0, 2]),
             (Fmt::Q6K, 256, 210, &[208]),
         ];
-        // 512 columns: Q5_0 rows of an even block count (stored in pairs);
-        // 544: an odd one (the file's layout) for the formats of 32.
+        // 512 columns: Q5_0/Q8_0 rows of an even block count (stored in
+        // pairs); 544: an odd one (the file's layout) for the formats of 32.
         for (fmt, qk, bb, scales) in formats {
             for (rows, cols) in [(16usize, 512usize), (12, 512), (12, 544)] {
                 if cols % qk != 0 {
                     continue;
                 }
-                if fmt == Fmt::Q5_0 {
+                if matches!(fmt, Fmt::Q5_0 | Fmt::Q8_0) {
                     let w = Packed::rows(fmt, vec![0; rows * cols / qk * bb], rows, cols);
                     let PackedKind::Rows(m) = &w.kind else { unreachable!() };
                     assert_eq!(m.pairs(), (cols / qk) % 2 == 0, "{cols} columns");

@@ -109,17 +109,18 @@ impl Fmt {
 /// A GGUF matrix: the file's blocks, rows interleaved block by block in
 /// groups of [`RowMat::group`] rows (the bytes and their count unchanged,
 /// only their order), so that a kernel reading a group's rows together
-/// reads one stream, as ggml's repacked `q4_K_8x8` layout does; Q5_0 rows
-/// of an even block count hold their blocks in pairs ([`RowMat::pairs`]).
+/// reads one stream, as ggml's repacked `q4_K_8x8` layout does; Q5_0 and
+/// Q8_0 rows of an even block count hold their blocks in pairs
+/// ([`RowMat::pairs`]).
 #[derive(Debug)]
 pub(crate) struct RowMat {
     pub(crate) fmt: Fmt,
     pub(crate) chain: bool,
-    /// Q5_0 blocks stored two by two within each row, [`Q5_PAIR`] bytes a
-    /// pair: both scales, both blocks' high bits in [`q5_pair`]'s order,
-    /// then both blocks' nibbles. The AVX2 kernels decode a pair with whole
+    /// Q5_0 and Q8_0 blocks stored two by two within each row, both
+    /// scales first ([`pair_blocks`]): the AVX2 decode converts and scales
+    /// both with one instruction each, and decodes a Q5_0 pair with whole
     /// registers (one 32-byte load of nibbles, the high bits from one
-    /// broadcast with no shuffle); the values are the file's.
+    /// broadcast with no shuffle). The values are the file's.
     pairs: bool,
     /// Group `g` (rows `G·g ..`, `gs = min(G, rows − G·g)` of them) holds
     /// block 0 of each of its rows, then block 1 of each, …
@@ -135,19 +136,37 @@ pub(crate) struct RowMat {
 
 /// Bytes of a pair of Q5_0 blocks.
 pub(crate) const Q5_PAIR: usize = 44;
+/// Bytes of a pair of Q8_0 blocks.
+pub(crate) const Q8_PAIR: usize = 68;
 
-/// Two Q5_0 blocks `a ‖ b` as the file stores them (22 bytes each: `d`,
-/// `qh`, `qs`) into their pair form: `d_a d_b`, eight bytes of high bits,
+/// Whether rows of `fmt` with `nb` blocks are stored in pairs.
+fn paired(fmt: Fmt, nb: usize) -> bool {
+    matches!(fmt, Fmt::Q5_0 | Fmt::Q8_0) && nb.is_multiple_of(2)
+}
+
+/// Two blocks `a ‖ b` as the file stores them into their pair form
+/// (`file` and `pair` of two blocks' bytes).
+///
+/// Q8_0 (34 bytes a block: `d`, 32 `qs`): `d_a d_b qs_a qs_b`.
+///
+/// Q5_0 (22 bytes: `d`, `qh`, `qs`): `d_a d_b`, eight bytes of high bits,
 /// `qs_a qs_b`. Bit `j` of block a's `qh` (the high bit of value `j`) goes
 /// to bit `4 + j / 8` of byte `j % 8`, block b's to bit `j / 8` of the same
 /// byte: byte `j` of a register holding the eight bytes four times then
-/// needs only a mask to isolate the bit of value `j` (`avx2::q5_high`).
-pub(crate) fn q5_pair(file: &[u8; Q5_PAIR], pair: &mut [u8; Q5_PAIR]) {
-    let (a, b) = file.split_at(22);
-    let qh = |blk: &[u8]| u32::from_le_bytes([blk[2], blk[3], blk[4], blk[5]]);
-    let (ha, hb) = (qh(a), qh(b));
+/// needs only a mask to isolate the bit of value `j` (`avx2::q5_high_of`).
+pub(crate) fn pair_blocks(fmt: Fmt, file: &[u8], pair: &mut [u8]) {
+    let bb = fmt.block().1;
+    assert!(file.len() == 2 * bb && pair.len() == 2 * bb, "a pair of {fmt:?} blocks");
+    let (a, b) = file.split_at(bb);
     pair[..2].copy_from_slice(&a[..2]);
     pair[2..4].copy_from_slice(&b[..2]);
+    if fmt == Fmt::Q8_0 {
+        pair[4..36].copy_from_slice(&a[2..34]);
+        pair[36..68].copy_from_slice(&b[2..34]);
+        return;
+    }
+    let qh = |blk: &[u8]| u32::from_le_bytes([blk[2], blk[3], blk[4], blk[5]]);
+    let (ha, hb) = (qh(a), qh(b));
     for (k, o) in pair[4..12].iter_mut().enumerate() {
         *o = (0..4)
             .map(|q| (((ha >> (8 * q + k)) & 1) << (4 + q)) | (((hb >> (8 * q + k)) & 1) << q))
@@ -157,8 +176,17 @@ pub(crate) fn q5_pair(file: &[u8; Q5_PAIR], pair: &mut [u8; Q5_PAIR]) {
     pair[28..44].copy_from_slice(&b[6..22]);
 }
 
-/// The inverse of [`q5_pair`].
-pub(crate) fn q5_unpair(pair: &[u8; Q5_PAIR], file: &mut [u8; Q5_PAIR]) {
+/// The inverse of [`pair_blocks`].
+pub(crate) fn unpair_blocks(fmt: Fmt, pair: &[u8], file: &mut [u8]) {
+    let bb = fmt.block().1;
+    assert!(file.len() == 2 * bb && pair.len() == 2 * bb, "a pair of {fmt:?} blocks");
+    file[..2].copy_from_slice(&pair[..2]);
+    file[bb..bb + 2].copy_from_slice(&pair[2..4]);
+    if fmt == Fmt::Q8_0 {
+        file[2..34].copy_from_slice(&pair[4..36]);
+        file[36..68].copy_from_slice(&pair[36..68]);
+        return;
+    }
     let (mut ha, mut hb) = (0u32, 0u32);
     for (k, &v) in pair[4..12].iter().enumerate() {
         for q in 0..4 {
@@ -166,10 +194,8 @@ pub(crate) fn q5_unpair(pair: &[u8; Q5_PAIR], file: &mut [u8; Q5_PAIR]) {
             hb |= ((v as u32 >> q) & 1) << (8 * q + k);
         }
     }
-    file[..2].copy_from_slice(&pair[..2]);
     file[2..6].copy_from_slice(&ha.to_le_bytes());
     file[6..22].copy_from_slice(&pair[12..28]);
-    file[22..24].copy_from_slice(&pair[2..4]);
     file[24..28].copy_from_slice(&hb.to_le_bytes());
     file[28..44].copy_from_slice(&pair[28..44]);
 }
@@ -191,11 +217,12 @@ impl RowMat {
         let group = if fmt == Fmt::Q4K && chain { 8 } else { 1 };
         let bb = fmt.block().1;
         assert!(data.len() >= rows * row_bytes, "{} bytes for {rows} rows", data.len());
-        let pairs = fmt == Fmt::Q5_0 && (row_bytes / bb).is_multiple_of(2);
+        let pairs = paired(fmt, row_bytes / bb);
         if pairs {
-            for pair in data[..rows * row_bytes].chunks_exact_mut(Q5_PAIR) {
-                let file: [u8; Q5_PAIR] = pair.try_into().expect("a pair of blocks");
-                q5_pair(&file, pair.try_into().expect("a pair of blocks"));
+            let mut file = [0u8; Q8_PAIR];
+            for pair in data[..rows * row_bytes].chunks_exact_mut(2 * bb) {
+                file[..2 * bb].copy_from_slice(pair);
+                pair_blocks(fmt, &file[..2 * bb], pair);
             }
         }
         if group > 1 {
@@ -218,7 +245,7 @@ impl RowMat {
         RowMat { fmt, chain, pairs, data, row_bytes, rows, group, bb }
     }
 
-    /// Whether Q5_0 blocks are stored in pairs (see [`RowMat`]).
+    /// Whether blocks are stored in pairs (see [`RowMat`]).
     pub(crate) fn pairs(&self) -> bool {
         self.pairs
     }
@@ -252,12 +279,11 @@ impl RowMat {
     pub(crate) fn row<'a>(&'a self, r: usize, buf: &'a mut Vec<u8>) -> &'a [u8] {
         if self.pairs {
             buf.clear();
-            for pair in
-                self.data[r * self.row_bytes..(r + 1) * self.row_bytes].chunks_exact(Q5_PAIR)
-            {
-                let mut file = [0u8; Q5_PAIR];
-                q5_unpair(pair.try_into().expect("a pair of blocks"), &mut file);
-                buf.extend_from_slice(&file);
+            let mut file = [0u8; Q8_PAIR];
+            let pb = 2 * self.bb;
+            for pair in self.data[r * self.row_bytes..(r + 1) * self.row_bytes].chunks_exact(pb) {
+                unpair_blocks(self.fmt, pair, &mut file[..pb]);
+                buf.extend_from_slice(&file[..pb]);
             }
             return buf;
         }
