@@ -549,9 +549,10 @@ impl<const F: u8, const CH: bool> Kern for B32<F, CH> {
         rows: std::ops::Range<usize>,
         out: &OutRows<'_>,
     ) -> bool {
-        // SAFETY: forwarded.
         match F {
+            // SAFETY: forwarded.
             0 => unsafe { q8_decode_pairs(w, acts, rows, out) },
+            // SAFETY: forwarded.
             2 => !CH && unsafe { q5_decode_pairs(w, acts, rows, out) },
             _ => false,
         }
