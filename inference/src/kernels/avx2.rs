@@ -318,25 +318,6 @@ unsafe fn q5_high_of(q: __m256i) -> __m256i {
     }
 }
 
-/// Block `b` of a paired Q5_0 row at `row` (`RowMat::pairs`): its scale
-/// and its 32 values plus 16 (unsigned, as the decode lanes take them).
-///
-/// # Safety
-/// The CPU has avx2, fma and f16c (it is called from the AVX2 kernels);
-/// the row holds block `b`'s pair.
-#[inline(always)]
-unsafe fn q5_pair_block(row: *const u8, b: usize) -> (f32, __m256i) {
-    // SAFETY: the pair of block b lies within the row (the caller's
-    // contract): `d` at 0/2, high bits at 4..12, nibbles at 12/28..+16.
-    unsafe {
-        let p = row.add((b / 2) * rows::Q5_PAIR);
-        let h = b % 2;
-        let q = _mm256_set1_epi64x((p.add(4) as *const i64).read_unaligned());
-        let q = if h == 1 { _mm256_slli_epi16::<4>(q) } else { q };
-        (f16_at(p.add(2 * h)), _mm256_or_si256(nibbles(p.add(12 + 16 * h)), q5_high_of(q)))
-    }
-}
-
 /// A decode (one column) of paired Q5_0 rows, a pair of blocks per step:
 /// one 32-byte load gives both blocks' nibbles, one broadcast their high
 /// bits, one conversion both scales. The lanes and the fused multiply-adds
@@ -408,21 +389,104 @@ unsafe fn q5_decode_pairs(
     true
 }
 
-/// Block `b` of a paired Q8_0 row at `row` (`RowMat::pairs`): its scale
-/// and its 32 values.
+/// Block `b` of a paired row at `row` (`RowMat::pairs`; `F` as [`B32`]):
+/// its scale `d`, its minimum `m` (Q4_1; 0 else) and its 32 values (Q5_0:
+/// plus 16, unsigned, as the decode lanes take them).
 ///
 /// # Safety
 /// The CPU has avx2, fma and f16c (it is called from the AVX2 kernels);
-/// the row holds block `b`'s pair.
+/// the row holds block `b`'s pair; `F` is 0, 2 or 3.
 #[inline(always)]
-unsafe fn q8_pair_block(row: *const u8, b: usize) -> (f32, __m256i) {
+unsafe fn pair_block<const F: u8>(row: *const u8, b: usize) -> (f32, f32, __m256i) {
+    let h = b % 2;
     // SAFETY: the pair of block b lies within the row (the caller's
-    // contract): `d` at 0/2, values at 4/36..+32.
+    // contract), laid out as `rows::pair_blocks` says.
     unsafe {
-        let p = row.add((b / 2) * rows::Q8_PAIR);
-        let h = b % 2;
-        (f16_at(p.add(2 * h)), _mm256_loadu_si256(p.add(4 + 32 * h) as *const __m256i))
+        match F {
+            0 => {
+                let p = row.add((b / 2) * rows::Q8_PAIR);
+                (f16_at(p.add(2 * h)), 0.0, _mm256_loadu_si256(p.add(4 + 32 * h) as *const __m256i))
+            }
+            2 => {
+                let p = row.add((b / 2) * rows::Q5_PAIR);
+                let q = _mm256_set1_epi64x((p.add(4) as *const i64).read_unaligned());
+                let q = if h == 1 { _mm256_slli_epi16::<4>(q) } else { q };
+                let x = _mm256_or_si256(nibbles(p.add(12 + 16 * h)), q5_high_of(q));
+                (f16_at(p.add(2 * h)), 0.0, x)
+            }
+            3 => {
+                let p = row.add((b / 2) * rows::Q4_1_PAIR);
+                (f16_at(p.add(2 * h)), f16_at(p.add(4 + 2 * h)), nibbles(p.add(8 + 16 * h)))
+            }
+            _ => unreachable!("no pairs of format {F}"),
+        }
     }
+}
+
+/// A decode (one column) of paired Q4_1 rows, a pair of blocks per step:
+/// both scales and minimums converted at once, both blocks' nibbles from
+/// one 32-byte load. The lanes, the fused multiply-adds and the `Σ m·s`
+/// chain are [`B32::run`]'s, block after block. `false` (nothing done)
+/// when the rows are not paired.
+///
+/// # Safety
+/// The CPU has avx2, fma and f16c (it is called from the AVX2 kernels);
+/// rows `rows` of `out` are the caller's.
+#[inline(always)]
+unsafe fn q4_1_decode_pairs(
+    w: &RowMat,
+    acts: &Acts,
+    rows: std::ops::Range<usize>,
+    out: &OutRows<'_>,
+) -> bool {
+    let k = acts.k;
+    let nb = k / QK;
+    if !w.pairs() || !nb.is_multiple_of(2) {
+        return false;
+    }
+    assert!(k <= acts.q.len() && nb <= acts.d.len().min(acts.s.len()) && w.row_bytes >= nb * 20);
+    assert!(rows.end * w.row_bytes <= w.bytes().len());
+    // SAFETY: every load is within the rows (asserted: nb/2 pairs of 40
+    // bytes per row) or column 0's activations (asserted above).
+    unsafe {
+        let low = _mm256_set1_epi8(0x0F);
+        let second = _mm256_set1_epi32(1);
+        for r in rows {
+            let row = w.bytes().as_ptr().add(r * w.row_bytes);
+            let mut acc = _mm256_setzero_ps();
+            // `Σ m·s` in lane 0, one scalar fused multiply-add a block.
+            let mut summs = _mm_setzero_ps();
+            for p in 0..nb / 2 {
+                let pp = row.add(p * rows::Q4_1_PAIR);
+                prefetch(pp.wrapping_add(DEC_PF));
+                // d_a d_b m_a m_b.
+                let dm = _mm_cvtph_ps(_mm_loadl_epi64(pp as *const __m128i));
+                let da =
+                    _mm_castsi128_ps(_mm_loadl_epi64(acts.d.as_ptr().add(2 * p) as *const __m128i));
+                let s = _mm_mul_ps(dm, da);
+                let (sa, sb) = (
+                    _mm256_broadcastss_ps(s),
+                    _mm256_permutevar8x32_ps(_mm256_castps128_ps256(s), second),
+                );
+                let v = _mm256_loadu_si256(pp.add(8) as *const __m256i);
+                let lo = _mm256_and_si256(v, low);
+                let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), low);
+                let xa = _mm256_permute2x128_si256::<0x20>(lo, hi);
+                let xb = _mm256_permute2x128_si256::<0x31>(lo, hi);
+                let y = acts.q.as_ptr().add(2 * p * QK) as *const __m256i;
+                let la = us_lanes(xa, _mm256_loadu_si256(y));
+                let lb = us_lanes(xb, _mm256_loadu_si256(y.add(1)));
+                acc = _mm256_fmadd_ps(sa, _mm256_cvtepi32_ps(la), acc);
+                let ma = _mm_movehl_ps(dm, dm);
+                let sm = acts.s.as_ptr().add(2 * p);
+                summs = _mm_fmadd_ss(ma, _mm_load_ss(sm), summs);
+                acc = _mm256_fmadd_ps(sb, _mm256_cvtepi32_ps(lb), acc);
+                summs = _mm_fmadd_ss(_mm_movehdup_ps(ma), _mm_load_ss(sm.add(1)), summs);
+            }
+            out.set(0, r, hsum8_reg(acc) + _mm_cvtss_f32(summs));
+        }
+    }
+    true
 }
 
 /// A decode (one column) of paired Q8_0 rows, a pair of blocks per step:
@@ -553,6 +617,8 @@ impl<const F: u8, const CH: bool> Kern for B32<F, CH> {
             // SAFETY: forwarded.
             0 => unsafe { q8_decode_pairs(w, acts, rows, out) },
             // SAFETY: forwarded.
+            3 => unsafe { q4_1_decode_pairs(w, acts, rows, out) },
+            // SAFETY: forwarded.
             2 => !CH && unsafe { q5_decode_pairs(w, acts, rows, out) },
             _ => false,
         }
@@ -580,19 +646,26 @@ impl<const F: u8, const CH: bool> Kern for B32<F, CH> {
             let mut acc = [[_mm256_setzero_ps(); N]; R];
             let mut facc = [[0f32; N]; R];
             let base = w.bytes().as_ptr().add(at.base);
-            let pairs = (F == 0 || F == 2) && w.pairs();
+            let pairs = w.pairs();
             for b in 0..nb {
                 for r in 0..R {
                     let blk = base.add(r * at.row + b * at.block);
-                    prefetch(blk.wrapping_add(PF_DIST));
-                    let (dw, x) = if pairs && F == 0 {
-                        q8_pair_block(base.add(r * at.row), b)
-                    } else if pairs {
-                        let (dw, xu) = q5_pair_block(base.add(r * at.row), b);
-                        (dw, if u5 { xu } else { _mm256_sub_epi8(xu, _mm256_set1_epi8(16)) })
+                    prefetch(blk.wrapping_add(if N == 1 { DEC_PF } else { PF_DIST }));
+                    let (dw, m, x) = if pairs {
+                        let (dw, m, x) = pair_block::<F>(base.add(r * at.row), b);
+                        (
+                            dw,
+                            m,
+                            if F == 2 && !u5 {
+                                _mm256_sub_epi8(x, _mm256_set1_epi8(16))
+                            } else {
+                                x
+                            },
+                        )
                     } else {
                         (
                             f16_at(blk),
+                            if signed { 0.0 } else { f16_at(blk.add(2)) },
                             match F {
                                 0 => _mm256_loadu_si256(blk.add(2) as *const __m256i),
                                 1 => _mm256_sub_epi8(nibbles(blk.add(2)), _mm256_set1_epi8(8)),
@@ -621,7 +694,6 @@ impl<const F: u8, const CH: bool> Kern for B32<F, CH> {
                         )
                     };
                     let ax = if signed && !u5 { _mm256_sign_epi8(x, x) } else { x };
-                    let m = if signed { 0.0 } else { f16_at(blk.add(2)) };
                     for j in 0..N {
                         let y = _mm256_loadu_si256(
                             acts.q.as_ptr().add((c0 + j) * k + b * QK) as *const __m256i
@@ -733,17 +805,20 @@ unsafe fn b32_wide_in<const F: u8>(
                     let row = w.bytes().as_ptr().add(at.base);
                     let o = dp.add((r - rb) * row_scratch);
                     let scales = o.add(nb * per_block) as *mut f32;
-                    let pairs = (F == 0 || F == 2) && w.pairs();
+                    let pairs = w.pairs();
                     for b in 0..nb {
                         let blk = row.add(b * at.block);
-                        let (dw, x) = if pairs && F == 0 {
-                            q8_pair_block(row, b)
-                        } else if pairs {
-                            let (dw, xu) = q5_pair_block(row, b);
-                            (dw, _mm256_sub_epi8(xu, _mm256_set1_epi8(16)))
+                        let (dw, m, x) = if pairs {
+                            let (dw, m, x) = pair_block::<F>(row, b);
+                            (
+                                dw,
+                                m,
+                                if F == 2 { _mm256_sub_epi8(x, _mm256_set1_epi8(16)) } else { x },
+                            )
                         } else {
                             (
                                 f16_at(blk),
+                                if signed { 0.0 } else { f16_at(blk.add(2)) },
                                 match F {
                                     0 => _mm256_loadu_si256(blk.add(2) as *const __m256i),
                                     1 => _mm256_sub_epi8(nibbles(blk.add(2)), _mm256_set1_epi8(8)),
@@ -771,11 +846,7 @@ unsafe fn b32_wide_in<const F: u8>(
                             _mm256_storeu_si256(at.add(1), _mm256_sign_epi8(x, x));
                         }
                         scales.add(b).write_unaligned(dw);
-                        scales.add(nb + b).write_unaligned(if signed {
-                            0.0
-                        } else {
-                            f16_at(blk.add(2))
-                        });
+                        scales.add(nb + b).write_unaligned(m);
                     }
                 }
                 let mut c = 0;

@@ -1148,13 +1148,17 @@ mod tests {
     /// random blocks, for decode widths, grouped and wide prompt widths and
     /// ragged ones (the wide paths' panels of eight columns, their tails):
     /// bit for bit, as the design requires.
-    /// Block pairs keep every bit of both blocks: random Q5_0 and Q8_0
-    /// pairs through `pair_blocks` and back, and each Q5_0 value's high bit
+    /// Block pairs keep every bit of both blocks: random Q4_1, Q5_0 and
+    /// Q8_0 pairs through `pair_blocks` and back, and each Q5_0 value's high bit
     /// where `pair_blocks` says.
     #[test]
     fn block_pairs_round_trip() {
         let mut r = rng(55);
-        for (fmt, pb) in [(rows::Fmt::Q5_0, rows::Q5_PAIR), (rows::Fmt::Q8_0, rows::Q8_PAIR)] {
+        for (fmt, pb) in [
+            (rows::Fmt::Q4_1, rows::Q4_1_PAIR),
+            (rows::Fmt::Q5_0, rows::Q5_PAIR),
+            (rows::Fmt::Q8_0, rows::Q8_PAIR),
+        ] {
             for _ in 0..2000 {
                 let file: Vec<u8> = (0..pb).map(|_| r() as u8).collect();
                 let mut pair = vec![0u8; pb];
@@ -1192,14 +1196,14 @@ mod tests {
             (Fmt::Q5K, 256, 176, &[0, 2]),
             (Fmt::Q6K, 256, 210, &[208]),
         ];
-        // 512 columns: Q5_0/Q8_0 rows of an even block count (stored in
-        // pairs); 544: an odd one (the file's layout) for the formats of 32.
+        // 512 columns: Q4_1/Q5_0/Q8_0 rows of an even block count (stored
+        // in pairs); 544: an odd one (the file's layout) for the formats of 32.
         for (fmt, qk, bb, scales) in formats {
             for (rows, cols) in [(16usize, 512usize), (12, 512), (12, 544)] {
                 if cols % qk != 0 {
                     continue;
                 }
-                if matches!(fmt, Fmt::Q5_0 | Fmt::Q8_0) {
+                if matches!(fmt, Fmt::Q4_1 | Fmt::Q5_0 | Fmt::Q8_0) {
                     let w = Packed::rows(fmt, vec![0; rows * cols / qk * bb], rows, cols);
                     let PackedKind::Rows(m) = &w.kind else { unreachable!() };
                     assert_eq!(m.pairs(), (cols / qk) % 2 == 0, "{cols} columns");

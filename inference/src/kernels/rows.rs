@@ -109,14 +109,14 @@ impl Fmt {
 /// A GGUF matrix: the file's blocks, rows interleaved block by block in
 /// groups of [`RowMat::group`] rows (the bytes and their count unchanged,
 /// only their order), so that a kernel reading a group's rows together
-/// reads one stream, as ggml's repacked `q4_K_8x8` layout does; Q5_0 and
-/// Q8_0 rows of an even block count hold their blocks in pairs
+/// reads one stream, as ggml's repacked `q4_K_8x8` layout does; Q4_1, Q5_0
+/// and Q8_0 rows of an even block count hold their blocks in pairs
 /// ([`RowMat::pairs`]).
 #[derive(Debug)]
 pub(crate) struct RowMat {
     pub(crate) fmt: Fmt,
     pub(crate) chain: bool,
-    /// Q5_0 and Q8_0 blocks stored two by two within each row, both
+    /// Q4_1, Q5_0 and Q8_0 blocks stored two by two within each row, both
     /// scales first ([`pair_blocks`]): the AVX2 decode converts and scales
     /// both with one instruction each, and decodes a Q5_0 pair with whole
     /// registers (one 32-byte load of nibbles, the high bits from one
@@ -138,16 +138,20 @@ pub(crate) struct RowMat {
 pub(crate) const Q5_PAIR: usize = 44;
 /// Bytes of a pair of Q8_0 blocks.
 pub(crate) const Q8_PAIR: usize = 68;
+/// Bytes of a pair of Q4_1 blocks.
+pub(crate) const Q4_1_PAIR: usize = 40;
 
 /// Whether rows of `fmt` with `nb` blocks are stored in pairs.
 fn paired(fmt: Fmt, nb: usize) -> bool {
-    matches!(fmt, Fmt::Q5_0 | Fmt::Q8_0) && nb.is_multiple_of(2)
+    matches!(fmt, Fmt::Q4_1 | Fmt::Q5_0 | Fmt::Q8_0) && nb.is_multiple_of(2)
 }
 
 /// Two blocks `a ‖ b` as the file stores them into their pair form
 /// (`file` and `pair` of two blocks' bytes).
 ///
 /// Q8_0 (34 bytes a block: `d`, 32 `qs`): `d_a d_b qs_a qs_b`.
+///
+/// Q4_1 (20 bytes: `d`, `m`, 16 `qs`): `d_a d_b m_a m_b qs_a qs_b`.
 ///
 /// Q5_0 (22 bytes: `d`, `qh`, `qs`): `d_a d_b`, eight bytes of high bits,
 /// `qs_a qs_b`. Bit `j` of block a's `qh` (the high bit of value `j`) goes
@@ -160,6 +164,13 @@ pub(crate) fn pair_blocks(fmt: Fmt, file: &[u8], pair: &mut [u8]) {
     let (a, b) = file.split_at(bb);
     pair[..2].copy_from_slice(&a[..2]);
     pair[2..4].copy_from_slice(&b[..2]);
+    if fmt == Fmt::Q4_1 {
+        pair[4..6].copy_from_slice(&a[2..4]);
+        pair[6..8].copy_from_slice(&b[2..4]);
+        pair[8..24].copy_from_slice(&a[4..20]);
+        pair[24..40].copy_from_slice(&b[4..20]);
+        return;
+    }
     if fmt == Fmt::Q8_0 {
         pair[4..36].copy_from_slice(&a[2..34]);
         pair[36..68].copy_from_slice(&b[2..34]);
@@ -182,6 +193,13 @@ pub(crate) fn unpair_blocks(fmt: Fmt, pair: &[u8], file: &mut [u8]) {
     assert!(file.len() == 2 * bb && pair.len() == 2 * bb, "a pair of {fmt:?} blocks");
     file[..2].copy_from_slice(&pair[..2]);
     file[bb..bb + 2].copy_from_slice(&pair[2..4]);
+    if fmt == Fmt::Q4_1 {
+        file[2..4].copy_from_slice(&pair[4..6]);
+        file[22..24].copy_from_slice(&pair[6..8]);
+        file[4..20].copy_from_slice(&pair[8..24]);
+        file[24..40].copy_from_slice(&pair[24..40]);
+        return;
+    }
     if fmt == Fmt::Q8_0 {
         file[2..34].copy_from_slice(&pair[4..36]);
         file[36..68].copy_from_slice(&pair[36..68]);
