@@ -204,6 +204,76 @@ unsafe fn hsum8_reg(v: __m256) -> f32 {
     hsum8(&l)
 }
 
+/// [`hsum8`] of eight registers at once: lane `i` is `hsum8` of `a[i]`'s
+/// lanes, bit for bit (the same additions of the same pairs in the same
+/// order, lane by lane: `((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7))`).
+///
+/// # Safety
+/// The CPU has avx2, fma and f16c (it is called from the AVX2 kernels).
+#[inline(always)]
+unsafe fn hsum8_x8(a: &[__m256; 8]) -> __m256 {
+    // SAFETY: register arithmetic only.
+    unsafe {
+        // u(i) = [l0+l4, l1+l5, l2+l6, l3+l7] of a[i]; rows i, j in the
+        // low and high halves.
+        let u = |i: usize, j: usize| {
+            _mm256_add_ps(
+                _mm256_permute2f128_ps::<0x20>(a[i], a[j]),
+                _mm256_permute2f128_ps::<0x31>(a[i], a[j]),
+            )
+        };
+        // [u0+u2, u1+u3] of two rows per half.
+        let v = |x: __m256, y: __m256| {
+            _mm256_add_ps(
+                _mm256_shuffle_ps::<0b01_00_01_00>(x, y),
+                _mm256_shuffle_ps::<0b11_10_11_10>(x, y),
+            )
+        };
+        let lo = v(u(0, 1), u(2, 3));
+        let hi = v(u(4, 5), u(6, 7));
+        // Rows [0, 2, 4, 6 | 1, 3, 5, 7], then in order.
+        let t = _mm256_hadd_ps(lo, hi);
+        _mm256_permutevar8x32_ps(t, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7))
+    }
+}
+
+/// Runs `row(r)` (a row's eight-lane accumulator and its scalar offset)
+/// for every row of `rows` and sets `hsum8(acc) + offset` in column 0,
+/// the horizontal sums of eight rows at a time ([`hsum8_x8`]).
+///
+/// # Safety
+/// The CPU has avx2, fma and f16c (it is called from the AVX2 kernels);
+/// rows `rows` of `out` are the caller's.
+#[inline(always)]
+unsafe fn decode_rows(
+    rows: std::ops::Range<usize>,
+    out: &OutRows<'_>,
+    mut row: impl FnMut(usize) -> (__m256, f32),
+) {
+    // SAFETY: register arithmetic and stores into local arrays; `out.set`
+    // on rows of `rows`, which are the caller's.
+    unsafe {
+        let mut r0 = rows.start;
+        while r0 < rows.end {
+            let n = (rows.end - r0).min(8);
+            let mut acc = [_mm256_setzero_ps(); 8];
+            let mut off = [0f32; 8];
+            for i in 0..n {
+                (acc[i], off[i]) = row(r0 + i);
+            }
+            let mut v = [0f32; 8];
+            _mm256_storeu_ps(
+                v.as_mut_ptr(),
+                _mm256_add_ps(hsum8_x8(&acc), _mm256_loadu_ps(off.as_ptr())),
+            );
+            for (i, &x) in v.iter().take(n).enumerate() {
+                out.set(0, r0 + i, x);
+            }
+            r0 += n;
+        }
+    }
+}
+
 /// # Safety
 /// The CPU has avx2, fma and f16c (it is called from the AVX2 kernels).
 #[inline(always)]
@@ -346,7 +416,7 @@ unsafe fn q5_decode_pairs(
     unsafe {
         let low = _mm256_set1_epi8(0x0F);
         let second = _mm256_set1_epi32(1);
-        for r in rows {
+        decode_rows(rows, out, |r| {
             let row = w.bytes().as_ptr().add(r * w.row_bytes);
             let mut acc = _mm256_setzero_ps();
             for p in 0..nb / 2 {
@@ -383,8 +453,8 @@ unsafe fn q5_decode_pairs(
                 acc = _mm256_fmadd_ps(sb, _mm256_cvtepi32_ps(lb), acc);
             }
             // `+ 0.0` as `B32::run` finishes a signed format's row.
-            out.set(0, r, hsum8_reg(acc) + 0.0);
-        }
+            (acc, 0.0)
+        });
     }
     true
 }
@@ -451,7 +521,7 @@ unsafe fn q4_1_decode_pairs(
     unsafe {
         let low = _mm256_set1_epi8(0x0F);
         let second = _mm256_set1_epi32(1);
-        for r in rows {
+        decode_rows(rows, out, |r| {
             let row = w.bytes().as_ptr().add(r * w.row_bytes);
             let mut acc = _mm256_setzero_ps();
             // `Σ m·s` in lane 0, one scalar fused multiply-add a block.
@@ -483,8 +553,8 @@ unsafe fn q4_1_decode_pairs(
                 acc = _mm256_fmadd_ps(sb, _mm256_cvtepi32_ps(lb), acc);
                 summs = _mm_fmadd_ss(_mm_movehdup_ps(ma), _mm_load_ss(sm.add(1)), summs);
             }
-            out.set(0, r, hsum8_reg(acc) + _mm_cvtss_f32(summs));
-        }
+            (acc, _mm_cvtss_f32(summs))
+        });
     }
     true
 }
@@ -516,7 +586,7 @@ unsafe fn q8_decode_pairs(
     // bytes per row) or column 0's activations (asserted above).
     unsafe {
         let second = _mm256_set1_epi32(1);
-        for r in rows {
+        decode_rows(rows, out, |r| {
             let row = w.bytes().as_ptr().add(r * w.row_bytes);
             let mut acc = _mm256_setzero_ps();
             for p in 0..nb / 2 {
@@ -541,8 +611,8 @@ unsafe fn q8_decode_pairs(
                 acc = _mm256_fmadd_ps(sb, _mm256_cvtepi32_ps(lb), acc);
             }
             // `+ 0.0` as `B32::run` finishes a signed format's row.
-            out.set(0, r, hsum8_reg(acc) + 0.0);
-        }
+            (acc, 0.0)
+        });
     }
     true
 }
@@ -2085,5 +2155,21 @@ unsafe fn accumulate_slab<const S: usize>(
         for j in 0..S {
             _mm256_storeu_ps(o.add(8 * j), a[j]);
         }
+    }
+}
+
+/// `hsum8_x8` of groups of eight rows of eight values, for tests.
+///
+/// # Safety
+/// The CPU must support avx2, fma and f16c.
+#[cfg(test)]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn hsum8_x8_all(x: &[[f32; 8]; 8]) -> [f32; 8] {
+    // SAFETY: eight floats read from each row, eight written.
+    unsafe {
+        let a: [__m256; 8] = std::array::from_fn(|i| _mm256_loadu_ps(x[i].as_ptr()));
+        let mut o = [0f32; 8];
+        _mm256_storeu_ps(o.as_mut_ptr(), hsum8_x8(&a));
+        o
     }
 }

@@ -1148,6 +1148,31 @@ mod tests {
     /// random blocks, for decode widths, grouped and wide prompt widths and
     /// ragged ones (the wide paths' panels of eight columns, their tails):
     /// bit for bit, as the design requires.
+    /// The eight-row horizontal sum of the decode loops is `hsum8` of each
+    /// row, bit for bit, on values of every magnitude and sign.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn eight_row_sums_are_hsum8() {
+        if !avx2::available() {
+            return;
+        }
+        let mut r = rng(88);
+        for _ in 0..20_000 {
+            let x: [[f32; 8]; 8] = std::array::from_fn(|_| {
+                std::array::from_fn(|_| {
+                    let m = (r() % 2000) as f32 / 7.0 - 140.0;
+                    let e = (r() % 40) as i32 - 20;
+                    m * 2f32.powi(e)
+                })
+            });
+            // SAFETY: AVX2, FMA and F16C checked above.
+            let got = unsafe { avx2::hsum8_x8_all(&x) };
+            for i in 0..8 {
+                assert_eq!(got[i].to_bits(), hsum8(&x[i]).to_bits(), "row {i}: {:?}", x[i]);
+            }
+        }
+    }
+
     /// Block pairs keep every bit of both blocks: random Q4_1, Q5_0 and
     /// Q8_0 pairs through `pair_blocks` and back, and each Q5_0 value's high bit
     /// where `pair_blocks` says.
