@@ -1731,12 +1731,37 @@ impl Kern for Q6K {
                     }
                 }
                 let mut sumi = [[_mm256_setzero_si256(); N]; R];
+                // Each row's sixteen scale bytes, loaded once a block.
+                let sc8: [__m128i; R] = std::array::from_fn(|r| {
+                    _mm_loadu_si128(base.add(r * at.row + b * at.block + 192) as *const __m128i)
+                });
                 for h in 0..2 {
                     for kk in 0..4 {
                         // This chunk's activations of each column (`preload`).
                         let act = |j: usize| {
                             acts.kq.as_ptr().add((c0 + j) * k + b * QK_K + 128 * h + 32 * kk)
                         };
+                        // Bytes s (eight times), then s + 1: the two scales
+                        // of this chunk's halves, widened below.
+                        let s = (8 * h + 2 * kk) as i8;
+                        let pick = _mm_setr_epi8(
+                            s,
+                            s,
+                            s,
+                            s,
+                            s,
+                            s,
+                            s,
+                            s,
+                            s + 1,
+                            s + 1,
+                            s + 1,
+                            s + 1,
+                            s + 1,
+                            s + 1,
+                            s + 1,
+                            s + 1,
+                        );
                         let av = preload::<R, N>(act);
                         for r in 0..R {
                             let blk = base.add(r * at.row + b * at.block);
@@ -1767,11 +1792,9 @@ impl Kern for Q6K {
                                 )),
                             };
                             let wq = _mm256_or_si256(low, hb);
-                            let s = 8 * h + 2 * kk;
-                            let sv = _mm256_set_m128i(
-                                _mm_set1_epi16(*blk.add(193 + s) as i8 as i16),
-                                _mm_set1_epi16(*blk.add(192 + s) as i8 as i16),
-                            );
+                            // Scale s in the low half, s + 1 in the high
+                            // one, as i16 (the same values).
+                            let sv = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8[r], pick));
                             for j in 0..N {
                                 let a = act_at::<R>(av[j], act(j));
                                 let p = _mm256_madd_epi16(_mm256_maddubs_epi16(wq, a), sv);
