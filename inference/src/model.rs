@@ -40,6 +40,17 @@ impl Part {
     }
 }
 
+/// Tasks per thread of a prompt's matmul (compute-bound: balance).
+const PROMPT_TASKS: usize = 8;
+/// Tasks per thread of a decode's matmul. A decode streams the weights
+/// once; each task's rows are one contiguous stream whose first kilobytes
+/// miss the cache until the prefetches ahead of it catch up, and many small
+/// tasks handed alternately to the threads pay that again and again: one
+/// task per thread and part measured 1.09× faster on the 135M files at 2
+/// threads than 8 (and 16: 0.84×). A thread that is late still loses
+/// nothing: the caller claims its task.
+const DECODE_TASKS: usize = 1;
+
 /// A linear layer: one or several tensors applied to the same input, their
 /// outputs side by side (q, k and v; gate and up).
 #[derive(Debug)]
@@ -101,8 +112,9 @@ impl Linear {
         });
         acts.prepare(x, n, self.cols, need, pool);
         acts.set_route(grouped, wide);
-        // Every fast part's row tiles as tasks of one pool job: enough
-        // chunks to balance, few enough to keep dispatch cheap.
+        // Every fast part's row tiles as tasks of one pool job: on a prompt
+        // enough chunks to balance, few enough to keep dispatch cheap; on a
+        // decode one contiguous stream per thread (see DECODE_TASKS).
         let mut tasks: Vec<(usize, usize, usize)> = Vec::new();
         let mut off = 0;
         let mut offs = Vec::with_capacity(self.parts.len());
@@ -111,7 +123,8 @@ impl Linear {
             if let Part::Fast(p) = p {
                 let tiles = p.tiles();
                 let align = p.tile_align();
-                let per = (tiles / (pool.threads() * 8)).max(1).next_multiple_of(align);
+                let split = if n == 1 { DECODE_TASKS } else { PROMPT_TASKS };
+                let per = (tiles / (pool.threads() * split)).max(1).next_multiple_of(align);
                 tasks.extend((0..tiles).step_by(per).map(|t| (i, t, (t + per).min(tiles))));
             }
             off += p.rows();
