@@ -4,9 +4,11 @@
 //! and the same float steps in the same order.
 //!
 //! Each format is a [`Kern`], specialised at compile time; a call computes
-//! `R` rows against `N` columns with its accumulators in registers: four
-//! rows of one column when decoding (four weight streams in flight), one
-//! row against four columns on a prompt (each block decoded once for all).
+//! `R` rows against `N` columns with its accumulators in registers: one row
+//! of one column at a time when decoding (one prefetched weight stream;
+//! paired formats two blocks per step, `Kern::dec`), one row against up to
+//! eight columns on a short prompt, and on a wide one rows decoded once for
+//! all columns (`Kern::wide`).
 //! Also the attention, SwiGLU and softmax kernels of `attn.rs`.
 
 // Register arrays are indexed in lock step; index loops read clearest here.
