@@ -1578,16 +1578,26 @@ impl Kern for Q5K {
                 for r in 0..R {
                     let blk = base.add(r * at.row + b * at.block);
                     for l in 0..3 {
-                        prefetch(blk.wrapping_add(PF_DIST + 64 * l));
+                        prefetch(blk.wrapping_add(if N == 1 { DEC_PF } else { PF_DIST } + 64 * l));
                     }
                     dw[r] = f16_at(blk);
                     dminw[r] = f16_at(blk.add(2));
                     sm[r] = k4_scales(blk.add(4));
                 }
                 let mut sumi = [[_mm256_setzero_si256(); N]; R];
+                // Each row's eight scales as i16, in both halves: a group's
+                // scale is then one byte shuffle away (the same values).
+                let sc16: [__m256i; R] = std::array::from_fn(|r| {
+                    _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_loadl_epi64(
+                        sm[r].as_ptr() as *const __m128i
+                    )))
+                });
                 for g in 0..4 {
                     // This group's activations of each column (`preload`).
                     let act = |j: usize| acts.kq.as_ptr().add((c0 + j) * k + b * QK_K + 64 * g);
+                    // Byte indices of i16 scale s in every pair of bytes.
+                    let pick = |s: usize| _mm256_set1_epi16((((2 * s + 1) << 8) | (2 * s)) as i16);
+                    let (pl_idx, ph_idx) = (pick(2 * g), pick(2 * g + 1));
                     let al = preload::<R, N>(act);
                     let ah = preload::<R, N>(|j| act(j).add(32));
                     for r in 0..R {
@@ -1606,8 +1616,8 @@ impl Kern for Q5K {
                         let lo = _mm256_add_epi8(_mm256_and_si256(q, m4), h0);
                         let hi =
                             _mm256_add_epi8(_mm256_and_si256(_mm256_srli_epi16::<4>(q), m4), h1);
-                        let sl = _mm256_set1_epi16(sm[r][2 * g] as i16);
-                        let sh = _mm256_set1_epi16(sm[r][2 * g + 1] as i16);
+                        let sl = _mm256_shuffle_epi8(sc16[r], pl_idx);
+                        let sh = _mm256_shuffle_epi8(sc16[r], ph_idx);
                         for j in 0..N {
                             let al = act_at::<R>(al[j], act(j));
                             let ah = act_at::<R>(ah[j], act(j).add(32));
