@@ -1616,8 +1616,19 @@ impl Kern for Q5K {
                         let lo = _mm256_add_epi8(_mm256_and_si256(q, m4), h0);
                         let hi =
                             _mm256_add_epi8(_mm256_and_si256(_mm256_srli_epi16::<4>(q), m4), h1);
-                        let sl = _mm256_shuffle_epi8(sc16[r], pl_idx);
-                        let sh = _mm256_shuffle_epi8(sc16[r], ph_idx);
+                        // (A decode shuffles; a prompt's broadcast is
+                        // shared by its columns and measured faster.)
+                        let (sl, sh) = if N == 1 {
+                            (
+                                _mm256_shuffle_epi8(sc16[r], pl_idx),
+                                _mm256_shuffle_epi8(sc16[r], ph_idx),
+                            )
+                        } else {
+                            (
+                                _mm256_set1_epi16(sm[r][2 * g] as i16),
+                                _mm256_set1_epi16(sm[r][2 * g + 1] as i16),
+                            )
+                        };
                         for j in 0..N {
                             let al = act_at::<R>(al[j], act(j));
                             let ah = act_at::<R>(ah[j], act(j).add(32));
