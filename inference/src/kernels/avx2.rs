@@ -1718,11 +1718,226 @@ impl Kern for Q5K {
     }
 }
 
+thread_local! {
+    /// Each thread's decoded Q6_K rows for `q6k_wide`.
+    static Q6_DECODED: std::cell::RefCell<Vec<__m256i>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Registers per decoded Q6_K block in `q6k_wide`'s scratch: eight chunks
+/// of 32 values, their eight scale pairs, the sixteen scales, `d`.
+const Q6_SLOTS: usize = 18;
+
+/// [`Q6K`] on a product of many columns, all on ggml's tiled numbers
+/// (`Acts::wide`): each block of rows is decoded once (values, scale pairs,
+/// scales, `d`) into scratch and met there by every group of eight columns,
+/// instead of once per group. The same integer lanes and the same
+/// epilogue per block as `Q6K::run`'s wide columns, so the same numbers.
+///
+/// # Safety
+/// The CPU has avx2, fma and f16c (it is called from the AVX2 kernels);
+/// rows `rows` of `out` are the caller's (`OutRows::set`); `w` and `acts`
+/// hold them (bounds are asserted).
+#[inline(always)]
+unsafe fn q6k_wide(
+    w: &RowMat,
+    acts: &Acts,
+    rows: std::ops::Range<usize>,
+    out: &OutRows<'_>,
+) -> bool {
+    if !(0..acts.n).all(|c| acts.wide(c)) {
+        return false;
+    }
+    // SAFETY: the caller has the features; the scratch is this thread's.
+    Q6_DECODED.with_borrow_mut(|dec| unsafe { q6k_wide_in(dec, w, acts, rows, out) });
+    true
+}
+
+/// The body of [`q6k_wide`], out of the thread-local's closure (which
+/// would not inherit the target features).
+///
+/// # Safety
+/// The CPU must support avx2, fma and f16c; as [`q6k_wide`].
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q6k_wide_in(
+    dec: &mut Vec<__m256i>,
+    w: &RowMat,
+    acts: &Acts,
+    rows: std::ops::Range<usize>,
+    out: &OutRows<'_>,
+) {
+    let k = acts.k;
+    let n = acts.n;
+    let nb = k / QK_K;
+    assert!(w.row_bytes >= nb * 210);
+    assert!(n * k <= acts.kq.len() && n * nb <= acts.kd.len());
+    assert!(n * nb * 16 <= acts.kbs.len());
+    dec.resize(ROW_BLOCK * nb * Q6_SLOTS, _mm256_setzero_si256());
+    // SAFETY: every pointer below stays within the rows (asserted), `dec`
+    // (sized above: ROW_BLOCK rows of nb blocks) and the n columns'
+    // activations (asserted).
+    unsafe {
+        let m15 = _mm256_set1_epi8(15);
+        for rb in rows.clone().step_by(ROW_BLOCK) {
+            let re = (rb + ROW_BLOCK).min(rows.end);
+            for r in rb..re {
+                let at = w.at(r, 1);
+                let row = w.bytes().as_ptr().add(at.base);
+                for b in 0..nb {
+                    let blk = row.add(b * at.block);
+                    let o = dec.as_mut_ptr().add(((r - rb) * nb + b) * Q6_SLOTS);
+                    let sc8 = _mm_loadu_si128(blk.add(192) as *const __m128i);
+                    for h in 0..2 {
+                        let qh = _mm256_loadu_si256(blk.add(128 + 32 * h) as *const __m256i);
+                        for kk in 0..4 {
+                            // As `Q6K::run`: chunk kk's low (kk < 2) or high
+                            // nibbles, bits 2·kk.. of qh at bit 4.
+                            let ql = _mm256_loadu_si256(
+                                blk.add(64 * h + 32 * (kk & 1)) as *const __m256i
+                            );
+                            let low = if kk < 2 {
+                                _mm256_and_si256(ql, m15)
+                            } else {
+                                _mm256_and_si256(_mm256_srli_epi16::<4>(ql), m15)
+                            };
+                            let hb = match kk {
+                                0 => _mm256_slli_epi16::<4>(_mm256_and_si256(
+                                    qh,
+                                    _mm256_set1_epi8(3),
+                                )),
+                                1 => _mm256_slli_epi16::<2>(_mm256_and_si256(
+                                    qh,
+                                    _mm256_set1_epi8(12),
+                                )),
+                                2 => _mm256_and_si256(qh, _mm256_set1_epi8(48)),
+                                _ => _mm256_srli_epi16::<2>(_mm256_and_si256(
+                                    qh,
+                                    _mm256_set1_epi8(-64),
+                                )),
+                            };
+                            let s = (8 * h + 2 * kk) as i8;
+                            let pick = _mm_setr_epi8(
+                                s,
+                                s,
+                                s,
+                                s,
+                                s,
+                                s,
+                                s,
+                                s,
+                                s + 1,
+                                s + 1,
+                                s + 1,
+                                s + 1,
+                                s + 1,
+                                s + 1,
+                                s + 1,
+                                s + 1,
+                            );
+                            let ch = 4 * h + kk;
+                            o.add(ch).write(_mm256_or_si256(low, hb));
+                            o.add(8 + ch).write(_mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, pick)));
+                        }
+                    }
+                    o.add(16).write(_mm256_cvtepi8_epi16(sc8));
+                    o.add(17).write(_mm256_castps_si256(_mm256_set1_ps(f16_at(blk.add(208)))));
+                }
+            }
+            let mut c = 0;
+            while c < n {
+                let m = (n - c).min(8);
+                for r in rb..re {
+                    let d = dec.as_ptr().add((r - rb) * nb * Q6_SLOTS);
+                    let v = match m {
+                        8 => q6k_cols::<8>(d, acts, c, nb),
+                        7 => q6k_cols::<7>(d, acts, c, nb),
+                        6 => q6k_cols::<6>(d, acts, c, nb),
+                        5 => q6k_cols::<5>(d, acts, c, nb),
+                        4 => q6k_cols::<4>(d, acts, c, nb),
+                        3 => q6k_cols::<3>(d, acts, c, nb),
+                        2 => q6k_cols::<2>(d, acts, c, nb),
+                        _ => q6k_cols::<1>(d, acts, c, nb),
+                    };
+                    for (j, x) in v.iter().take(m).enumerate() {
+                        out.set(c + j, r, *x);
+                    }
+                }
+                c += m;
+            }
+        }
+    }
+}
+
+/// One decoded Q6_K row (`d`: its blocks in `q6k_wide`'s scratch) against
+/// columns `c .. c + M` on the tiled numbers: per block each column's
+/// exact lanes less `32 · Σ s·bsum`, summed, then `fma(d · Σ, d_a, acc)`,
+/// eight columns in the lanes.
+///
+/// # Safety
+/// The CPU has avx2, fma and f16c; `d` holds `nb` decoded blocks; the
+/// columns' activations exist (asserted by the caller).
+#[inline(always)]
+unsafe fn q6k_cols<const M: usize>(
+    d: *const __m256i,
+    acts: &Acts,
+    c: usize,
+    nb: usize,
+) -> [f32; 8] {
+    let k = acts.k;
+    // SAFETY: within the decoded row and the columns (the caller's
+    // contract).
+    unsafe {
+        let mut fv = _mm256_setzero_ps();
+        for b in 0..nb {
+            let o = d.add(b * Q6_SLOTS);
+            let mut sumi = [_mm256_setzero_si256(); M];
+            for ch in 0..8 {
+                let wq = *o.add(ch);
+                let sv = *o.add(8 + ch);
+                for (j, s) in sumi.iter_mut().enumerate() {
+                    let a =
+                        _mm256_loadu_si256(acts.kq.as_ptr().add((c + j) * k + b * QK_K + 32 * ch)
+                            as *const __m256i);
+                    *s = _mm256_add_epi32(*s, _mm256_madd_epi16(_mm256_maddubs_epi16(wq, a), sv));
+                }
+            }
+            let scales16 = *o.add(16);
+            let mut sv = [_mm256_setzero_si256(); 8];
+            let mut dav = [0f32; 8];
+            for j in 0..M {
+                let col = c + j;
+                dav[j] = *acts.kd.get_unchecked(col * nb + b);
+                let bs = _mm256_loadu_si256(
+                    acts.kbs.as_ptr().add((col * nb + b) * 16) as *const __m256i
+                );
+                let corr = _mm256_slli_epi32::<5>(_mm256_madd_epi16(bs, scales16));
+                sv[j] = _mm256_sub_epi32(sumi[j], corr);
+            }
+            let iv = _mm256_cvtepi32_ps(hsum_i32_x8(&sv));
+            let v = _mm256_mul_ps(_mm256_castsi256_ps(*o.add(17)), iv);
+            fv = _mm256_fmadd_ps(v, _mm256_loadu_ps(dav.as_ptr()), fv);
+        }
+        let mut r = [0f32; 8];
+        _mm256_storeu_ps(r.as_mut_ptr(), fv);
+        r
+    }
+}
+
 /// Q6_K (ggml's AVX2 `ggml_vec_dot_q6_K_q8_K`, or its tiled kernel for a
 /// wide product).
 struct Q6K;
 
 impl Kern for Q6K {
+    #[inline(always)]
+    unsafe fn wide(
+        w: &RowMat,
+        acts: &Acts,
+        rows: std::ops::Range<usize>,
+        out: &OutRows<'_>,
+    ) -> bool {
+        // SAFETY: forwarded.
+        unsafe { q6k_wide(w, acts, rows, out) }
+    }
+
     #[inline(always)]
     unsafe fn run<const R: usize, const N: usize>(
         w: &RowMat,
