@@ -1541,11 +1541,213 @@ unsafe fn q4k_dec8(w: &RowMat, acts: &Acts, rows: std::ops::Range<usize>, out: &
     }
 }
 
+thread_local! {
+    /// Each thread's decoded Q5_K rows for `q5k_wide`.
+    static Q5_DECODED: std::cell::RefCell<Vec<__m256i>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Registers per decoded Q5_K block in `q5k_wide`'s scratch: eight halves
+/// of 32 values, their eight broadcast scales, then one of the sixteen
+/// scale and min bytes (`k4_scales`) followed by `d` and `dmin` as f32.
+const Q5_SLOTS: usize = 17;
+
+/// [`Q5K`] on a product of many columns, all on ggml's tiled numbers: each
+/// block of rows is decoded once into scratch and met there by every group
+/// of eight columns. The same lanes and per-block epilogue as `Q5K::run`'s
+/// wide columns, so the same numbers.
+///
+/// # Safety
+/// The CPU has avx2, fma and f16c (it is called from the AVX2 kernels);
+/// rows `rows` of `out` are the caller's (`OutRows::set`); `w` and `acts`
+/// hold them (bounds are asserted).
+#[inline(always)]
+unsafe fn q5k_wide(
+    w: &RowMat,
+    acts: &Acts,
+    rows: std::ops::Range<usize>,
+    out: &OutRows<'_>,
+) -> bool {
+    if !(0..acts.n).all(|c| acts.wide(c)) {
+        return false;
+    }
+    // SAFETY: the caller has the features; the scratch is this thread's.
+    Q5_DECODED.with_borrow_mut(|dec| unsafe { q5k_wide_in(dec, w, acts, rows, out) });
+    true
+}
+
+/// The body of [`q5k_wide`], out of the thread-local's closure.
+///
+/// # Safety
+/// The CPU must support avx2, fma and f16c; as [`q5k_wide`].
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q5k_wide_in(
+    dec: &mut Vec<__m256i>,
+    w: &RowMat,
+    acts: &Acts,
+    rows: std::ops::Range<usize>,
+    out: &OutRows<'_>,
+) {
+    let k = acts.k;
+    let n = acts.n;
+    let nb = k / QK_K;
+    assert!(w.row_bytes >= nb * 176);
+    assert!(n * k <= acts.kq.len() && n * nb <= acts.kd.len());
+    assert!(n * nb * 16 <= acts.kbs.len());
+    dec.resize(ROW_BLOCK * nb * Q5_SLOTS, _mm256_setzero_si256());
+    // SAFETY: every pointer below stays within the rows (asserted), `dec`
+    // (sized above) and the n columns' activations (asserted).
+    unsafe {
+        let m4 = _mm256_set1_epi8(0x0F);
+        for rb in rows.clone().step_by(ROW_BLOCK) {
+            let re = (rb + ROW_BLOCK).min(rows.end);
+            for r in rb..re {
+                let at = w.at(r, 1);
+                let row = w.bytes().as_ptr().add(at.base);
+                for b in 0..nb {
+                    let blk = row.add(b * at.block);
+                    let o = dec.as_mut_ptr().add(((r - rb) * nb + b) * Q5_SLOTS);
+                    let sm = k4_scales(blk.add(4));
+                    let hbits = _mm256_loadu_si256(blk.add(16) as *const __m256i);
+                    for g in 0..4 {
+                        // As `Q5K::run`.
+                        let q = _mm256_loadu_si256(blk.add(48 + 32 * g) as *const __m256i);
+                        let h0 = _mm256_and_si256(hbits, _mm256_set1_epi8(1 << (2 * g)));
+                        let h1 = _mm256_and_si256(hbits, _mm256_set1_epi8(2 << (2 * g)));
+                        let (h0, h1) = match g {
+                            0 => (_mm256_slli_epi16::<4>(h0), _mm256_slli_epi16::<3>(h1)),
+                            1 => (_mm256_slli_epi16::<2>(h0), _mm256_slli_epi16::<1>(h1)),
+                            2 => (h0, _mm256_srli_epi16::<1>(h1)),
+                            _ => (_mm256_srli_epi16::<2>(h0), _mm256_srli_epi16::<3>(h1)),
+                        };
+                        o.add(2 * g).write(_mm256_add_epi8(_mm256_and_si256(q, m4), h0));
+                        o.add(2 * g + 1).write(_mm256_add_epi8(
+                            _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4),
+                            h1,
+                        ));
+                        o.add(8 + 2 * g).write(_mm256_set1_epi16(sm[2 * g] as i16));
+                        o.add(9 + 2 * g).write(_mm256_set1_epi16(sm[2 * g + 1] as i16));
+                    }
+                    let mut meta = [0u8; 32];
+                    meta[..16].copy_from_slice(&sm);
+                    meta[16..20].copy_from_slice(&f16_at(blk).to_le_bytes());
+                    meta[20..24].copy_from_slice(&f16_at(blk.add(2)).to_le_bytes());
+                    o.add(16).write(_mm256_loadu_si256(meta.as_ptr() as *const __m256i));
+                }
+            }
+            let mut c = 0;
+            while c < n {
+                let m = (n - c).min(8);
+                for r in rb..re {
+                    let d = dec.as_ptr().add((r - rb) * nb * Q5_SLOTS);
+                    let v = match m {
+                        8 => q5k_cols::<8>(d, acts, c, nb),
+                        7 => q5k_cols::<7>(d, acts, c, nb),
+                        6 => q5k_cols::<6>(d, acts, c, nb),
+                        5 => q5k_cols::<5>(d, acts, c, nb),
+                        4 => q5k_cols::<4>(d, acts, c, nb),
+                        3 => q5k_cols::<3>(d, acts, c, nb),
+                        2 => q5k_cols::<2>(d, acts, c, nb),
+                        _ => q5k_cols::<1>(d, acts, c, nb),
+                    };
+                    for (j, x) in v.iter().take(m).enumerate() {
+                        out.set(c + j, r, *x);
+                    }
+                }
+                c += m;
+            }
+        }
+    }
+}
+
+/// One decoded Q5_K row (`d`: its blocks in `q5k_wide`'s scratch) against
+/// columns `c .. c + M` on the tiled numbers, eight columns in the lanes:
+/// per block `fma(fma(−dmin, Σ min·bsum, d · Σ s), d_a, acc)`.
+///
+/// # Safety
+/// The CPU has avx2, fma and f16c; `d` holds `nb` decoded blocks; the
+/// columns' activations exist (asserted by the caller).
+#[inline(always)]
+unsafe fn q5k_cols<const M: usize>(
+    d: *const __m256i,
+    acts: &Acts,
+    c: usize,
+    nb: usize,
+) -> [f32; 8] {
+    let k = acts.k;
+    let panel_mins = M == 8 && c.is_multiple_of(8) && (c / 8 + 1) * nb * 32 <= acts.kbp.len();
+    // SAFETY: within the decoded row and the columns (the caller's
+    // contract; `kbp` checked in `panel_mins`).
+    unsafe {
+        let mut fv = _mm256_setzero_ps();
+        for b in 0..nb {
+            let o = d.add(b * Q5_SLOTS);
+            let mut sumi = [_mm256_setzero_si256(); 8];
+            for g in 0..4 {
+                let (lo, hi) = (*o.add(2 * g), *o.add(2 * g + 1));
+                let (sl, sh) = (*o.add(8 + 2 * g), *o.add(9 + 2 * g));
+                for (j, s) in sumi.iter_mut().take(M).enumerate() {
+                    let a = acts.kq.as_ptr().add((c + j) * k + b * QK_K + 64 * g);
+                    let al = _mm256_loadu_si256(a as *const __m256i);
+                    let ah = _mm256_loadu_si256(a.add(32) as *const __m256i);
+                    let pl = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, al), sl);
+                    let ph = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, ah), sh);
+                    *s = _mm256_add_epi32(*s, _mm256_add_epi32(pl, ph));
+                }
+            }
+            let mut meta = [0u8; 32];
+            _mm256_storeu_si256(meta.as_mut_ptr() as *mut __m256i, *o.add(16));
+            let sm: [u8; 16] = meta[..16].try_into().expect("16 bytes");
+            let dw = f32::from_le_bytes(meta[16..20].try_into().expect("4 bytes"));
+            let dminw = f32::from_le_bytes(meta[20..24].try_into().expect("4 bytes"));
+            let mut dav = [0f32; 8];
+            for (j, v) in dav.iter_mut().take(M).enumerate() {
+                *v = *acts.kd.get_unchecked((c + j) * nb + b);
+            }
+            let imv = if panel_mins {
+                let pp = acts.kbp.as_ptr().add(((c / 8) * nb + b) * 32);
+                let mut iv = _mm256_setzero_si256();
+                for t in 0..4 {
+                    let mm = sm[8 + 2 * t] as i32 | (sm[9 + 2 * t] as i32) << 16;
+                    let p = _mm256_loadu_si256(pp.add(8 * t) as *const __m256i);
+                    iv = _mm256_add_epi32(iv, _mm256_madd_epi16(p, _mm256_set1_epi32(mm)));
+                }
+                iv
+            } else {
+                let mut im = [0i32; 8];
+                for (j, v) in im.iter_mut().take(M).enumerate() {
+                    let bs = acts.kbs.get_unchecked(((c + j) * nb + b) * 16..);
+                    *v = k_mins8(&sm, bs);
+                }
+                _mm256_loadu_si256(im.as_ptr() as *const __m256i)
+            };
+            let imv = _mm256_cvtepi32_ps(imv);
+            let iv = _mm256_cvtepi32_ps(hsum_i32_x8(&sumi));
+            let v =
+                _mm256_fmadd_ps(_mm256_set1_ps(-dminw), imv, _mm256_mul_ps(_mm256_set1_ps(dw), iv));
+            fv = _mm256_fmadd_ps(v, _mm256_loadu_ps(dav.as_ptr()), fv);
+        }
+        let mut r = [0f32; 8];
+        _mm256_storeu_ps(r.as_mut_ptr(), fv);
+        r
+    }
+}
+
 /// Q5_K (ggml's AVX2 `ggml_vec_dot_q5_K_q8_K`, or its tiled kernel for a
 /// wide product).
 struct Q5K;
 
 impl Kern for Q5K {
+    #[inline(always)]
+    unsafe fn wide(
+        w: &RowMat,
+        acts: &Acts,
+        rows: std::ops::Range<usize>,
+        out: &OutRows<'_>,
+    ) -> bool {
+        // SAFETY: forwarded.
+        unsafe { q5k_wide(w, acts, rows, out) }
+    }
+
     #[inline(always)]
     unsafe fn run<const R: usize, const N: usize>(
         w: &RowMat,
