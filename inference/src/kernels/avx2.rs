@@ -1718,6 +1718,47 @@ impl Kern for Q5K {
     }
 }
 
+/// The 32 values (0..64) of chunk `kk` of half `h` of the Q6_K block at
+/// `blk`: the low (kk < 2) or high nibbles of the ql half, bits 2·kk.. of
+/// qh at bit 4.
+///
+/// # Safety
+/// The CPU has avx2, fma and f16c (it is called from the AVX2 kernels);
+/// `blk` points to a whole Q6_K block (210 bytes).
+#[inline(always)]
+unsafe fn q6k_chunk(blk: *const u8, h: usize, kk: usize) -> __m256i {
+    // SAFETY: within the block (the caller's contract).
+    unsafe {
+        let m15 = _mm256_set1_epi8(15);
+        let ql = _mm256_loadu_si256(blk.add(64 * h + 32 * (kk & 1)) as *const __m256i);
+        let qh = _mm256_loadu_si256(blk.add(128 + 32 * h) as *const __m256i);
+        let low = if kk < 2 {
+            _mm256_and_si256(ql, m15)
+        } else {
+            _mm256_and_si256(_mm256_srli_epi16::<4>(ql), m15)
+        };
+        let hb = match kk {
+            0 => _mm256_slli_epi16::<4>(_mm256_and_si256(qh, _mm256_set1_epi8(3))),
+            1 => _mm256_slli_epi16::<2>(_mm256_and_si256(qh, _mm256_set1_epi8(12))),
+            2 => _mm256_and_si256(qh, _mm256_set1_epi8(48)),
+            _ => _mm256_srli_epi16::<2>(_mm256_and_si256(qh, _mm256_set1_epi8(-64))),
+        };
+        _mm256_or_si256(low, hb)
+    }
+}
+
+/// The shuffle that picks chunk `kk` of half `h`'s two scales from a Q6_K
+/// block's sixteen scale bytes: byte s eight times, then s + 1.
+///
+/// # Safety
+/// The CPU has avx2, fma and f16c (it is called from the AVX2 kernels).
+#[inline(always)]
+unsafe fn q6k_pick(h: usize, kk: usize) -> __m128i {
+    let s = (8 * h + 2 * kk) as i8;
+    // SAFETY: register arithmetic only.
+    unsafe { _mm_unpacklo_epi64(_mm_set1_epi8(s), _mm_set1_epi8(s + 1)) }
+}
+
 thread_local! {
     /// Each thread's decoded Q6_K rows for `q6k_wide`.
     static Q6_DECODED: std::cell::RefCell<Vec<__m256i>> = const { std::cell::RefCell::new(Vec::new()) };
@@ -1776,7 +1817,6 @@ unsafe fn q6k_wide_in(
     // (sized above: ROW_BLOCK rows of nb blocks) and the n columns'
     // activations (asserted).
     unsafe {
-        let m15 = _mm256_set1_epi8(15);
         for rb in rows.clone().step_by(ROW_BLOCK) {
             let re = (rb + ROW_BLOCK).min(rows.end);
             for r in rb..re {
@@ -1787,54 +1827,10 @@ unsafe fn q6k_wide_in(
                     let o = dec.as_mut_ptr().add(((r - rb) * nb + b) * Q6_SLOTS);
                     let sc8 = _mm_loadu_si128(blk.add(192) as *const __m128i);
                     for h in 0..2 {
-                        let qh = _mm256_loadu_si256(blk.add(128 + 32 * h) as *const __m256i);
                         for kk in 0..4 {
-                            // As `Q6K::run`: chunk kk's low (kk < 2) or high
-                            // nibbles, bits 2·kk.. of qh at bit 4.
-                            let ql = _mm256_loadu_si256(
-                                blk.add(64 * h + 32 * (kk & 1)) as *const __m256i
-                            );
-                            let low = if kk < 2 {
-                                _mm256_and_si256(ql, m15)
-                            } else {
-                                _mm256_and_si256(_mm256_srli_epi16::<4>(ql), m15)
-                            };
-                            let hb = match kk {
-                                0 => _mm256_slli_epi16::<4>(_mm256_and_si256(
-                                    qh,
-                                    _mm256_set1_epi8(3),
-                                )),
-                                1 => _mm256_slli_epi16::<2>(_mm256_and_si256(
-                                    qh,
-                                    _mm256_set1_epi8(12),
-                                )),
-                                2 => _mm256_and_si256(qh, _mm256_set1_epi8(48)),
-                                _ => _mm256_srli_epi16::<2>(_mm256_and_si256(
-                                    qh,
-                                    _mm256_set1_epi8(-64),
-                                )),
-                            };
-                            let s = (8 * h + 2 * kk) as i8;
-                            let pick = _mm_setr_epi8(
-                                s,
-                                s,
-                                s,
-                                s,
-                                s,
-                                s,
-                                s,
-                                s,
-                                s + 1,
-                                s + 1,
-                                s + 1,
-                                s + 1,
-                                s + 1,
-                                s + 1,
-                                s + 1,
-                                s + 1,
-                            );
+                            let pick = q6k_pick(h, kk);
                             let ch = 4 * h + kk;
-                            o.add(ch).write(_mm256_or_si256(low, hb));
+                            o.add(ch).write(q6k_chunk(blk, h, kk));
                             o.add(8 + ch).write(_mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, pick)));
                         }
                     }
@@ -1956,7 +1952,6 @@ impl Kern for Q6K {
         unsafe {
             let mut acc = [[_mm256_setzero_ps(); N]; R];
             let mut facc = [[0f32; N]; R];
-            let m15 = _mm256_set1_epi8(15);
             let wide: [bool; N] = std::array::from_fn(|j| acts.wide(c0 + j));
             let all_wide = N == 8 && wide.iter().all(|&w| w);
             let mut fv = [_mm256_setzero_ps(); R];
@@ -1981,55 +1976,11 @@ impl Kern for Q6K {
                         };
                         // Bytes s (eight times), then s + 1: the two scales
                         // of this chunk's halves, widened below.
-                        let s = (8 * h + 2 * kk) as i8;
-                        let pick = _mm_setr_epi8(
-                            s,
-                            s,
-                            s,
-                            s,
-                            s,
-                            s,
-                            s,
-                            s,
-                            s + 1,
-                            s + 1,
-                            s + 1,
-                            s + 1,
-                            s + 1,
-                            s + 1,
-                            s + 1,
-                            s + 1,
-                        );
+                        let pick = q6k_pick(h, kk);
                         let av = preload::<R, N>(act);
                         for r in 0..R {
                             let blk = base.add(r * at.row + b * at.block);
-                            let ql = _mm256_loadu_si256(
-                                blk.add(64 * h + 32 * (kk & 1)) as *const __m256i
-                            );
-                            let qh = _mm256_loadu_si256(blk.add(128 + 32 * h) as *const __m256i);
-                            // Chunk kk: low (kk < 2) or high nibbles of the
-                            // ql half, bits 2·kk..2·kk+2 of qh at bit 4.
-                            let low = if kk < 2 {
-                                _mm256_and_si256(ql, m15)
-                            } else {
-                                _mm256_and_si256(_mm256_srli_epi16::<4>(ql), m15)
-                            };
-                            let hb = match kk {
-                                0 => _mm256_slli_epi16::<4>(_mm256_and_si256(
-                                    qh,
-                                    _mm256_set1_epi8(3),
-                                )),
-                                1 => _mm256_slli_epi16::<2>(_mm256_and_si256(
-                                    qh,
-                                    _mm256_set1_epi8(12),
-                                )),
-                                2 => _mm256_and_si256(qh, _mm256_set1_epi8(48)),
-                                _ => _mm256_srli_epi16::<2>(_mm256_and_si256(
-                                    qh,
-                                    _mm256_set1_epi8(-64),
-                                )),
-                            };
-                            let wq = _mm256_or_si256(low, hb);
+                            let wq = q6k_chunk(blk, h, kk);
                             // Scale s in the low half, s + 1 in the high
                             // one, as i16 (the same values).
                             let sv = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8[r], pick));
