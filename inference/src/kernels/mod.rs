@@ -17,6 +17,8 @@
 pub(crate) mod attn;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512k;
 pub(crate) mod rows;
 mod scalar;
 #[cfg(target_arch = "x86_64")]
@@ -250,7 +252,15 @@ impl Packed {
                 let portable = matches!(m.fmt, rows::Fmt::F16 | rows::Fmt::BF16)
                     || (m.fmt == rows::Fmt::Q4K && !m.chain);
                 let path = if isa().avx2() && !portable { "avx2" } else { "scalar" };
-                format!("{path}-rows")
+                let wide = isa() == Isa::Avx512Vnni
+                    && matches!(m.fmt, rows::Fmt::Q4K | rows::Fmt::Q5K | rows::Fmt::Q6K)
+                    && !portable;
+                if wide {
+                    // Prompts on the AVX-512 VNNI kernels (`avx512k.rs`).
+                    format!("{path}-rows+avx512-vnni-wide")
+                } else {
+                    format!("{path}-rows")
+                }
             }
         }
     }
@@ -266,7 +276,19 @@ impl Packed {
                     Needs { b32: true, g16: m.fmt == rows::Fmt::Q5_0, ..Needs::default() }
                 }
                 ActKind::K256 => {
-                    Needs { k256: true, kbp: m.fmt == rows::Fmt::Q5K, ..Needs::default() }
+                    // The AVX-512 wide products (`avx512k.rs`) read Q4_K/Q5_K
+                    // minimums against `Acts::kb32` and Q6_K rows against the
+                    // biased activations `Acts::kqu`.
+                    let wide512 = isa() == Isa::Avx512Vnni;
+                    let k32 = wide512
+                        && (m.fmt == rows::Fmt::Q5K || (m.fmt == rows::Fmt::Q4K && m.chain));
+                    Needs {
+                        k256: true,
+                        kbp: m.fmt == rows::Fmt::Q5K,
+                        k32,
+                        ku: wide512 && m.fmt == rows::Fmt::Q6K,
+                        ..Needs::default()
+                    }
                 }
                 ActKind::F32 => Needs { f32: true, ..Needs::default() },
             },
@@ -290,6 +312,15 @@ impl Packed {
     ) {
         if let PackedKind::Rows(m) = &self.kind {
             let rows = tiles.start * ROW_TILE..(tiles.end * ROW_TILE).min(self.rows);
+            #[cfg(target_arch = "x86_64")]
+            if isa() == Isa::Avx512Vnni && acts.n >= WIDE_MIN {
+                // SAFETY: `isa()` reports AVX-512 VNNI only after checking
+                // every feature these kernels enable; the rows are this
+                // call's (its contract).
+                if unsafe { avx512k::matmul(m, acts, rows.clone(), out) } {
+                    return;
+                }
+            }
             #[cfg(target_arch = "x86_64")]
             if isa().avx2() {
                 // SAFETY: `isa()` reports AVX2 only after checking that the
@@ -416,6 +447,25 @@ impl<'a> OutRows<'a> {
         OutRows { off: self.off + off, rows, ..*self }
     }
 
+    /// Writes rows `r0 .. r0 + v.len()` of column `c` (rows at or past
+    /// `rows` are ignored). The range is bounds-checked (a panic, never a
+    /// write out of bounds).
+    ///
+    /// # Safety
+    /// As [`OutRows::set`], for every row written.
+    #[inline]
+    pub(crate) unsafe fn set_run(&self, c: usize, r0: usize, v: &[f32]) {
+        let len = v.len().min(self.rows.saturating_sub(r0));
+        if len == 0 {
+            return;
+        }
+        let i = c * self.stride + self.off + r0;
+        assert!(i + len <= self.len && self.off + r0 + len <= self.stride);
+        // SAFETY: in bounds (checked against the buffer's length), and no
+        // other thread touches these indices (the caller's contract).
+        unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), self.ptr.add(i), len) }
+    }
+
     /// Writes row `r` of column `c`; rows at or past `rows` are ignored.
     /// The index is bounds-checked (a panic, never a write out of bounds).
     ///
@@ -452,6 +502,10 @@ pub(crate) struct Needs {
     pub(crate) g16: bool,
     /// Q5_K rows: `kbp` on a wide product.
     pub(crate) kbp: bool,
+    /// Q4_K/Q5_K rows on AVX-512: `kb32` on a wide product.
+    pub(crate) k32: bool,
+    /// Q6_K rows on AVX-512: `kqu` on a wide product.
+    pub(crate) ku: bool,
 }
 
 impl Needs {
@@ -464,6 +518,8 @@ impl Needs {
             k256: self.k256 || o.k256,
             g16: self.g16 || o.g16,
             kbp: self.kbp || o.kbp,
+            k32: self.k32 || o.k32,
+            ku: self.ku || o.ku,
         }
     }
 }
@@ -505,6 +561,14 @@ pub(crate) struct Acts {
     /// i16 pair (one `vpmaddwd` with a row's two mins gives Σ min·bsum of
     /// eight columns). Columns past `n` are zeros.
     pub(crate) kbp: Vec<i32>,
+    /// The Q8_K sums of each 32 values as i16 pairs, `[column][super-block]
+    /// [u]`: sub-blocks 2u and 2u + 1 (AVX-512 wide products of Q4_K/Q5_K,
+    /// one `vpdpwssd` with a row's two minimums). Built from
+    /// [`WIDE_MIN`] columns.
+    pub(crate) kb32: Vec<i32>,
+    /// The Q8_K values plus 128, as unsigned bytes `[column][value]`
+    /// (AVX-512 wide products of Q6_K). Built from [`WIDE_MIN`] columns.
+    pub(crate) kqu: Vec<u8>,
     /// `d` and `s` of the 32-blocks transposed, `[block][column]`, for
     /// kernels that take several columns of one block at once (padded by
     /// 8 columns so a vector load past the last is in bounds).
@@ -583,6 +647,18 @@ impl Acts {
                     }
                 }
             }
+        }
+        self.kb32.clear();
+        if need.k256 && need.k32 && k.is_multiple_of(QK_K) && n >= WIDE_MIN {
+            self.kb32.extend(self.kbs[..n * (k / QK_K) * 16].chunks_exact(4).map(|bs| {
+                let lo = bs[0].wrapping_add(bs[1]) as u16 as u32;
+                let hi = bs[2].wrapping_add(bs[3]) as u16 as u32;
+                (lo | hi << 16) as i32
+            }));
+        }
+        self.kqu.clear();
+        if need.k256 && need.ku && k.is_multiple_of(QK_K) && n >= WIDE_MIN {
+            self.kqu.extend(self.kq[..n * k].iter().map(|&q| (q as i16 + 128) as u8));
         }
         let b32 = need.b32 || need.tile4 || need.tile8;
         if !b32 {
@@ -1224,7 +1300,7 @@ mod tests {
         // 512 columns: Q4_1/Q5_0/Q8_0 rows of an even block count (stored
         // in pairs); 544: an odd one (the file's layout) for the formats of 32.
         for (fmt, qk, bb, scales) in formats {
-            for (rows, cols) in [(16usize, 512usize), (12, 512), (12, 544)] {
+            for (rows, cols) in [(16usize, 512usize), (12, 512), (12, 544), (40, 512), (72, 256)] {
                 if cols % qk != 0 {
                     continue;
                 }

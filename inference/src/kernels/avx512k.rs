@@ -1,0 +1,525 @@
+//! AVX-512 VNNI products of K-quant rows against many columns (a prompt):
+//! Q4_K on the *chain* numerics, Q5_K and Q6_K on ggml's tiled numerics
+//! (`rows.rs` says which is which). Thirty-two rows share the lanes of two
+//! 512-bit registers: each super-block of a block of rows is decoded once
+//! into scratch — its values as bytes, four consecutive values of sixteen
+//! rows per 64 bytes, so one `vpdpbusd` against four activation bytes of
+//! one column (broadcast) adds four products to each row's lane — and
+//! every column then meets the decoded super-block, its accumulators
+//! carried from super-block to super-block in memory. A sub-block's exact
+//! integer dot product is scaled with one `vpmulld`; Q4_K/Q5_K minimums
+//! come from one `vpdpwssd` per two sub-blocks (the rows' i16 pairs of
+//! minimums against the column's pair of sums of 32, `Acts::kb32`). Q6_K
+//! meets the activations plus 128 (`Acts::kqu`, unsigned) with its values
+//! less 32 (signed), so its offset is a per-row constant of the decoded
+//! block (`128 · Σ scale · Σ (value − 32)`), not a per-column sum. The
+//! integers are the exact sums the portable kernels form, and the float
+//! steps per super-block are theirs lane by lane, so the numbers are
+//! bit-identical.
+//!
+//! Columns whose route the kernel does not cover (a Q5_K/Q6_K column that
+//! ggml would not run tiled) leave the product to the AVX2 kernels.
+
+// Register arrays are indexed in lock step; index loops read clearest here.
+#![allow(clippy::needless_range_loop)]
+
+use super::rows::{Fmt, RowMat};
+use super::{Acts, OutRows};
+use crate::quant::QK_K;
+use std::arch::x86_64::*;
+
+/// Registers of sixteen rows in a block of rows.
+const H: usize = 2;
+/// Rows decoded together (the lanes of `H` registers).
+const RB: usize = 16 * H;
+/// Runs of columns ahead whose activations are prefetched.
+const PF_RUNS: usize = 2;
+/// Columns met together by one pass over a decoded super-block.
+const CB: usize = 6;
+
+/// Registers of scratch per decoded super-block, each `H` registers (16
+/// rows a register): 64 of values (`[kg][h]`, kg = value / 4: four values
+/// of each row; Q4_K/Q5_K unsigned, Q6_K less 32, signed), 16 of sub-block
+/// scales (as i32; Q4_K/Q5_K use 8), 4 of i16 pairs of minimums (Q4_K/Q5_K,
+/// sub-blocks 2u and 2u + 1), one of `d`, one of `dmin` (Q4_K/Q5_K) or of
+/// the offset constant (Q6_K).
+const SLOTS: usize = (64 + 16 + 4 + 2) * H;
+const SCALES: usize = 64 * H;
+const MINS: usize = 80 * H;
+const DW: usize = 84 * H;
+/// `dmin` (f32) for Q4_K/Q5_K; the offset constant (i32) for Q6_K.
+const DMIN: usize = 85 * H;
+
+thread_local! {
+    /// Each thread's decoded super-block and its per-column accumulators.
+    static SCRATCH: std::cell::RefCell<(Vec<__m512i>, Vec<__m512>)> =
+        const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+}
+
+/// `out[c · rows + r]` for rows `rows` and every column, when this kernel
+/// covers the product; `false` (nothing written) when it does not.
+///
+/// # Safety
+/// The CPU supports avx512f, avx512bw, avx512vl, avx512vnni, avx2, fma and
+/// f16c (`x86::available()`); no other thread reads or writes rows `rows` of
+/// `out` during the call.
+pub(super) unsafe fn matmul(
+    w: &RowMat,
+    acts: &Acts,
+    rows: std::ops::Range<usize>,
+    out: &OutRows<'_>,
+) -> bool {
+    let (n, k) = (acts.n, acts.k);
+    let nb = k / QK_K;
+    let covered = match w.fmt {
+        Fmt::Q4K => w.chain && acts.kb32.len() >= n * nb * 4,
+        Fmt::Q5K => (0..n).all(|c| acts.wide(c)) && acts.kb32.len() >= n * nb * 4,
+        Fmt::Q6K => (0..n).all(|c| acts.wide(c)) && acts.kqu.len() >= n * k,
+        _ => false,
+    };
+    if !covered || !k.is_multiple_of(QK_K) || rows.is_empty() {
+        return false;
+    }
+    // SAFETY: the features are the caller's contract; the scratch is this
+    // thread's own.
+    SCRATCH.with_borrow_mut(|s| unsafe { matmul_in(s, w, acts, rows, out) });
+    true
+}
+
+/// The body of [`matmul`], out of the thread-local's closure (which would
+/// not inherit the target features).
+///
+/// # Safety
+/// As [`matmul`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn matmul_in(
+    scratch: &mut (Vec<__m512i>, Vec<__m512>),
+    w: &RowMat,
+    acts: &Acts,
+    rows: std::ops::Range<usize>,
+    out: &OutRows<'_>,
+) {
+    let (k, n) = (acts.k, acts.n);
+    let nb = k / QK_K;
+    let bb = w.fmt.block().1;
+    assert!(w.row_bytes >= nb * bb);
+    assert!(n * k <= acts.kq.len() && n * nb <= acts.kd.len() && n * nb * 16 <= acts.kbs.len());
+    if w.fmt == Fmt::Q6K {
+        assert!(n * k <= acts.kqu.len());
+    } else {
+        assert!(n * nb * 4 <= acts.kb32.len());
+    }
+    let (dec, accs) = scratch;
+    dec.resize(SLOTS, _mm512_setzero_si512());
+    accs.resize(n * 2 * H, _mm512_setzero_ps());
+    // Runs of columns on the same numbers, at most CB of them.
+    let mut runs = Vec::with_capacity(n.div_ceil(CB) + 4);
+    let mut c = 0;
+    while c < n {
+        let grouped = w.fmt == Fmt::Q4K && acts.grouped(c);
+        let mut len = 1;
+        while len < CB && c + len < n && (w.fmt != Fmt::Q4K || acts.grouped(c + len) == grouped) {
+            len += 1;
+        }
+        runs.push((c, len, grouped));
+        c += len;
+    }
+    for rb in rows.clone().step_by(RB) {
+        let m = (rows.end - rb).min(RB);
+        accs.fill(_mm512_setzero_ps());
+        for b in 0..nb {
+            // SAFETY: rows rb..rb + m exist (`w.at` asserts each) with nb
+            // super-blocks; the scratch holds one decoded super-block.
+            unsafe { decode(w, rb, m, b, dec.as_mut_ptr()) };
+            if b + 1 < nb {
+                // The next super-block's bytes, asked into L2 while every
+                // column meets this one.
+                for r in 0..m {
+                    let at = w.at(rb + r, 1);
+                    let p = w.bytes()[at.base + (b + 1) * at.block..].as_ptr();
+                    for l in (0..bb).step_by(64) {
+                        // A hint: never faults.
+                        _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(l) as *const i8);
+                    }
+                }
+            }
+            let d = dec.as_ptr();
+            let a = accs.as_mut_ptr();
+            for (i, &(c, len, grouped)) in runs.iter().enumerate() {
+                if let Some(&(c2, len2, _)) = runs.get(i + PF_RUNS) {
+                    // The activations a later run reads at this super-block:
+                    // columns lie `k` bytes apart, a stride the hardware does
+                    // not follow.
+                    for j in c2..c2 + len2 {
+                        let q = if w.fmt == Fmt::Q6K {
+                            acts.kqu.as_ptr().wrapping_add(j * k + b * QK_K)
+                        } else {
+                            acts.kq.as_ptr().wrapping_add(j * k + b * QK_K) as *const u8
+                        };
+                        for l in 0..4 {
+                            // A hint: never faults.
+                            _mm_prefetch::<_MM_HINT_T0>(q.wrapping_add(64 * l) as *const i8);
+                        }
+                        let kd = acts.kd.as_ptr().wrapping_add(j * nb + b);
+                        _mm_prefetch::<_MM_HINT_T0>(kd as *const i8);
+                        let kb = acts.kb32.as_ptr().wrapping_add((j * nb + b) * 4);
+                        _mm_prefetch::<_MM_HINT_T0>(kb as *const i8);
+                    }
+                }
+                // SAFETY: the scratch holds the decoded super-block; columns
+                // c..c+len exist (asserted above) and have their
+                // accumulators in `accs`.
+                unsafe {
+                    match (w.fmt, grouped) {
+                        (Fmt::Q4K, true) => cols_dyn::<0>(d, acts, c, len, b, a),
+                        (Fmt::Q4K, false) => cols_dyn::<1>(d, acts, c, len, b, a),
+                        (Fmt::Q5K, _) => cols_dyn::<2>(d, acts, c, len, b, a),
+                        _ => cols_dyn::<3>(d, acts, c, len, b, a),
+                    }
+                }
+            }
+        }
+        for c in 0..n {
+            let mut col = [0f32; RB];
+            for h in 0..H {
+                let v = if w.fmt == Fmt::Q4K {
+                    _mm512_sub_ps(accs[c * 2 * H + h], accs[c * 2 * H + H + h])
+                } else {
+                    accs[c * 2 * H + h]
+                };
+                // SAFETY: 16 floats into a 16·H array.
+                unsafe { _mm512_storeu_ps(col.as_mut_ptr().add(16 * h), v) };
+            }
+            // SAFETY: rows rb..rb + m are among `rows`, the caller's.
+            unsafe { out.set_run(c, rb, &col[..m]) };
+        }
+    }
+}
+
+/// Decodes super-block `b` of rows `r0 .. r0 + m` (m ≤ RB; the other
+/// lanes zero) into `dst` (`SLOTS` registers): each field of sixteen rows
+/// is gathered into one register (lane i: row i's bytes) and unpacked
+/// there, lane by lane as `rows::k_values` and `scale_min_k4` read it.
+///
+/// # Safety
+/// The CPU has the features of [`matmul_in`]; `dst` holds `SLOTS`
+/// registers; the rows exist in `w` with more than `b` super-blocks each.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn decode(w: &RowMat, r0: usize, m: usize, b: usize, dst: *mut __m512i) {
+    let data = w.bytes();
+    let bb = w.fmt.block().1;
+    for h in 0..H {
+        let n = m.saturating_sub(16 * h).min(16);
+        // Block b of each row of this half, as byte offsets from the first
+        // row's (a half without rows reads nothing: every lane masked).
+        let first = w.at(r0 + (16 * h).min(m - 1), 1);
+        let start = first.base + b * first.block;
+        let mut off = [0i32; 16];
+        for (i, o) in off.iter_mut().enumerate().take(n) {
+            let at = w.at(r0 + 16 * h + i, 1);
+            let at = at.base + b * at.block;
+            assert!(at >= start && at + bb <= data.len() && at - start <= i32::MAX as usize / 2);
+            *o = (at - start) as i32;
+        }
+        let base = data[start..].as_ptr();
+        // SAFETY: the lanes of `mask` read within their row's block (the
+        // offsets are asserted above; every field read lies inside the
+        // block); the stores stay within `dst`'s SLOTS registers.
+        unsafe {
+            let idx = _mm512_loadu_si512(off.as_ptr() as *const __m512i);
+            let mask: __mmask16 = if n == 16 { 0xFFFF } else { (1u16 << n) - 1 };
+            let gather = |at: usize| {
+                _mm512_mask_i32gather_epi32::<1>(
+                    _mm512_setzero_si512(),
+                    mask,
+                    idx,
+                    base.add(at) as *const i32,
+                )
+            };
+            let slot = |s: usize| dst.add(s + h);
+            let m4 = _mm512_set1_epi8(0x0F);
+            let low16 = |x: __m512i| _mm512_cvtph_ps(_mm512_cvtepi32_epi16(x));
+            if w.fmt == Fmt::Q6K {
+                // Values less 32 (signed), the scales, and the offset
+                // constant 128 · Σ_s scale_s · Σ_{e in s} (value_e − 32).
+                let ones = _mm512_set1_epi8(1);
+                let mut sums = [_mm512_setzero_si512(); 16];
+                for half in 0..2 {
+                    for l4 in 0..8 {
+                        let a = gather(64 * half + 4 * l4);
+                        let bq = gather(64 * half + 32 + 4 * l4);
+                        let hb = gather(128 + 32 * half + 4 * l4);
+                        let bits = |mask: i8| _mm512_and_si512(hb, _mm512_set1_epi8(mask));
+                        let v = [
+                            _mm512_or_si512(
+                                _mm512_and_si512(a, m4),
+                                _mm512_slli_epi32::<4>(bits(3)),
+                            ),
+                            _mm512_or_si512(
+                                _mm512_and_si512(bq, m4),
+                                _mm512_slli_epi32::<2>(bits(0x0C)),
+                            ),
+                            _mm512_or_si512(
+                                _mm512_and_si512(_mm512_srli_epi32::<4>(a), m4),
+                                bits(0x30),
+                            ),
+                            _mm512_or_si512(
+                                _mm512_and_si512(_mm512_srli_epi32::<4>(bq), m4),
+                                _mm512_srli_epi32::<2>(bits(0xC0_u8 as i8)),
+                            ),
+                        ];
+                        for (q, v) in v.into_iter().enumerate() {
+                            let kg = 32 * half + 8 * q + l4;
+                            let v = _mm512_sub_epi8(v, _mm512_set1_epi8(32));
+                            slot(kg * H).write(v);
+                            sums[kg / 4] = _mm512_dpbusd_epi32(sums[kg / 4], ones, v);
+                        }
+                    }
+                }
+                let mut corr = _mm512_setzero_si512();
+                for q in 0..4 {
+                    let x = gather(192 + 4 * q);
+                    let sc = [
+                        _mm512_srai_epi32::<24>(_mm512_slli_epi32::<24>(x)),
+                        _mm512_srai_epi32::<24>(_mm512_slli_epi32::<16>(x)),
+                        _mm512_srai_epi32::<24>(_mm512_slli_epi32::<8>(x)),
+                        _mm512_srai_epi32::<24>(x),
+                    ];
+                    for (i, sc) in sc.into_iter().enumerate() {
+                        let s = 4 * q + i;
+                        slot(SCALES + s * H).write(sc);
+                        corr = _mm512_add_epi32(corr, _mm512_mullo_epi32(sc, sums[s]));
+                    }
+                }
+                slot(DMIN).write(_mm512_slli_epi32::<7>(corr));
+                slot(DW).write(_mm512_castps_si512(low16(_mm512_srli_epi32::<16>(gather(206)))));
+                continue;
+            }
+            let dd = gather(0);
+            slot(DW).write(_mm512_castps_si512(low16(dd)));
+            slot(DMIN).write(_mm512_castps_si512(low16(_mm512_srli_epi32::<16>(dd))));
+            // The 12 scale bytes as ggml's `get_scale_min_k4` reads them:
+            // u0, u1 the scales of sub-blocks 0-3 and 4-7, u2, u3 the
+            // minimums, a byte each.
+            let (s0, s1, s2) = (gather(4), gather(8), gather(12));
+            let k1 = _mm512_set1_epi32(0x3f3f_3f3f);
+            let k2 = _mm512_set1_epi32(0x0f0f_0f0f);
+            let k3 = _mm512_set1_epi32(0x0303_0303);
+            let u0 = _mm512_and_si512(s0, k1);
+            let u2 = _mm512_and_si512(s1, k1);
+            let u1 = _mm512_or_si512(
+                _mm512_and_si512(s2, k2),
+                _mm512_slli_epi32::<4>(_mm512_and_si512(_mm512_srli_epi32::<6>(s0), k3)),
+            );
+            let u3 = _mm512_or_si512(
+                _mm512_and_si512(_mm512_srli_epi32::<4>(s2), k2),
+                _mm512_slli_epi32::<4>(_mm512_and_si512(_mm512_srli_epi32::<6>(s1), k3)),
+            );
+            let byte = _mm512_set1_epi32(0xFF);
+            for (i, u) in [u0, u1].into_iter().enumerate() {
+                slot(SCALES + (4 * i) * H).write(_mm512_and_si512(u, byte));
+                slot(SCALES + (4 * i + 1) * H)
+                    .write(_mm512_and_si512(_mm512_srli_epi32::<8>(u), byte));
+                slot(SCALES + (4 * i + 2) * H)
+                    .write(_mm512_and_si512(_mm512_srli_epi32::<16>(u), byte));
+                slot(SCALES + (4 * i + 3) * H).write(_mm512_srli_epi32::<24>(u));
+            }
+            // Pairs of minimums as i16 pairs: bytes 0, 1 and 2, 3 of u2, u3.
+            let pair_lo = _mm512_set1_epi32(0x0000_00FF);
+            let pair_hi = _mm512_set1_epi32(0x00FF_0000);
+            for (i, u) in [u2, u3].into_iter().enumerate() {
+                let lo = _mm512_or_si512(
+                    _mm512_and_si512(u, pair_lo),
+                    _mm512_and_si512(_mm512_slli_epi32::<8>(u), pair_hi),
+                );
+                let hu = _mm512_srli_epi32::<16>(u);
+                let hi = _mm512_or_si512(
+                    _mm512_and_si512(hu, pair_lo),
+                    _mm512_and_si512(_mm512_slli_epi32::<8>(hu), pair_hi),
+                );
+                slot(MINS + (2 * i) * H).write(lo);
+                slot(MINS + (2 * i + 1) * H).write(hi);
+            }
+            let five = w.fmt == Fmt::Q5K;
+            let qs = if five { 48 } else { 16 };
+            let one = _mm512_set1_epi8(1);
+            for l4 in 0..8 {
+                let qh = if five { gather(16 + 4 * l4) } else { _mm512_setzero_si512() };
+                for j in 0..4 {
+                    let g = gather(qs + 32 * j + 4 * l4);
+                    let mut lo = _mm512_and_si512(g, m4);
+                    let mut hi = _mm512_and_si512(_mm512_srli_epi32::<4>(g), m4);
+                    if five {
+                        // Bit 2j (low nibbles) and 2j + 1 (high) of each qh
+                        // byte, at bit 4 (bits shifted in from the next byte
+                        // are masked off).
+                        let sh = _mm_cvtsi32_si128(2 * j as i32);
+                        let hl = _mm512_and_si512(_mm512_srl_epi32(qh, sh), one);
+                        let hh =
+                            _mm512_and_si512(_mm512_srl_epi32(_mm512_srli_epi32::<1>(qh), sh), one);
+                        lo = _mm512_or_si512(lo, _mm512_slli_epi32::<4>(hl));
+                        hi = _mm512_or_si512(hi, _mm512_slli_epi32::<4>(hh));
+                    }
+                    slot((16 * j + l4) * H).write(lo);
+                    slot((16 * j + 8 + l4) * H).write(hi);
+                }
+            }
+        }
+    }
+}
+
+/// [`cols`] for `len` (1..=CB) columns.
+///
+/// # Safety
+/// As [`cols`].
+#[inline(always)]
+unsafe fn cols_dyn<const F: u8>(
+    dec: *const __m512i,
+    acts: &Acts,
+    c: usize,
+    len: usize,
+    b: usize,
+    accs: *mut __m512,
+) {
+    // SAFETY: forwarded.
+    unsafe {
+        match len {
+            6 => cols::<F, 6>(dec, acts, c, b, accs),
+            5 => cols::<F, 5>(dec, acts, c, b, accs),
+            4 => cols::<F, 4>(dec, acts, c, b, accs),
+            3 => cols::<F, 3>(dec, acts, c, b, accs),
+            2 => cols::<F, 2>(dec, acts, c, b, accs),
+            _ => cols::<F, 1>(dec, acts, c, b, accs),
+        }
+    }
+}
+
+/// A decoded super-block `b` of a block of rows (`dec`) against columns
+/// `c .. c + N`, their accumulators (`accs`: per column `H` of the result,
+/// then `H` of the Q4_K minimums) carried on. `F`: 0 Q4_K chain of a
+/// grouped column (one step per 64 values), 1 Q4_K chain (one step per
+/// super-block), 2 Q5_K tiled, 3 Q6_K tiled.
+///
+/// # Safety
+/// The CPU has the features of [`matmul_in`]; `dec` holds the decoded
+/// super-block; columns `c .. c + N` exist in `acts` with the layouts
+/// their format reads (asserted by the caller) and in `accs`.
+#[inline(always)]
+unsafe fn cols<const F: u8, const N: usize>(
+    dec: *const __m512i,
+    acts: &Acts,
+    c: usize,
+    b: usize,
+    accs: *mut __m512,
+) {
+    let k = acts.k;
+    let nb = k / QK_K;
+    // Sub-blocks per super-block and groups of four values per sub-block.
+    let (subs, per) = if F == 3 { (16, 4) } else { (8, 8) };
+    // SAFETY: reads within the decoded super-block and the N columns'
+    // activations; accumulators of the N columns (the caller's contract).
+    unsafe {
+        let o = dec;
+        let at = |j: usize, h: usize| accs.add((c + j) * 2 * H + h);
+        let mut acc: [[__m512; H]; N] = std::array::from_fn(|j| std::array::from_fn(|h| *at(j, h)));
+        let mut accm: [[__m512; H]; N] = if F <= 1 {
+            std::array::from_fn(|j| std::array::from_fn(|h| *at(j, H + h)))
+        } else {
+            [[_mm512_setzero_ps(); H]; N]
+        };
+        let a: [*const u8; N] = std::array::from_fn(|j| {
+            if F == 3 {
+                acts.kqu.as_ptr().add((c + j) * k + b * QK_K)
+            } else {
+                acts.kq.as_ptr().add((c + j) * k + b * QK_K) as *const u8
+            }
+        });
+        let kb: [*const i32; N] =
+            std::array::from_fn(|j| acts.kb32.as_ptr().wrapping_add(((c + j) * nb + b) * 4));
+        let da: [__m512; N] =
+            std::array::from_fn(|j| _mm512_set1_ps(*acts.kd.get_unchecked((c + j) * nb + b)));
+        let dw: [__m512; H] = std::array::from_fn(|h| _mm512_castsi512_ps(*o.add(DW + h)));
+        let mut s1 = [[_mm512_setzero_si512(); H]; N];
+        for s in 0..subs {
+            let mut t = [[_mm512_setzero_si512(); H]; N];
+            for g in 0..per {
+                let kg = s * per + g;
+                let wv: [__m512i; H] = std::array::from_fn(|h| *o.add(kg * H + h));
+                for j in 0..N {
+                    let av = _mm512_set1_epi32((a[j].add(4 * kg) as *const i32).read_unaligned());
+                    for h in 0..H {
+                        // Q6_K: activations + 128 (unsigned) against values
+                        // less 32 (signed); else values against activations.
+                        t[j][h] = if F == 3 {
+                            _mm512_dpbusd_epi32(t[j][h], av, wv[h])
+                        } else {
+                            _mm512_dpbusd_epi32(t[j][h], wv[h], av)
+                        };
+                    }
+                }
+            }
+            for h in 0..H {
+                let scv = *o.add(SCALES + s * H + h);
+                for j in 0..N {
+                    s1[j][h] = _mm512_add_epi32(s1[j][h], _mm512_mullo_epi32(t[j][h], scv));
+                }
+            }
+            if F == 0 && s % 2 == 1 {
+                // A grouped Q4_K column: one step per 64 values.
+                let u = s / 2;
+                for j in 0..N {
+                    let pair = _mm512_set1_epi32(*kb[j].add(u));
+                    for h in 0..H {
+                        let dd = _mm512_mul_ps(dw[h], da[j]);
+                        acc[j][h] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s1[j][h]), dd, acc[j][h]);
+                        s1[j][h] = _mm512_setzero_si512();
+                        let im = _mm512_dpwssd_epi32(
+                            _mm512_setzero_si512(),
+                            *o.add(MINS + u * H + h),
+                            pair,
+                        );
+                        let ddm = _mm512_mul_ps(_mm512_castsi512_ps(*o.add(DMIN + h)), da[j]);
+                        accm[j][h] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(im), ddm, accm[j][h]);
+                    }
+                }
+            }
+        }
+        if F != 0 {
+            for j in 0..N {
+                for h in 0..H {
+                    if F == 3 {
+                        let s = _mm512_sub_epi32(s1[j][h], *o.add(DMIN + h));
+                        let v = _mm512_mul_ps(dw[h], _mm512_cvtepi32_ps(s));
+                        acc[j][h] = _mm512_fmadd_ps(v, da[j], acc[j][h]);
+                        continue;
+                    }
+                    // Σ min·bsum over the four pairs of sub-blocks.
+                    let mut p = _mm512_setzero_si512();
+                    for u in 0..4 {
+                        let pair = _mm512_set1_epi32(*kb[j].add(u));
+                        p = _mm512_dpwssd_epi32(p, *o.add(MINS + u * H + h), pair);
+                    }
+                    let dmin = _mm512_castsi512_ps(*o.add(DMIN + h));
+                    if F == 1 {
+                        let dd = _mm512_mul_ps(dw[h], da[j]);
+                        acc[j][h] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s1[j][h]), dd, acc[j][h]);
+                        let ddm = _mm512_mul_ps(dmin, da[j]);
+                        accm[j][h] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), ddm, accm[j][h]);
+                    } else {
+                        let v = _mm512_mul_ps(dw[h], _mm512_cvtepi32_ps(s1[j][h]));
+                        let v = _mm512_fnmadd_ps(dmin, _mm512_cvtepi32_ps(p), v);
+                        acc[j][h] = _mm512_fmadd_ps(v, da[j], acc[j][h]);
+                    }
+                }
+            }
+        }
+        for j in 0..N {
+            for h in 0..H {
+                *at(j, h) = acc[j][h];
+                if F <= 1 {
+                    *at(j, H + h) = accm[j][h];
+                }
+            }
+        }
+    }
+}
