@@ -469,7 +469,7 @@ unsafe fn q5_decode_pairs(
 /// The CPU has avx2, fma and f16c (it is called from the AVX2 kernels);
 /// the row holds block `b`'s pair; `F` is 0, 2 or 3.
 #[inline(always)]
-unsafe fn pair_block<const F: u8>(row: *const u8, b: usize) -> (f32, f32, __m256i) {
+pub(super) unsafe fn pair_block<const F: u8>(row: *const u8, b: usize) -> (f32, f32, __m256i) {
     let h = b % 2;
     // SAFETY: the pair of block b lies within the row (the caller's
     // contract), laid out as `rows::pair_blocks` says.

@@ -17,10 +17,10 @@
 pub(crate) mod attn;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
-#[cfg(target_arch = "x86_64")]
-mod avx512k;
 pub(crate) mod rows;
 mod scalar;
+#[cfg(target_arch = "x86_64")]
+mod wide512;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
@@ -256,7 +256,7 @@ impl Packed {
                     && matches!(m.fmt, rows::Fmt::Q4K | rows::Fmt::Q5K | rows::Fmt::Q6K)
                     && !portable;
                 if wide {
-                    // Prompts on the AVX-512 VNNI kernels (`avx512k.rs`).
+                    // Prompts on the AVX-512 VNNI kernels (`wide512.rs`).
                     format!("{path}-rows+avx512-vnni-wide")
                 } else {
                     format!("{path}-rows")
@@ -272,11 +272,15 @@ impl Packed {
             PackedKind::Q8_0 { .. } => Needs { tile8: true, ..Needs::default() },
             PackedKind::F32 { .. } => Needs { f32: true, ..Needs::default() },
             PackedKind::Rows(m) => match m.fmt.acts() {
-                ActKind::B32 => {
-                    Needs { b32: true, g16: m.fmt == rows::Fmt::Q5_0, ..Needs::default() }
-                }
+                ActKind::B32 => Needs {
+                    b32: true,
+                    g16: m.fmt == rows::Fmt::Q5_0,
+                    // Q5_0 prompts on AVX-512 meet `Acts::nib` (`wide512.rs`).
+                    tile4: m.fmt == rows::Fmt::Q5_0 && isa() == Isa::Avx512Vnni,
+                    ..Needs::default()
+                },
                 ActKind::K256 => {
-                    // The AVX-512 wide products (`avx512k.rs`) read Q4_K/Q5_K
+                    // The AVX-512 wide products (`wide512.rs`) read Q4_K/Q5_K
                     // minimums against `Acts::kb32` and Q6_K rows against the
                     // biased activations `Acts::kqu`.
                     let wide512 = isa() == Isa::Avx512Vnni;
@@ -284,7 +288,7 @@ impl Packed {
                         && (m.fmt == rows::Fmt::Q5K || (m.fmt == rows::Fmt::Q4K && m.chain));
                     Needs {
                         k256: true,
-                        kbp: m.fmt == rows::Fmt::Q5K,
+                        kbp: m.fmt == rows::Fmt::Q5K && !wide512,
                         k32,
                         ku: wide512 && m.fmt == rows::Fmt::Q6K,
                         ..Needs::default()
@@ -317,7 +321,7 @@ impl Packed {
                 // SAFETY: `isa()` reports AVX-512 VNNI only after checking
                 // every feature these kernels enable; the rows are this
                 // call's (its contract).
-                if unsafe { avx512k::matmul(m, acts, rows.clone(), out) } {
+                if unsafe { wide512::matmul(m, acts, rows.clone(), out) } {
                     return;
                 }
             }
@@ -614,15 +618,26 @@ impl Acts {
                 (0..chunks).for_each(job);
             }
         };
+        // Layouts of another product never survive into this one.
+        self.kb32.clear();
+        self.kqu.clear();
         if need.k256 && k.is_multiple_of(QK_K) {
             let nb = k / QK_K;
             self.kd.resize(n * nb, 0.0);
             self.kq.resize(n * k, 0);
             self.kbs.resize(n * nb * 16, 0);
+            // The AVX-512 wide products' layouts, written with each column.
+            let wide = n >= WIDE_MIN;
+            self.kb32.resize(if wide && need.k32 { n * nb * 4 } else { 0 }, 0);
+            self.kqu.resize(if wide && need.ku { n * k } else { 0 }, 0);
+            let ptr_or_null =
+                |len: usize, p: *mut u8| if len > 0 { p } else { std::ptr::null_mut() };
             let cols = KWriter {
                 d: self.kd.as_mut_ptr(),
                 q: self.kq.as_mut_ptr(),
                 bs: self.kbs.as_mut_ptr(),
+                b32: ptr_or_null(self.kb32.len(), self.kb32.as_mut_ptr() as *mut u8) as *mut i32,
+                u: ptr_or_null(self.kqu.len(), self.kqu.as_mut_ptr()),
                 nb,
             };
             run(&|i: usize| {
@@ -647,18 +662,6 @@ impl Acts {
                     }
                 }
             }
-        }
-        self.kb32.clear();
-        if need.k256 && need.k32 && k.is_multiple_of(QK_K) && n >= WIDE_MIN {
-            self.kb32.extend(self.kbs[..n * (k / QK_K) * 16].chunks_exact(4).map(|bs| {
-                let lo = bs[0].wrapping_add(bs[1]) as u16 as u32;
-                let hi = bs[2].wrapping_add(bs[3]) as u16 as u32;
-                (lo | hi << 16) as i32
-            }));
-        }
-        self.kqu.clear();
-        if need.k256 && need.ku && k.is_multiple_of(QK_K) && n >= WIDE_MIN {
-            self.kqu.extend(self.kq[..n * k].iter().map(|&q| (q as i16 + 128) as u8));
         }
         let b32 = need.b32 || need.tile4 || need.tile8;
         if !b32 {
@@ -758,6 +761,10 @@ struct KWriter {
     d: *mut f32,
     q: *mut i8,
     bs: *mut i16,
+    /// `Acts::kb32` (null: not built).
+    b32: *mut i32,
+    /// `Acts::kqu` (null: not built).
+    u: *mut u8,
     nb: usize,
 }
 
@@ -772,8 +779,8 @@ impl KWriter {
     /// Quantizes column `c` (`x`, `nb · 256` values) into its ranges.
     ///
     /// # Safety
-    /// The buffers hold at least `c + 1` columns, and no other thread writes
-    /// column `c`.
+    /// The buffers hold at least `c + 1` columns (`kb32` and `kqu` too when
+    /// their pointers are not null), and no other thread writes column `c`.
     unsafe fn column(&self, x: &[f32], c: usize) {
         let nb = self.nb;
         // SAFETY: ranges of column c, in bounds by the caller's contract.
@@ -785,6 +792,24 @@ impl KWriter {
             )
         };
         crate::quant::quantize_column_q8k(&x[..nb * QK_K], q, d, bs);
+        if !self.b32.is_null() {
+            // SAFETY: column c's range of `kb32`, in bounds by the caller's
+            // contract (the buffer holds 4 per column and super-block).
+            let b32 = unsafe { std::slice::from_raw_parts_mut(self.b32.add(c * nb * 4), nb * 4) };
+            for (o, bs) in b32.iter_mut().zip(bs.chunks_exact(4)) {
+                let lo = bs[0].wrapping_add(bs[1]) as u16 as u32;
+                let hi = bs[2].wrapping_add(bs[3]) as u16 as u32;
+                *o = (lo | hi << 16) as i32;
+            }
+        }
+        if !self.u.is_null() {
+            // SAFETY: column c's range of `kqu`, in bounds by the caller's
+            // contract (the buffer holds every column's values).
+            let u = unsafe { std::slice::from_raw_parts_mut(self.u.add(c * nb * QK_K), nb * QK_K) };
+            for (o, &v) in u.iter_mut().zip(q.iter()) {
+                *o = (v as u8) ^ 0x80;
+            }
+        }
     }
 }
 
@@ -1340,7 +1365,7 @@ mod tests {
 
     #[test]
     fn kernels_match_reference_and_each_other() {
-        for (rows, cols) in [(6usize, 64usize), (13, 96), (32, 576)] {
+        for (rows, cols) in [(6usize, 64usize), (13, 96), (20, 64), (32, 576)] {
             for (name, raw, w) in [
                 ("q4_1", random_q4_1(rows, cols, 1), None),
                 ("q8_0", random_q8_0(rows, cols, 2), Some(())),
@@ -1355,7 +1380,8 @@ mod tests {
                 } else {
                     crate::gguf::GgmlType::Q8_0
                 };
-                for n in [1usize, 3, 7] {
+                // Decode, short prompts, and wide ones (`x86::q8_0_wide`).
+                for n in [1usize, 3, 7, 16, 17, 40] {
                     let x = random_x(n * cols, 3);
                     let simd = run(&packed, &x, n, None);
                     let sc = run(&packed, &x, n, Some(Isa::Scalar));

@@ -87,6 +87,10 @@ pub(super) unsafe fn matmul_tiles(w: &Packed, acts: &Acts, tiles: Range<usize>, 
                 }
             }
         }
+        PackedKind::Q8_0 { data } if acts.n >= super::WIDE_MIN => {
+            // SAFETY: features checked by the caller; bounds asserted inside.
+            unsafe { q8_0_wide(data, acts, tiles, out) }
+        }
         PackedKind::Q8_0 { data } => {
             for t in tiles {
                 let mut c = 0;
@@ -128,7 +132,7 @@ pub(super) fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
 
 /// Lane pattern of a Q4_1 pair register: lanes 0-3 and 8-11 belong to the
 /// first row, 4-7 and 12-15 to the second.
-const Q4_PATTERN: [i32; 16] = [0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1];
+pub(super) const Q4_PATTERN: [i32; 16] = [0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1];
 /// Lane pattern of a Q8_0 pair register: lanes 0-7 first row, 8-15 second.
 const Q8_PATTERN: [i32; 16] = [0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1];
 
@@ -161,22 +165,35 @@ unsafe fn load2(p: *const u16) -> __m512 {
 }
 
 /// Writes the rows of one accumulator pair register (two rows) in
-/// llama.cpp's lane order plus their `Σ m·s`.
+/// llama.cpp's lane order plus their `Σ m·s`; rows at or past `end` are
+/// not written.
 ///
 /// # Safety
 /// The CPU has the AVX-512 features `matmul_tiles` enables (it is called from there);
-/// rows `row` and `row + 1` of `out` are the caller's (`OutRows::set`).
+/// rows `row` and `row + 1` of `out` below `end` are the caller's (`OutRows::set`).
 #[inline(always)]
-unsafe fn store_q4_pair(acc: __m512, sm0: f32, sm1: f32, c: usize, row: usize, out: &OutRows<'_>) {
+pub(super) unsafe fn store_q4_pair(
+    acc: __m512,
+    sm0: f32,
+    sm1: f32,
+    c: usize,
+    row: usize,
+    end: usize,
+    out: &OutRows<'_>,
+) {
     let mut z = [0f32; 16];
     // SAFETY: `z` holds 16 floats.
     unsafe { _mm512_storeu_ps(z.as_mut_ptr(), acc) };
     let r0 = [z[0], z[1], z[2], z[3], z[8], z[9], z[10], z[11]];
     let r1 = [z[4], z[5], z[6], z[7], z[12], z[13], z[14], z[15]];
-    // SAFETY: the two rows belong to the caller's tiles (its contract).
+    // SAFETY: the rows below `end` belong to the caller (its contract).
     unsafe {
-        out.set(c, row, hsum8(&r0) + sm0);
-        out.set(c, row + 1, hsum8(&r1) + sm1);
+        if row < end {
+            out.set(c, row, hsum8(&r0) + sm0);
+        }
+        if row + 1 < end {
+            out.set(c, row + 1, hsum8(&r1) + sm1);
+        }
     }
 }
 
@@ -235,7 +252,7 @@ unsafe fn q4_1_gemv8(data: &[u8], acts: &Acts, t: usize, out: &OutRows<'_>) {
         let mut sm = [0f32; 8];
         _mm256_storeu_ps(sm.as_mut_ptr(), summs);
         for (i, a) in acc.iter().enumerate() {
-            store_q4_pair(*a, sm[2 * i], sm[2 * i + 1], 0, t * ROW_TILE + 2 * i, out);
+            store_q4_pair(*a, sm[2 * i], sm[2 * i + 1], 0, t * ROW_TILE + 2 * i, usize::MAX, out);
         }
     }
 }
@@ -352,6 +369,7 @@ unsafe fn q4_1_tile<const N: usize>(
                     sm[2 * i + 1],
                     c0 + j,
                     tile * ROW_TILE + 2 * i,
+                    usize::MAX,
                     out,
                 );
             }
@@ -416,6 +434,143 @@ unsafe fn q8_0_tile<const N: usize>(
                 let row = tile * ROW_TILE + 2 * i;
                 out.set(c, row, hsum8(&r0));
                 out.set(c, row + 1, hsum8(&r1));
+            }
+        }
+    }
+}
+
+thread_local! {
+    /// Each thread's scales of a block of Q8_0 tiles, in the lane pattern.
+    static Q8_DW: std::cell::RefCell<Vec<__m512>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Tiles of Q8_0 rows met together by a group of columns on a prompt.
+const WIDE_TILES: usize = 4;
+/// Columns met together by the tiles of a wide Q8_0 product.
+const WIDE_COLS: usize = 3;
+
+/// A Q8_0 product of many columns: four tiles (sixteen rows, eight
+/// registers) at a time against three columns, so each column's
+/// activations are loaded once for sixteen rows, not four; the tiles'
+/// scales are put in the lane pattern once for every column. Per register
+/// the arithmetic is `q8_0_tile`'s, so the results are identical.
+///
+/// # Safety
+/// As [`matmul_tiles`] (the CPU has its features; the tiles' rows of `out`
+/// are the caller's).
+#[inline(always)]
+unsafe fn q8_0_wide(data: &[u8], acts: &Acts, tiles: Range<usize>, out: &OutRows<'_>) {
+    // SAFETY: the caller's contract; the scratch is this thread's.
+    Q8_DW.with_borrow_mut(|dw| unsafe { q8_0_wide_in(dw, data, acts, tiles, out) });
+}
+
+/// The body of [`q8_0_wide`], out of the thread-local's closure (which
+/// would not inherit the target features).
+///
+/// # Safety
+/// As [`q8_0_wide`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
+unsafe fn q8_0_wide_in(
+    dws: &mut Vec<__m512>,
+    data: &[u8],
+    acts: &Acts,
+    tiles: Range<usize>,
+    out: &OutRows<'_>,
+) {
+    let (nb, n) = (acts.blocks(), acts.n);
+    assert!(tiles.end * nb * Q8_REC <= data.len());
+    assert!(
+        n * nb * 64 <= acts.dup.len() && n * nb * 16 <= acts.corr.len() && n * nb <= acts.d.len()
+    );
+    dws.resize(nb * 2 * WIDE_TILES, _mm512_setzero_ps());
+    // SAFETY: records of the tiles (asserted), the columns' activations
+    // (asserted), `dws` sized above.
+    unsafe {
+        let pat = _mm512_loadu_si512(Q8_PATTERN.as_ptr() as *const _);
+        for t0 in tiles.clone().step_by(WIDE_TILES) {
+            let nt = (tiles.end - t0).min(WIDE_TILES);
+            for b in 0..nb {
+                for t in 0..nt {
+                    let rec = data.as_ptr().add(((t0 + t) * nb + b) * Q8_REC);
+                    for i in 0..2 {
+                        dws[(b * WIDE_TILES + t) * 2 + i] =
+                            _mm512_permutexvar_ps(pat, load2(rec.add(128 + i * 4) as *const u16));
+                    }
+                }
+            }
+            let mut c = 0;
+            while c < n {
+                let m = (n - c).min(WIDE_COLS);
+                match m {
+                    3 => q8_0_wide_cols::<3>(data, acts, dws, t0, nt, c, out),
+                    2 => q8_0_wide_cols::<2>(data, acts, dws, t0, nt, c, out),
+                    _ => q8_0_wide_cols::<1>(data, acts, dws, t0, nt, c, out),
+                }
+                c += m;
+            }
+        }
+    }
+}
+
+/// Tiles `t0 .. t0 + nt` (nt ≤ WIDE_TILES) against columns `c .. c + N`.
+///
+/// # Safety
+/// The CPU has the features of [`q8_0_wide_in`]; the tiles, the columns
+/// and `dws` (the tiles' scales) exist (asserted by the caller).
+#[inline(always)]
+unsafe fn q8_0_wide_cols<const N: usize>(
+    data: &[u8],
+    acts: &Acts,
+    dws: &[__m512],
+    t0: usize,
+    nt: usize,
+    c: usize,
+    out: &OutRows<'_>,
+) {
+    let nb = acts.blocks();
+    // SAFETY: within the records, the columns and `dws` (the caller's
+    // contract); rows of the caller's tiles.
+    unsafe {
+        let zero = _mm512_setzero_si512();
+        let mut acc = [[_mm512_setzero_ps(); N]; 2 * WIDE_TILES];
+        for b in 0..nb {
+            let az: [__m512i; N] = std::array::from_fn(|j| {
+                _mm512_loadu_si512(acts.dup.as_ptr().add(((c + j) * nb + b) * 64) as *const _)
+            });
+            let corr: [__m512i; N] = std::array::from_fn(|j| {
+                _mm512_loadu_si512(acts.corr.as_ptr().add(((c + j) * nb + b) * 16) as *const _)
+            });
+            let da: [__m512; N] =
+                std::array::from_fn(|j| _mm512_set1_ps(*acts.d.get_unchecked((c + j) * nb + b)));
+            for t in 0..WIDE_TILES {
+                if t >= nt {
+                    break;
+                }
+                let rec = data.as_ptr().add(((t0 + t) * nb + b) * Q8_REC);
+                for i in 0..2 {
+                    let wz = _mm512_loadu_si512(rec.add(i * 64) as *const _);
+                    let dw = *dws.get_unchecked((b * WIDE_TILES + t) * 2 + i);
+                    for j in 0..N {
+                        let isum = _mm512_sub_epi32(_mm512_dpbusd_epi32(zero, wz, az[j]), corr[j]);
+                        let r = 2 * t + i;
+                        acc[r][j] = _mm512_fmadd_ps(
+                            _mm512_mul_ps(dw, da[j]),
+                            _mm512_cvtepi32_ps(isum),
+                            acc[r][j],
+                        );
+                    }
+                }
+            }
+        }
+        for j in 0..N {
+            for r in 0..2 * nt {
+                let mut z = [0f32; 16];
+                _mm512_storeu_ps(z.as_mut_ptr(), acc[r][j]);
+                let r0: [f32; 8] = std::array::from_fn(|k| z[k]);
+                let r1: [f32; 8] = std::array::from_fn(|k| z[8 + k]);
+                let row = t0 * ROW_TILE + 2 * r;
+                out.set(c + j, row, hsum8(&r0));
+                out.set(c + j, row + 1, hsum8(&r1));
             }
         }
     }

@@ -23,9 +23,11 @@
 // Register arrays are indexed in lock step; index loops read clearest here.
 #![allow(clippy::needless_range_loop)]
 
+use super::avx2::pair_block;
 use super::rows::{Fmt, RowMat};
+use super::x86::{store_q4_pair, Q4_PATTERN};
 use super::{Acts, OutRows};
-use crate::quant::QK_K;
+use crate::quant::{QK, QK_K};
 use std::arch::x86_64::*;
 
 /// Registers of sixteen rows in a block of rows.
@@ -70,6 +72,15 @@ pub(super) unsafe fn matmul(
     out: &OutRows<'_>,
 ) -> bool {
     let (n, k) = (acts.n, acts.k);
+    if w.fmt == Fmt::Q5_0 {
+        let nb = k / QK;
+        if acts.nib.len() < n * nb * 64 || acts.d.len() < n * nb || rows.is_empty() {
+            return false;
+        }
+        // SAFETY: as below.
+        SCRATCH.with_borrow_mut(|s| unsafe { q5_0_in(&mut s.0, w, acts, rows, out) });
+        return true;
+    }
     let nb = k / QK_K;
     let covered = match w.fmt {
         Fmt::Q4K => w.chain && acts.kb32.len() >= n * nb * 4,
@@ -519,6 +530,157 @@ unsafe fn cols<const F: u8, const N: usize>(
                 if F <= 1 {
                     *at(j, H + h) = accm[j][h];
                 }
+            }
+        }
+    }
+}
+
+/// Registers (two rows each) of a decoded Q5_0 block of rows.
+const B32_REGS: usize = 8;
+/// Columns met together by one pass over a decoded Q5_0 block of rows.
+const B32_COLS: usize = 3;
+
+/// Q5_0 rows on the *lanes* numerics (`rows.rs`), sixteen rows at a time,
+/// two rows per register in the layout of `x86.rs`'s Q4_1 tiles: a row's
+/// eight lanes of four products in lanes 0-3 and 8-11 (or 4-7 and 12-15)
+/// against the activations' `Acts::nib` layout. A block of rows is
+/// unpacked once (values plus 16, unsigned, and scales in the lane
+/// pattern), then every group of columns meets it: per register and block
+/// one `vpdpbusd`, less the column's `16 · Σ` of each lane's four
+/// activations (one more `vpdpbusd`, shared by the rows), then
+/// `fma(d·d_a, lanes, acc)` lane by lane and ggml's lane sum at the end
+/// (`store_q4_pair`), as `rows::dot`.
+///
+/// # Safety
+/// As [`matmul`]; `acts` holds the `nib` and `d` layouts of its columns.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn q5_0_in(
+    dec: &mut Vec<__m512i>,
+    w: &RowMat,
+    acts: &Acts,
+    rows: std::ops::Range<usize>,
+    out: &OutRows<'_>,
+) {
+    let (k, n) = (acts.k, acts.n);
+    let nb = k / QK;
+    assert!(w.row_bytes >= nb * 22 && w.bytes().len() >= rows.end * w.row_bytes);
+    assert!(n * nb * 64 <= acts.nib.len() && n * nb <= acts.d.len());
+    dec.resize(nb * 2 * B32_REGS, _mm512_setzero_si512());
+    // SAFETY: reads within the rows (asserted) and the columns'
+    // activations (asserted); writes within `dec` (2·B32_REGS registers a
+    // block).
+    unsafe {
+        let pat = _mm512_loadu_si512(Q4_PATTERN.as_ptr() as *const _);
+        for r0 in rows.clone().step_by(2 * B32_REGS) {
+            // Per block and pair of rows: its register of values and its
+            // scales in the pattern of the lanes (rows past the end zero).
+            let row = |i: usize| w.bytes().as_ptr().add((r0 + i) * w.row_bytes);
+            let have = |i: usize| r0 + i < rows.end;
+            for b in 0..nb {
+                let o = dec.as_mut_ptr().add(2 * B32_REGS * b);
+                for i in 0..B32_REGS {
+                    let (da, va) = if have(2 * i) {
+                        q5_0_block(w, row(2 * i), b)
+                    } else {
+                        (0.0, _mm256_setzero_si256())
+                    };
+                    let (db, vb) = if have(2 * i + 1) {
+                        q5_0_block(w, row(2 * i + 1), b)
+                    } else {
+                        (0.0, _mm256_setzero_si256())
+                    };
+                    let lo = _mm256_permute2x128_si256::<0x20>(va, vb);
+                    let hi = _mm256_permute2x128_si256::<0x31>(va, vb);
+                    o.add(i).write(_mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi));
+                    let d2 = _mm512_castps128_ps512(_mm_setr_ps(da, db, 0.0, 0.0));
+                    o.add(B32_REGS + i).write(_mm512_castps_si512(_mm512_permutexvar_ps(pat, d2)));
+                }
+            }
+            let mut c = 0;
+            while c < n {
+                let m = (n - c).min(B32_COLS);
+                let d = dec.as_ptr();
+                match m {
+                    3 => q5_0_cols::<3>(d, acts, nb, r0, rows.end, c, out),
+                    2 => q5_0_cols::<2>(d, acts, nb, r0, rows.end, c, out),
+                    _ => q5_0_cols::<1>(d, acts, nb, r0, rows.end, c, out),
+                }
+                c += m;
+            }
+        }
+    }
+}
+
+/// Block `b` of the Q5_0 row at `row`: its scale and its 32 values plus 16.
+///
+/// # Safety
+/// The CPU has avx2, fma and f16c; `row` is a whole row of `w`.
+#[inline(always)]
+unsafe fn q5_0_block(w: &RowMat, row: *const u8, b: usize) -> (f32, __m256i) {
+    // SAFETY: block b lies within the row (the caller's contract).
+    unsafe {
+        if w.pairs() {
+            let (d, _, v) = pair_block::<2>(row, b);
+            return (d, v);
+        }
+        let blk = std::slice::from_raw_parts(row.add(b * 22), 22);
+        let mut vals = [0i32; QK];
+        super::rows::b32_values(Fmt::Q5_0, blk, &mut vals);
+        let bytes: [u8; QK] = std::array::from_fn(|i| (vals[i] + 16) as u8);
+        (crate::quant::f16_at(blk, 0), _mm256_loadu_si256(bytes.as_ptr() as *const __m256i))
+    }
+}
+
+/// A decoded Q5_0 block of rows (`dec`: per block `B32_REGS` registers of
+/// values, as many of scales) against columns `c .. c + N`: rows
+/// `r0 .. end` (at most `2·B32_REGS` of them).
+///
+/// # Safety
+/// The CPU has the features of [`q5_0_in`]; `dec` holds `nb` blocks;
+/// columns `c .. c + N` exist in `acts` (asserted by the caller); the rows
+/// are the caller's.
+#[inline(always)]
+unsafe fn q5_0_cols<const N: usize>(
+    dec: *const __m512i,
+    acts: &Acts,
+    nb: usize,
+    r0: usize,
+    end: usize,
+    c: usize,
+    out: &OutRows<'_>,
+) {
+    let regs = (end - r0).div_ceil(2).min(B32_REGS);
+    // SAFETY: within the decoded blocks and the N columns (the caller's
+    // contract); rows of the caller's block.
+    unsafe {
+        let zero = _mm512_setzero_si512();
+        let sixteen = _mm512_set1_epi8(16);
+        let mut acc = [[_mm512_setzero_ps(); N]; B32_REGS];
+        for b in 0..nb {
+            let o = dec.add(2 * B32_REGS * b);
+            let az: [__m512i; N] = std::array::from_fn(|j| {
+                _mm512_loadu_si512(acts.nib.as_ptr().add(((c + j) * nb + b) * 64) as *const _)
+            });
+            let da: [__m512; N] =
+                std::array::from_fn(|j| _mm512_set1_ps(*acts.d.get_unchecked((c + j) * nb + b)));
+            let c16: [__m512i; N] =
+                std::array::from_fn(|j| _mm512_dpbusd_epi32(zero, sixteen, az[j]));
+            for i in 0..B32_REGS {
+                let wz = *o.add(i);
+                let dw = _mm512_castsi512_ps(*o.add(B32_REGS + i));
+                for j in 0..N {
+                    let lanes = _mm512_sub_epi32(_mm512_dpbusd_epi32(zero, wz, az[j]), c16[j]);
+                    acc[i][j] = _mm512_fmadd_ps(
+                        _mm512_mul_ps(dw, da[j]),
+                        _mm512_cvtepi32_ps(lanes),
+                        acc[i][j],
+                    );
+                }
+            }
+        }
+        for j in 0..N {
+            for i in 0..regs {
+                store_q4_pair(acc[i][j], 0.0, 0.0, c + j, r0 + 2 * i, end, out);
             }
         }
     }
