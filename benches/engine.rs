@@ -1,6 +1,7 @@
 //! The engine against native llama.cpp, side by side in one run, on the
 //! files of `../shared/tools/bench-models.sh` (Q4_1, Q4_K_M and Q8_0 at
-//! 135M; gemma3 270M Q4_K_M; Q4_K_M and Q8_0 at the Llama-3.2-1B shape):
+//! 135M; gemma3 270M Q4_K_M; Q4_K_M and Q8_0 at the Llama-3.2-1B shape;
+//! and, requantized from them, Q5_K_M and Q6_K at 135M and 1B):
 //! prompt processing (512 tokens) and decode (128 tokens) at 2 threads, and
 //! at 1 thread for the 135M files; peak RSS of both processes; the ratios.
 //! Then, on the default model: decode of 8 sequences together (what `serve`
@@ -14,7 +15,10 @@
 //!
 //! `AGENTD_BENCH_MODELS` (a folder) overrides where the files are looked
 //! for (default: the cache `bench-models.sh` fills); `AGENTD_BENCH_ONLY=q4_k_m`
-//! keeps the files whose name contains the word; `AGENTD_BENCH_REPS` (3).
+//! keeps the files whose name contains the word; `AGENTD_BENCH_ROUNDS` (3):
+//! agentd and llama.cpp alternate that many times per file and thread
+//! count (medians reported); `AGENTD_BENCH_REPS` (1) per run. The Q5_K_M
+//! and Q6_K files are requantized from bench-models.sh's on first use.
 //! Run on an otherwise idle machine; the ratios are the result.
 
 use agentd_benches::{agentd, median, model, root};
@@ -25,14 +29,43 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
-const FILES: [&str; 6] = [
+const FILES: [&str; 10] = [
     "smollm2-135m-q4_1",
     "smollm2-135m-q4_k_m",
     "smollm2-135m-q8_0",
     "gemma-3-270m-q4_k_m",
     "synth-1b-q4_k_m",
     "synth-1b-q8_0",
+    // Not made by bench-models.sh: requantized here from its files when
+    // llama-quantize is at hand (`extra_file`).
+    "smollm2-135m-q5_k_m",
+    "smollm2-135m-q6_k",
+    "synth-1b-q5_k_m",
+    "synth-1b-q6_k",
 ];
+
+/// Makes `name` (a Q5_K_M or Q6_K file of the list) with llama-quantize
+/// from the bench-models.sh file it is requantized from, when missing.
+fn extra_file(bin: Option<&Path>, dir: &Path, name: &str) {
+    let (Some(bin), Some((base, q))) = (bin, name.rsplit_once('-')) else { return };
+    let src = if base == "synth-1b" { "synth-1b-f16" } else { "smollm2-135m-q8_0" };
+    let (src, dst) = (dir.join(format!("{src}.gguf")), dir.join(format!("{name}.gguf")));
+    if dst.is_file() || !src.is_file() || !matches!(q, "q5_k_m" | "q6_k") {
+        return;
+    }
+    let part = dir.join(format!("{name}.gguf.part"));
+    let ok = Command::new(bin.join("llama-quantize"))
+        .arg("--allow-requantize")
+        .args([&src, &part])
+        .arg(q.to_uppercase())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if ok {
+        let _ = std::fs::rename(&part, &dst);
+    }
+}
 
 /// Runs `cmd` and returns its stdout and the child's own peak RSS in MB
 /// (from `wait4`, so other children do not count).
@@ -169,19 +202,25 @@ fn main() {
     if std::env::args().any(|a| a == "--list") {
         return;
     }
-    let reps = std::env::var("AGENTD_BENCH_REPS").ok().and_then(|r| r.parse().ok()).unwrap_or(3);
+    let reps = std::env::var("AGENTD_BENCH_REPS").ok().and_then(|r| r.parse().ok()).unwrap_or(1);
+    let rounds =
+        std::env::var("AGENTD_BENCH_ROUNDS").ok().and_then(|r| r.parse().ok()).unwrap_or(3).max(1);
     let only = std::env::var("AGENTD_BENCH_ONLY").unwrap_or_default();
     let bin = llama_bin();
     if bin.is_none() {
         println!("(native llama.cpp not available: scripts/build-llamacpp.sh failed; agentd only)");
     }
     let dir = models_dir();
-    println!("engine benchmark: pp512 / tg128 tokens/s, {reps} reps; files from {}", dir.display());
+    println!(
+        "engine benchmark: pp512 / tg128 tokens/s, {rounds} alternating rounds of {reps} reps; files from {}",
+        dir.display()
+    );
     println!(
         "| file | threads | llama.cpp pp / tg | agentd pp / tg | ratio pp / tg | peak RSS agentd / llama.cpp MB |"
     );
     println!("|---|---|---|---|---|---|");
     for name in FILES.iter().filter(|n| n.contains(only.as_str())) {
+        extra_file(bin.as_deref(), &dir, name);
         let path = dir.join(format!("{name}.gguf"));
         if !path.is_file() {
             println!("| {name} | – | missing (run ../shared/tools/bench-models.sh) | | | |");
@@ -190,26 +229,42 @@ fn main() {
         let m = path.display().to_string();
         let threads: &[usize] = if name.contains("135m") { &[2, 1] } else { &[2] };
         for &t in threads {
-            // One engine after the other on the same file and threads, so
-            // drift hits both alike.
-            let ours = agentd_bench(&m, t, reps, &[]);
-            let theirs = bin.as_deref().and_then(|b| llama_bench(b, &m, t, reps));
-            let (op, ot, orss) = (
-                ours["pp_tok_s"].as_f64().unwrap_or(0.0),
-                ours["tg_tok_s"].as_f64().unwrap_or(0.0),
-                ours["peak_rss_mb"].as_f64().unwrap_or(0.0),
-            );
-            match theirs {
-                Some((lp, lt, lrss)) => println!(
-                    "| {name} | {t} | {lp:.0} / {lt:.1} | {op:.0} / {ot:.1} | {:.2}× / {:.2}× | {orss:.0} / {lrss:.0} ({:.2}×) |",
-                    op / lp,
-                    ot / lt,
+            // The two engines alternate on the same file and threads, round
+            // after round, so drift hits both alike; the figures are the
+            // medians over the rounds, the ratios the medians of each
+            // round's ratio.
+            let mut kernels = Value::Null;
+            let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+            for _ in 0..rounds {
+                let o = agentd_bench(&m, t, reps, &[]);
+                ours.push((
+                    o["pp_tok_s"].as_f64().unwrap_or(0.0),
+                    o["tg_tok_s"].as_f64().unwrap_or(0.0),
+                    o["peak_rss_mb"].as_f64().unwrap_or(0.0),
+                ));
+                kernels = o["kernels"].clone();
+                if let Some(l) = bin.as_deref().and_then(|b| llama_bench(b, &m, t, reps)) {
+                    theirs.push(l);
+                }
+            }
+            let med = |v: &[(f64, f64, f64)], f: fn(&(f64, f64, f64)) -> f64| {
+                median(v.iter().map(f).collect())
+            };
+            let (op, ot, orss) = (med(&ours, |x| x.0), med(&ours, |x| x.1), med(&ours, |x| x.2));
+            if theirs.len() == ours.len() {
+                let (lp, lt, lrss) =
+                    (med(&theirs, |x| x.0), med(&theirs, |x| x.1), med(&theirs, |x| x.2));
+                let rp = median(ours.iter().zip(&theirs).map(|(o, l)| o.0 / l.0).collect());
+                let rt = median(ours.iter().zip(&theirs).map(|(o, l)| o.1 / l.1).collect());
+                println!(
+                    "| {name} | {t} | {lp:.0} / {lt:.1} | {op:.0} / {ot:.1} | {rp:.2}× / {rt:.2}× | {orss:.0} / {lrss:.0} ({:.2}×) |",
                     orss / lrss
-                ),
-                None => println!("| {name} | {t} | – | {op:.0} / {ot:.1} | – | {orss:.0} / – |"),
+                );
+            } else {
+                println!("| {name} | {t} | – | {op:.0} / {ot:.1} | – | {orss:.0} / – |");
             }
             if t == 2 {
-                println!("|   kernels: {} | | | | | |", ours["kernels"]);
+                println!("|   kernels: {kernels} | | | | | |");
             }
         }
     }

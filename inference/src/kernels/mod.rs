@@ -10,7 +10,8 @@
 //!
 //! Formats and paths: every format runs row-major on the portable path and
 //! on AVX2 (`rows.rs`, `avx2.rs`); on CPUs with AVX-512 VNNI, Q4_1 and Q8_0
-//! are packed in row tiles for the AVX-512 kernels (`x86.rs`, `scalar.rs`).
+//! are packed in row tiles for the AVX-512 kernels (`x86.rs`, `scalar.rs`),
+//! and prompts of row-major Q4_K, Q5_K, Q6_K and Q5_0 run `wide512.rs`.
 //! AMX is never used: some of these machines report it in cpuid, but its
 //! first instruction dies with SIGILL.
 

@@ -1,4 +1,5 @@
-//! AVX-512 VNNI products of K-quant rows against many columns (a prompt):
+//! AVX-512 VNNI products of row-major weights against many columns (a
+//! prompt):
 //! Q4_K on the *chain* numerics, Q5_K and Q6_K on ggml's tiled numerics
 //! (`rows.rs` says which is which). Thirty-two rows share the lanes of two
 //! 512-bit registers: each super-block of a block of rows is decoded once
@@ -16,6 +17,10 @@
 //! integers are the exact sums the portable kernels form, and the float
 //! steps per super-block are theirs lane by lane, so the numbers are
 //! bit-identical.
+//!
+//! Q5_0 rows (the K-quant files' fallback for rows whose length is not a
+//! multiple of 256) take the *lanes* numerics: sixteen rows at a time,
+//! two to a register in the Q4_1 tile layout of `x86.rs` (see `q5_0_in`).
 //!
 //! Columns whose route the kernel does not cover (a Q5_K/Q6_K column that
 //! ggml would not run tiled) leave the product to the AVX2 kernels.
