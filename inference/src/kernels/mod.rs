@@ -254,7 +254,10 @@ impl Packed {
                     || (m.fmt == rows::Fmt::Q4K && !m.chain);
                 let path = if isa().avx2() && !portable { "avx2" } else { "scalar" };
                 let wide = isa() == Isa::Avx512Vnni
-                    && matches!(m.fmt, rows::Fmt::Q4K | rows::Fmt::Q5K | rows::Fmt::Q6K)
+                    && matches!(
+                        m.fmt,
+                        rows::Fmt::Q4K | rows::Fmt::Q5K | rows::Fmt::Q6K | rows::Fmt::Q5_0
+                    )
                     && !portable;
                 if wide {
                     // Prompts on the AVX-512 VNNI kernels (`wide512.rs`).
