@@ -660,9 +660,8 @@ impl Acts {
                 for b in 0..nb {
                     let bs = &self.kbs[(c * nb + b) * 16..(c * nb + b + 1) * 16];
                     for t in 0..4 {
-                        let lo = bs[4 * t].wrapping_add(bs[4 * t + 1]) as u16 as u32;
-                        let hi = bs[4 * t + 2].wrapping_add(bs[4 * t + 3]) as u16 as u32;
-                        self.kbp[(((c / 8) * nb + b) * 4 + t) * 8 + c % 8] = (lo | hi << 16) as i32;
+                        self.kbp[(((c / 8) * nb + b) * 4 + t) * 8 + c % 8] =
+                            bsum32_pair(&bs[4 * t..4 * t + 4]);
                     }
                 }
             }
@@ -759,6 +758,16 @@ impl Acts {
     }
 }
 
+/// Four Q8_K sums of 16 (two sub-blocks of 32) as the i16 pair of their
+/// sums of 32, low half first: what one `vpmaddwd`/`vpdpwssd` lane meets
+/// with a row's two minimums (`Acts::kbp`, `Acts::kb32`). Exact: a sum of
+/// 32 fits i16.
+fn bsum32_pair(bs: &[i16]) -> i32 {
+    let lo = bs[0].wrapping_add(bs[1]) as u16 as u32;
+    let hi = bs[2].wrapping_add(bs[3]) as u16 as u32;
+    (lo | hi << 16) as i32
+}
+
 /// Raw views of an [`Acts`]'s Q8_K buffers, written one column at a time.
 #[derive(Clone, Copy)]
 struct KWriter {
@@ -801,9 +810,7 @@ impl KWriter {
             // contract (the buffer holds 4 per column and super-block).
             let b32 = unsafe { std::slice::from_raw_parts_mut(self.b32.add(c * nb * 4), nb * 4) };
             for (o, bs) in b32.iter_mut().zip(bs.chunks_exact(4)) {
-                let lo = bs[0].wrapping_add(bs[1]) as u16 as u32;
-                let hi = bs[2].wrapping_add(bs[3]) as u16 as u32;
-                *o = (lo | hi << 16) as i32;
+                *o = bsum32_pair(bs);
             }
         }
         if !self.u.is_null() {

@@ -197,6 +197,26 @@ pub(super) unsafe fn store_q4_pair(
     }
 }
 
+/// Writes the rows of one Q8_0 pair register (lanes 0-7 the first row,
+/// 8-15 the second), each the sum of its eight lanes in llama.cpp's order.
+///
+/// # Safety
+/// The CPU has the AVX-512 features `matmul_tiles` enables (it is called from there);
+/// rows `row` and `row + 1` of `out` are the caller's (`OutRows::set`).
+#[inline(always)]
+unsafe fn store_q8_pair(acc: __m512, c: usize, row: usize, out: &OutRows<'_>) {
+    let mut z = [0f32; 16];
+    // SAFETY: `z` holds 16 floats.
+    unsafe { _mm512_storeu_ps(z.as_mut_ptr(), acc) };
+    let r0: [f32; 8] = std::array::from_fn(|k| z[k]);
+    let r1: [f32; 8] = std::array::from_fn(|k| z[8 + k]);
+    // SAFETY: the two rows belong to the caller's tiles (its contract).
+    unsafe {
+        out.set(c, row, hsum8(&r0));
+        out.set(c, row + 1, hsum8(&r1));
+    }
+}
+
 /// One column against the eight rows of tiles `t` and `t + 1` (two record
 /// streams), `Σ fma(m, s)` folded into the same pass. Per lane the
 /// arithmetic is that of `q4_1_tile`, so the results are identical.
@@ -296,13 +316,7 @@ unsafe fn q8_0_gemv8(data: &[u8], acts: &Acts, t: usize, out: &OutRows<'_>) {
             }
         }
         for (i, a) in acc.iter().enumerate() {
-            let mut z = [0f32; 16];
-            _mm512_storeu_ps(z.as_mut_ptr(), *a);
-            let r0: [f32; 8] = std::array::from_fn(|k| z[k]);
-            let r1: [f32; 8] = std::array::from_fn(|k| z[8 + k]);
-            let row = t * ROW_TILE + 2 * i;
-            out.set(0, row, hsum8(&r0));
-            out.set(0, row + 1, hsum8(&r1));
+            store_q8_pair(*a, 0, t * ROW_TILE + 2 * i, out);
         }
     }
 }
@@ -427,13 +441,7 @@ unsafe fn q8_0_tile<const N: usize>(
         for j in 0..N {
             let c = c0 + j;
             for i in 0..2 {
-                let mut z = [0f32; 16];
-                _mm512_storeu_ps(z.as_mut_ptr(), acc[i][j]);
-                let r0: [f32; 8] = std::array::from_fn(|k| z[k]);
-                let r1: [f32; 8] = std::array::from_fn(|k| z[8 + k]);
-                let row = tile * ROW_TILE + 2 * i;
-                out.set(c, row, hsum8(&r0));
-                out.set(c, row + 1, hsum8(&r1));
+                store_q8_pair(acc[i][j], c, tile * ROW_TILE + 2 * i, out);
             }
         }
     }
@@ -564,13 +572,7 @@ unsafe fn q8_0_wide_cols<const N: usize>(
         }
         for j in 0..N {
             for r in 0..2 * nt {
-                let mut z = [0f32; 16];
-                _mm512_storeu_ps(z.as_mut_ptr(), acc[r][j]);
-                let r0: [f32; 8] = std::array::from_fn(|k| z[k]);
-                let r1: [f32; 8] = std::array::from_fn(|k| z[8 + k]);
-                let row = t0 * ROW_TILE + 2 * r;
-                out.set(c + j, row, hsum8(&r0));
-                out.set(c + j, row + 1, hsum8(&r1));
+                store_q8_pair(acc[r][j], c + j, t0 * ROW_TILE + 2 * r, out);
             }
         }
     }
