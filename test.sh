@@ -56,4 +56,14 @@ step "the README's first command: agentd ask on the real model"
 AGENTD_HOME="$AGENTD_TEST_HOME" target/release/agentd ask --corpus docs \
     "What happens when research reaches the round limit?"
 
+step "the main job measured: research-qa on the default model (benches/research_qa.py)"
+# npm's own documentation as a corpus nobody here wrote, written and spoken questions; the
+# counts are printed, and the run fails below the bars (strict 60% of written questions,
+# useful 85% of all, no junk, median at most 20 s per question on 2 threads).
+qa="$shared/fixtures/research-qa"
+[ -d "$qa" ] || qa=tests/data/research-qa
+AGENTD_HOME="$AGENTD_TEST_HOME" python3 benches/research_qa.py --agentd target/release/agentd \
+    --corpus "$qa/npm-docs" --written "$qa/npm-docs.jsonl" --spoken "$qa/npm-docs-spoken.jsonl" \
+    --threads 2 --check
+
 step "all tests passed ($((SECONDS - started)) s)"

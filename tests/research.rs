@@ -489,3 +489,146 @@ fn info_logs_name_the_run_in_a_line_per_run_and_per_request() {
     let err = String::from_utf8_lossy(&quiet.stderr);
     assert!(!err.contains("model request") && !err.contains("run finished"), "{err}");
 }
+
+/// Host-led entry research (issue 27): a model that does not drive tools
+/// (`--research host`; models.toml says so for the default model) gets the
+/// host's search with the question and reads of the best segments before
+/// its first turn — the same tools, quotas, events (`by: host`), chat and
+/// ledger — and answers with one of the sentences read, cited.
+#[test]
+fn host_led_entry_reads_before_the_first_turn_and_the_answer_is_composed_of_it() {
+    let h = Home::new();
+    let log = h.path().join("requests.jsonl");
+    let first = format!(r#"{{"log": "{}"}}"#, log.display());
+    let s = script(&h, &[&first, r#"{"when": "final", "choose": 0}"#]);
+    let q = "How many requests does the run reserve for the final answer?";
+    let (out, evs) = ask(&h, &s, &["--research", "host"], q);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let calls = of(&evs, "tool_call");
+    assert!(calls.len() >= 2, "{calls:?}");
+    assert!(calls.iter().all(|c| c["by"] == "host" && c["round"] == 1), "{calls:?}");
+    assert_eq!(calls[0]["name"], "search_sources");
+    assert_eq!(calls[0]["arguments"]["query"], q, "the host searches with the question itself");
+    assert!(calls[1..].iter().all(|c| c["name"] == "read_source"));
+    // Every call of the entry comes before the first model request.
+    let first_request = evs.iter().position(|e| e["type"] == "request").unwrap();
+    let last_result = evs.iter().rposition(|e| e["type"] == "tool_result").unwrap();
+    assert!(last_result < first_request);
+    let reqs = of(&evs, "request");
+    assert_eq!(reqs.len(), 1);
+    assert_eq!(reqs[0]["phase"], "final");
+    // The turn was offered the most relevant sentences read, each cited.
+    let logged: Value =
+        serde_json::from_str(std::fs::read_to_string(&log).unwrap().lines().next().unwrap())
+            .unwrap();
+    let choices = logged["choices"].as_array().unwrap();
+    assert!(!choices.is_empty() && choices.len() <= 9, "{choices:?}");
+    assert!(choices[0].as_str().unwrap().starts_with("The run reserves two requests"), "{choices:?}");
+    let d = done(&evs);
+    assert_eq!(d["outcome"], "answered");
+    assert_eq!(d["stop"], "answer");
+    assert_eq!(d["grounded"], true, "{d}");
+    assert_eq!(d["rounds"], 1);
+    assert_eq!(d["model_requests"], 1);
+    let answer = d["answer"].as_str().unwrap();
+    assert!(answer.starts_with("The run reserves two requests for the final answer. [S"), "{answer}");
+    // The entry is in the run's ledger of tool calls, marked as the host's.
+    let run = evs[0]["run_id"].as_str().unwrap();
+    let shown: Value = serde_json::from_slice(&h.run(&["runs", "show", run]).stdout).unwrap();
+    let ledger_calls = shown["tool_calls"].as_array().unwrap();
+    assert_eq!(ledger_calls.len(), calls.len(), "{shown}");
+    assert!(ledger_calls.iter().all(|c| c["outcome"] == "ok" && c["round"] == 1), "{shown}");
+    assert_eq!(shown["ledger"].as_array().unwrap().len(), 1);
+}
+
+/// The entry spends the run's own tool quotas: with one read allowed per
+/// reply, the host's second read is refused like a model's would be.
+#[test]
+fn host_led_entry_spends_the_same_quotas() {
+    let h = Home::new();
+    h.write("policies.toml", "[values]\n\"tools/reads-per-run\" = 1\n");
+    let s = script(&h, &[r#"{"when": "final", "choose": 0}"#]);
+    let (out, evs) = ask(&h, &s, &["--research", "host"], "Which socket mode and which final answer?");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let reads: Vec<&Value> =
+        of(&evs, "tool_result").into_iter().filter(|r| r["name"] == "read_source").collect();
+    assert!(reads.len() >= 2, "{reads:?}");
+    assert_eq!(reads[0]["ok"], true);
+    assert!(reads[1..].iter().all(|r| r["ok"] == false
+        && r["content"].as_str().unwrap().contains("TOOL_NOT_AVAILABLE")));
+}
+
+/// No junk as an answer (issue 27): an answer that loops is stopped while
+/// it streams; what streamed stays, and the reply completes with the
+/// labelled excerpt of the most relevant sentences, each with its handle.
+#[test]
+fn a_looping_answer_is_stopped_and_completed_with_the_labelled_excerpt() {
+    let h = Home::new();
+    let looped = "The round limit is removed when the round limit is reached, and the round limit is removed. The round limit is removed when the round limit is reached.";
+    let final_line = serde_json::json!({"when": "final", "content": looped}).to_string();
+    let s = script(&h, &[SEARCH, r#"{"when": "research", "tool_calls": [{"name": "read_source", "arguments": {"handle": "S1"}}]}"#, &final_line]);
+    let (out, evs) = ask(
+        &h,
+        &s,
+        &[],
+        "How many requests are reserved for the final answer?",
+    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let d = done(&evs);
+    assert_eq!(d["outcome"], "excerpt", "{d}");
+    let answer = d["answer"].as_str().unwrap();
+    assert!(answer.lines().next().unwrap().contains("excerpt"), "{answer}");
+    assert!(answer.contains("[S1] The run reserves two requests for the final answer."), "{answer}");
+    // The text streamed before the loop was caught stays, and stops short.
+    let streamed: String =
+        of(&evs, "content").iter().map(|e| e["delta"].as_str().unwrap()).collect();
+    assert!(streamed.starts_with("The round limit is removed"), "{streamed}");
+    assert!(!streamed.contains(looped), "the loop was cut short: {streamed}");
+    assert!(of(&evs, "notice")
+        .iter()
+        .any(|n| n["kind"] == "fallback" && n["text"].as_str().unwrap().contains("repeating")));
+}
+
+/// The README's first command on the real default model (issue 27): the
+/// host leads research over `docs/`, and the answer is grounded — it cites
+/// the handle of `docs/research.md`, whose text says what the round limit
+/// does.
+#[test]
+fn the_readme_question_is_answered_from_docs_research_md_on_the_real_model() {
+    let Some(model) =
+        real_model("the_readme_question_is_answered_from_docs_research_md_on_the_real_model")
+    else {
+        return;
+    };
+    let h = Home::new();
+    let docs = agentd_tests::workspace_root().join("docs");
+    let out = h.run(&[
+        "ask",
+        "--model",
+        &model,
+        "--corpus",
+        docs.to_str().unwrap(),
+        "--events",
+        "What happens when research reaches the round limit?",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let evs = events(&out);
+    let d = done(&evs);
+    assert_eq!(d["outcome"], "answered", "{d}");
+    assert_eq!(d["grounded"], true, "{d}");
+    let calls = of(&evs, "tool_call");
+    assert!(!calls.is_empty() && calls.iter().all(|c| c["by"] == "host"), "{calls:?}");
+    // Which handle is docs/research.md: from the search results.
+    let mut research_md = Vec::new();
+    for r in of(&evs, "tool_result").iter().filter(|r| r["name"] == "search_sources") {
+        let v: Value = serde_json::from_str(r["content"].as_str().unwrap()).unwrap();
+        for hit in v["results"].as_array().unwrap() {
+            if hit["path"].as_str().unwrap().ends_with("docs/research.md") {
+                research_md.push(format!("[{}]", hit["handle"].as_str().unwrap()));
+            }
+        }
+    }
+    let answer = d["answer"].as_str().unwrap();
+    assert!(research_md.iter().any(|h| answer.contains(h.as_str())), "{answer} {research_md:?}");
+    assert!(answer.to_lowercase().contains("round limit"), "{answer}");
+}

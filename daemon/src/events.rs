@@ -3,6 +3,23 @@
 
 use serde_json::{json, Value};
 
+/// Who asked for a tool call: the model, or the host's entry research
+/// (seed 003's entry work, for models that do not drive their own rounds).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum By {
+    Model,
+    Host,
+}
+
+impl By {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            By::Model => "model",
+            By::Host => "host",
+        }
+    }
+}
+
 /// What kind of request a turn is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Phase {
@@ -139,6 +156,7 @@ pub(crate) enum Ev {
         id: String,
         name: String,
         arguments: Value,
+        by: By,
     },
     ToolResult {
         round: usize,
@@ -173,8 +191,8 @@ impl Ev {
             Ev::Request { n, phase } => json!({"type": "request", "n": n, "phase": phase.as_str()}),
             Ev::Reasoning(d) => json!({"type": "reasoning", "delta": d}),
             Ev::Content(d) => json!({"type": "content", "delta": d}),
-            Ev::ToolCall { round, id, name, arguments } => {
-                json!({"type": "tool_call", "round": round, "id": id, "name": name, "arguments": arguments})
+            Ev::ToolCall { round, id, name, arguments, by } => {
+                json!({"type": "tool_call", "round": round, "id": id, "name": name, "arguments": arguments, "by": by.as_str()})
             }
             Ev::ToolResult { round, id, name, ok, content } => {
                 json!({"type": "tool_result", "round": round, "id": id, "name": name, "ok": ok, "content": content})
@@ -210,6 +228,7 @@ pub(crate) fn from_json(v: &Value) -> Option<Ev> {
             id: s("id"),
             name: s("name"),
             arguments: v["arguments"].clone(),
+            by: if v["by"] == "host" { By::Host } else { By::Model },
         },
         "discarded_call" => Ev::Discarded { name: s("name"), arguments: v["arguments"].clone() },
         _ => return None,

@@ -2,6 +2,8 @@
 //! bounded excerpt of the evidence (never presented as an answer), and a
 //! brief spoken fallback for voice front-ends.
 
+use crate::evidence::Unit;
+
 /// One piece of retrieved evidence.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Evidence {
@@ -46,6 +48,41 @@ pub fn excerpt(evidence: &[Evidence], max: usize) -> String {
     truncate(&out, max)
 }
 
+/// A labelled excerpt of the most relevant sentences (`units`, best
+/// first), each with its handle, at most `max` characters; with none, the
+/// excerpt of the evidence as retrieved.
+pub fn excerpt_sentences(units: &[Unit], evidence: &[Evidence], max: usize) -> String {
+    if units.is_empty() {
+        return excerpt(evidence, max);
+    }
+    let mut out = String::from(EXCERPT_LABEL);
+    for u in units {
+        let line = format!("\n[{}] {}", u.handle, u.text);
+        if out.chars().count() + line.chars().count() > max {
+            break;
+        }
+        out.push_str(&line);
+    }
+    truncate(&out, max)
+}
+
+/// The spoken fallback that still carries what the sources say: the most
+/// relevant sentence (`best`, plain text), introduced as what the sources
+/// say rather than a checked answer; without one, [`spoken`].
+pub fn spoken_with(best: Option<&str>, sources: usize) -> String {
+    match best.map(str::trim).filter(|b| !b.is_empty()) {
+        Some(b) => {
+            let words: Vec<&str> = b.split_whitespace().take(40).collect();
+            let mut b = words.join(" ");
+            if !b.ends_with(['.', '!', '?']) {
+                b.push('.');
+            }
+            format!("I could not write a checked answer, but your sources say: {b}")
+        }
+        None => spoken(sources),
+    }
+}
+
 fn truncate(s: &str, max: usize) -> String {
     if s.chars().count() <= max {
         return s.to_owned();
@@ -86,6 +123,22 @@ mod tests {
         assert!(x.contains("[S1] Doc 1: "));
         let empty = excerpt(&[], EXCERPT_MAX);
         assert!(empty.contains("excerpt") && empty.contains("no sources"));
+    }
+
+    #[test]
+    fn sentence_excerpts_are_labelled_and_cite_each_sentence() {
+        let u = Unit {
+            handle: "S2".into(),
+            text: "Requests time out after 300000 ms.".into(),
+            heading: String::new(),
+            score: 1.0,
+            order: (0, 0),
+        };
+        let x = excerpt_sentences(&[u], &[], EXCERPT_MAX);
+        assert_eq!(x, format!("{EXCERPT_LABEL}\n[S2] Requests time out after 300000 ms."));
+        assert!(excerpt_sentences(&[], &[], EXCERPT_MAX).contains("no sources"));
+        let s = spoken_with(Some("Requests time out after 300000 ms"), 1);
+        assert!(s.ends_with("300000 ms.") && s.contains("sources say"), "{s}");
     }
 
     #[test]

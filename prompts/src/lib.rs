@@ -12,6 +12,7 @@
 //! crates; the types it shares with them (such as a chat [`Message`]) live
 //! here, the lowest crate that needs them.
 
+pub mod evidence;
 pub mod fallback;
 pub mod fit;
 mod template;

@@ -43,6 +43,12 @@ pub(crate) struct EngineArgs {
     /// Turns file for --provider scripted
     #[arg(long)]
     pub(crate) script: Option<PathBuf>,
+    /// Who drives research: `model` (its own tool rounds) or `host` (the
+    /// host searches with the question and reads first; the model answers
+    /// from what was read). Default: models.toml's `research`, else by the
+    /// model's size (local), else `model`.
+    #[arg(long, value_parser = ["model", "host"])]
+    pub(crate) research: Option<String>,
 }
 
 /// A model to run: its file and, for registry models, the entry.
@@ -75,7 +81,8 @@ impl EngineArgs {
     /// The options as a run's admission snapshot keeps them.
     pub(crate) fn to_json(&self) -> Value {
         json!({"model": self.model, "device": self.device, "threads": self.threads, "provider": self.provider,
-               "base_url": self.base_url, "api_key_env": self.api_key_env, "tool_format": self.tool_format, "script": self.script})
+               "base_url": self.base_url, "api_key_env": self.api_key_env, "tool_format": self.tool_format, "script": self.script,
+               "research": self.research})
     }
 
     /// The options a snapshot kept (`to_json`), defaults where it has none.
@@ -90,6 +97,7 @@ impl EngineArgs {
             api_key_env: s("api_key_env"),
             tool_format: s("tool_format"),
             script: s("script").map(PathBuf::from),
+            research: s("research"),
         }
     }
 

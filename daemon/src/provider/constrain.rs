@@ -46,6 +46,10 @@ pub(crate) enum Constraint {
     /// No call can begin: every token that would complete the format's
     /// call-start marker is masked (the research loop's final turn).
     NoCalls,
+    /// The whole output is exactly one of these texts: a grounded answer
+    /// composed of sentences the run read, the model choosing which by its
+    /// own likelihood.
+    OneOf(Vec<String>),
 }
 
 /// Which calls [`Constraint::ToolCalls`] enforces.
@@ -325,6 +329,14 @@ fn calls(
 
 /// Translates `c` for the engine of `grammars` with the turn's `tools` in
 /// `format`; `vocab` names single tokens. `Ok(None)`: nothing to enforce.
+/// A Lark grammar whose only sentences are `texts` (string literals in
+/// JSON's escaping, which llguidance's Lark reads).
+pub(crate) fn one_of(texts: &[String]) -> String {
+    let alts: Vec<String> =
+        texts.iter().map(|t| serde_json::to_string(t).unwrap_or_else(|_| "\"\"".into())).collect();
+    format!("start: {}\n", alts.join("\n    | "))
+}
+
 pub(crate) fn compile(
     c: &Constraint,
     tools: &[ToolDef],
@@ -344,6 +356,8 @@ pub(crate) fn compile(
             let s = bounded(schema.clone());
             Ok(Some(Engine::Grammar(build(&format!("start: %json {s}\n"))?)))
         }
+        Constraint::OneOf(texts) if texts.is_empty() => Ok(None),
+        Constraint::OneOf(texts) => Ok(Some(Engine::Grammar(build(&one_of(texts))?))),
         Constraint::NoCalls => {
             let mut markers = Vec::new();
             for m in call_markers(format) {

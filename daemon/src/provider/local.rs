@@ -2,14 +2,17 @@
 //! template (prompts) and its native tool-call format (toolparse), with a KV
 //! session kept across turns so a turn that extends the last prefills only
 //! the new part. In a turn without tools the parser runs in suppress mode
-//! and the format's call-start token is forbidden.
+//! and the format's call-start token is forbidden. Research turns sample
+//! greedily with a mild repetition penalty (1.1 over 64 tokens), under the
+//! model's `[sampling]` table in models.toml (`with_knobs`).
 
 use super::build::{EngineArgs, Resolved};
 use super::constrain::{self, Constraint, ToolChoice};
 use super::{
-    fold_event, tool_specs, Provider, ProviderError, Refused, TurnEvent, TurnFinish, TurnReply,
-    TurnRequest,
+    fold_event, tool_specs, Provider, ProviderError, Refused, Research, TurnEvent, TurnFinish,
+    TurnReply, TurnRequest,
 };
+use crate::state::registry::SamplingKnobs;
 use anyhow::{Context, Result};
 use inference::{Engine, ErrorKind, Finish, GenParams, Generation, Sampling, Session, Step};
 use prompts::{ChatTemplate, Message, ToolDef, ToolStyle};
@@ -27,7 +30,8 @@ pub(crate) struct Local {
     sessions: Vec<(u64, Session)>,
     clock: u64,
     stop_strings: Vec<String>,
-    /// Sampling for every turn (greedy with a mild repetition penalty).
+    /// Sampling for every research turn: greedy with a mild repetition
+    /// penalty, under the model's `[sampling]` table in models.toml.
     pub(crate) sampling: Sampling,
 }
 
@@ -65,11 +69,17 @@ impl Local {
                 None => Format::Hermes,
             };
         let stop_strings = resolved.entry.as_ref().map(|e| e.stop.clone()).unwrap_or_default();
-        let sampling = Sampling {
+        // Research turns: greedy with a mild repetition penalty, under
+        // whatever the model's entry sets.
+        let base = Sampling {
             temperature: 0.0,
             repeat_penalty: 1.1,
             repeat_last_n: 64,
             ..Sampling::default()
+        };
+        let sampling = match entry.and_then(|e| e.sampling.as_ref()) {
+            Some(k) => with_knobs(base, k),
+            None => base,
         };
         Ok(Local {
             engine,
@@ -97,6 +107,22 @@ impl Local {
             .tokenize_prompt(&text, true)
             .map_err(|e| ProviderError::Failed(e.to_string()))?;
         Ok((text, ids))
+    }
+}
+
+/// `base` with every knob `k` sets.
+pub(crate) fn with_knobs(base: Sampling, k: &SamplingKnobs) -> Sampling {
+    Sampling {
+        temperature: k.temperature.unwrap_or(base.temperature),
+        top_k: k.top_k.unwrap_or(base.top_k),
+        top_p: k.top_p.unwrap_or(base.top_p),
+        min_p: k.min_p.unwrap_or(base.min_p),
+        repeat_penalty: k.repeat_penalty.unwrap_or(base.repeat_penalty),
+        repeat_last_n: k.repeat_last_n.unwrap_or(base.repeat_last_n),
+        frequency_penalty: k.frequency_penalty.unwrap_or(base.frequency_penalty),
+        presence_penalty: k.presence_penalty.unwrap_or(base.presence_penalty),
+        no_repeat_ngram: k.no_repeat_ngram.unwrap_or(base.no_repeat_ngram),
+        seed: base.seed,
     }
 }
 
@@ -442,6 +468,25 @@ impl Provider for Local {
             .collect()
     }
 
+    /// models.toml's `research`, else by size: a model under about a
+    /// billion parameters seldom drives tools or writes a faithful summary
+    /// (SmolLM2-135M neither calls a tool nor keeps to a passage), so the
+    /// host leads its research; larger ones drive their own rounds.
+    fn research(&self) -> Research {
+        let named = self.resolved.entry.as_ref().and_then(|e| e.research.as_deref());
+        if let Some(r) = named.and_then(Research::from_name) {
+            return r;
+        }
+        let c = &self.engine.info().config;
+        // Attention and feed-forward weights of every layer.
+        let params = c.n_layer * (4 * c.n_embd * c.n_embd + 3 * c.n_embd * c.n_ff);
+        if params < 1_000_000_000 {
+            Research::Host
+        } else {
+            Research::Model
+        }
+    }
+
     fn count(&mut self, messages: &[Message], tools: &[ToolDef]) -> Option<usize> {
         self.prompt_tokens(messages, tools).ok()
     }
@@ -480,7 +525,9 @@ pub(crate) fn turn_params(sampling: &Sampling, req: &TurnRequest<'_>) -> ChatPar
         mode: if req.tools.is_empty() { Mode::Suppress } else { Mode::Tools },
         // Research: a call the model starts is held to its tool's schema;
         // the final turn (no tools) cannot start one.
-        constraint: if req.tools.is_empty() {
+        constraint: if !req.choices.is_empty() {
+            Constraint::OneOf(req.choices.to_vec())
+        } else if req.tools.is_empty() {
             Constraint::NoCalls
         } else {
             Constraint::ToolCalls(ToolChoice::Auto)
@@ -604,6 +651,7 @@ mod tests {
                 tools: &tools,
                 phase: Phase::Research,
                 max_tokens: 80,
+                choices: &[],
             };
             let research = turn_params(&l.sampling, &req);
             assert_eq!(research.constraint, Constraint::ToolCalls(ToolChoice::Auto));
@@ -666,8 +714,13 @@ mod tests {
         candidates.extend(markup_prompts("<tool_call>{\"name\": \"search\"}</tool_call>"));
         candidates.extend(markup_prompts(call));
         for msgs in candidates {
-            let req =
-                TurnRequest { messages: &msgs, tools: &[], phase: Phase::Final, max_tokens: 60 };
+            let req = TurnRequest {
+                messages: &msgs,
+                tools: &[],
+                phase: Phase::Final,
+                max_tokens: 60,
+                choices: &[],
+            };
             let fin = turn_params(&l.sampling, &req);
             assert_eq!(fin.constraint, Constraint::NoCalls);
             let free = ChatParams { constraint: Constraint::None, ..fin.clone() };

@@ -28,6 +28,11 @@ pub(crate) struct TurnRequest<'a> {
     pub(crate) tools: &'a [ToolDef],
     pub(crate) phase: Phase,
     pub(crate) max_tokens: usize,
+    /// When not empty, the reply should be exactly one of these texts (a
+    /// grounded answer composed of read sentences). A provider that can
+    /// hold its decoder to them does (the local engine, by a grammar);
+    /// one that cannot writes freely, under the same checks.
+    pub(crate) choices: &'a [String],
 }
 
 /// A complete call the model proposed.
@@ -203,8 +208,41 @@ pub(crate) fn fold_event(
     }
 }
 
+/// Who drives a run's research (models.toml `research`): the model, by
+/// calling tools round after round, or the host, which opens the run by
+/// searching with the question and reading the best segments, after which
+/// the model answers from them (models too small to drive tools).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Research {
+    Model,
+    Host,
+}
+
+impl Research {
+    pub(crate) fn from_name(s: &str) -> Option<Research> {
+        match s {
+            "model" => Some(Research::Model),
+            "host" => Some(Research::Host),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Research::Model => "model",
+            Research::Host => "host",
+        }
+    }
+}
+
 /// Something that runs model turns.
 pub(crate) trait Provider {
+    /// Who drives research with this provider's model (by default the
+    /// model: upstream servers and scripts drive their own rounds).
+    fn research(&self) -> Research {
+        Research::Model
+    }
+
     /// Runs one turn, streaming its text through `on`. `attempt` is called
     /// before every attempt (first try and each retry) so the caller can
     /// account for it; when it refuses, the attempt is not made and the turn

@@ -8,6 +8,7 @@
 //! {"when": "final", …}                            used only for final/correction turns ("research": only research)
 //! {"when": "section", "content": "finding"}       used only for section workers (which take no other line)
 //! {"delay_ms": 50, …}                             pause before the turn and each streamed piece
+//! {"when": "final", "choose": 0}                  writes the request's first choice (a composed answer)
 //! ```
 //!
 //! A turn takes the next line whose `when` fits its phase; when none is
@@ -138,7 +139,7 @@ impl Provider for Scripted {
                 .iter()
                 .map(|m| serde_json::json!({"role": m.role, "content": m.content}))
                 .collect();
-            let entry = serde_json::json!({"phase": req.phase.as_str(), "messages": msgs});
+            let entry = serde_json::json!({"phase": req.phase.as_str(), "messages": msgs, "choices": req.choices});
             if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(path) {
                 let _ = writeln!(f, "{entry}");
             }
@@ -191,10 +192,14 @@ impl Provider for Scripted {
             self.format,
             Options { tools: tool_specs(req.tools), mode, ..Options::default() },
         );
-        let text = line
-            .get("raw")
-            .or_else(|| line.get("content"))
-            .and_then(Value::as_str)
+        // `choose: N` writes the request's N-th choice (a composed answer).
+        let chosen = line
+            .get("choose")
+            .and_then(Value::as_u64)
+            .and_then(|n| req.choices.get(n as usize))
+            .map(String::as_str);
+        let text = chosen
+            .or_else(|| line.get("raw").or_else(|| line.get("content")).and_then(Value::as_str))
             .unwrap_or_default()
             .to_owned();
         let chars: Vec<char> = text.chars().collect();

@@ -48,6 +48,10 @@ pub(super) struct Budget {
     pub(super) sections_cut: bool,
     /// Section size, worker output tokens, workers at once.
     pub(super) section_limits: super::sections::Limits,
+    /// Segments host-led entry research reads (`research/entry-reads`).
+    pub(super) entry_reads: usize,
+    /// Tokens a composed answer's request may show (`research/composed-view-tokens`).
+    pub(super) composed_view: usize,
     clock: Clock,
 }
 
@@ -68,6 +72,8 @@ impl Budget {
             section_used: 0,
             sections_cut: false,
             section_limits: super::sections::Limits::from_policies(p),
+            entry_reads: p.get(policy::ENTRY_READS) as usize,
+            composed_view: p.get(policy::COMPOSED_VIEW) as usize,
             clock: Clock { before: Duration::ZERO, started: Instant::now() },
         }
     }

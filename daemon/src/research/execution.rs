@@ -9,9 +9,9 @@
 use super::admission::RunOptions;
 use super::request::arguments_value;
 use super::Ctx;
-use crate::events::Ev;
+use crate::events::{By, Ev};
 use crate::provider::{Call, Provider};
-use crate::state::store::{MessageStatus, StoredCall, StoredMessage};
+use crate::state::store::{MessageStatus, NewToolCall, StoredCall, StoredMessage};
 use crate::tools::{self, Coverage, Host, Kind, ToolOutput};
 use prompts::fallback::Evidence;
 use prompts::{Message, ToolCallMsg, ToolDef};
@@ -141,17 +141,26 @@ pub(super) fn projection(host: &Host, all: &[ToolDef]) -> Vec<ToolDef> {
     all.iter().filter(|t| host.spent(&t.name).is_none()).cloned().collect()
 }
 
+/// A round's calls as proposed: by the model (with the text of its turn)
+/// or by the host's entry research.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Proposed<'a> {
+    pub(super) calls: &'a [Call],
+    pub(super) content: &'a str,
+    pub(super) by: By,
+}
+
 /// Runs the calls of round `round`, in order, each authorized by the host;
-/// returns the batch for the repetition rule.
+/// returns the batch for the repetition rule and each call's output.
 pub(super) fn run_round(
     cx: &mut Ctx<'_>,
     provider: &mut dyn Provider,
     opts: &RunOptions,
-    calls: &[Call],
-    content: &str,
+    proposed: Proposed<'_>,
     offered: &[ToolDef],
     p: &mut super::run::Progress,
-) -> Batch {
+) -> (Batch, Vec<ToolOutput>) {
+    let Proposed { calls, content, by } = proposed;
     let round = p.rounds;
     let args: Vec<Value> = calls.iter().map(|c| arguments_value(&c.arguments)).collect();
     let mut assistant = Message::new("assistant", content.trim());
@@ -179,13 +188,32 @@ pub(super) fn run_round(
     cx.ledger.check("the tool calls", stored);
     p.exchanges.push(assistant);
     let mut batch = Batch::default();
+    let mut outputs = Vec::with_capacity(calls.len());
     for (c, args) in calls.iter().zip(args) {
         cx.emit(Ev::ToolCall {
             round,
             id: c.id.clone(),
             name: c.name.clone(),
             arguments: args.clone(),
+            by,
         });
+        // The host's own calls are written to the run's ledger of tool
+        // calls before they run, and closed with how they ended (MCP calls
+        // are written by the host itself).
+        let host_entry = (by == By::Host)
+            .then(|| {
+                let kind = match cx.host.kind(&c.name) {
+                    Some(Kind::Read) => "read",
+                    _ => "write",
+                };
+                let call =
+                    NewToolCall { run_id: cx.run_id, round, call_id: &c.id, name: &c.name, kind };
+                cx.ledger.check(
+                    "a host tool call",
+                    cx.store.tool_call_open(&call, "sent", Some("by host (entry research)")),
+                )
+            })
+            .flatten();
         let output = match authorize(cx, c, offered) {
             Ok(()) if c.name == tools::ANALYZE => {
                 super::sections::analyze(cx, provider, &opts.question, &c.arguments)
@@ -196,6 +224,14 @@ pub(super) fn run_round(
                 refusal
             }
         };
+        if let Some(entry) = host_entry {
+            let (outcome, detail) = match &output {
+                ToolOutput::Error(e) => ("error", e.message.clone()),
+                _ => ("ok", "by host (entry research)".to_owned()),
+            };
+            cx.ledger
+                .check("a host tool call", cx.store.tool_call_close(entry, outcome, Some(&detail)));
+        }
         if output.ok() {
             collect_evidence(&mut p.evidence, &output);
             if let ToolOutput::Search(f) = &output {
@@ -236,8 +272,9 @@ pub(super) fn run_round(
         m.tool_call_id = Some(c.id.clone());
         m.name = Some(c.name.clone());
         p.exchanges.push(m);
+        outputs.push(output);
     }
-    batch
+    (batch, outputs)
 }
 
 /// The host's authorization of an actual call, whatever the model was

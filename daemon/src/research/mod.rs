@@ -20,9 +20,11 @@
 mod admission;
 mod budget;
 mod citations;
+mod entry;
 mod execution;
 mod fallback;
 mod grounding;
+mod junk;
 mod ledger;
 mod recovery;
 mod reply;
@@ -57,6 +59,8 @@ struct Ctx<'a> {
     budget: Budget,
     ledger: Ledger<'a>,
     reply: Reply<'a>,
+    /// Why the last request's text was stopped as junk, if it was.
+    junk: Option<junk::Junk>,
 }
 
 impl Ctx<'_> {

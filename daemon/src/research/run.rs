@@ -11,13 +11,14 @@
 use super::admission::RunOptions;
 use super::budget::Budget;
 use super::citations::check_citations;
-use super::execution::{projection, run_round, Repeats};
+use super::execution::{projection, run_round, Proposed, Repeats};
 use super::fallback::fallback;
+use super::junk::Monitor;
 use super::ledger::Ledger;
 use super::reply::Reply;
 use super::{grounding, sections, view, Ctx};
-use crate::events::{Done, Ev, Outcome, Phase, RunError, Stop};
-use crate::provider::{Provider, ProviderError, TurnFinish};
+use crate::events::{By, Done, Ev, Outcome, Phase, RunError, Stop};
+use crate::provider::{Provider, ProviderError, Research, TurnFinish};
 use crate::state::store::{MessageStatus, RunStatus, Settled, Store};
 use crate::tools::Host;
 use prompts::fallback::Evidence;
@@ -77,6 +78,7 @@ pub(super) fn drive(
         budget,
         ledger,
         reply,
+        junk: None,
     };
     cx.emit(Ev::Run {
         run_id: run_id.clone(),
@@ -168,6 +170,25 @@ fn research(
     mut p: Progress,
 ) -> Done {
     let all_tools = cx.host.tools();
+    let mode = opts
+        .config
+        .engine
+        .research
+        .as_deref()
+        .and_then(Research::from_name)
+        .unwrap_or_else(|| provider.research());
+    tracing::info!(research = mode.as_str(), "who drives research");
+    if mode == Research::Host && cx.host.has_corpus() {
+        // The host leads: its entry research (unless a recovered run did
+        // it already), then an answer composed from what was read.
+        if p.rounds == 0 {
+            super::entry::entry(cx, provider, opts, &mut p);
+        }
+        if cx.cancelled() {
+            return cancelled(cx, &p);
+        }
+        return composed(cx, provider, opts, history, &p);
+    }
     // The section size is checked against the model's context once the
     // input itself is known to fit (an input too large is its own error).
     let mut section_fit_checked = false;
@@ -196,7 +217,8 @@ fn research(
                 return failed(cx, &p, e);
             }
         }
-        let reply = match cx.request(provider, Phase::Research, &view, &tools) {
+        let watch = watch(opts, &p);
+        let reply = match cx.request_with(provider, Phase::Research, &view, &tools, &[], watch) {
             Ok(r) => r,
             Err(ProviderError::Budget { .. }) => break Stop::Budget,
             Err(ProviderError::Context { .. }) if p.rounds > 0 => break Stop::ContextLimit,
@@ -208,6 +230,9 @@ fn research(
         if reply.finish == TurnFinish::Cancelled || cx.cancelled() {
             return cancelled(cx, &p);
         }
+        if let Some(junk) = cx.junk {
+            return fallback(cx, opts, &p, Stop::Answer, junk.why());
+        }
         if reply.calls.is_empty() {
             if reply.content.trim().is_empty() {
                 // No calls and no text: nothing to show but the evidence.
@@ -217,7 +242,8 @@ fn research(
             return check_citations(cx, provider, &view::as_final(&view), answer, Stop::Answer, &p);
         }
         p.rounds += 1;
-        let batch = run_round(cx, provider, opts, &reply.calls, &reply.content, &tools, &mut p);
+        let proposed = Proposed { calls: &reply.calls, content: &reply.content, by: By::Model };
+        let (batch, _) = run_round(cx, provider, opts, proposed, &tools, &mut p);
         if cx.cancelled() {
             return cancelled(cx, &p);
         }
@@ -249,11 +275,66 @@ fn final_turn(
         Ok(v) => v,
         Err(o) => return fallback(cx, opts, p, stop, &o.to_string()),
     };
-    match cx.request(provider, Phase::Final, &view, &[]) {
+    let result = cx.request_with(provider, Phase::Final, &view, &[], &[], watch(opts, p));
+    settle_final(cx, provider, opts, p, stop, &view, result)
+}
+
+/// A watch over a turn's text: loops always, drift from what the run
+/// retrieved once it retrieved something.
+fn watch(opts: &RunOptions, p: &Progress) -> Option<Monitor> {
+    let texts: Vec<&str> = p.evidence.iter().map(|e| e.text.as_str()).collect();
+    Some(Monitor::new(&opts.question, &texts))
+}
+
+/// The answer of a host-led run: composed of the most relevant sentences
+/// read (`entry::choices`), the model choosing among them; with nothing
+/// relevant read, the model answers freely under the same watch.
+fn composed(
+    cx: &mut Ctx<'_>,
+    provider: &mut dyn Provider,
+    opts: &RunOptions,
+    history: &[Message],
+    p: &Progress,
+) -> Done {
+    let passages = super::entry::passages(cx, p);
+    let units = super::entry::candidates(&opts.question, &passages, opts.voice);
+    if units.is_empty() {
+        return final_turn(cx, provider, opts, history, p, Stop::Answer);
+    }
+    let choices = super::entry::choices(&units);
+    let view = view::final_turn(history, &opts.question, &p.exchanges);
+    // The model only orders the chosen sentences: a short view will do.
+    let limit = cx.budget.composed_view;
+    let fitted = view::fit_within(provider, &view, limit, cx.budget.turn_tokens)
+        .or_else(|_| view::fit(provider, &view, &[], cx.budget.turn_tokens));
+    let view = match fitted {
+        Ok(v) => v,
+        Err(o) => return fallback(cx, opts, p, Stop::Answer, &o.to_string()),
+    };
+    let result = cx.request_with(provider, Phase::Final, &view, &[], &choices, watch(opts, p));
+    settle_final(cx, provider, opts, p, Stop::Answer, &view, result)
+}
+
+/// Settles the reply after a final turn: its answer (citations checked),
+/// or the fallback when it wrote none, was junk or failed.
+fn settle_final(
+    cx: &mut Ctx<'_>,
+    provider: &mut dyn Provider,
+    opts: &RunOptions,
+    p: &Progress,
+    stop: Stop,
+    view: &[Message],
+    result: Result<crate::provider::TurnReply, ProviderError>,
+) -> Done {
+    match result {
         Ok(r) if r.finish == TurnFinish::Cancelled || cx.cancelled() => cancelled(cx, p),
+        Ok(_) if cx.junk.is_some() => {
+            let why = cx.junk.map(|j| j.why()).unwrap_or_default();
+            fallback(cx, opts, p, stop, why)
+        }
         Ok(r) if !r.content.trim().is_empty() && cx.reply.turn_has_content() => {
             let answer = cx.reply.answer();
-            check_citations(cx, provider, &view, answer, stop, p)
+            check_citations(cx, provider, view, answer, stop, p)
         }
         Ok(_) => fallback(cx, opts, p, stop, "the final turn wrote no answer text"),
         Err(e @ ProviderError::Ledger(_)) => {

@@ -149,6 +149,7 @@ fn run_workers(cx: &mut Ctx<'_>, provider: &mut dyn Provider, views: &[Vec<Messa
                 tools: &[],
                 phase: Phase::Section,
                 max_tokens: limits.tokens,
+                choices: &[],
             })
             .collect();
         let mut attempts: Vec<Attempts> = (0..n).map(|_| Attempts::default()).collect();

@@ -91,6 +91,24 @@ pub(super) fn limit(ctx: usize, max_tokens: usize) -> usize {
     ctx.saturating_sub(max_tokens.min(ctx / 2)).max(1)
 }
 
+/// Fits a view into at most `limit` tokens (and the provider's context),
+/// shortening the oldest tool results first.
+pub(super) fn fit_within(
+    provider: &mut dyn Provider,
+    view: &[Message],
+    limit: usize,
+    max_tokens: usize,
+) -> Result<Vec<Message>, Overflowed> {
+    let ctx = provider.context().unwrap_or(usize::MAX);
+    let limit = limit.min(self::limit(ctx, max_tokens));
+    let mut count = |m: &[Message]| provider.count(m, &[]).unwrap_or(0);
+    prompts::fit::fit(view, limit, &mut count).map(|(v, _)| v).map_err(|o| Overflowed {
+        need: o.need,
+        limit,
+        context: ctx,
+    })
+}
+
 /// Fits a view into the provider's context (when it has one), keeping
 /// `max_tokens` (at most half the context) for the reply.
 pub(super) fn fit(

@@ -107,7 +107,10 @@ fn sentence_end(s: &str) -> Option<usize> {
         }
     }
     if s.len() > HOLD_MAX {
-        let cut = s[..HOLD_MAX].rfind(char::is_whitespace).unwrap_or(HOLD_MAX);
+        // Held text is cut at a char boundary (a script without spaces,
+        // such as Chinese, has none of its own).
+        let hold = (0..=HOLD_MAX).rev().find(|&k| s.is_char_boundary(k)).unwrap_or(0);
+        let cut = s[..hold].rfind(char::is_whitespace).unwrap_or(hold);
         let cut = (cut..=s.len()).find(|&k| s.is_char_boundary(k)).unwrap_or(s.len());
         return Some(cut.max(1));
     }
@@ -217,6 +220,27 @@ mod tests {
     }
 
     #[test]
+    fn long_text_without_spaces_or_ends_is_cut_at_char_boundaries() {
+        let mut sp = Speaker::default();
+        let mut spoken = Vec::new();
+        let text = "研究在达到轮次上限时结束".repeat(20);
+        for c in text.chars() {
+            sp.relay(&Ev::Content(c.to_string()), &mut |e: &Ev| {
+                if let Ev::Sentence { text, .. } = e {
+                    spoken.push(text.clone());
+                }
+            });
+        }
+        sp.flush(&mut |e: &Ev| {
+            if let Ev::Sentence { text, .. } = e {
+                spoken.push(text.clone());
+            }
+        });
+        assert!(spoken.len() >= 2, "{spoken:?}");
+        assert_eq!(spoken.concat(), text);
+    }
+
+    #[test]
     fn a_tool_round_is_announced_once_and_list_numbers_do_not_end_sentences() {
         let mut sp = Speaker::default();
         let mut out = Vec::new();
@@ -230,6 +254,7 @@ mod tests {
             id: "c".into(),
             name: "search_sources".into(),
             arguments: serde_json::json!({}),
+            by: crate::events::By::Model,
         };
         sp.relay(&Ev::Content("Checking".into()), &mut sink);
         sp.relay(&call(1), &mut sink);

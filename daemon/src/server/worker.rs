@@ -24,7 +24,7 @@ use crate::provider::local::{
 use crate::provider::openai::OpenAi;
 use crate::provider::upstream::Gate;
 use crate::provider::{
-    fold_event, Provider, ProviderError, Refused, TurnEvent, TurnReply, TurnRequest,
+    fold_event, Provider, ProviderError, Refused, Research, TurnEvent, TurnReply, TurnRequest,
 };
 use crate::research::{RunConfig, RunOptions};
 use crate::state::policy::{self, Policies};
@@ -167,6 +167,7 @@ impl Worker {
             context: policies.get(policy::CONTEXT) as usize,
             name: upstream.as_ref().map_or_else(|| "scripted".into(), |u| u.describe()),
             sampling: Sampling::default(),
+            research: Research::Model,
             built: upstream.is_none(),
             policies,
             metrics,
@@ -197,6 +198,8 @@ struct RunSetup {
     context: usize,
     name: String,
     sampling: Sampling,
+    /// Who drives research with the daemon's model.
+    research: Research,
     /// In front of an upstream: the provider every run uses.
     upstream: Option<OpenAi>,
     /// Each run builds its provider from `config.engine` (scripted).
@@ -212,6 +215,7 @@ struct EngineLink {
     context: usize,
     name: String,
     sampling: Sampling,
+    research: Research,
 }
 
 impl EngineLink {
@@ -351,6 +355,10 @@ impl Provider for EngineLink {
     fn describe(&self) -> String {
         format!("local:{}", self.name)
     }
+
+    fn research(&self) -> Research {
+        self.research
+    }
 }
 
 /// A chat completion decoding in the batch.
@@ -373,6 +381,7 @@ fn serve_jobs(setup: &mut Setup, rx: &Receiver<(Job, bool)>, worker: &Worker) {
         context: setup.local.engine.info().context,
         name: setup.local.resolved.name.clone(),
         sampling: setup.local.sampling.clone(),
+        research: setup.local.research(),
         upstream: None,
         built: false,
     };
@@ -702,6 +711,7 @@ fn research_job(job: Job, setup: &RunSetup, worker: Worker) {
                 context: setup.context,
                 name: setup.name.clone(),
                 sampling: setup.sampling.clone(),
+                research: setup.research,
             }),
         })
     };

@@ -85,6 +85,8 @@ pub(crate) const RESERVE: &str = "research-runtime/finalization-request-reserve"
 pub(crate) const DEADLINE: &str = "research-runtime/run-deadline";
 pub(crate) const RESEARCH_SHARE: &str = "research-runtime/research-deadline-share-percent";
 pub(crate) const SECTION_REQUESTS: &str = "research/section-requests";
+pub(crate) const ENTRY_READS: &str = "research/entry-reads";
+pub(crate) const COMPOSED_VIEW: &str = "research/composed-view-tokens";
 pub(crate) const SECTION_SIZE: &str = "research/section-size";
 pub(crate) const SECTION_TOKENS: &str = "research/section-output-tokens";
 pub(crate) const SECTION_WORKERS: &str = "research/section-workers";
@@ -103,6 +105,8 @@ pub(crate) const QUEUE: &str = "server/request-queue-capacity";
 pub(crate) const BODY_LIMIT: &str = "server/request-body-limit";
 pub(crate) const DECODE_BATCH: &str = "server/decode-batch";
 pub(crate) const UPSTREAM_CONCURRENCY: &str = "server/upstream-concurrency";
+pub(crate) const REPEAT_LAST_N: &str = "sampling/repeat-last-n";
+pub(crate) const NO_REPEAT_NGRAM: &str = "sampling/no-repeat-ngram";
 
 /// Tokens a section worker's request needs besides its section and reply
 /// (instructions, question, focus), for the composition check.
@@ -124,6 +128,13 @@ fn research_runtime() -> Vec<Policy> {
         p(SECTION_SIZE, o, v, Unit::Characters, 3000, 32_000, None),
         p(SECTION_TOKENS, o, v, Unit::Tokens, 256, 4096, None),
         p(SECTION_WORKERS, o, v, Unit::Requests, 4, 16, None),
+        // Host-led entry research: segments read before the first model
+        // turn (spent from the tools' read quota).
+        p(ENTRY_READS, o, v, Unit::Calls, 3, 16, None),
+        // What a composed answer's request shows the model, which only
+        // orders sentences already chosen: the evidence cut to this, oldest
+        // tool results (the search listing) first.
+        p(COMPOSED_VIEW, o, v, Unit::Tokens, 1024, 131_072, None),
     ]
 }
 
@@ -175,6 +186,48 @@ fn server() -> Vec<Policy> {
         // openai`): sized for a batching server; more wait in the queue.
         p(UPSTREAM_CONCURRENCY, o, v, Unit::Requests, 16, 1024, None),
     ]
+}
+
+/// The sampling rules' declarations: how far back a request's or a model
+/// entry's repetition rules may look. Requests are held to the values in
+/// force (`SamplingLimits::in_force`); models.toml, read before policies
+/// load, to the hard maxima (`SamplingLimits::declared`).
+fn sampling() -> Vec<Policy> {
+    let o = "sampling";
+    let v = "sampling-policy@1";
+    vec![
+        // Tokens the penalties count over, per sampled token.
+        p(REPEAT_LAST_N, o, v, Unit::Tokens, 4096, 131_072, None),
+        // The longest n-gram the no-repeat rule may be asked to ban.
+        p(NO_REPEAT_NGRAM, o, v, Unit::Tokens, 32, 256, None),
+    ]
+}
+
+/// The bounds of the sampling knobs that are policies (see `sampling()`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SamplingLimits {
+    /// Most tokens `repeat_last_n` may name.
+    pub(crate) repeat_last_n: usize,
+    /// Largest `no_repeat_ngram`.
+    pub(crate) no_repeat_ngram: usize,
+}
+
+impl SamplingLimits {
+    /// The declared hard maxima: what configuration may set.
+    pub(crate) fn declared() -> SamplingLimits {
+        let max = |id: &str| {
+            sampling().into_iter().find(|p| p.id == id).map_or(0, |p| p.hard_max as usize)
+        };
+        SamplingLimits { repeat_last_n: max(REPEAT_LAST_N), no_repeat_ngram: max(NO_REPEAT_NGRAM) }
+    }
+
+    /// The values in force: what a request may ask for.
+    pub(crate) fn in_force(ps: &Policies) -> SamplingLimits {
+        SamplingLimits {
+            repeat_last_n: ps.get(REPEAT_LAST_N) as usize,
+            no_repeat_ngram: ps.get(NO_REPEAT_NGRAM) as usize,
+        }
+    }
 }
 
 /// Declared policies and the values in force.
@@ -234,6 +287,7 @@ impl Policies {
             ("provider", provider()),
             ("prompts", prompts()),
             ("server", server()),
+            ("sampling", sampling()),
             ("mcp", super::mcp_policy::declarations()),
         ] {
             for p in list {
@@ -390,6 +444,7 @@ impl Policies {
             provider(),
             prompts(),
             server(),
+            sampling(),
             super::mcp_policy::declarations(),
         ] {
             for p in list {
@@ -452,5 +507,20 @@ mod tests {
         }
         let mut ps = defaults();
         assert!(ps.set(RESERVE, 3, "test").is_err(), "above the hard maximum");
+    }
+
+    #[test]
+    fn sampling_limits_are_the_declared_policies() {
+        let mut ps = defaults();
+        let d = SamplingLimits::declared();
+        assert_eq!(d.repeat_last_n as i64, ps.decls[REPEAT_LAST_N].hard_max);
+        assert_eq!(d.no_repeat_ngram as i64, ps.decls[NO_REPEAT_NGRAM].hard_max);
+        assert_eq!(
+            SamplingLimits::in_force(&ps),
+            SamplingLimits { repeat_last_n: 4096, no_repeat_ngram: 32 }
+        );
+        ps.set(REPEAT_LAST_N, 256, "test").unwrap();
+        assert_eq!(SamplingLimits::in_force(&ps).repeat_last_n, 256);
+        assert!(ps.set(NO_REPEAT_NGRAM, 257, "test").is_err(), "above the hard maximum");
     }
 }

@@ -9,7 +9,9 @@ use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 use tantivy::collector::TopDocs;
 use tantivy::query::QueryParser;
-use tantivy::schema::{Field, Schema, Value, STORED, STRING, TEXT};
+use tantivy::schema::{
+    Field, IndexRecordOption, Schema, TextFieldIndexing, TextOptions, Value, STORED, STRING,
+};
 use tantivy::snippet::SnippetGenerator;
 use tantivy::{doc, Index, IndexReader, TantivyDocument};
 
@@ -73,7 +75,10 @@ const SKIP_DIRS: &[&str] =
     &[".git", "target", "node_modules", ".venv", "__pycache__", ".hg", ".svn"];
 /// Files larger than this are not indexed (bytes).
 const MAX_FILE: u64 = 4 << 20;
-const SCHEMA_VERSION: u32 = 1;
+/// Bumped when what is indexed changes (2: the title field also holds the
+/// file's path, titles come from markdown front matter first; 3: English
+/// stemming).
+const SCHEMA_VERSION: u32 = 3;
 
 /// One indexed piece of a file.
 #[derive(Debug, Clone)]
@@ -210,7 +215,19 @@ pub(crate) fn split_segments(text: &str, max: usize) -> Vec<String> {
     out
 }
 
+/// A file's title: its markdown front matter's `title`, else its first
+/// heading, else its file name.
 fn title_of(rel: &str, text: &str) -> String {
+    if let Some(fm) = text.strip_prefix("---\n") {
+        for line in fm.lines().take(40).take_while(|l| l.trim() != "---") {
+            if let Some(t) = line.strip_prefix("title:") {
+                let t = t.trim().trim_matches('"').trim_matches('\'').trim();
+                if !t.is_empty() {
+                    return t.chars().take(120).collect();
+                }
+            }
+        }
+    }
     for line in text.lines().take(40) {
         let t = line.trim();
         if let Some(h) = t.strip_prefix('#') {
@@ -252,8 +269,15 @@ impl Corpus {
             .collect::<Vec<_>>()
             .join("\n");
         let mut sb = Schema::builder();
-        let f_title = sb.add_text_field("title", TEXT | STORED);
-        let f_body = sb.add_text_field("body", TEXT | STORED);
+        // English stemming (tantivy's `en_stem`), so a question's
+        // `remove` finds a page about `removal`.
+        let text = TextOptions::default().set_stored().set_indexing_options(
+            TextFieldIndexing::default()
+                .set_tokenizer("en_stem")
+                .set_index_option(IndexRecordOption::WithFreqsAndPositions),
+        );
+        let f_title = sb.add_text_field("title", text.clone());
+        let f_body = sb.add_text_field("body", text);
         let f_path = sb.add_text_field("path", STRING | STORED);
         let f_seg = sb.add_u64_field("segment", STORED);
         let schema = sb.build();
@@ -275,7 +299,9 @@ impl Corpus {
                 for f in &files {
                     let Ok(bytes) = std::fs::read(&f.abs) else { continue };
                     let Ok(text) = String::from_utf8(bytes) else { continue };
-                    let title = title_of(&f.rel, &text);
+                    // The path's words (folder and file name) are searched
+                    // with the title: they name what a file is about.
+                    let title = format!("{} {}", title_of(&f.rel, &text), f.rel);
                     let segs = split_segments(&text, segment_chars);
                     for (i, seg) in segs.iter().enumerate() {
                         w.add_document(doc!(f_title => title.clone(), f_body => seg.clone(), f_path => f.rel.clone(), f_seg => (i + 1) as u64))?;
@@ -291,7 +317,8 @@ impl Corpus {
         Ok(Corpus { roots: canon, index, reader, f_title, f_body, f_path, f_seg, segment_chars })
     }
 
-    /// Full-text search; each query term is matched on its own (OR).
+    /// Full-text search; each query term is matched on its own (OR), stop
+    /// words dropped, words stemmed.
     pub(crate) fn search(&self, query: &str, limit: usize) -> Result<Vec<Hit>> {
         let searcher = self.reader.searcher();
         let qp = QueryParser::for_index(&self.index, vec![self.f_title, self.f_body]);
@@ -306,7 +333,9 @@ impl Corpus {
                 }
             })
             .collect();
-        let (q, _errors) = qp.parse_query_lenient(&cleaned);
+        // Words such as "what", "the", "does" carry no topic: a question
+        // searches by its topic words.
+        let (q, _errors) = qp.parse_query_lenient(&prompts::evidence::query(&cleaned));
         let top = searcher.search(&q, &TopDocs::with_limit(limit.max(1)))?;
         let mut gen = SnippetGenerator::create(&searcher, &*q, self.f_body)?;
         gen.set_max_num_chars(220);
@@ -319,10 +348,13 @@ impl Corpus {
             if snippet.is_empty() {
                 snippet = s(self.f_body).chars().take(200).collect::<String>().trim().to_owned();
             }
+            let path = s(self.f_path);
+            let indexed = s(self.f_title);
+            let title = indexed.strip_suffix(&format!(" {path}")).unwrap_or(&indexed).to_owned();
             hits.push(Hit {
-                path: s(self.f_path),
+                path,
                 segment: d.get_first(self.f_seg).and_then(|v| v.as_u64()).unwrap_or(1) as usize,
-                title: s(self.f_title),
+                title,
                 snippet,
             });
         }
@@ -391,5 +423,9 @@ mod tests {
     fn titles_come_from_the_first_heading() {
         assert_eq!(title_of("a/b.md", "intro\n## Budget rules\n"), "Budget rules");
         assert_eq!(title_of("a/b.rs", "fn main() {}"), "b.rs");
+        assert_eq!(
+            title_of("a/c.md", "---\ntitle: npm-ping\nsection: 1\n---\n### Synopsis\n"),
+            "npm-ping"
+        );
     }
 }

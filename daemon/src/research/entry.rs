@@ -1,0 +1,146 @@
+//! Host-led research (DESIGN.md "Answers on small models", seed 003's
+//! entry work): for a model that does not drive its own tool rounds
+//! (models.toml `research = "host"`), the host opens a run that has
+//! sources by searching with the question itself and reading the best
+//! segments, before the first model turn. The calls are the model's tools,
+//! run through the same authorization (quotas, deadline, cancellation),
+//! handle registry, chat and events as a model's round (`tool_call` with
+//! `by: "host"`); they make round 1.
+//!
+//! The answer is then *composed* from what was read (`choices`): the most
+//! relevant sentences of the read segments (three; two for a voice), each
+//! followed by its handle, in an order the model's own likelihood picks —
+//! the only texts it may write, so whatever it writes is grounded.
+
+use super::execution::{projection, run_round, Proposed};
+use super::run::Progress;
+use super::Ctx;
+use crate::events::By;
+use crate::provider::{Call, Provider};
+use crate::state::store::new_id;
+use crate::tools::{self, ToolOutput};
+use prompts::evidence::{self, Passage, Unit};
+
+/// Sentences a composed answer says (a voice answer: two).
+const CANDIDATES: usize = 3;
+const SPOKEN: usize = 2;
+
+/// Searches with the question and reads the best `entry-reads` segments,
+/// as round 1 of the run.
+pub(super) fn entry(
+    cx: &mut Ctx<'_>,
+    provider: &mut dyn Provider,
+    opts: &super::RunOptions,
+    p: &mut Progress,
+) {
+    let offered = projection(cx.host, &cx.host.tools());
+    p.rounds += 1;
+    let call = |name: &str, arguments: serde_json::Value| Call {
+        id: new_id("host"),
+        name: name.to_owned(),
+        arguments: arguments.to_string(),
+    };
+    let search = call(tools::SEARCH, serde_json::json!({"query": opts.question}));
+    let proposed = Proposed { calls: &[search], content: "", by: By::Host };
+    let (_, outputs) = run_round(cx, provider, opts, proposed, &offered, p);
+    if cx.cancelled() {
+        return;
+    }
+    let Some(ToolOutput::Search(found)) = outputs.first() else { return };
+    let reads: Vec<Call> = found
+        .hits
+        .iter()
+        .take(cx.budget.entry_reads)
+        .map(|h| call(tools::READ, serde_json::json!({"handle": h.handle})))
+        .collect();
+    if reads.is_empty() {
+        return;
+    }
+    let offered = projection(cx.host, &cx.host.tools());
+    let proposed = Proposed { calls: &reads, content: "", by: By::Host };
+    run_round(cx, provider, opts, proposed, &offered, p);
+}
+
+/// The segments the run read, in the order they were read (which for the
+/// entry's reads is the search's order).
+pub(super) fn passages(cx: &Ctx<'_>, p: &Progress) -> Vec<Passage> {
+    let read = cx.host.handles.read();
+    p.evidence
+        .iter()
+        .filter(|e| read.contains(&e.handle))
+        .enumerate()
+        .map(|(i, e)| Passage {
+            handle: e.handle.clone(),
+            title: e.title.clone(),
+            text: e.text.clone(),
+            rank: Some(i + 1),
+        })
+        .collect()
+}
+
+/// Every passage the run retrieved (read segments and search snippets),
+/// for an excerpt.
+pub(super) fn retrieved(p: &Progress) -> Vec<Passage> {
+    p.evidence
+        .iter()
+        .map(|e| Passage {
+            handle: e.handle.clone(),
+            title: e.title.clone(),
+            text: e.text.clone(),
+            rank: None,
+        })
+        .collect()
+}
+
+/// The most relevant sentences of what was read (fewer for a voice).
+pub(super) fn candidates(question: &str, passages: &[Passage], voice: bool) -> Vec<Unit> {
+    evidence::best(question, passages, if voice { SPOKEN } else { CANDIDATES })
+}
+
+/// A unit as answer text: the sentence and its handle.
+fn cited(u: &Unit) -> String {
+    format!("{} [{}]", u.text, u.handle)
+}
+
+/// The answers a composed turn may write: every ordering of the
+/// candidates, each sentence followed by its handle. The model's
+/// likelihood picks which one leads; all of them are said.
+pub(super) fn choices(units: &[Unit]) -> Vec<String> {
+    fn orders(rest: &[usize], prefix: &mut Vec<usize>, out: &mut Vec<Vec<usize>>) {
+        if rest.is_empty() {
+            out.push(prefix.clone());
+            return;
+        }
+        for (i, &x) in rest.iter().enumerate() {
+            let mut r = rest.to_vec();
+            r.remove(i);
+            prefix.push(x);
+            orders(&r, prefix, out);
+            prefix.pop();
+        }
+    }
+    let mut all = Vec::new();
+    orders(&(0..units.len()).collect::<Vec<_>>(), &mut Vec::new(), &mut all);
+    all.iter().map(|o| o.iter().map(|&i| cited(&units[i])).collect::<Vec<_>>().join(" ")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn choices_are_every_ordering_of_the_cited_candidates() {
+        let u = |h: &str, t: &str| Unit {
+            handle: h.into(),
+            text: t.into(),
+            heading: String::new(),
+            score: 1.0,
+            order: (0, 0),
+        };
+        let c = choices(&[u("S1", "A."), u("S2", "B.")]);
+        assert_eq!(c, vec!["A. [S1] B. [S2]", "B. [S2] A. [S1]"]);
+        let three = choices(&[u("S1", "A."), u("S2", "B."), u("S1", "C.")]);
+        assert_eq!(three.len(), 6);
+        assert_eq!(three[0], "A. [S1] B. [S2] C. [S1]");
+    }
+}

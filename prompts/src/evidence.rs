@@ -1,0 +1,494 @@
+//! Evidence at the grain of a sentence: the passages a run read, cut into
+//! self-contained *units* (a sentence, a list item with its heading, a
+//! short code block joined to the sentence that introduces it) and ranked
+//! by relevance to the question with BM25 over the units (their section
+//! heading and source title count too, a little). This is what a grounded
+//! answer on a small model is composed of, what the labelled excerpt shows
+//! when no answer could be written, and what a voice reply speaks.
+//!
+//! Pure text work: no model, no I/O.
+
+use rust_stemmers::{Algorithm, Stemmer};
+use std::collections::{HashMap, HashSet};
+
+/// A passage read in the run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Passage {
+    /// The source handle (`S3`).
+    pub handle: String,
+    /// The source title.
+    pub title: String,
+    /// The text read.
+    pub text: String,
+    /// The passage's place in the search that found it (1 = best), when a
+    /// search found it.
+    pub rank: Option<usize>,
+}
+
+/// A self-contained piece of a passage.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Unit {
+    /// The handle of the passage it comes from.
+    pub handle: String,
+    /// The text, on one line, markdown links reduced to their text.
+    pub text: String,
+    /// The heading of the section it stands under (may be empty).
+    pub heading: String,
+    /// Its relevance to the question (higher is better).
+    pub score: f64,
+    /// Its order in the passages (passage, then place in the passage).
+    pub order: (usize, usize),
+}
+
+/// Longest unit kept (characters); longer sentences are cut at a word.
+pub const UNIT_MAX: usize = 320;
+
+/// Words that carry no topic in a question or a passage.
+const STOP: &[&str] = &[
+    "a", "about", "actually", "after", "all", "also", "am", "an", "and", "any", "are", "as", "at",
+    "be", "been", "before", "being", "but", "by", "can", "could", "did", "do", "does", "doing",
+    "don", "each", "exactly", "for", "from", "get", "gets", "give", "gives", "had", "has", "have",
+    "having", "here", "how", "i", "if", "in", "instead", "into", "is", "it", "its", "just", "me",
+    "might", "more", "most", "much", "my", "need", "no", "not", "of", "on", "one", "only", "or",
+    "other", "our", "out", "over", "own", "really", "same", "should", "so", "some", "such", "t",
+    "tell", "than", "that", "the", "their", "them", "then", "there", "these", "they", "this",
+    "those", "through", "to", "too", "under", "until", "up", "us", "use", "very", "want", "was",
+    "way", "we", "were", "what", "whats", "when", "where", "which", "while", "who", "whom", "why",
+    "will", "with", "would", "you", "your", "s", "re", "ve", "ll", "d", "m",
+];
+
+fn is_stop(w: &str) -> bool {
+    STOP.contains(&w)
+}
+
+/// The topic terms of a text: lowercase words and numbers, stop words
+/// dropped, stemmed.
+pub fn terms(text: &str) -> Vec<String> {
+    // The Snowball English stemmer (the one tantivy's `en_stem` uses), so
+    // `removal` meets `remove` and `requests` meets `request`.
+    thread_local! {
+        static STEMMER: Stemmer = Stemmer::create(Algorithm::English);
+    }
+    STEMMER.with(|st| {
+        text.split(|c: char| !c.is_alphanumeric())
+            .filter(|w| !w.is_empty())
+            .map(str::to_lowercase)
+            .filter(|w| !is_stop(w))
+            .map(|w| st.stem(&w).into_owned())
+            .collect()
+    })
+}
+
+/// The topic words of a question as a search query (stop words dropped;
+/// the question itself when it has none).
+pub fn query(question: &str) -> String {
+    let words: Vec<&str> = question
+        .split(|c: char| !c.is_alphanumeric() && c != '-' && c != '_')
+        .filter(|w| !w.is_empty() && !is_stop(&w.to_lowercase()))
+        .collect();
+    if words.is_empty() {
+        question.to_owned()
+    } else {
+        words.join(" ")
+    }
+}
+
+/// Markdown links `[text](target)` reduced to `text`; emphasis markers
+/// dropped; whitespace collapsed.
+fn clean(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut rest = line;
+    while let Some(open) = rest.find('[') {
+        let Some(close) = rest[open..].find("](").map(|i| open + i) else { break };
+        let Some(end) = rest[close..].find(')').map(|i| close + i) else { break };
+        out.push_str(&rest[..open]);
+        out.push_str(&rest[open + 1..close]);
+        rest = &rest[end + 1..];
+    }
+    out.push_str(rest);
+    let out = out.replace("**", "").replace("__", "");
+    out.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// Cuts `s` to at most `max` characters at a word boundary, marking the cut.
+fn bound(s: &str, max: usize) -> String {
+    if s.chars().count() <= max {
+        return s.to_owned();
+    }
+    let cut: String = s.chars().take(max).collect();
+    let at = cut.rfind(' ').unwrap_or(cut.len());
+    format!("{}…", cut[..at].trim_end())
+}
+
+/// Splits a paragraph into sentences (at `.`, `?`, `!` followed by a space
+/// and an upper-case letter, a digit, a quote or a backtick; not after
+/// `e.g.`, `i.e.`, `etc.`, `vs.`).
+fn sentences(p: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let b: Vec<char> = p.chars().collect();
+    let mut start = 0;
+    let mut i = 0;
+    while i < b.len() {
+        let c = b[i];
+        if matches!(c, '.' | '?' | '!') && i + 2 < b.len() && b[i + 1] == ' ' {
+            let next = b[i + 2];
+            let opens = next.is_uppercase() || next.is_ascii_digit() || "`\"'(*".contains(next);
+            let word: String = b[start..i]
+                .iter()
+                .rev()
+                .take_while(|c| !c.is_whitespace())
+                .collect::<String>()
+                .chars()
+                .rev()
+                .collect::<String>()
+                .to_lowercase();
+            let abbrev = ["e.g", "i.e", "etc", "vs", "cf"].contains(&word.as_str());
+            if opens && !abbrev {
+                out.push(b[start..=i].iter().collect::<String>().trim().to_owned());
+                start = i + 2;
+                i += 2;
+                continue;
+            }
+        }
+        i += 1;
+    }
+    let last: String = b[start..].iter().collect::<String>().trim().to_owned();
+    if !last.is_empty() {
+        out.push(last);
+    }
+    out
+}
+
+fn list_item(line: &str) -> Option<&str> {
+    let t = line.trim_start();
+    for m in ["* ", "- ", "+ "] {
+        if let Some(r) = t.strip_prefix(m) {
+            return Some(r);
+        }
+    }
+    let digits = t.chars().take_while(char::is_ascii_digit).count();
+    if digits > 0 && digits < 4 {
+        let r = &t[digits..];
+        if let Some(r) = r.strip_prefix(". ").or_else(|| r.strip_prefix(") ")) {
+            return Some(r);
+        }
+    }
+    None
+}
+
+/// The units of one passage, in order, each with its section heading.
+pub fn units(text: &str) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = Vec::new();
+    let mut heading = String::new();
+    let mut para = String::new();
+    let mut item = false;
+    let mut lines = text.lines().peekable();
+    // Front matter of a markdown file: its `title`/`description` are units.
+    if text.starts_with("---") {
+        let mut fm = Vec::new();
+        lines.next();
+        for l in lines.by_ref() {
+            if l.trim() == "---" {
+                break;
+            }
+            fm.push(l);
+        }
+        for l in fm {
+            if let Some(d) = l.strip_prefix("description:") {
+                let d = d.trim().trim_matches('"');
+                if !d.is_empty() {
+                    out.push((clean(d), String::new()));
+                }
+            }
+        }
+    }
+    let flush = |para: &mut String, item: bool, heading: &str, out: &mut Vec<(String, String)>| {
+        let p = clean(para);
+        para.clear();
+        if p.is_empty() {
+            return;
+        }
+        if item {
+            // A short list item says little without its heading.
+            let text = if p.split_whitespace().count() < 8 && !heading.is_empty() {
+                format!("{heading}: {p}")
+            } else {
+                p
+            };
+            out.push((bound(&text, UNIT_MAX), heading.to_owned()));
+            return;
+        }
+        for s in sentences(&p) {
+            out.push((bound(&s, UNIT_MAX), heading.to_owned()));
+        }
+    };
+    while let Some(line) = lines.next() {
+        let t = line.trim();
+        if t.starts_with("```") || t.starts_with("~~~") {
+            flush(&mut para, item, &heading, &mut out);
+            item = false;
+            let mut code = Vec::new();
+            for l in lines.by_ref() {
+                if l.trim().starts_with("```") || l.trim().starts_with("~~~") {
+                    break;
+                }
+                if !l.trim().is_empty() {
+                    code.push(l.trim().to_owned());
+                }
+            }
+            if code.is_empty() || code.len() > 6 {
+                continue;
+            }
+            let joined = code.join("; ");
+            // A sentence that introduces the block carries it.
+            match out.last_mut() {
+                Some((prev, _)) if prev.ends_with(':') => {
+                    *prev = bound(&format!("{prev} {joined}"), UNIT_MAX);
+                }
+                _ if code.len() <= 3 => out.push((bound(&joined, UNIT_MAX), heading.clone())),
+                _ => {}
+            }
+            continue;
+        }
+        if t.is_empty() {
+            flush(&mut para, item, &heading, &mut out);
+            item = false;
+            continue;
+        }
+        if let Some(h) = t.strip_prefix('#') {
+            flush(&mut para, item, &heading, &mut out);
+            item = false;
+            heading = clean(h.trim_start_matches('#').trim());
+            continue;
+        }
+        if t.starts_with('|') {
+            flush(&mut para, item, &heading, &mut out);
+            item = false;
+            if t.chars().all(|c| "|-: ".contains(c)) {
+                continue;
+            }
+            let cells: Vec<String> =
+                t.trim_matches('|').split('|').map(clean).filter(|c| !c.is_empty()).collect();
+            if !cells.is_empty() {
+                out.push((bound(&cells.join(" | "), UNIT_MAX), heading.clone()));
+            }
+            continue;
+        }
+        if let Some(rest) = list_item(line) {
+            flush(&mut para, item, &heading, &mut out);
+            item = true;
+            para.push_str(rest);
+            continue;
+        }
+        if t.starts_with('>') {
+            para.push(' ');
+            para.push_str(t.trim_start_matches('>'));
+            continue;
+        }
+        para.push(' ');
+        para.push_str(t);
+    }
+    flush(&mut para, item, &heading, &mut out);
+    out.retain(|(u, _)| u.split_whitespace().count() >= 2 || u.contains('`'));
+    out
+}
+
+/// BM25 over a set of term lists.
+struct Bm25 {
+    idf: HashMap<String, f64>,
+    avg: f64,
+}
+
+impl Bm25 {
+    fn new(docs: &[Vec<String>]) -> Bm25 {
+        let n = docs.len().max(1) as f64;
+        let mut df: HashMap<String, usize> = HashMap::new();
+        for d in docs {
+            for t in d.iter().collect::<HashSet<_>>() {
+                *df.entry(t.clone()).or_default() += 1;
+            }
+        }
+        let idf = df
+            .into_iter()
+            .map(|(t, f)| (t, (1.0 + (n - f as f64 + 0.5) / (f as f64 + 0.5)).ln()))
+            .collect();
+        let avg = docs.iter().map(Vec::len).sum::<usize>() as f64 / n;
+        Bm25 { idf, avg: avg.max(1.0) }
+    }
+
+    fn score(&self, query: &HashSet<String>, doc: &[String]) -> f64 {
+        let (k1, b) = (1.2, 0.75);
+        let len = doc.len() as f64;
+        query
+            .iter()
+            .map(|q| {
+                let tf = doc.iter().filter(|t| *t == q).count() as f64;
+                if tf == 0.0 {
+                    return 0.0;
+                }
+                let idf = self.idf.get(q).copied().unwrap_or(0.0);
+                idf * tf * (k1 + 1.0) / (tf + k1 * (1.0 - b + b * len / self.avg))
+            })
+            .sum()
+    }
+}
+
+/// What kind of answer a question asks for, by its wording: a number (how
+/// many, how long, a default, a limit), something to type (a flag, a
+/// command: "how do I"), or a place (where, which file or folder). A unit
+/// that has the kind asked for ranks a little higher.
+#[derive(Debug, Default, Clone, Copy)]
+struct Wants {
+    number: bool,
+    code: bool,
+    place: bool,
+}
+
+impl Wants {
+    fn of(question: &str) -> Wants {
+        let q = question.to_lowercase();
+        let w: Vec<&str> =
+            q.split(|c: char| !c.is_alphanumeric()).filter(|w| !w.is_empty()).collect();
+        let has = |x: &&str| w.contains(x);
+        let pair = |a: &str, b: &[&str]| w.windows(2).any(|p| p[0] == a && b.contains(&p[1]));
+        Wants {
+            number: pair("how", &["many", "much", "long", "big", "large", "old", "often"])
+                || ["default", "timeout", "limit", "maximum", "minimum", "size"].iter().any(has),
+            code: ["flag", "option", "pass", "command", "type"].iter().any(has)
+                || pair("how", &["do", "can", "to"]),
+            place: ["where", "folder", "directory", "subdirectory", "path"].iter().any(has)
+                || pair("which", &["file"])
+                || pair("what", &["file"]),
+        }
+    }
+
+    /// How many of the wanted kinds `text` has.
+    fn met(self, text: &str) -> usize {
+        let number = self.number && text.chars().any(|c| c.is_ascii_digit());
+        let code = self.code && text.contains('`');
+        let file_name = |w: &str| {
+            let w = w.trim_matches(|c: char| !c.is_alphanumeric());
+            w.rsplit_once('.').is_some_and(|(a, e)| {
+                !a.is_empty()
+                    && (2..=4).contains(&e.len())
+                    && e.chars().all(|c| c.is_ascii_lowercase())
+            })
+        };
+        let place = self.place
+            && (text.contains('/') || text.contains('~') || text.split_whitespace().any(file_name));
+        usize::from(number) + usize::from(code) + usize::from(place)
+    }
+}
+
+/// Every unit of `passages`, scored against `question`, best first (ties
+/// keep the passages' order). A unit that appears twice (the same text
+/// read twice) is kept once.
+pub fn rank(question: &str, passages: &[Passage]) -> Vec<Unit> {
+    let query: HashSet<String> = terms(question).into_iter().collect();
+    let mut all: Vec<Unit> = Vec::new();
+    let mut seen = HashSet::new();
+    for (pi, p) in passages.iter().enumerate() {
+        for (ui, (text, heading)) in units(&p.text).into_iter().enumerate() {
+            if seen.insert(text.clone()) {
+                all.push(Unit {
+                    handle: p.handle.clone(),
+                    text,
+                    heading,
+                    score: 0.0,
+                    order: (pi, ui),
+                });
+            }
+        }
+    }
+    let docs: Vec<Vec<String>> = all.iter().map(|u| terms(&u.text)).collect();
+    let heads: Vec<Vec<String>> = all.iter().map(|u| terms(&u.heading)).collect();
+    let bm = Bm25::new(&docs);
+    let wants = Wants::of(question);
+    for (i, u) in all.iter_mut().enumerate() {
+        let p = &passages[u.order.0];
+        let title = terms(&p.title);
+        // The unit's own words count most; its section heading and its
+        // source's title and search rank say where it stands.
+        let own = bm.score(&query, &docs[i]);
+        let head = bm.score(&query, &heads[i]);
+        let title_hits = query.iter().filter(|q| title.contains(q)).count() as f64;
+        let prior = p.rank.map_or(0.0, |r| 1.0 / (r as f64 + 1.0));
+        // A unit that shares no topic word with the question (nor does its
+        // heading) is not relevant, wherever it stands.
+        let kind = wants.met(&u.text) as f64;
+        u.score = if own + head > 0.0 {
+            own + 0.5 * head + 0.3 * title_hits + 0.5 * prior + kind
+        } else {
+            0.0
+        };
+    }
+    all.sort_by(|a, b| b.score.total_cmp(&a.score).then(a.order.cmp(&b.order)));
+    all
+}
+
+/// The `n` best units that say something (a positive score), best first.
+pub fn best(question: &str, passages: &[Passage], n: usize) -> Vec<Unit> {
+    rank(question, passages).into_iter().filter(|u| u.score > 0.0).take(n).collect()
+}
+
+/// How much of `text`'s topic the evidence and question share: the
+/// fraction of its topic terms that occur in them (1.0 for a text with no
+/// topic terms).
+pub fn overlap(text: &str, evidence: &HashSet<String>) -> f64 {
+    let t = terms(text);
+    if t.is_empty() {
+        return 1.0;
+    }
+    t.iter().filter(|w| evidence.contains(*w)).count() as f64 / t.len() as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn units_are_sentences_items_and_introduced_code() {
+        let text = "---\ntitle: npm-ping\ndescription: Ping npm registry\n---\n\n### Description\n\nPing the configured registry. If it works it will output something like:\n\n```bash\nnpm notice PONG 255ms\n```\n\n#### `fetch-timeout`\n\n* Default: 300000 (5 minutes)\n* Type: Number\n\nSee [the docs](/x) for more, e.g. this. Next one.\n";
+        let u = units(text);
+        let texts: Vec<&str> = u.iter().map(|(t, _)| t.as_str()).collect();
+        assert_eq!(
+            texts,
+            vec![
+                "Ping npm registry",
+                "Ping the configured registry.",
+                "If it works it will output something like: npm notice PONG 255ms",
+                "`fetch-timeout`: Default: 300000 (5 minutes)",
+                "`fetch-timeout`: Type: Number",
+                "See the docs for more, e.g. this.",
+                "Next one.",
+            ]
+        );
+        assert_eq!(u[3].1, "`fetch-timeout`");
+    }
+
+    #[test]
+    fn the_unit_that_answers_ranks_first() {
+        let p = |h: &str, t: &str, r| Passage {
+            handle: h.into(),
+            title: "t".into(),
+            text: t.into(),
+            rank: Some(r),
+        };
+        let ps = vec![
+            p("S1", "The cache holds packages. Unrelated words about teams and orgs.", 1),
+            p("S2", "## Timeout\n\nRequests time out after 300000 ms. Other text here.", 2),
+        ];
+        let b = best("What is the default timeout of requests?", &ps, 2);
+        assert_eq!(b[0].handle, "S2");
+        assert!(b[0].text.contains("300000"), "{b:?}");
+        assert!(best("zebra quantum", &ps, 3).is_empty(), "nothing relevant, nothing chosen");
+    }
+
+    #[test]
+    fn overlap_tells_evidence_from_drift() {
+        let ev: HashSet<String> =
+            terms("The round limit ends research with a final turn").into_iter().collect();
+        assert!(overlap("At the round limit research ends and a final turn answers", &ev) > 0.8);
+        assert!(overlap("Python functions taking too many arguments are a code smell", &ev) < 0.2);
+    }
+}
