@@ -160,6 +160,11 @@ fn malformed_requests_get_a_4xx_with_a_message_and_the_daemon_stays_healthy() {
         ("tools not an array", br#"{"messages": [{"role": "user", "content": "x"}], "tools": {}}"#.to_vec(), 400),
         ("bad tool_choice", br#"{"messages": [{"role": "user", "content": "x"}], "tool_choice": 7}"#.to_vec(), 400),
         ("temperature a string", br#"{"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}"#.to_vec(), 400),
+        ("frequency_penalty above 2", br#"{"messages": [{"role": "user", "content": "x"}], "frequency_penalty": 2.5}"#.to_vec(), 400),
+        ("presence_penalty below -2", br#"{"messages": [{"role": "user", "content": "x"}], "presence_penalty": -3}"#.to_vec(), 400),
+        ("repeat_penalty 0", br#"{"messages": [{"role": "user", "content": "x"}], "repeat_penalty": 0}"#.to_vec(), 400),
+        ("repeat_last_n over its policy", br#"{"messages": [{"role": "user", "content": "x"}], "repeat_last_n": 100000000}"#.to_vec(), 400),
+        ("no_repeat_ngram negative", br#"{"messages": [{"role": "user", "content": "x"}], "no_repeat_ngram": -1}"#.to_vec(), 400),
         ("negative max_tokens", br#"{"messages": [{"role": "user", "content": "x"}], "max_tokens": -3}"#.to_vec(), 400),
         ("unknown model", br#"{"model": "gpt-99", "messages": [{"role": "user", "content": "x"}]}"#.to_vec(), 404),
         ("body over the limit", huge.into_bytes(), 413),
@@ -175,6 +180,13 @@ fn malformed_requests_get_a_4xx_with_a_message_and_the_daemon_stays_healthy() {
         if what == "prompt beyond the context" {
             let m = v["error"]["message"].as_str().unwrap();
             assert!(m.contains("8192"), "names both sizes: {m}");
+        }
+        if what == "frequency_penalty above 2" {
+            let m = v["error"]["message"].as_str().unwrap();
+            assert!(
+                m.contains("frequency_penalty") && m.contains("-2 and 2"),
+                "names the field and range: {m}"
+            );
         }
     }
     for (path, body, want) in [
@@ -219,6 +231,9 @@ fn malformed_requests_get_a_4xx_with_a_message_and_the_daemon_stays_healthy() {
         ("/api/chat", "options not an object", chat(r#", "options": [1]"#), 400),
         ("/api/chat", "temperature a string", chat(r#", "options": {"temperature": "hot"}"#), 400),
         ("/api/chat", "num_predict a string", chat(r#", "options": {"num_predict": "many"}"#), 400),
+        ("/api/chat", "repeat_penalty above 2", chat(r#", "options": {"repeat_penalty": 5}"#), 400),
+        ("/api/chat", "presence_penalty a string", chat(r#", "options": {"presence_penalty": "some"}"#), 400),
+        ("/api/chat", "min_p above 1", chat(r#", "options": {"min_p": 2}"#), 400),
         ("/api/chat", "stream a string", chat(r#", "stream": "yes""#), 400),
         ("/api/chat", "think a number", chat(r#", "think": 3"#), 400),
         ("/api/chat", "images", br#"{"messages": [{"role": "user", "content": "x", "images": ["aGk="]}]}"#.to_vec(), 400),

@@ -149,6 +149,8 @@ enum Command {
         temperature: f32,
         #[arg(long, default_value_t = 0)]
         seed: u64,
+        #[command(flatten)]
+        rules: engine::RepeatArgs,
         /// Print {"prompt_ids", "ids", "text", "finish_reason"}
         #[arg(long)]
         json: bool,
@@ -362,13 +364,14 @@ fn run(cli: Cli, cancel: &AtomicBool) -> anyhow::Result<ExitCode> {
         Command::Tokenize { model, special, text } => {
             engine::tokenize(model.as_deref(), special, &text)?
         }
-        Command::Generate { engine: e, max_tokens, temperature, seed, json, prompt } => {
+        Command::Generate { engine: e, max_tokens, temperature, seed, rules, json, prompt } => {
             let finish = engine::generate(
                 engine::GenerateArgs {
                     engine: &e,
                     max_tokens,
                     temperature,
                     seed,
+                    rules,
                     json,
                     prompt: &prompt,
                 },

@@ -557,6 +557,7 @@ impl Engine {
             banned,
             rng: Rng::new(params.sampling.seed),
             guide: params.constraint.as_ref().map(Guide::new),
+            free_from: 0,
             started: false,
             text: TextStream::new(params.stop_strings.clone()),
             params: params.clone(),
@@ -624,6 +625,7 @@ impl Engine {
                     run = guide.initial(room.min(MAX_FF));
                 }
             }
+            let governed = g.guide.as_ref().is_some_and(Guide::engaged);
             let mut grammar_done = false;
             if run.is_empty() {
                 if let Some(guide) = g.guide.as_mut() {
@@ -634,12 +636,17 @@ impl Engine {
                         continue;
                     }
                 }
+                // The penalties look at the session's last tokens, prompt
+                // included; the n-gram rule at the output since the last
+                // grammar-governed span, and at nothing while one governs.
                 let recent = &session.tokens
                     [session.tokens.len().saturating_sub(g.params.sampling.repeat_last_n)..];
+                let free = if governed { &[][..] } else { &out.ids[g.free_from..] };
                 let id = sample(
                     &mut session.scratch.logits,
                     &g.params.sampling,
                     recent,
+                    free,
                     &g.banned,
                     &mut g.rng,
                 );
@@ -664,6 +671,11 @@ impl Engine {
                     ended = true;
                     break;
                 }
+            }
+            if governed || grammar_done || g.guide.as_ref().is_some_and(Guide::engaged) {
+                // A grammar governed these tokens (or engaged on them): the
+                // free text starts after them.
+                g.free_from = out.ids.len();
             }
             if ended || grammar_done {
                 out.finish = Finish::Stop;
@@ -763,6 +775,9 @@ pub struct Generation {
     rng: Rng,
     /// The constraint in progress.
     guide: Option<Guide>,
+    /// Where the output the n-gram rule looks at starts: after the last
+    /// token a grammar governed.
+    free_from: usize,
     /// Whether decoding has begun (forced opening tokens are taken then).
     started: bool,
     text: TextStream,

@@ -116,6 +116,34 @@ fn limits_bans_and_stops_are_obeyed() {
     }
 }
 
+/// Whether `ids` hold some n-gram twice.
+fn repeats(ids: &[u32], n: usize) -> bool {
+    let grams: Vec<_> = ids.windows(n).collect();
+    grams.iter().collect::<std::collections::HashSet<_>>().len() < grams.len()
+}
+
+#[test]
+fn no_repeat_ngram_keeps_every_ngram_of_the_output_unique() {
+    let (_t, e) = engine(None, 1);
+    let prompt =
+        e.tokenize("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n", true).unwrap();
+    let p = |n| GenParams {
+        max_tokens: 64,
+        stop_tokens: vec![],
+        sampling: Sampling { no_repeat_ngram: n, ..Sampling::default() },
+        ..GenParams::default()
+    };
+    // Greedy, the random tiny model loops.
+    let free = go(&e, &prompt, &p(0));
+    assert!(repeats(&free.ids, 3), "{:?}", free.ids);
+    let out = go(&e, &prompt, &p(3));
+    assert!(out.ids.len() > 8, "{:?}", out.ids);
+    assert!(!repeats(&out.ids, 3), "{:?}", out.ids);
+    // Up to the first repeat the two are the same tokens.
+    let first = (3..=free.ids.len()).find(|&k| repeats(&free.ids[..k], 3)).unwrap();
+    assert_eq!(out.ids[..first - 1], free.ids[..first - 1]);
+}
+
 #[test]
 fn a_prompt_beyond_the_context_names_both_sizes() {
     let t = common::write_tiny(None);

@@ -66,11 +66,33 @@ pub(crate) fn tokenize(model: Option<&str>, special: bool, text: &str) -> Result
     Ok(())
 }
 
+/// `generate`'s repetition rules: all off unless given (the raw
+/// completion stays llama.cpp's), whatever models.toml says.
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct RepeatArgs {
+    /// Divide the logits of the last --repeat-last-n tokens by this (1: off)
+    #[arg(long, default_value_t = 1.0)]
+    repeat_penalty: f32,
+    /// Tokens the penalties look at (prompt included)
+    #[arg(long, default_value_t = 64)]
+    repeat_last_n: usize,
+    /// Lower a recent token's logit by this times its count
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    frequency_penalty: f32,
+    /// Lower a recent token's logit by this once
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    presence_penalty: f32,
+    /// Never repeat an n-gram of the output of this many tokens (0: off)
+    #[arg(long, default_value_t = 0)]
+    no_repeat_ngram: usize,
+}
+
 pub(crate) struct GenerateArgs<'a> {
     pub(crate) engine: &'a EngineArgs,
     pub(crate) max_tokens: usize,
     pub(crate) temperature: f32,
     pub(crate) seed: u64,
+    pub(crate) rules: RepeatArgs,
     pub(crate) json: bool,
     pub(crate) prompt: &'a str,
 }
@@ -80,7 +102,16 @@ pub(crate) fn generate(a: GenerateArgs<'_>, cancel: &AtomicBool) -> Result<infer
     let prompt = engine.tokenize_prompt(a.prompt, true)?;
     let params = GenParams {
         max_tokens: a.max_tokens,
-        sampling: Sampling { temperature: a.temperature, seed: a.seed, ..Sampling::default() },
+        sampling: Sampling {
+            temperature: a.temperature,
+            seed: a.seed,
+            repeat_penalty: a.rules.repeat_penalty,
+            repeat_last_n: a.rules.repeat_last_n,
+            frequency_penalty: a.rules.frequency_penalty,
+            presence_penalty: a.rules.presence_penalty,
+            no_repeat_ngram: a.rules.no_repeat_ngram,
+            ..Sampling::default()
+        },
         ..GenParams::default()
     };
     let mut s = engine.session();

@@ -1,7 +1,8 @@
 //! `agentd serve --provider openai`: what the daemon needs of an upstream
 //! OpenAI-compatible engine (llama-server, vLLM) beside the research turns
 //! of [`OpenAi`]: a client's chat completion forwarded and streamed back
-//! through toolparse (`forward`), whether the upstream answers and what it
+//! through toolparse (`forward`, with the client's sampling: temperature,
+//! top-p, seed, and the penalties it set), whether the upstream answers and what it
 //! serves (`probe`), and the bound on requests in flight to it (`Gate`),
 //! which the server owns (policy `server/upstream-concurrency`).
 //!
@@ -125,6 +126,20 @@ impl OpenAi {
         let mut b = json!({"model": self.model, "messages": messages, "stream": true,
             "stream_options": {"include_usage": true}, "max_tokens": p.max_tokens,
             "temperature": p.sampling.temperature, "top_p": p.sampling.top_p, "seed": p.sampling.seed});
+        // The penalties only when the client turned them on, so a plain
+        // request's body is what it always was (llama-server reads
+        // `repeat_penalty`; an engine that does not know it answers 400).
+        let s = &p.sampling;
+        if s.frequency_penalty != 0.0 {
+            b["frequency_penalty"] = json!(s.frequency_penalty);
+        }
+        if s.presence_penalty != 0.0 {
+            b["presence_penalty"] = json!(s.presence_penalty);
+        }
+        if s.repeat_penalty != 1.0 {
+            b["repeat_penalty"] = json!(s.repeat_penalty);
+            b["repeat_last_n"] = json!(s.repeat_last_n);
+        }
         if !p.stop.is_empty() {
             b["stop"] = json!(p.stop);
         }
@@ -314,5 +329,39 @@ mod tests {
         assert_eq!(g.in_flight.load(Ordering::Relaxed), 1);
         let _c = g.acquire();
         assert!(g.try_acquire().is_none());
+    }
+
+    #[test]
+    fn the_forwarded_body_carries_the_penalties_a_client_set_and_only_those() {
+        use super::super::openai::Retry;
+        use inference::Sampling;
+        let retry = Retry { retries: 0, backoff: Duration::ZERO, timeout: Duration::from_secs(1) };
+        let up = OpenAi::new("http://127.0.0.1:1/v1", None, "m", toolparse::Format::Hermes, retry);
+        let params = |sampling: Sampling| ChatParams {
+            max_tokens: 8,
+            sampling,
+            stop: Vec::new(),
+            mode: Mode::Suppress,
+            constraint: super::super::constrain::Constraint::None,
+            lenient: false,
+            raw: None,
+        };
+        let msgs = [Message::new("user", "hi")];
+        let plain = up.chat_body(&msgs, &[], &params(Sampling::default()));
+        for k in ["frequency_penalty", "presence_penalty", "repeat_penalty", "repeat_last_n"] {
+            assert!(plain.get(k).is_none(), "{k} in {plain}");
+        }
+        let set = Sampling {
+            frequency_penalty: 0.5,
+            presence_penalty: -1.0,
+            repeat_penalty: 1.25,
+            repeat_last_n: 128,
+            ..Sampling::default()
+        };
+        let b = up.chat_body(&msgs, &[], &params(set));
+        assert_eq!(b["frequency_penalty"], 0.5);
+        assert_eq!(b["presence_penalty"], -1.0);
+        assert_eq!(b["repeat_penalty"], 1.25);
+        assert_eq!(b["repeat_last_n"], 128);
     }
 }

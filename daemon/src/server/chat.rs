@@ -3,13 +3,25 @@
 //! `data: [DONE]`) or not. The model's native calls are parsed by toolparse
 //! into `tool_calls`; with `tool_choice: none` or no tools, call markup
 //! never reaches `content`.
+//!
+//! Sampling: llama-server's defaults (greedy, no penalties), under the
+//! model's `[sampling]` table in models.toml, under what the request sets —
+//! a client's value always wins. Besides OpenAI's `temperature`, `top_p`,
+//! `seed`, `frequency_penalty` and `presence_penalty` (-2..2, counted over
+//! the last `repeat_last_n` tokens, prompt included, as llama.cpp does), the
+//! route takes llama-server's `top_k`, `min_p`, `repeat_penalty` and
+//! `repeat_last_n`, and `no_repeat_ngram` (ban a token that would repeat an
+//! n-gram of the reply; 0 turns a model's default off). A value out of its
+//! range is a 400 naming the field and the range.
 
 use super::json::{busy, error, json_body};
 use super::shared::State;
 use super::worker::{ChatMsg, Job};
 use crate::provider::constrain::{Constraint, ToolChoice};
-use crate::provider::local::{ChatOutput, ChatParams};
+use crate::provider::local::{with_knobs, ChatOutput, ChatParams};
 use crate::provider::ProviderError;
+use crate::state::policy::SamplingLimits;
+use crate::state::registry::SamplingKnobs;
 use axum::extract::{Request, State as AxState};
 use axum::http::StatusCode;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
@@ -180,6 +192,77 @@ fn num(body: &Value, key: &str) -> Result<Option<f64>, Bad> {
     }
 }
 
+/// A number field, as `num` (the message for a 400).
+fn number(body: &Value, key: &str) -> Result<Option<f64>, String> {
+    match body.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Number(n)) => Ok(n.as_f64()),
+        Some(_) => Err(format!("`{key}` must be a number")),
+    }
+}
+
+/// A non-negative integer field.
+fn count(body: &Value, key: &str) -> Result<Option<usize>, String> {
+    match number(body, key)? {
+        None => Ok(None),
+        Some(n) if n >= 0.0 && n.fract() == 0.0 => Ok(Some(n as usize)),
+        Some(_) => Err(format!("`{key}` must be a non-negative integer")),
+    }
+}
+
+/// The sampling knobs a request sets, each within its range (the integer
+/// ones within the `sampling/…` policies in force); `repeat_last_n: -1`
+/// (llama.cpp's "the whole context") is as far back as the policy allows.
+fn knobs(body: &Value, limits: SamplingLimits) -> Result<SamplingKnobs, String> {
+    let real = |key| number(body, key).map(|v| v.map(|x| x as f32));
+    let repeat_last_n = match number(body, "repeat_last_n")? {
+        Some(-1.0) => Some(limits.repeat_last_n),
+        Some(n) if n < 0.0 || n.fract() != 0.0 => {
+            let (max, policy) = (limits.repeat_last_n, crate::state::policy::REPEAT_LAST_N);
+            return Err(format!(
+                "`repeat_last_n` must be from 0 to {max}, the policy {policy}, or -1 (got {n})"
+            ));
+        }
+        n => n.map(|n| n as usize),
+    };
+    let k = SamplingKnobs {
+        temperature: real("temperature")?,
+        top_k: count(body, "top_k")?,
+        top_p: real("top_p")?,
+        min_p: real("min_p")?,
+        repeat_penalty: real("repeat_penalty")?,
+        repeat_last_n,
+        frequency_penalty: real("frequency_penalty")?,
+        presence_penalty: real("presence_penalty")?,
+        no_repeat_ngram: count(body, "no_repeat_ngram")?,
+    };
+    k.check(limits).map_err(|e| format!("`{}` {}", e.field, e.must))?;
+    Ok(k)
+}
+
+/// A request's sampling: llama-server's defaults (greedy, no penalties),
+/// under the model's, under the request's own knobs.
+fn sampling(
+    body: &Value,
+    model: &SamplingKnobs,
+    limits: SamplingLimits,
+) -> Result<Sampling, String> {
+    let seed = number(body, "seed")?.map(|s| s as u64).unwrap_or(0);
+    let route = Sampling {
+        temperature: 0.0,
+        top_k: 0,
+        top_p: 1.0,
+        min_p: 0.0,
+        repeat_penalty: 1.0,
+        repeat_last_n: 64,
+        frequency_penalty: 0.0,
+        presence_penalty: 0.0,
+        no_repeat_ngram: 0,
+        seed,
+    };
+    Ok(with_knobs(route, &knobs(body, limits)?.over(model)))
+}
+
 /// A chat request as the engine takes it. The Ollama and Anthropic routes
 /// translate their bodies into this route's JSON and parse them here, so
 /// every front gets the same checks and the same enforcement.
@@ -258,20 +341,10 @@ pub(super) fn parse(st: &State, body: &Value) -> Result<Parsed, Bad> {
         Some(n) if n >= 1.0 && n.fract() == 0.0 => n as usize,
         Some(_) => return Err(bad("`max_tokens` must be a positive integer")),
     };
-    let temperature = num(body, "temperature")?.unwrap_or(0.0);
-    if !(0.0..=2.0).contains(&temperature) {
-        return Err(bad("`temperature` must be between 0 and 2"));
+    let sampling = sampling(body, &st.card.sampling, st.limits).map_err(bad)?;
+    if st.upstream.is_some() && sampling.no_repeat_ngram > 0 {
+        return Err(bad("`no_repeat_ngram` is not supported in front of an upstream engine"));
     }
-    let top_p = num(body, "top_p")?.unwrap_or(1.0);
-    if !(0.0..=1.0).contains(&top_p) || top_p == 0.0 {
-        return Err(bad("`top_p` must be in (0, 1]"));
-    }
-    let seed = num(body, "seed")?.map(|s| s as u64).unwrap_or(0);
-    let top_k = match num(body, "top_k")? {
-        None => 0,
-        Some(k) if k >= 0.0 && k.fract() == 0.0 => k as usize,
-        Some(_) => return Err(bad("`top_k` must be a non-negative integer")),
-    };
     if let Some(n) = num(body, "n")? {
         if n != 1.0 {
             return Err(bad("only `n: 1` is supported"));
@@ -291,14 +364,6 @@ pub(super) fn parse(st: &State, body: &Value) -> Result<Parsed, Bad> {
         Some(_) => return Err(bad("`stream` must be a boolean")),
     };
     let usage_in_stream = body["stream_options"]["include_usage"].as_bool().unwrap_or(false);
-    let sampling = Sampling {
-        temperature: temperature as f32,
-        top_p: top_p as f32,
-        seed,
-        top_k,
-        min_p: 0.0,
-        ..Sampling::default()
-    };
     Ok(Parsed {
         messages,
         tools,
@@ -494,4 +559,92 @@ pub(super) async fn completions(AxState(st): AxState<State>, req: Request) -> Re
     let s = tokio_stream::wrappers::UnboundedReceiverStream::new(orx)
         .map(|d| Ok::<_, std::convert::Infallible>(SseEvent::default().data(d)));
     Sse::new(s).keep_alive(KeepAlive::default()).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LIMITS: SamplingLimits = SamplingLimits { repeat_last_n: 4096, no_repeat_ngram: 32 };
+
+    fn of(body: Value, model: &SamplingKnobs) -> Result<Sampling, String> {
+        sampling(&body, model, LIMITS)
+    }
+
+    #[test]
+    fn a_request_without_knobs_gets_llama_server_defaults_then_the_models() {
+        let none = SamplingKnobs::default();
+        let s = of(json!({}), &none).unwrap();
+        assert_eq!(
+            (s.temperature, s.top_k, s.top_p, s.min_p, s.repeat_penalty),
+            (0.0, 0, 1.0, 0.0, 1.0)
+        );
+        assert_eq!((s.frequency_penalty, s.presence_penalty, s.no_repeat_ngram), (0.0, 0.0, 0));
+        let model = SamplingKnobs {
+            repeat_penalty: Some(1.1),
+            no_repeat_ngram: Some(4),
+            ..SamplingKnobs::default()
+        };
+        let s = of(json!({"seed": 7}), &model).unwrap();
+        assert_eq!((s.repeat_penalty, s.no_repeat_ngram, s.seed), (1.1, 4, 7));
+    }
+
+    #[test]
+    fn a_clients_explicit_value_wins_over_the_models() {
+        let model = SamplingKnobs {
+            repeat_penalty: Some(1.1),
+            no_repeat_ngram: Some(4),
+            temperature: Some(0.7),
+            ..SamplingKnobs::default()
+        };
+        let body = json!({"repeat_penalty": 1.0, "no_repeat_ngram": 0, "temperature": 0,
+                          "frequency_penalty": 0.5, "presence_penalty": -0.25,
+                          "repeat_last_n": 128, "min_p": 0.1, "top_k": 20});
+        let s = of(body, &model).unwrap();
+        assert_eq!((s.repeat_penalty, s.no_repeat_ngram, s.temperature), (1.0, 0, 0.0));
+        assert_eq!((s.frequency_penalty, s.presence_penalty), (0.5, -0.25));
+        assert_eq!((s.repeat_last_n, s.min_p, s.top_k), (128, 0.1, 20));
+        // -1: as far back as the policy allows.
+        let s = of(json!({"repeat_last_n": -1}), &model).unwrap();
+        assert_eq!(s.repeat_last_n, 4096);
+    }
+
+    #[test]
+    fn out_of_range_knobs_are_refused_naming_the_field_and_the_range() {
+        let none = SamplingKnobs::default();
+        let cases = [
+            (json!({"frequency_penalty": 2.5}), "`frequency_penalty` must be between -2 and 2"),
+            (json!({"frequency_penalty": -2.01}), "`frequency_penalty` must be between -2 and 2"),
+            (json!({"presence_penalty": 3}), "`presence_penalty` must be between -2 and 2"),
+            (json!({"repeat_penalty": 0}), "`repeat_penalty` must be in (0, 2]"),
+            (json!({"repeat_penalty": 2.5}), "`repeat_penalty` must be in (0, 2]"),
+            (
+                json!({"repeat_last_n": 5000}),
+                "`repeat_last_n` must be from 0 to 4096, the policy sampling/repeat-last-n",
+            ),
+            (json!({"repeat_last_n": -2}), "`repeat_last_n` must be from 0 to 4096"),
+            (json!({"repeat_last_n": 1.5}), "`repeat_last_n` must be from 0 to 4096"),
+            (
+                json!({"no_repeat_ngram": 33}),
+                "`no_repeat_ngram` must be from 0 to 32, the policy sampling/no-repeat-ngram",
+            ),
+            (json!({"no_repeat_ngram": -1}), "`no_repeat_ngram` must be a non-negative integer"),
+            (json!({"min_p": 1.5}), "`min_p` must be between 0 and 1"),
+            (json!({"temperature": 3}), "`temperature` must be between 0 and 2"),
+            (json!({"top_p": 0}), "`top_p` must be in (0, 1]"),
+            (json!({"top_k": -1}), "`top_k` must be a non-negative integer"),
+            (json!({"presence_penalty": "lots"}), "`presence_penalty` must be a number"),
+        ];
+        for (body, want) in cases {
+            let e = of(body.clone(), &none).unwrap_err();
+            assert!(e.starts_with(want), "{body}: {e}");
+        }
+        // The ends of each range are in it.
+        for body in [
+            json!({"frequency_penalty": -2, "presence_penalty": 2}),
+            json!({"repeat_penalty": 2, "repeat_last_n": 4096, "no_repeat_ngram": 32}),
+        ] {
+            of(body.clone(), &none).unwrap_or_else(|e| panic!("{body}: {e}"));
+        }
+    }
 }

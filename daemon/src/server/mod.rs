@@ -141,6 +141,12 @@ fn card(local: &crate::provider::local::Local) -> shared::Card {
         heads: (c.n_head, c.n_kv),
         fim,
         stop: local.resolved.entry.as_ref().map(|e| e.stop.clone()).unwrap_or_default(),
+        sampling: local
+            .resolved
+            .entry
+            .as_ref()
+            .and_then(|e| e.sampling.clone())
+            .unwrap_or_default(),
         modified,
     }
 }
@@ -191,6 +197,7 @@ pub(crate) fn run(a: ServeArgs) -> Result<()> {
     let metrics = Arc::new(metrics::Metrics::default());
     let capacity = policies.get(policy::QUEUE) as usize;
     let body_limit = policies.get(policy::BODY_LIMIT) as usize;
+    let limits = policy::SamplingLimits::in_force(&policies);
     let state = if a.engine.provider == "scripted" {
         // Tests: research runs replay the script (each run from its start);
         // a script that does not load stops start-up here.
@@ -222,6 +229,7 @@ pub(crate) fn run(a: ServeArgs) -> Result<()> {
             shared::Card::default(),
             context,
             body_limit,
+            limits,
         )
     } else if a.engine.provider == "openai" {
         let upstream = crate::provider::build::openai(&a.engine, &policies)?;
@@ -260,6 +268,7 @@ pub(crate) fn run(a: ServeArgs) -> Result<()> {
             shared::Card::default(),
             context,
             body_limit,
+            limits,
         );
         st.upstream = Some(shared::Upstream { provider: upstream, models: probe.models });
         st
@@ -286,7 +295,7 @@ pub(crate) fn run(a: ServeArgs) -> Result<()> {
             worker::Setup { local, policies, metrics: Arc::clone(&metrics), config },
             capacity,
         );
-        shared::State::new(worker, metrics, model, card, context, body_limit)
+        shared::State::new(worker, metrics, model, card, context, body_limit, limits)
     };
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let listeners =

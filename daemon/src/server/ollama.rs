@@ -15,11 +15,14 @@
 //! | `format: "json"` | `response_format: {"type": "json_object"}` |
 //! | `format: {schema}` | `response_format: {"type": "json_schema", "json_schema": {"name": "format", "schema": …, "strict": true}}` |
 //! | `options.num_predict` (> 0) | `max_tokens` |
-//! | `options.temperature` / `top_p` / `top_k` / `seed` / `stop` | the same names |
+//! | `options.temperature` / `top_p` / `top_k` / `min_p` / `seed` / `stop` | the same names |
+//! | `options.repeat_penalty` / `repeat_last_n` / `frequency_penalty` / `presence_penalty` / `no_repeat_ngram` | the same names |
 //! | `think: false` | reasoning dropped from the reply |
 //!
 //! `keep_alive` and `options.num_ctx` are accepted and have no effect (the
-//! model stays loaded; its context is the daemon's).
+//! model stays loaded; its context is the daemon's). Options left out take
+//! the model's defaults from models.toml, as a Modelfile's `PARAMETER`s do
+//! in Ollama (`/api/show` lists them under `parameters`).
 
 use super::chat::{parse, provider_error, Parsed};
 use super::json::{busy, json_body};
@@ -178,7 +181,8 @@ pub(super) async fn show(AxState(st): AxState<State>, req: Request) -> Response 
     if c.fim.is_some() {
         capabilities.push("insert");
     }
-    let parameters: Vec<String> = c.stop.iter().map(|s| format!("stop {s:?}")).collect();
+    let mut parameters: Vec<String> = c.stop.iter().map(|s| format!("stop {s:?}")).collect();
+    parameters.extend(c.sampling.lines());
     axum::Json(json!({
         "modelfile": format!("# Modelfile of the model agentd serves\nFROM {}\n", c.path.display()),
         "parameters": parameters.join("\n"),
@@ -216,6 +220,21 @@ fn flag(body: &Value, key: &str, default: bool) -> Result<bool, Bad> {
     }
 }
 
+/// `options` that go to the chat completions request under the same name.
+const OPTIONS: [&str; 11] = [
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "seed",
+    "stop",
+    "repeat_penalty",
+    "repeat_last_n",
+    "frequency_penalty",
+    "presence_penalty",
+    "no_repeat_ngram",
+];
+
 /// The chat completions body for an Ollama request's common fields:
 /// `format`, `options`, `stream`, `model`.
 fn common(st: &State, body: &Value) -> Result<Map<String, Value>, Bad> {
@@ -241,7 +260,7 @@ fn common(st: &State, body: &Value) -> Result<Map<String, Value>, Bad> {
     match body.get("options") {
         None | Some(Value::Null) => {}
         Some(Value::Object(opts)) => {
-            for k in ["temperature", "top_p", "top_k", "seed", "stop"] {
+            for k in OPTIONS {
                 if let Some(v) = opts.get(k) {
                     o.insert(k.into(), v.clone());
                 }

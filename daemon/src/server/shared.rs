@@ -6,6 +6,8 @@
 use super::json::error;
 use super::metrics::Metrics;
 use super::worker::Worker;
+use crate::state::policy::SamplingLimits;
+use crate::state::registry::SamplingKnobs;
 use crate::state::store::Store;
 use axum::http::StatusCode;
 use axum::response::Response;
@@ -38,6 +40,8 @@ pub(crate) struct Card {
     /// vocabulary has them: what `suffix` in `/api/generate` needs.
     pub(crate) fim: Option<[String; 3]>,
     pub(crate) stop: Vec<String>,
+    /// The model's sampling defaults (models.toml), under a request's knobs.
+    pub(crate) sampling: SamplingKnobs,
     pub(crate) modified: Option<std::time::SystemTime>,
 }
 
@@ -50,6 +54,9 @@ pub(crate) struct State {
     pub(crate) card: Arc<Card>,
     pub(crate) context: usize,
     pub(crate) body_limit: usize,
+    /// What a request's sampling knobs may ask for (the `sampling/…`
+    /// policies in force).
+    pub(crate) limits: SamplingLimits,
     /// Cancel flags of replies in flight (by run id, or a request id).
     pub(crate) inflight: Arc<Mutex<HashMap<String, Arc<AtomicBool>>>>,
     pub(crate) started: Instant,
@@ -73,6 +80,7 @@ impl State {
         card: Card,
         context: usize,
         body_limit: usize,
+        limits: SamplingLimits,
     ) -> State {
         State {
             worker,
@@ -81,6 +89,7 @@ impl State {
             card: Arc::new(card),
             context,
             body_limit,
+            limits,
             inflight: Arc::default(),
             started: Instant::now(),
             upstream: None,
