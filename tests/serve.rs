@@ -583,7 +583,12 @@ fn a_completion_is_answered_while_a_research_run_streams() {
             break line.clone();
         }
     };
-    assert!(done.contains("\"outcome\":\"answered\""), "{done}");
+    // Normally: an answer, or — when the tiny model's text loops — the
+    // labelled excerpt that replaces junk (never cancelled, never an error).
+    assert!(
+        done.contains("\"outcome\":\"answered\"") || done.contains("\"outcome\":\"excerpt\""),
+        "{done}"
+    );
     assert!(content > 0, "no content after the completion");
 }
 

@@ -239,7 +239,8 @@ pub fn units(text: &str) -> Vec<(String, String)> {
             if code.is_empty() || code.len() > 6 {
                 continue;
             }
-            let joined = code.join("; ");
+            // Code keeps its ticks: it is literal text (and speech drops them).
+            let joined = format!("`{}`", code.join("; "));
             // A sentence that introduces the block carries it.
             match out.last_mut() {
                 Some((prev, _)) if prev.ends_with(':') => {
@@ -354,7 +355,9 @@ impl Wants {
         Wants {
             number: pair("how", &["many", "much", "long", "big", "large", "old", "often"])
                 || ["default", "timeout", "limit", "maximum", "minimum", "size"].iter().any(has),
-            code: ["flag", "option", "pass", "command", "type"].iter().any(has)
+            code: ["flag", "option", "pass", "command", "type", "print", "output", "display"]
+                .iter()
+                .any(has)
                 || pair("how", &["do", "can", "to"]),
             place: ["where", "folder", "directory", "subdirectory", "path"].iter().any(has)
                 || pair("which", &["file"])
@@ -416,8 +419,17 @@ pub fn rank(question: &str, passages: &[Passage]) -> Vec<Unit> {
         // A unit that shares no topic word with the question (nor does its
         // heading) is not relevant, wherever it stands.
         let kind = wants.met(&u.text) as f64;
+        // An answer tells something the question does not: a unit whose
+        // every word is the question's own (a title, a synopsis) says
+        // little.
+        let novel = docs[i].iter().any(|t| !query.contains(t));
         u.score = if own + head > 0.0 {
-            own + 0.5 * head + 0.3 * title_hits + 0.5 * prior + kind
+            let s = own + 0.5 * head + 0.3 * title_hits + 0.5 * prior + kind;
+            if novel {
+                s
+            } else {
+                0.3 * s
+            }
         } else {
             0.0
         };
@@ -456,7 +468,7 @@ mod tests {
             vec![
                 "Ping npm registry",
                 "Ping the configured registry.",
-                "If it works it will output something like: npm notice PONG 255ms",
+                "If it works it will output something like: `npm notice PONG 255ms`",
                 "`fetch-timeout`: Default: 300000 (5 minutes)",
                 "`fetch-timeout`: Type: Number",
                 "See the docs for more, e.g. this.",

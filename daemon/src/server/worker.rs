@@ -240,31 +240,31 @@ impl Provider for EngineLink {
     ) -> Result<TurnReply, ProviderError> {
         admit_turn(self.tokens(req.messages, req.tools)?, self.context, attempt)?;
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        // This turn's own flag: set when the run is cancelled or the loop
+        // stops the turn (`cancel`, e.g. its text is junk) — the latter
+        // ends the turn, not the run.
+        let stop = Arc::new(AtomicBool::new(
+            cancel.load(Ordering::Relaxed) || self.cancel.load(Ordering::Relaxed),
+        ));
         self.worker.internal(Job::Chat {
             messages: req.messages.to_vec(),
             tools: req.tools.to_vec(),
             params: turn_params(&self.sampling, req),
-            cancel: Arc::clone(&self.cancel),
+            cancel: Arc::clone(&stop),
             tx,
         })?;
-        // The loop passes the run's own flag; any other is relayed.
-        let relay = !std::ptr::eq(cancel, &*self.cancel);
         let mut reply = TurnReply::empty();
         loop {
-            let msg = if relay {
-                match rx.try_recv() {
-                    Ok(m) => Some(m),
-                    Err(tokio::sync::mpsc::error::TryRecvError::Empty) => {
-                        if cancel.load(Ordering::Relaxed) {
-                            self.cancel.store(true, Ordering::Relaxed);
-                        }
-                        std::thread::sleep(std::time::Duration::from_millis(2));
-                        continue;
+            let msg = match rx.try_recv() {
+                Ok(m) => Some(m),
+                Err(tokio::sync::mpsc::error::TryRecvError::Empty) => {
+                    if cancel.load(Ordering::Relaxed) || self.cancel.load(Ordering::Relaxed) {
+                        stop.store(true, Ordering::Relaxed);
                     }
-                    Err(tokio::sync::mpsc::error::TryRecvError::Disconnected) => None,
+                    std::thread::sleep(std::time::Duration::from_millis(2));
+                    continue;
                 }
-            } else {
-                rx.blocking_recv()
+                Err(tokio::sync::mpsc::error::TryRecvError::Disconnected) => None,
             };
             match msg {
                 Some(ChatMsg::Event(e)) => fold_event(&mut reply, e, on),
