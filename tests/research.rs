@@ -523,7 +523,10 @@ fn host_led_entry_reads_before_the_first_turn_and_the_answer_is_composed_of_it()
             .unwrap();
     let choices = logged["choices"].as_array().unwrap();
     assert!(!choices.is_empty() && choices.len() <= 9, "{choices:?}");
-    assert!(choices[0].as_str().unwrap().starts_with("The run reserves two requests"), "{choices:?}");
+    assert!(
+        choices[0].as_str().unwrap().starts_with("The run reserves two requests"),
+        "{choices:?}"
+    );
     let d = done(&evs);
     assert_eq!(d["outcome"], "answered");
     assert_eq!(d["stop"], "answer");
@@ -531,7 +534,10 @@ fn host_led_entry_reads_before_the_first_turn_and_the_answer_is_composed_of_it()
     assert_eq!(d["rounds"], 1);
     assert_eq!(d["model_requests"], 1);
     let answer = d["answer"].as_str().unwrap();
-    assert!(answer.starts_with("The run reserves two requests for the final answer. [S"), "{answer}");
+    assert!(
+        answer.starts_with("The run reserves two requests for the final answer. [S"),
+        "{answer}"
+    );
     // The entry is in the run's ledger of tool calls, marked as the host's.
     let run = evs[0]["run_id"].as_str().unwrap();
     let shown: Value = serde_json::from_slice(&h.run(&["runs", "show", run]).stdout).unwrap();
@@ -548,14 +554,19 @@ fn host_led_entry_spends_the_same_quotas() {
     let h = Home::new();
     h.write("policies.toml", "[values]\n\"tools/reads-per-run\" = 1\n");
     let s = script(&h, &[r#"{"when": "final", "choose": 0}"#]);
-    let (out, evs) = ask(&h, &s, &["--research", "host"], "Which socket mode and which final answer?");
+    let (out, evs) =
+        ask(&h, &s, &["--research", "host"], "Which socket mode and which final answer?");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let reads: Vec<&Value> =
         of(&evs, "tool_result").into_iter().filter(|r| r["name"] == "read_source").collect();
     assert!(reads.len() >= 2, "{reads:?}");
     assert_eq!(reads[0]["ok"], true);
-    assert!(reads[1..].iter().all(|r| r["ok"] == false
-        && r["content"].as_str().unwrap().contains("TOOL_NOT_AVAILABLE")));
+    assert!(
+        reads[1..]
+            .iter()
+            .all(|r| r["ok"] == false
+                && r["content"].as_str().unwrap().contains("TOOL_NOT_AVAILABLE"))
+    );
 }
 
 /// No junk as an answer (issue 27): an answer that loops is stopped while
@@ -566,19 +577,24 @@ fn a_looping_answer_is_stopped_and_completed_with_the_labelled_excerpt() {
     let h = Home::new();
     let looped = "The round limit is removed when the round limit is reached, and the round limit is removed. The round limit is removed when the round limit is reached.";
     let final_line = serde_json::json!({"when": "final", "content": looped}).to_string();
-    let s = script(&h, &[SEARCH, r#"{"when": "research", "tool_calls": [{"name": "read_source", "arguments": {"handle": "S1"}}]}"#, &final_line]);
-    let (out, evs) = ask(
+    let s = script(
         &h,
-        &s,
-        &[],
-        "How many requests are reserved for the final answer?",
+        &[
+            SEARCH,
+            r#"{"when": "research", "tool_calls": [{"name": "read_source", "arguments": {"handle": "S1"}}]}"#,
+            &final_line,
+        ],
     );
+    let (out, evs) = ask(&h, &s, &[], "How many requests are reserved for the final answer?");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let d = done(&evs);
     assert_eq!(d["outcome"], "excerpt", "{d}");
     let answer = d["answer"].as_str().unwrap();
     assert!(answer.lines().next().unwrap().contains("excerpt"), "{answer}");
-    assert!(answer.contains("[S1] The run reserves two requests for the final answer."), "{answer}");
+    assert!(
+        answer.contains("[S1] The run reserves two requests for the final answer."),
+        "{answer}"
+    );
     // The text streamed before the loop was caught stays, and stops short.
     let streamed: String =
         of(&evs, "content").iter().map(|e| e["delta"].as_str().unwrap()).collect();
