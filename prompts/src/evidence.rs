@@ -9,7 +9,7 @@
 //! Pure text work: no model, no I/O.
 
 use rust_stemmers::{Algorithm, Stemmer};
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 
 /// A passage read in the run.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -317,7 +317,7 @@ impl Bm25 {
         Bm25 { idf, avg: avg.max(1.0) }
     }
 
-    fn score(&self, query: &HashSet<String>, doc: &[String]) -> f64 {
+    fn score(&self, query: &BTreeSet<String>, doc: &[String]) -> f64 {
         let (k1, b) = (1.2, 0.75);
         let len = doc.len() as f64;
         query
@@ -387,7 +387,7 @@ impl Wants {
 /// keep the passages' order). A unit that appears twice (the same text
 /// read twice) is kept once.
 pub fn rank(question: &str, passages: &[Passage]) -> Vec<Unit> {
-    let query: HashSet<String> = terms(question).into_iter().collect();
+    let query: BTreeSet<String> = terms(question).into_iter().collect();
     let mut all: Vec<Unit> = Vec::new();
     let mut seen = HashSet::new();
     for (pi, p) in passages.iter().enumerate() {

@@ -8,9 +8,9 @@
 //! `by: "host"`); they make round 1.
 //!
 //! The answer is then *composed* from what was read (`choices`): the most
-//! relevant sentences of the read segments (three; two for a voice), each
-//! followed by its handle, in an order the model's own likelihood picks —
-//! the only texts it may write, so whatever it writes is grounded.
+//! relevant sentences of the read segments (three; two for a voice), best
+//! first, each followed by its handle — the only text the model's reserved
+//! final turn may write, so what it writes is grounded.
 
 use super::execution::{projection, run_round, Proposed};
 use super::run::Progress;
@@ -102,26 +102,16 @@ fn cited(u: &Unit) -> String {
     format!("{} [{}]", u.text, u.handle)
 }
 
-/// The answers a composed turn may write: every ordering of the
-/// candidates, each sentence followed by its handle. The model's
-/// likelihood picks which one leads; all of them are said.
+/// The answer a composed turn may write: the candidates, best first, each
+/// followed by its handle. Measured on the default model, letting it order
+/// them by its own likelihood put the answering sentence last (the
+/// README's question), so the ranking decides the order; the turn is held
+/// to this text by a grammar where the provider can hold it.
 pub(super) fn choices(units: &[Unit]) -> Vec<String> {
-    fn orders(rest: &[usize], prefix: &mut Vec<usize>, out: &mut Vec<Vec<usize>>) {
-        if rest.is_empty() {
-            out.push(prefix.clone());
-            return;
-        }
-        for (i, &x) in rest.iter().enumerate() {
-            let mut r = rest.to_vec();
-            r.remove(i);
-            prefix.push(x);
-            orders(&r, prefix, out);
-            prefix.pop();
-        }
+    if units.is_empty() {
+        return Vec::new();
     }
-    let mut all = Vec::new();
-    orders(&(0..units.len()).collect::<Vec<_>>(), &mut Vec::new(), &mut all);
-    all.iter().map(|o| o.iter().map(|&i| cited(&units[i])).collect::<Vec<_>>().join(" ")).collect()
+    vec![units.iter().map(cited).collect::<Vec<_>>().join(" ")]
 }
 
 #[cfg(test)]
@@ -129,7 +119,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn choices_are_every_ordering_of_the_cited_candidates() {
+    fn the_choice_is_the_candidates_best_first_each_cited() {
         let u = |h: &str, t: &str| Unit {
             handle: h.into(),
             text: t.into(),
@@ -137,10 +127,7 @@ mod tests {
             score: 1.0,
             order: (0, 0),
         };
-        let c = choices(&[u("S1", "A."), u("S2", "B.")]);
-        assert_eq!(c, vec!["A. [S1] B. [S2]", "B. [S2] A. [S1]"]);
-        let three = choices(&[u("S1", "A."), u("S2", "B."), u("S1", "C.")]);
-        assert_eq!(three.len(), 6);
-        assert_eq!(three[0], "A. [S1] B. [S2] C. [S1]");
+        assert_eq!(choices(&[u("S1", "A."), u("S2", "B.")]), vec!["A. [S1] B. [S2]"]);
+        assert!(choices(&[]).is_empty());
     }
 }
