@@ -25,8 +25,8 @@ use prompts::evidence::{self, Passage, Unit};
 const CANDIDATES: usize = 3;
 const SPOKEN: usize = 2;
 
-/// Searches with the question and reads the best `entry-reads` segments,
-/// as round 1 of the run.
+/// Searches with the question and reads the best `entry-reads` segments
+/// and the one after the best, as round 1 of the run.
 pub(super) fn entry(
     cx: &mut Ctx<'_>,
     provider: &mut dyn Provider,
@@ -58,6 +58,26 @@ pub(super) fn entry(
     }
     let offered = projection(cx.host, &cx.host.tools());
     let proposed = Proposed { calls: &reads, content: "", by: By::Host };
+    let (_, outputs) = run_round(cx, provider, opts, proposed, &offered, p);
+    if cx.cancelled() {
+        return;
+    }
+    // Read on: what answers a question often follows the passage that
+    // matches it best (a section cut at a segment's end), so the segment
+    // after the best one is read too, unless the search found it already.
+    let Some(ToolOutput::Read(best)) = outputs.first() else { return };
+    let next = best.segment + 1;
+    let best_path = found.hits.iter().find(|h| h.handle == best.handle).map(|h| h.path.as_str());
+    let found_next = found.hits.iter().take(cx.budget.entry_reads).any(|h| {
+        Some(h.path.as_str()) == best_path && h.segment == next
+    });
+    if next > best.segments || found_next {
+        return;
+    }
+    let more =
+        [call(tools::READ, serde_json::json!({"handle": best.handle, "segment": next}))];
+    let offered = projection(cx.host, &cx.host.tools());
+    let proposed = Proposed { calls: &more, content: "", by: By::Host };
     run_round(cx, provider, opts, proposed, &offered, p);
 }
 
