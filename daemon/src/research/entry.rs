@@ -68,14 +68,15 @@ pub(super) fn entry(
     let Some(ToolOutput::Read(best)) = outputs.first() else { return };
     let next = best.segment + 1;
     let best_path = found.hits.iter().find(|h| h.handle == best.handle).map(|h| h.path.as_str());
-    let found_next = found.hits.iter().take(cx.budget.entry_reads).any(|h| {
-        Some(h.path.as_str()) == best_path && h.segment == next
-    });
+    let found_next = found
+        .hits
+        .iter()
+        .take(cx.budget.entry_reads)
+        .any(|h| Some(h.path.as_str()) == best_path && h.segment == next);
     if next > best.segments || found_next {
         return;
     }
-    let more =
-        [call(tools::READ, serde_json::json!({"handle": best.handle, "segment": next}))];
+    let more = [call(tools::READ, serde_json::json!({"handle": best.handle, "segment": next}))];
     let offered = projection(cx.host, &cx.host.tools());
     let proposed = Proposed { calls: &more, content: "", by: By::Host };
     run_round(cx, provider, opts, proposed, &offered, p);
