@@ -410,8 +410,9 @@ pub fn rank(question: &str, passages: &[Passage]) -> Vec<Unit> {
     for (i, u) in all.iter_mut().enumerate() {
         let p = &passages[u.order.0];
         let title = terms(&p.title);
-        // The unit's own words count most; its section heading and its
-        // source's title and search rank say where it stands.
+        // The unit's own words and its section heading count alike (a
+        // list item under `fetch-timeout` is about the timeout); its
+        // source's title and search rank say a little about where it stands.
         let own = bm.score(&query, &docs[i]);
         let head = bm.score(&query, &heads[i]);
         let title_hits = query.iter().filter(|q| title.contains(q)).count() as f64;
@@ -424,7 +425,7 @@ pub fn rank(question: &str, passages: &[Passage]) -> Vec<Unit> {
         // little.
         let novel = docs[i].iter().any(|t| !query.contains(t));
         u.score = if own + head > 0.0 {
-            let s = own + 0.5 * head + 0.3 * title_hits + 0.5 * prior + kind;
+            let s = own + head + 0.3 * title_hits + 0.5 * prior + kind;
             if novel {
                 s
             } else {
