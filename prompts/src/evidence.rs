@@ -2,7 +2,8 @@
 //! self-contained *units* (a sentence, a list item with its heading, a
 //! short code block joined to the sentence that introduces it) and ranked
 //! by relevance to the question with BM25 over the units (their section
-//! heading and source title count too, a little). This is what a grounded
+//! heading as much; their source's title, search rank and the kind of
+//! answer the question asks for a little). This is what a grounded
 //! answer on a small model is composed of, what the labelled excerpt shows
 //! when no answer could be written, and what a voice reply speaks.
 //!
