@@ -177,14 +177,97 @@ fn list_item(line: &str) -> Option<&str> {
     None
 }
 
+/// Most items a list may have to be said as one unit.
+const LIST_ITEMS: usize = 8;
+/// Most words an item of such a list may have.
+const ITEM_WORDS: usize = 15;
+
+/// The units being collected from a passage.
+#[derive(Default)]
+struct Collect {
+    out: Vec<(String, String)>,
+    heading: String,
+    /// The paragraph being read.
+    para: String,
+    /// The list being read: its items, and the sentence that introduced
+    /// it (one ending with `:`).
+    list: Vec<String>,
+    intro: Option<String>,
+}
+
+impl Collect {
+    fn push(&mut self, text: &str) {
+        self.out.push((bound(text, UNIT_MAX), self.heading.clone()));
+    }
+
+    /// Ends the paragraph: its sentences are units.
+    fn end_para(&mut self) {
+        let p = clean(&std::mem::take(&mut self.para));
+        for s in sentences(&p) {
+            self.push(&s);
+        }
+    }
+
+    /// Ends the list item being read.
+    fn end_item(&mut self) {
+        let p = clean(&std::mem::take(&mut self.para));
+        if !p.is_empty() {
+            self.list.push(p);
+        }
+    }
+
+    /// Ends the list: a short list of short items is one unit, led by
+    /// what introduced it (or its heading); a longer one is a unit per
+    /// item, a short item led by its heading.
+    fn end_list(&mut self) {
+        self.end_item();
+        let items = std::mem::take(&mut self.list);
+        let intro = self.intro.take();
+        if items.is_empty() {
+            if let Some(i) = intro.filter(|i| !i.is_empty()) {
+                self.push(&i);
+            }
+            return;
+        }
+        let intro = intro.filter(|i| !i.is_empty());
+        let lead = intro.clone().unwrap_or_else(|| self.heading.clone());
+        let lead = lead.trim_end_matches(':').trim().to_owned();
+        let joined = items.join("; ");
+        let short = items.len() <= LIST_ITEMS
+            && items.iter().all(|i| i.split_whitespace().count() <= ITEM_WORDS);
+        if short && joined.chars().count() + lead.chars().count() + 2 <= UNIT_MAX {
+            let text = if lead.is_empty() { joined } else { format!("{lead}: {joined}") };
+            self.push(&text);
+            return;
+        }
+        if let Some(i) = intro {
+            self.push(&i);
+        }
+        for item in items {
+            let text = if item.split_whitespace().count() < 8 && !self.heading.is_empty() {
+                format!("{}: {item}", self.heading)
+            } else {
+                item
+            };
+            self.push(&text);
+        }
+    }
+
+    /// Ends whatever is being read (paragraph or list).
+    fn end(&mut self) {
+        if self.list.is_empty() && self.intro.is_none() {
+            self.end_para();
+        } else {
+            self.end_list();
+        }
+    }
+}
+
 /// The units of one passage, in order, each with its section heading.
 pub fn units(text: &str) -> Vec<(String, String)> {
-    let mut out: Vec<(String, String)> = Vec::new();
-    let mut heading = String::new();
-    let mut para = String::new();
-    let mut item = false;
+    let mut c = Collect::default();
     let mut lines = text.lines().peekable();
-    // Front matter of a markdown file: its `title`/`description` are units.
+    // Front matter of a markdown file: its `description` is a unit.
     if text.starts_with("---") {
         let mut fm = Vec::new();
         lines.next();
@@ -198,36 +281,20 @@ pub fn units(text: &str) -> Vec<(String, String)> {
             if let Some(d) = l.strip_prefix("description:") {
                 let d = d.trim().trim_matches('"');
                 if !d.is_empty() {
-                    out.push((clean(d), String::new()));
+                    c.push(&clean(d));
                 }
             }
         }
     }
-    let flush = |para: &mut String, item: bool, heading: &str, out: &mut Vec<(String, String)>| {
-        let p = clean(para);
-        para.clear();
-        if p.is_empty() {
-            return;
-        }
-        if item {
-            // A short list item says little without its heading.
-            let text = if p.split_whitespace().count() < 8 && !heading.is_empty() {
-                format!("{heading}: {p}")
-            } else {
-                p
-            };
-            out.push((bound(&text, UNIT_MAX), heading.to_owned()));
-            return;
-        }
-        for s in sentences(&p) {
-            out.push((bound(&s, UNIT_MAX), heading.to_owned()));
-        }
-    };
+    // Whether the line before was blank (a list goes on past a blank line
+    // only with another item).
+    let mut blank = false;
     while let Some(line) = lines.next() {
         let t = line.trim();
+        let in_list = !c.list.is_empty() || c.intro.is_some();
         if t.starts_with("```") || t.starts_with("~~~") {
-            flush(&mut para, item, &heading, &mut out);
-            item = false;
+            c.end();
+            blank = false;
             let mut code = Vec::new();
             for l in lines.by_ref() {
                 if l.trim().starts_with("```") || l.trim().starts_with("~~~") {
@@ -243,54 +310,69 @@ pub fn units(text: &str) -> Vec<(String, String)> {
             // Code keeps its ticks: it is literal text (and speech drops them).
             let joined = format!("`{}`", code.join("; "));
             // A sentence that introduces the block carries it.
-            match out.last_mut() {
+            match c.out.last_mut() {
                 Some((prev, _)) if prev.ends_with(':') => {
                     *prev = bound(&format!("{prev} {joined}"), UNIT_MAX);
                 }
-                _ if code.len() <= 3 => out.push((bound(&joined, UNIT_MAX), heading.clone())),
+                _ if code.len() <= 3 => c.push(&joined),
                 _ => {}
             }
             continue;
         }
         if t.is_empty() {
-            flush(&mut para, item, &heading, &mut out);
-            item = false;
+            if in_list {
+                c.end_item();
+            } else {
+                c.end_para();
+            }
+            blank = true;
             continue;
         }
         if let Some(h) = t.strip_prefix('#') {
-            flush(&mut para, item, &heading, &mut out);
-            item = false;
-            heading = clean(h.trim_start_matches('#').trim());
+            c.end();
+            c.heading = clean(h.trim_start_matches('#').trim());
+            blank = false;
             continue;
         }
         if t.starts_with('|') {
-            flush(&mut para, item, &heading, &mut out);
-            item = false;
-            if t.chars().all(|c| "|-: ".contains(c)) {
+            c.end();
+            blank = false;
+            if t.chars().all(|ch| "|-: ".contains(ch)) {
                 continue;
             }
             let cells: Vec<String> =
-                t.trim_matches('|').split('|').map(clean).filter(|c| !c.is_empty()).collect();
+                t.trim_matches('|').split('|').map(clean).filter(|x| !x.is_empty()).collect();
             if !cells.is_empty() {
-                out.push((bound(&cells.join(" | "), UNIT_MAX), heading.clone()));
+                c.push(&cells.join(" | "));
             }
             continue;
         }
         if let Some(rest) = list_item(line) {
-            flush(&mut para, item, &heading, &mut out);
-            item = true;
-            para.push_str(rest);
+            if in_list {
+                c.end_item();
+            } else {
+                c.end_para();
+                // The sentence that introduces the list leads it.
+                if c.out.last().is_some_and(|(u, h)| u.ends_with(':') && *h == c.heading) {
+                    c.intro = c.out.pop().map(|(u, _)| u);
+                } else {
+                    c.intro = Some(String::new());
+                }
+            }
+            c.para.push_str(rest);
+            blank = false;
             continue;
         }
-        if t.starts_with('>') {
-            para.push(' ');
-            para.push_str(t.trim_start_matches('>'));
-            continue;
+        if in_list && blank {
+            // A paragraph after the list ends it.
+            c.end_list();
         }
-        para.push(' ');
-        para.push_str(t);
+        blank = false;
+        c.para.push(' ');
+        c.para.push_str(t.trim_start_matches('>'));
     }
-    flush(&mut para, item, &heading, &mut out);
+    c.end();
+    let mut out = c.out;
     out.retain(|(u, _)| u.split_whitespace().count() >= 2 || u.contains('`'));
     out
 }
@@ -471,13 +553,25 @@ mod tests {
                 "Ping npm registry",
                 "Ping the configured registry.",
                 "If it works it will output something like: `npm notice PONG 255ms`",
-                "`fetch-timeout`: Default: 300000 (5 minutes)",
-                "`fetch-timeout`: Type: Number",
+                "`fetch-timeout`: Default: 300000 (5 minutes); Type: Number",
                 "See the docs for more, e.g. this.",
                 "Next one.",
             ]
         );
         assert_eq!(u[3].1, "`fetch-timeout`");
+        // A short list is one unit, led by the sentence that introduces it;
+        // a long item stands alone.
+        let list = "## Roles\n\nThere are three levels:\n\n1. Owner, pays.\n2. Admin, manages teams.\n\nAfter the list.\n\n* one item that is long enough to say something on its own without help from anything\n* two\n";
+        let texts: Vec<String> = units(list).into_iter().map(|(t, _)| t).collect();
+        assert_eq!(
+            texts,
+            vec![
+                "There are three levels: Owner, pays.; Admin, manages teams.",
+                "After the list.",
+                "one item that is long enough to say something on its own without help from anything",
+                "Roles: two",
+            ]
+        );
     }
 
     #[test]
