@@ -30,11 +30,11 @@ impl Junk {
 /// A word phrase seen this many times is a loop.
 const PHRASE_REPEATS: usize = 3;
 /// Words in a phrase.
-const PHRASE: usize = 4;
+const PHRASE: usize = 5;
 /// A tail this long (characters) already written earlier is a loop.
 const TAIL: usize = 80;
 /// Topic words needed before drift is judged.
-const DRIFT_AFTER: usize = 20;
+const DRIFT_AFTER: usize = 40;
 /// Below this share of topic words found in the evidence, text drifts.
 const DRIFT_BELOW: f64 = 0.3;
 
@@ -117,11 +117,25 @@ fn loops(text: &str) -> bool {
     false
 }
 
+/// Whether `text` cites a source handle (`[S3]`).
+fn cites(text: &str) -> bool {
+    text.match_indices("[S").any(|(i, _)| {
+        let rest = &text[i + 2..];
+        let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+        digits > 0 && rest.as_bytes().get(digits) == Some(&b']')
+    })
+}
+
 fn judge(text: &str, evidence: Option<&HashSet<String>>) -> Option<Junk> {
     if loops(text) {
         return Some(Junk::Loops);
     }
     let ev = evidence?;
+    // Text that cites what was read is judged by the citation check, not
+    // by its words (an answer in another language than the sources).
+    if cites(text) {
+        return None;
+    }
     let t = evidence::terms(text);
     if t.len() >= DRIFT_AFTER && evidence::overlap(text, ev) < DRIFT_BELOW {
         return Some(Junk::Drifts);
@@ -157,11 +171,19 @@ mod tests {
     #[test]
     fn a_drifting_answer_is_caught_and_a_grounded_one_is_not() {
         let q = "What happens when research reaches the round limit?";
-        let drift = "In Python, a function that takes too many arguments is hard to read and to test. Consider grouping related parameters into a data class, or splitting the function into smaller helpers that each do one thing well, which also makes naming easier.";
+        let drift = "In Python, a function that takes too many arguments is hard to read and to test. Consider grouping related parameters into a data class, or splitting the function into smaller helpers that each do one thing well, which also makes naming easier. Keyword-only parameters help callers, default values reduce noise, and type hints document intent for reviewers and editors alike. Linters such as pylint warn about long signatures, and refactoring tools rename arguments safely across modules, packages and notebooks.";
         assert_eq!(verdict(q, &[EVIDENCE], drift), Some(Junk::Drifts));
         let good = "At the round limit the loop emits the notice \"Finishing the answer\" and makes one reserved final turn with no tools offered [S1]. That turn keeps the question and every tool exchange, so the answer is written from the evidence gathered [S1].";
         assert_eq!(verdict(q, &[EVIDENCE], good), None);
         assert_eq!(verdict(q, &[], drift), None, "no evidence: drift is not judged");
+        let cited = format!("{drift} [S1]");
+        assert_eq!(
+            verdict(q, &[EVIDENCE], &cited),
+            Some(Junk::Drifts),
+            "judged before the citation came"
+        );
+        let german = "Wenn die Recherche das Rundenlimit erreicht, schreibt agentd den Hinweis und beantwortet die Frage in einem letzten Zug ohne Werkzeuge, wie die Quelle sagt [S1]. Die Antwort stützt sich auf alles Gelesene und nennt die Quellen [S1].";
+        assert_eq!(verdict(q, &[EVIDENCE], german), None, "a cited answer in another language");
     }
 
     #[test]
