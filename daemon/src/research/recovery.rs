@@ -92,11 +92,18 @@ fn replay(store: &Store, id: &str, chat_id: &str, host: &mut Host) -> Result<Pro
             p.repeats.record(std::mem::take(batch));
         }
     };
+    // The host's entry research is one round however many batches it took
+    // (its calls' ids are `host_…`).
+    let mut in_entry = false;
     for m in store.messages(chat_id)?.into_iter().filter(|m| m.run_id.as_deref() == Some(id)) {
         match (m.role.as_str(), &m.tool_calls) {
             ("assistant", Some(calls)) => {
                 flush(&mut p, &mut batch);
-                p.rounds += 1;
+                let by_host = !calls.is_empty() && calls.iter().all(|c| c.id.starts_with("host_"));
+                if !(by_host && in_entry) {
+                    p.rounds += 1;
+                }
+                in_entry = by_host;
                 let mut a = Message::new("assistant", m.content.clone());
                 a.tool_calls = calls
                     .iter()
