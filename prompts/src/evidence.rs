@@ -527,15 +527,14 @@ pub fn best(question: &str, passages: &[Passage], n: usize) -> Vec<Unit> {
     rank(question, passages).into_iter().filter(|u| u.score > 0.0).take(n).collect()
 }
 
-/// How much of `text`'s topic the evidence and question share: the
-/// fraction of its topic terms that occur in them (1.0 for a text with no
-/// topic terms).
-pub fn overlap(text: &str, evidence: &HashSet<String>) -> f64 {
-    let t = terms(text);
-    if t.is_empty() {
+/// How much of a text's topic (its [`terms`]) the evidence and question
+/// share: the fraction of the terms that occur in them (1.0 for a text
+/// with no topic terms).
+pub fn overlap(terms: &[String], evidence: &HashSet<String>) -> f64 {
+    if terms.is_empty() {
         return 1.0;
     }
-    t.iter().filter(|w| evidence.contains(*w)).count() as f64 / t.len() as f64
+    terms.iter().filter(|w| evidence.contains(*w)).count() as f64 / terms.len() as f64
 }
 
 #[cfg(test)]
@@ -596,7 +595,8 @@ mod tests {
     fn overlap_tells_evidence_from_drift() {
         let ev: HashSet<String> =
             terms("The round limit ends research with a final turn").into_iter().collect();
-        assert!(overlap("At the round limit research ends and a final turn answers", &ev) > 0.8);
-        assert!(overlap("Python functions taking too many arguments are a code smell", &ev) < 0.2);
+        let of = |t: &str| overlap(&terms(t), &ev);
+        assert!(of("At the round limit research ends and a final turn answers") > 0.8);
+        assert!(of("Python functions taking too many arguments are a code smell") < 0.2);
     }
 }

@@ -46,9 +46,8 @@ pub(crate) enum Constraint {
     /// No call can begin: every token that would complete the format's
     /// call-start marker is masked (the research loop's final turn).
     NoCalls,
-    /// The whole output is exactly one of these texts: a grounded answer
-    /// composed of sentences the run read, the model choosing which by its
-    /// own likelihood.
+    /// The whole output is exactly one of these texts (a grounded answer
+    /// composed of sentences the run read).
     OneOf(Vec<String>),
 }
 
@@ -327,8 +326,6 @@ fn calls(
     })
 }
 
-/// Translates `c` for the engine of `grammars` with the turn's `tools` in
-/// `format`; `vocab` names single tokens. `Ok(None)`: nothing to enforce.
 /// A Lark grammar whose only sentences are `texts` (string literals in
 /// JSON's escaping, which llguidance's Lark reads).
 pub(crate) fn one_of(texts: &[String]) -> String {
@@ -337,6 +334,8 @@ pub(crate) fn one_of(texts: &[String]) -> String {
     format!("start: {}\n", alts.join("\n    | "))
 }
 
+/// Translates `c` for the engine of `grammars` with the turn's `tools` in
+/// `format`; `vocab` names single tokens. `Ok(None)`: nothing to enforce.
 pub(crate) fn compile(
     c: &Constraint,
     tools: &[ToolDef],

@@ -20,6 +20,7 @@ use crate::provider::{Call, Provider};
 use crate::state::store::new_id;
 use crate::tools::{self, ToolOutput};
 use prompts::evidence::{self, Passage, Unit};
+use prompts::fallback::Evidence;
 
 /// Sentences a composed answer says (a voice answer: two).
 const CANDIDATES: usize = 3;
@@ -83,34 +84,25 @@ pub(super) fn entry(
 }
 
 /// The segments the run read, in the order they were read (which for the
-/// entry's reads is the search's order).
+/// entry's reads is the search's order), ranked so.
 pub(super) fn passages(cx: &Ctx<'_>, p: &Progress) -> Vec<Passage> {
     let read = cx.host.handles.read();
     p.evidence
         .iter()
         .filter(|e| read.contains(&e.handle))
         .enumerate()
-        .map(|(i, e)| Passage {
-            handle: e.handle.clone(),
-            title: e.title.clone(),
-            text: e.text.clone(),
-            rank: Some(i + 1),
-        })
+        .map(|(i, e)| passage(e, Some(i + 1)))
         .collect()
 }
 
 /// Every passage the run retrieved (read segments and search snippets),
-/// for an excerpt.
+/// unranked, for an excerpt.
 pub(super) fn retrieved(p: &Progress) -> Vec<Passage> {
-    p.evidence
-        .iter()
-        .map(|e| Passage {
-            handle: e.handle.clone(),
-            title: e.title.clone(),
-            text: e.text.clone(),
-            rank: None,
-        })
-        .collect()
+    p.evidence.iter().map(|e| passage(e, None)).collect()
+}
+
+fn passage(e: &Evidence, rank: Option<usize>) -> Passage {
+    Passage { handle: e.handle.clone(), title: e.title.clone(), text: e.text.clone(), rank }
 }
 
 /// The most relevant sentences of what was read (fewer for a voice).

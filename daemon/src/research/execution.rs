@@ -141,6 +141,9 @@ pub(super) fn projection(host: &Host, all: &[ToolDef]) -> Vec<ToolDef> {
     all.iter().filter(|t| host.spent(&t.name).is_none()).cloned().collect()
 }
 
+/// The ledger's note on a call of the host's entry research.
+const HOST_ENTRY: &str = "by host (entry research)";
+
 /// A round's calls as proposed: by the model (with the text of its turn)
 /// or by the host's entry research.
 #[derive(Debug, Clone, Copy)]
@@ -210,7 +213,7 @@ pub(super) fn run_round(
                     NewToolCall { run_id: cx.run_id, round, call_id: &c.id, name: &c.name, kind };
                 cx.ledger.check(
                     "a host tool call",
-                    cx.store.tool_call_open(&call, "sent", Some("by host (entry research)")),
+                    cx.store.tool_call_open(&call, "sent", Some(HOST_ENTRY)),
                 )
             })
             .flatten();
@@ -227,7 +230,7 @@ pub(super) fn run_round(
         if let Some(entry) = host_entry {
             let (outcome, detail) = match &output {
                 ToolOutput::Error(e) => ("error", e.message.clone()),
-                _ => ("ok", "by host (entry research)".to_owned()),
+                _ => ("ok", HOST_ENTRY.to_owned()),
             };
             cx.ledger
                 .check("a host tool call", cx.store.tool_call_close(entry, outcome, Some(&detail)));

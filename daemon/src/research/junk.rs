@@ -7,6 +7,7 @@
 //! the labelled excerpt of the most relevant sentences (`fallback`); the
 //! text already streamed stays.
 
+use super::citations::citations;
 use prompts::evidence;
 use std::collections::{HashMap, HashSet};
 
@@ -117,15 +118,6 @@ fn loops(text: &str) -> bool {
     false
 }
 
-/// Whether `text` cites a source handle (`[S3]`).
-fn cites(text: &str) -> bool {
-    text.match_indices("[S").any(|(i, _)| {
-        let rest = &text[i + 2..];
-        let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
-        digits > 0 && rest.as_bytes().get(digits) == Some(&b']')
-    })
-}
-
 fn judge(text: &str, evidence: Option<&HashSet<String>>) -> Option<Junk> {
     if loops(text) {
         return Some(Junk::Loops);
@@ -133,11 +125,11 @@ fn judge(text: &str, evidence: Option<&HashSet<String>>) -> Option<Junk> {
     let ev = evidence?;
     // Text that cites what was read is judged by the citation check, not
     // by its words (an answer in another language than the sources).
-    if cites(text) {
+    if !citations(text).is_empty() {
         return None;
     }
     let t = evidence::terms(text);
-    if t.len() >= DRIFT_AFTER && evidence::overlap(text, ev) < DRIFT_BELOW {
+    if t.len() >= DRIFT_AFTER && evidence::overlap(&t, ev) < DRIFT_BELOW {
         return Some(Junk::Drifts);
     }
     None

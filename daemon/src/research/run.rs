@@ -217,7 +217,7 @@ fn research(
                 return failed(cx, &p, e);
             }
         }
-        let watch = watch(opts, &p);
+        let watch = Some(watch(opts, &p));
         let reply = match cx.request_with(provider, Phase::Research, &view, &tools, &[], watch) {
             Ok(r) => r,
             Err(ProviderError::Budget { .. }) => break Stop::Budget,
@@ -275,19 +275,19 @@ fn final_turn(
         Ok(v) => v,
         Err(o) => return fallback(cx, opts, p, stop, &o.to_string()),
     };
-    let result = cx.request_with(provider, Phase::Final, &view, &[], &[], watch(opts, p));
+    let result = cx.request_with(provider, Phase::Final, &view, &[], &[], Some(watch(opts, p)));
     settle_final(cx, provider, opts, p, stop, &view, result)
 }
 
 /// A watch over a turn's text: loops always, drift from what the run
 /// retrieved once it retrieved something.
-fn watch(opts: &RunOptions, p: &Progress) -> Option<Monitor> {
+fn watch(opts: &RunOptions, p: &Progress) -> Monitor {
     let texts: Vec<&str> = p.evidence.iter().map(|e| e.text.as_str()).collect();
-    Some(Monitor::new(&opts.question, &texts))
+    Monitor::new(&opts.question, &texts)
 }
 
 /// The answer of a host-led run: composed of the most relevant sentences
-/// read (`entry::choices`), the model choosing among them; with nothing
+/// read, best first (`entry::choices`), the model held to them; with nothing
 /// relevant read, the model answers freely under the same watch.
 fn composed(
     cx: &mut Ctx<'_>,
@@ -303,15 +303,16 @@ fn composed(
     }
     let choices = super::entry::choices(&units);
     let view = view::final_turn(history, &opts.question, &p.exchanges);
-    // The model only orders the chosen sentences: a short view will do.
+    // The model only writes the chosen sentences: a short view will do.
     let limit = cx.budget.composed_view;
-    let fitted = view::fit_within(provider, &view, limit, cx.budget.turn_tokens)
+    let fitted = view::fit_within(provider, &view, &[], limit, cx.budget.turn_tokens)
         .or_else(|_| view::fit(provider, &view, &[], cx.budget.turn_tokens));
     let view = match fitted {
         Ok(v) => v,
         Err(o) => return fallback(cx, opts, p, Stop::Answer, &o.to_string()),
     };
-    let result = cx.request_with(provider, Phase::Final, &view, &[], &choices, watch(opts, p));
+    let result =
+        cx.request_with(provider, Phase::Final, &view, &[], &choices, Some(watch(opts, p)));
     settle_final(cx, provider, opts, p, Stop::Answer, &view, result)
 }
 

@@ -91,24 +91,6 @@ pub(super) fn limit(ctx: usize, max_tokens: usize) -> usize {
     ctx.saturating_sub(max_tokens.min(ctx / 2)).max(1)
 }
 
-/// Fits a view into at most `limit` tokens (and the provider's context),
-/// shortening the oldest tool results first.
-pub(super) fn fit_within(
-    provider: &mut dyn Provider,
-    view: &[Message],
-    limit: usize,
-    max_tokens: usize,
-) -> Result<Vec<Message>, Overflowed> {
-    let ctx = provider.context().unwrap_or(usize::MAX);
-    let limit = limit.min(self::limit(ctx, max_tokens));
-    let mut count = |m: &[Message]| provider.count(m, &[]).unwrap_or(0);
-    prompts::fit::fit(view, limit, &mut count).map(|(v, _)| v).map_err(|o| Overflowed {
-        need: o.need,
-        limit,
-        context: ctx,
-    })
-}
-
 /// Fits a view into the provider's context (when it has one), keeping
 /// `max_tokens` (at most half the context) for the reply.
 pub(super) fn fit(
@@ -117,12 +99,28 @@ pub(super) fn fit(
     tools: &[ToolDef],
     max_tokens: usize,
 ) -> Result<Vec<Message>, Overflowed> {
-    let Some(ctx) = provider.context() else { return Ok(view.to_vec()) };
-    let limit = limit(ctx, max_tokens);
+    fit_within(provider, view, tools, usize::MAX, max_tokens)
+}
+
+/// [`fit`] into at most `cap` tokens as well, shortening the oldest tool
+/// results first.
+pub(super) fn fit_within(
+    provider: &mut dyn Provider,
+    view: &[Message],
+    tools: &[ToolDef],
+    cap: usize,
+    max_tokens: usize,
+) -> Result<Vec<Message>, Overflowed> {
+    let ctx = provider.context();
+    let limit = match ctx {
+        Some(ctx) => cap.min(limit(ctx, max_tokens)),
+        None if cap == usize::MAX => return Ok(view.to_vec()),
+        None => cap,
+    };
     let mut count = |m: &[Message]| provider.count(m, tools).unwrap_or(0);
     prompts::fit::fit(view, limit, &mut count).map(|(v, _)| v).map_err(|o| Overflowed {
         need: o.need,
         limit,
-        context: ctx,
+        context: ctx.unwrap_or(limit),
     })
 }
