@@ -16,9 +16,9 @@ questions, useful < --min-useful of all, junk > 0 or the median > --max-median.
 Standard library only, so it runs with any python3:
 
     python3 benches/research_qa.py --agentd target/release/agentd \
-        --corpus ../shared/fixtures/research-qa/npm-docs \
-        --written ../shared/fixtures/research-qa/npm-docs.jsonl \
-        --spoken ../shared/fixtures/research-qa/npm-docs-spoken.jsonl
+        --corpus tests/data/research-qa/npm-docs \
+        --written tests/data/research-qa/npm-docs.jsonl \
+        --spoken tests/data/research-qa/npm-docs-spoken.jsonl
 """
 
 import argparse

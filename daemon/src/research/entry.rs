@@ -1,4 +1,4 @@
-//! Host-led research (DESIGN.md "Answers on small models", seed 003's
+//! Host-led research (docs/research.md "Small models", seed 003's
 //! entry work): for a model that does not drive its own tool rounds
 //! (models.toml `research = "host"`), the host opens a run that has
 //! sources by searching with the question itself and reading the best
