@@ -1,11 +1,11 @@
 //! No junk delivered as an answer (docs/research.md, "Junk is never
-//! delivered as an answer"): a watch over the text a turn streams that says, as soon as it can be
-//! told, that the text loops (a sentence said again, a phrase repeated, the
-//! tail repeating text already written) or drifts away from the evidence
-//! the run read (few of its topic words occur in the evidence or the
-//! question). The loop then stops the turn and completes the reply with
-//! the labelled excerpt of the most relevant sentences (`fallback`); the
-//! text already streamed stays.
+//! delivered as an answer"): a watch over the text a turn streams that
+//! says, as soon as it can be told, that the text loops (a sentence said
+//! again, a phrase repeated, the tail repeating text already written) or
+//! drifts away from the evidence the run read (few of its topic words
+//! occur in the evidence or the question). The loop then stops the turn
+//! and completes the reply with the labelled excerpt of the most relevant
+//! sentences (`fallback`); the text already streamed stays.
 
 use super::citations::citations;
 use prompts::evidence;
