@@ -599,4 +599,20 @@ mod tests {
         assert!(of("At the round limit research ends and a final turn answers") > 0.8);
         assert!(of("Python functions taking too many arguments are a code smell") < 0.2);
     }
+
+    proptest::proptest! {
+        /// Any passage text (a corpus file is arbitrary input) is cut and
+        /// ranked without a panic, each unit on one line and bounded.
+        #[test]
+        fn any_text_is_cut_and_ranked_without_panic(
+            text in "(\\PC|[\\n#*`|\\[\\]()>:. -]){0,600}",
+            q in "\\PC{0,60}",
+        ) {
+            let ps = [Passage { handle: "S1".into(), title: "t".into(), text, rank: Some(1) }];
+            for u in rank(&q, &ps) {
+                proptest::prop_assert!(!u.text.contains('\n'));
+                proptest::prop_assert!(u.text.chars().count() <= UNIT_MAX + 1);
+            }
+        }
+    }
 }

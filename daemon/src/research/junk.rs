@@ -183,4 +183,24 @@ mod tests {
         let text = "Steps:\n- run `npm ci` in the project\n- run `npm test` in the project\n- run `npm pack` to check the files\n```\nnpm ci\nnpm test\n```";
         assert_eq!(verdict("how do I test", &[], text), None);
     }
+
+    proptest::proptest! {
+        /// Model output is arbitrary: the watch judges any text, in any
+        /// pieces, without a panic, and a verdict once given stays.
+        #[test]
+        fn any_stream_is_judged_without_panic(
+            pieces in proptest::collection::vec("\\PC{0,12}", 0..80),
+            q in "\\PC{0,40}",
+        ) {
+            let mut m = Monitor::new(&q, &[EVIDENCE]);
+            let mut first = None;
+            for p in &pieces {
+                let v = m.push(p);
+                if first.is_none() {
+                    first = v;
+                }
+                proptest::prop_assert_eq!(m.verdict(), first);
+            }
+        }
+    }
 }
