@@ -21,6 +21,9 @@ pub struct Passage {
     pub title: String,
     /// The text read.
     pub text: String,
+    /// The heading of the section the text continues (a segment that
+    /// starts inside a section); may be empty.
+    pub heading: String,
     /// The passage's place in the search that found it (1 = best), when a
     /// search found it.
     pub rank: Option<usize>,
@@ -263,9 +266,10 @@ impl Collect {
     }
 }
 
-/// The units of one passage, in order, each with its section heading.
-pub fn units(text: &str) -> Vec<(String, String)> {
-    let mut c = Collect::default();
+/// The units of one passage, in order, each with its section heading
+/// (`heading`: the one in effect where the text starts).
+pub fn units(text: &str, heading: &str) -> Vec<(String, String)> {
+    let mut c = Collect { heading: heading.to_owned(), ..Collect::default() };
     let mut lines = text.lines().peekable();
     // Front matter of a markdown file: its `description` is a unit.
     if text.starts_with("---") {
@@ -400,21 +404,79 @@ impl Bm25 {
         Bm25 { idf, avg: avg.max(1.0) }
     }
 
-    fn score(&self, query: &BTreeSet<String>, doc: &[String]) -> f64 {
+    /// The score of `doc` for weighted query terms.
+    fn score(&self, query: &[(String, f64)], doc: &[String]) -> f64 {
         let (k1, b) = (1.2, 0.75);
         let len = doc.len() as f64;
         query
             .iter()
-            .map(|q| {
+            .map(|(q, w)| {
                 let tf = doc.iter().filter(|t| *t == q).count() as f64;
                 if tf == 0.0 {
                     return 0.0;
                 }
                 let idf = self.idf.get(q).copied().unwrap_or(0.0);
-                idf * tf * (k1 + 1.0) / (tf + k1 * (1.0 - b + b * len / self.avg))
+                w * idf * tf * (k1 + 1.0) / (tf + k1 * (1.0 - b + b * len / self.avg))
             })
             .sum()
     }
+}
+
+/// Words that name the same thing in software documentation: an
+/// abbreviation and its long form, and verbs that docs use for one action.
+/// A question's word also finds its group's other words, at [`RELATED`]
+/// weight.
+const SAME: &[&[&str]] = &[
+    &["org", "organization"],
+    &["repo", "repository"],
+    &["config", "configuration", "settings"],
+    &["dir", "directory", "folder"],
+    &["pkg", "package"],
+    &["env", "environment"],
+    &["auth", "authentication"],
+    &["admin", "administrator"],
+    &["doc", "docs", "documentation"],
+    &["app", "application"],
+    &["info", "information"],
+    &["arg", "argument"],
+    &["param", "parameter"],
+    &["dep", "dependency"],
+    &["remove", "uninstall", "delete"],
+    &["print", "output", "display", "show"],
+    &["start", "launch"],
+    &["stop", "terminate", "kill"],
+    &["error", "failure"],
+];
+
+/// The weight of a word found through [`SAME`] or as the end of a
+/// compound (`subdirectory` finds `directory`).
+const RELATED: f64 = 0.5;
+
+/// The question's terms with weight 1, and the terms of `vocabulary` (the
+/// units' words) related to them at [`RELATED`] weight: the same thing
+/// named another way ([`SAME`]), or the last part of a compound word of
+/// the question (`subdirectory` → `directory`, `subcommand` → `command`).
+fn expand(query: &BTreeSet<String>, vocabulary: &HashSet<&String>) -> Vec<(String, f64)> {
+    let mut out: Vec<(String, f64)> = query.iter().map(|q| (q.clone(), 1.0)).collect();
+    let mut add = |t: String| {
+        if !query.contains(&t) && !out.iter().any(|(o, _)| *o == t) {
+            out.push((t, RELATED));
+        }
+    };
+    for group in SAME {
+        let stems: Vec<String> = group.iter().flat_map(|w| terms(w)).collect();
+        if stems.iter().any(|s| query.contains(s)) {
+            stems.into_iter().for_each(&mut add);
+        }
+    }
+    for q in query {
+        for v in vocabulary {
+            if v.len() >= 5 && q.len() > v.len() + 1 && q.ends_with(v.as_str()) {
+                add((*v).clone());
+            }
+        }
+    }
+    out
 }
 
 /// What kind of answer a question asks for, by its wording: a number (how
@@ -466,6 +528,10 @@ impl Wants {
     }
 }
 
+/// How much the search rank of a unit's passage counts (times 1/2 for the
+/// best passage, 1/3 for the second...).
+const PRIOR: f64 = 2.0;
+
 /// Every unit of `passages`, scored against `question`, best first (ties
 /// keep the passages' order). A unit that appears twice (the same text
 /// read twice) is kept once.
@@ -474,7 +540,7 @@ pub fn rank(question: &str, passages: &[Passage]) -> Vec<Unit> {
     let mut all: Vec<Unit> = Vec::new();
     let mut seen = HashSet::new();
     for (pi, p) in passages.iter().enumerate() {
-        for (ui, (text, heading)) in units(&p.text).into_iter().enumerate() {
+        for (ui, (text, heading)) in units(&p.text, &p.heading).into_iter().enumerate() {
             if seen.insert(text.clone()) {
                 all.push(Unit {
                     handle: p.handle.clone(),
@@ -489,16 +555,19 @@ pub fn rank(question: &str, passages: &[Passage]) -> Vec<Unit> {
     let docs: Vec<Vec<String>> = all.iter().map(|u| terms(&u.text)).collect();
     let heads: Vec<Vec<String>> = all.iter().map(|u| terms(&u.heading)).collect();
     let bm = Bm25::new(&docs);
+    let vocabulary: HashSet<&String> = docs.iter().chain(&heads).flatten().collect();
+    let weighted = expand(&query, &vocabulary);
     let wants = Wants::of(question);
     for (i, u) in all.iter_mut().enumerate() {
         let p = &passages[u.order.0];
         let title = terms(&p.title);
-        // The unit's own words and its section heading count alike (a
-        // list item under `fetch-timeout` is about the timeout); its
-        // source's title and search rank say a little about where it stands.
-        let own = bm.score(&query, &docs[i]);
-        let head = bm.score(&query, &heads[i]);
-        let title_hits = query.iter().filter(|q| title.contains(q)).count() as f64;
+        // The unit's own words, its section heading and its source's
+        // title count alike (a list item under `fetch-timeout` is about
+        // the timeout; every unit of `npm-ping` is about ping); the
+        // source's search rank says a little about where it stands.
+        let own = bm.score(&weighted, &docs[i]);
+        let head = bm.score(&weighted, &heads[i]);
+        let in_title = bm.score(&weighted, &title);
         let prior = p.rank.map_or(0.0, |r| 1.0 / (r as f64 + 1.0));
         // A unit that shares no topic word with the question (nor does its
         // heading) is not relevant, wherever it stands.
@@ -508,7 +577,7 @@ pub fn rank(question: &str, passages: &[Passage]) -> Vec<Unit> {
         // little.
         let novel = docs[i].iter().any(|t| !query.contains(t));
         u.score = if own + head > 0.0 {
-            let s = own + head + 0.3 * title_hits + 0.5 * prior + kind;
+            let s = own + head + in_title + PRIOR * prior + kind;
             if novel {
                 s
             } else {
@@ -522,9 +591,50 @@ pub fn rank(question: &str, passages: &[Passage]) -> Vec<Unit> {
     all
 }
 
-/// The `n` best units that say something (a positive score), best first.
+/// The `n` best units that say something (a positive score), best first,
+/// each saying something the ones before it did not: a unit that mostly
+/// repeats a chosen one (two files telling the same fact in nearly the
+/// same words) is passed over, so what is said together never reads as a
+/// loop.
 pub fn best(question: &str, passages: &[Passage], n: usize) -> Vec<Unit> {
-    rank(question, passages).into_iter().filter(|u| u.score > 0.0).take(n).collect()
+    let mut out: Vec<Unit> = Vec::new();
+    let mut said: Vec<HashSet<String>> = Vec::new();
+    for u in rank(question, passages).into_iter().filter(|u| u.score > 0.0) {
+        if out.len() == n {
+            break;
+        }
+        let t: HashSet<String> = terms(&u.text).into_iter().collect();
+        let repeats = said.iter().any(|s| {
+            let shared = t.intersection(s).count() as f64;
+            shared >= REPEATS * t.len() as f64
+        });
+        let phrases = out.iter().map(|o| o.text.as_str()).chain([u.text.as_str()]);
+        if repeats || phrase_thrice(phrases) {
+            continue;
+        }
+        said.push(t);
+        out.push(u);
+    }
+    out
+}
+
+/// The share of a unit's topic terms that, found in a chosen unit, makes
+/// it a repetition of that one.
+const REPEATS: f64 = 0.7;
+
+/// Whether some phrase of four words occurs three times in `texts`
+/// together (what a reader takes for a loop).
+fn phrase_thrice<'a>(texts: impl Iterator<Item = &'a str>) -> bool {
+    let words: Vec<String> = texts
+        .flat_map(|t| t.split(|c: char| !c.is_alphanumeric()).filter(|w| !w.is_empty()))
+        .map(str::to_lowercase)
+        .collect();
+    let mut counts: HashMap<&[String], usize> = HashMap::new();
+    words.windows(4).any(|w| {
+        let c = counts.entry(w).or_default();
+        *c += 1;
+        *c >= 3
+    })
 }
 
 /// How much of a text's topic (its [`terms`]) the evidence and question
@@ -544,7 +654,7 @@ mod tests {
     #[test]
     fn units_are_sentences_items_and_introduced_code() {
         let text = "---\ntitle: npm-ping\ndescription: Ping npm registry\n---\n\n### Description\n\nPing the configured registry. If it works it will output something like:\n\n```bash\nnpm notice PONG 255ms\n```\n\n#### `fetch-timeout`\n\n* Default: 300000 (5 minutes)\n* Type: Number\n\nSee [the docs](/x) for more, e.g. this. Next one.\n";
-        let u = units(text);
+        let u = units(text, "");
         let texts: Vec<&str> = u.iter().map(|(t, _)| t.as_str()).collect();
         assert_eq!(
             texts,
@@ -561,7 +671,7 @@ mod tests {
         // A short list is one unit, led by the sentence that introduces it;
         // a long item stands alone.
         let list = "## Roles\n\nThere are three levels:\n\n1. Owner, pays.\n2. Admin, manages teams.\n\nAfter the list.\n\n* one item that is long enough to say something on its own without help from anything\n* two\n";
-        let texts: Vec<String> = units(list).into_iter().map(|(t, _)| t).collect();
+        let texts: Vec<String> = units(list, "").into_iter().map(|(t, _)| t).collect();
         assert_eq!(
             texts,
             vec![
@@ -574,11 +684,20 @@ mod tests {
     }
 
     #[test]
+    fn a_segment_that_continues_a_section_keeps_its_heading() {
+        let u =
+            units("If it is not set, it defaults to `index.js`.\n\n## type\n\nThe type.\n", "main");
+        assert_eq!(u[0].1, "main");
+        assert_eq!(u[1].1, "type");
+    }
+
+    #[test]
     fn the_unit_that_answers_ranks_first() {
         let p = |h: &str, t: &str, r| Passage {
             handle: h.into(),
             title: "t".into(),
             text: t.into(),
+            heading: String::new(),
             rank: Some(r),
         };
         let ps = vec![
@@ -589,6 +708,26 @@ mod tests {
         assert_eq!(b[0].handle, "S2");
         assert!(b[0].text.contains("300000"), "{b:?}");
         assert!(best("zebra quantum", &ps, 3).is_empty(), "nothing relevant, nothing chosen");
+    }
+
+    #[test]
+    fn what_is_said_together_repeats_nothing() {
+        let p = |h: &str, t: &str, r| Passage {
+            handle: h.into(),
+            title: "audit".into(),
+            text: t.into(),
+            heading: String::new(),
+            rank: Some(r),
+        };
+        let ps = vec![
+            p("S1", "If the registry answers with an error, npm loads audit data from the Quick Audit endpoint. There are two audit endpoints: the Bulk endpoint and the Quick Audit endpoint.", 1),
+            p("S2", "If the Bulk endpoint answers with an error or bad data, npm loads audit data from the Quick Audit endpoint, which is slower.", 2),
+        ];
+        let b =
+            best("Where does npm audit get data when the endpoint answers with an error?", &ps, 3);
+        assert_eq!(b.len(), 2, "the near repeat is passed over: {b:?}");
+        assert!(!phrase_thrice(b.iter().map(|u| u.text.as_str())));
+        assert!(phrase_thrice(["a b c d. a b c d.", "and a b c d"].into_iter()));
     }
 
     #[test]
@@ -608,7 +747,13 @@ mod tests {
             text in "(\\PC|[\\n#*`|\\[\\]()>:. -]){0,600}",
             q in "\\PC{0,60}",
         ) {
-            let ps = [Passage { handle: "S1".into(), title: "t".into(), text, rank: Some(1) }];
+            let ps = [Passage {
+                handle: "S1".into(),
+                title: "t".into(),
+                text,
+                heading: String::new(),
+                rank: Some(1),
+            }];
             for u in rank(&q, &ps) {
                 proptest::prop_assert!(!u.text.contains('\n'));
                 proptest::prop_assert!(u.text.chars().count() <= UNIT_MAX + 1);

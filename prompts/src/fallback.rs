@@ -13,6 +13,8 @@ pub struct Evidence {
     pub title: String,
     /// What was retrieved (a segment read, or a search snippet).
     pub text: String,
+    /// The heading of the section a read segment continues (may be empty).
+    pub heading: String,
 }
 
 /// The label line of an excerpt.
@@ -115,6 +117,7 @@ mod tests {
                 handle: format!("S{i}"),
                 title: format!("Doc {i}"),
                 text: "word ".repeat(400),
+                heading: String::new(),
             })
             .collect();
         let x = excerpt(&ev, EXCERPT_MAX);

@@ -18,7 +18,7 @@ use super::Ctx;
 use crate::events::By;
 use crate::provider::{Call, Provider};
 use crate::state::store::new_id;
-use crate::tools::{self, ToolOutput};
+use crate::tools::{self, Hit, ToolOutput};
 use prompts::evidence::{self, Passage, Unit};
 use prompts::fallback::Evidence;
 
@@ -48,10 +48,8 @@ pub(super) fn entry(
         return;
     }
     let Some(ToolOutput::Search(found)) = outputs.first() else { return };
-    let reads: Vec<Call> = found
-        .hits
-        .iter()
-        .take(cx.budget.entry_reads)
+    let reads: Vec<Call> = to_read(&found.hits, cx.budget.entry_reads)
+        .into_iter()
         .map(|h| call(tools::READ, serde_json::json!({"handle": h.handle})))
         .collect();
     if reads.is_empty() {
@@ -69,10 +67,8 @@ pub(super) fn entry(
     let Some(ToolOutput::Read(best)) = outputs.first() else { return };
     let next = best.segment + 1;
     let best_path = found.hits.iter().find(|h| h.handle == best.handle).map(|h| h.path.as_str());
-    let found_next = found
-        .hits
+    let found_next = to_read(&found.hits, cx.budget.entry_reads)
         .iter()
-        .take(cx.budget.entry_reads)
         .any(|h| Some(h.path.as_str()) == best_path && h.segment == next);
     if next > best.segments || found_next {
         return;
@@ -81,6 +77,14 @@ pub(super) fn entry(
     let offered = projection(cx.host, &cx.host.tools());
     let proposed = Proposed { calls: &more, content: "", by: By::Host };
     run_round(cx, provider, opts, proposed, &offered, p);
+}
+
+/// The hits the entry reads: the search's best `n`. (Reading the best
+/// hit of each file first instead was measured on the research-qa set:
+/// it brought in other files' near-misses and lost more answers than it
+/// found.)
+fn to_read(hits: &[Hit], n: usize) -> Vec<&Hit> {
+    hits.iter().take(n).collect()
 }
 
 /// The segments the run read, in the order they were read (which for the
@@ -102,7 +106,13 @@ pub(super) fn retrieved(p: &Progress) -> Vec<Passage> {
 }
 
 fn passage(e: &Evidence, rank: Option<usize>) -> Passage {
-    Passage { handle: e.handle.clone(), title: e.title.clone(), text: e.text.clone(), rank }
+    Passage {
+        handle: e.handle.clone(),
+        title: e.title.clone(),
+        text: e.text.clone(),
+        heading: e.heading.clone(),
+        rank,
+    }
 }
 
 /// The most relevant sentences of what was read (fewer for a voice).

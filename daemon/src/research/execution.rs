@@ -106,7 +106,7 @@ fn digest(s: &str) -> String {
 /// Adds what a successful search or read retrieved to the evidence a
 /// fallback excerpt can show; a read replaces the snippet of its handle.
 pub(super) fn collect_evidence(evidence: &mut Vec<Evidence>, output: &ToolOutput) {
-    let mut add = |handle: &str, title: &str, text: &str| {
+    let mut add = |handle: &str, title: &str, text: &str, heading: &str| {
         if text.trim().is_empty() || handle.is_empty() {
             return;
         }
@@ -116,20 +116,21 @@ pub(super) fn collect_evidence(evidence: &mut Vec<Evidence>, output: &ToolOutput
                 handle: handle.into(),
                 title: title.into(),
                 text: text.into(),
+                heading: heading.into(),
             });
         }
     };
     match output {
-        ToolOutput::Read(p) => add(&p.handle, &p.title, &p.text),
+        ToolOutput::Read(p) => add(&p.handle, &p.title, &p.text, &p.heading),
         ToolOutput::Search(f) => {
             for h in &f.hits {
-                add(&h.handle, &h.title, &h.snippet);
+                add(&h.handle, &h.title, &h.snippet, "");
             }
         }
         ToolOutput::Analysis(a) => {
             let text: Vec<String> =
                 a.findings.iter().map(|f| format!("(section {}) {}", f.section, f.text)).collect();
-            add(&a.handle, &a.title, &text.join("\n"));
+            add(&a.handle, &a.title, &text.join("\n"), "");
         }
         ToolOutput::Saved(_) | ToolOutput::Mcp(_) | ToolOutput::Error(_) => {}
     }

@@ -89,6 +89,9 @@ pub(crate) struct Segment {
     pub(crate) segment: usize,
     pub(crate) segments: usize,
     pub(crate) text: String,
+    /// The markdown heading in effect where the segment starts (the
+    /// section it continues; empty when none).
+    pub(crate) heading: String,
 }
 
 /// A search hit.
@@ -171,6 +174,25 @@ fn walk(root: &Path, dir: &Path, out: &mut Vec<FileStamp>) {
             }
         }
     }
+}
+
+/// The last markdown heading (`#` to `######`, outside code fences) of
+/// `segments`, as text: the section a following segment continues.
+pub(crate) fn heading_before(segments: &[String]) -> String {
+    let mut fenced = false;
+    let mut last = "";
+    for line in segments.iter().flat_map(|s| s.lines()) {
+        let t = line.trim_start();
+        if t.starts_with("```") || t.starts_with("~~~") {
+            fenced = !fenced;
+        } else if !fenced && t.starts_with('#') {
+            let h = t.trim_start_matches('#');
+            if t.len() - h.len() <= 6 && (h.is_empty() || h.starts_with(' ')) {
+                last = h.trim();
+            }
+        }
+    }
+    last.to_owned()
 }
 
 /// Splits `text` into segments of about `max` characters, at paragraph
@@ -373,6 +395,7 @@ impl Corpus {
                 segment,
                 segments: segs.len(),
                 text: String::new(),
+                heading: String::new(),
             }));
         }
         Ok(Some(Segment {
@@ -381,6 +404,7 @@ impl Corpus {
             segment,
             segments: segs.len(),
             text: segs[segment - 1].clone(),
+            heading: heading_before(&segs[..segment - 1]),
         }))
     }
 
@@ -407,6 +431,18 @@ impl Corpus {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_segment_knows_the_heading_it_continues() {
+        let segs = [
+            "# Top\n\n## `main`\n\nThe main field.\n".to_owned(),
+            "```sh\n# a comment, not a heading\n```\n".to_owned(),
+        ];
+        assert_eq!(heading_before(&segs[..1]), "`main`");
+        assert_eq!(heading_before(&segs), "`main`", "a comment in code is no heading");
+        assert_eq!(heading_before(&[]), "");
+        assert_eq!(heading_before(&["#hashtag\n".to_owned()]), "");
+    }
 
     #[test]
     fn segments_respect_the_size_and_keep_all_text() {

@@ -15,12 +15,12 @@ mod output;
 pub(crate) mod tests;
 
 pub(crate) use handles::Handles;
-pub(crate) use output::{Analysis, Coverage, Finding, ToolOutput};
+pub(crate) use output::{Analysis, Coverage, Finding, Hit, ToolOutput};
 
 use crate::state::policy::{self, Policies};
 use crate::state::store::{NewToolCall, Store};
 use corpus::Corpus;
-use output::{Found, Hit, Passage};
+use output::{Found, Passage};
 use prompts::ToolDef;
 use serde_json::{json, Value};
 use std::path::PathBuf;
@@ -447,6 +447,7 @@ impl Host {
                     segment: s.segment,
                     segments: s.segments,
                     text: s.text,
+                    heading: s.heading,
                 })
             }
             Ok(Some(s)) => error(

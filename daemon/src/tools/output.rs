@@ -51,6 +51,9 @@ pub(crate) struct Passage {
     pub(crate) segment: usize,
     pub(crate) segments: usize,
     pub(crate) text: String,
+    /// The heading of the section the segment continues (host use only:
+    /// not in the tool's JSON, so empty when read back from a chat).
+    pub(crate) heading: String,
 }
 
 /// What one section worker found.
@@ -193,6 +196,7 @@ impl ToolOutput {
                 segment: n(&v, "segment"),
                 segments: n(&v, "segments"),
                 text: s(&v, "text"),
+                heading: String::new(),
             })),
             super::ANALYZE => Some(ToolOutput::Analysis(Box::new(Analysis {
                 handle: s(&v, "handle"),
@@ -253,6 +257,7 @@ mod tests {
             segment: 2,
             segments: 3,
             text: "x".into(),
+            heading: String::new(),
         });
         let text = read.to_json().to_string();
         assert_eq!(text, r#"{"handle":"S2","title":"T","segment":2,"segments":3,"text":"x"}"#);
