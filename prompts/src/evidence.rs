@@ -97,21 +97,50 @@ pub fn query(question: &str) -> String {
     }
 }
 
-/// Markdown links `[text](target)` reduced to `text`; emphasis markers
-/// dropped; whitespace collapsed.
+/// Markdown links `[text](target)`, `[text][ref]` and `[text][]` reduced
+/// to `text`; emphasis markers dropped; whitespace collapsed.
 fn clean(line: &str) -> String {
     let mut out = String::with_capacity(line.len());
     let mut rest = line;
     while let Some(open) = rest.find('[') {
-        let Some(close) = rest[open..].find("](").map(|i| open + i) else { break };
-        let Some(end) = rest[close..].find(')').map(|i| close + i) else { break };
+        let Some(close) = rest[open..].find(']').map(|i| open + i) else { break };
+        let after = &rest[close + 1..];
+        let target_end = match after.chars().next() {
+            Some('(') => after.find(')'),
+            Some('[') => after.find(']'),
+            _ => None,
+        };
         out.push_str(&rest[..open]);
-        out.push_str(&rest[open + 1..close]);
-        rest = &rest[end + 1..];
+        match target_end {
+            Some(end) => {
+                out.push_str(&rest[open + 1..close]);
+                rest = &after[end + 1..];
+            }
+            None => {
+                out.push_str(&rest[open..=close]);
+                rest = after;
+            }
+        }
     }
     out.push_str(rest);
     let out = out.replace("**", "").replace("__", "");
     out.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// `text` without its HTML comments (`<!-- … -->`, which docs use for
+/// metadata such as version histories); an unclosed one runs to the end.
+fn uncommented(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(open) = rest.find("<!--") {
+        out.push_str(&rest[..open]);
+        match rest[open + 4..].find("-->") {
+            Some(end) => rest = &rest[open + 4 + end + 3..],
+            None => rest = "",
+        }
+    }
+    out.push_str(rest);
+    out
 }
 
 /// Cuts `s` to at most `max` characters at a word boundary, marking the cut.
@@ -295,6 +324,7 @@ impl Collect {
 /// (`heading`: the one in effect where the text starts).
 pub fn units(text: &str, heading: &str) -> Vec<(String, String)> {
     let mut c = Collect { heading: heading.to_owned(), ..Collect::default() };
+    let text = uncommented(text);
     let mut lines = text.lines().peekable();
     // Front matter of a markdown file: its `description` is a unit.
     if text.starts_with("---") {
@@ -641,8 +671,9 @@ pub fn best(question: &str, passages: &[Passage], n: usize) -> Vec<Unit> {
             let shared = t.intersection(s).count() as f64;
             shared >= REPEATS * t.len() as f64
         });
-        let phrases = out.iter().map(|o| o.text.as_str()).chain([u.text.as_str()]);
-        if repeats || phrase_thrice(phrases) {
+        let together: Vec<String> =
+            out.iter().chain([&u]).map(|o| format!("{} [{}]", o.text, o.handle)).collect();
+        if repeats || reads_as_loop(&together.join(" ")) {
             continue;
         }
         said.push(t);
@@ -651,23 +682,71 @@ pub fn best(question: &str, passages: &[Passage], n: usize) -> Vec<Unit> {
     out
 }
 
+/// Whether composed text would be taken for a loop: by a reader (phrases
+/// of four words) or by the junk watch at any point while it streams
+/// (`loops` with the watch's own limits, on every prefix).
+fn reads_as_loop(text: &str) -> bool {
+    if loops(text, 4, 3, 80) {
+        return true;
+    }
+    text.char_indices()
+        .map(|(i, _)| i)
+        .chain([text.len()])
+        .filter(|&i| i > 0 && text[..i].ends_with(|c: char| !c.is_alphanumeric()))
+        .any(|i| loops(&text[..i], WATCH_PHRASE, WATCH_REPEATS, WATCH_TAIL))
+}
+
+/// The junk watch's limits (the daemon's `research/junk.rs`): a phrase of
+/// this many words...
+pub const WATCH_PHRASE: usize = 5;
+/// ...said this many times is a loop,
+pub const WATCH_REPEATS: usize = 3;
+/// and so is a tail this long (characters) written before.
+pub const WATCH_TAIL: usize = 80;
+
 /// The share of a unit's topic terms that, found in a chosen unit, makes
 /// it a repetition of that one.
 const REPEATS: f64 = 0.7;
 
-/// Whether some phrase of four words occurs three times in `texts`
-/// together (what a reader takes for a loop).
-fn phrase_thrice<'a>(texts: impl Iterator<Item = &'a str>) -> bool {
-    let words: Vec<String> = texts
-        .flat_map(|t| t.split(|c: char| !c.is_alphanumeric()).filter(|w| !w.is_empty()))
+/// Words of a text, lower-cased, punctuation dropped.
+fn words(text: &str) -> Vec<String> {
+    text.split(|c: char| !c.is_alphanumeric())
+        .filter(|w| !w.is_empty())
         .map(str::to_lowercase)
-        .collect();
+        .collect()
+}
+
+/// Whether `text` reads as a loop: a sentence of four or more words said
+/// twice, a phrase of `phrase` words said `repeats` times, or its last
+/// `tail` characters written before (a loop of any shape: code, lists).
+/// The junk watch judges an answer with it as it streams; a composed
+/// answer is chosen so that it never holds.
+pub fn loops(text: &str, phrase: usize, repeats: usize, tail: usize) -> bool {
+    let mut said = HashSet::new();
+    for s in text.split(['.', '!', '?', '\n']) {
+        let w = words(s);
+        if w.len() >= 4 && !said.insert(w.join(" ")) {
+            return true;
+        }
+    }
+    let w = words(text);
     let mut counts: HashMap<&[String], usize> = HashMap::new();
-    words.windows(4).any(|w| {
-        let c = counts.entry(w).or_default();
+    for g in w.windows(phrase.max(1)) {
+        let c = counts.entry(g).or_default();
         *c += 1;
-        *c >= 3
-    })
+        if *c >= repeats {
+            return true;
+        }
+    }
+    let chars: Vec<char> = text.chars().collect();
+    if tail > 0 && chars.len() >= 2 * tail {
+        let end: String = chars[chars.len() - tail..].iter().collect();
+        let head: String = chars[..chars.len() - tail].iter().collect();
+        if end.trim().len() >= tail / 2 && head.contains(&end) {
+            return true;
+        }
+    }
+    false
 }
 
 /// How much of a text's topic (its [`terms`]) the evidence and question
@@ -717,6 +796,18 @@ mod tests {
     }
 
     #[test]
+    fn links_and_comments_are_reduced_to_what_is_read() {
+        assert_eq!(
+            clean("Use [`clearTimeout()`][] or [the docs](/x) or [a][b], [not a link]."),
+            "Use `clearTimeout()` or the docs or a, [not a link]."
+        );
+        let u = units("<!-- YAML\nadded: v0.1\n-->\n\nThe delay is 1. <!-- x --> Then more.\n", "");
+        let texts: Vec<&str> = u.iter().map(|(t, _)| t.as_str()).collect();
+        assert_eq!(texts, ["The delay is 1.", "Then more."]);
+        assert_eq!(uncommented("a <!-- open"), "a ");
+    }
+
+    #[test]
     fn a_segment_that_continues_a_section_keeps_its_heading() {
         let u =
             units("If it is not set, it defaults to `index.js`.\n\n## type\n\nThe type.\n", "main");
@@ -759,8 +850,18 @@ mod tests {
         let b =
             best("Where does npm audit get data when the endpoint answers with an error?", &ps, 3);
         assert_eq!(b.len(), 2, "the near repeat is passed over: {b:?}");
-        assert!(!phrase_thrice(b.iter().map(|u| u.text.as_str())));
-        assert!(phrase_thrice(["a b c d. a b c d.", "and a b c d"].into_iter()));
+        let said: Vec<&str> = b.iter().map(|u| u.text.as_str()).collect();
+        assert!(!loops(&said.join(" "), 4, 3, 80));
+        assert!(loops("a b c d. and a b c d, and a b c d", 4, 3, 80));
+        // Two examples that share their code would say a call four times
+        // together: the second is passed over.
+        let code = "```\n> process.on('foo', () => {});\n> process.on('foo', () => {});\n```\n";
+        let ps = [
+            p("S1", &format!("Too many listeners print a warning:\n\n{code}"), 1),
+            p("S2", &format!("With no warnings, listeners print nothing:\n\n{code}"), 2),
+        ];
+        let b = best("How many listeners print a warning?", &ps, 3);
+        assert_eq!(b.len(), 1, "{b:?}");
     }
 
     #[test]

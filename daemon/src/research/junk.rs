@@ -9,7 +9,7 @@
 
 use super::citations::citations;
 use prompts::evidence;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 
 /// Why a turn's text was stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,12 +28,6 @@ impl Junk {
     }
 }
 
-/// A word phrase seen this many times is a loop.
-const PHRASE_REPEATS: usize = 3;
-/// Words in a phrase.
-const PHRASE: usize = 5;
-/// A tail this long (characters) already written earlier is a loop.
-const TAIL: usize = 80;
 /// Topic words needed before drift is judged.
 const DRIFT_AFTER: usize = 40;
 /// Below this share of topic words found in the evidence, text drifts.
@@ -79,43 +73,8 @@ impl Monitor {
     }
 }
 
-/// Words of a text, lower-cased, punctuation dropped.
-fn words(text: &str) -> Vec<String> {
-    text.split(|c: char| !c.is_alphanumeric())
-        .filter(|w| !w.is_empty())
-        .map(str::to_lowercase)
-        .collect()
-}
-
 fn loops(text: &str) -> bool {
-    // The same sentence said twice (one of at least four words).
-    let mut said = HashSet::new();
-    for s in text.split(['.', '!', '?', '\n']) {
-        let w = words(s);
-        if w.len() >= 4 && !said.insert(w.join(" ")) {
-            return true;
-        }
-    }
-    // A phrase repeated.
-    let w = words(text);
-    let mut counts: HashMap<&[String], usize> = HashMap::new();
-    for g in w.windows(PHRASE) {
-        let c = counts.entry(g).or_default();
-        *c += 1;
-        if *c >= PHRASE_REPEATS {
-            return true;
-        }
-    }
-    // The tail written before (a loop of any shape: code, lists).
-    let chars: Vec<char> = text.chars().collect();
-    if chars.len() >= 2 * TAIL {
-        let tail: String = chars[chars.len() - TAIL..].iter().collect();
-        let head: String = chars[..chars.len() - TAIL].iter().collect();
-        if tail.trim().len() >= TAIL / 2 && head.contains(&tail) {
-            return true;
-        }
-    }
-    false
+    evidence::loops(text, evidence::WATCH_PHRASE, evidence::WATCH_REPEATS, evidence::WATCH_TAIL)
 }
 
 fn judge(text: &str, evidence: Option<&HashSet<String>>) -> Option<Junk> {

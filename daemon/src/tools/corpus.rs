@@ -77,8 +77,8 @@ const SKIP_DIRS: &[&str] =
 const MAX_FILE: u64 = 4 << 20;
 /// Bumped when what is indexed changes (2: the title field also holds the
 /// file's path, titles come from markdown front matter first; 3: English
-/// stemming).
-const SCHEMA_VERSION: u32 = 3;
+/// stemming; 4: section headings).
+const SCHEMA_VERSION: u32 = 4;
 
 /// One indexed piece of a file.
 #[derive(Debug, Clone)]
@@ -109,6 +109,7 @@ pub(crate) struct Corpus {
     index: Index,
     reader: IndexReader,
     f_title: Field,
+    f_heading: Field,
     f_body: Field,
     f_path: Field,
     f_seg: Field,
@@ -176,24 +177,62 @@ fn walk(root: &Path, dir: &Path, out: &mut Vec<FileStamp>) {
     }
 }
 
-/// The last markdown heading (`#` to `######`, outside code fences) of
-/// `segments`, as text: the section a following segment continues.
+/// The markdown headings (`#` to `######`, outside code fences) of
+/// `text`, in order; `fenced` carries an open fence across segments.
+fn headings<'a>(text: &'a str, fenced: &mut bool) -> Vec<&'a str> {
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let t = line.trim_start();
+        if t.starts_with("```") || t.starts_with("~~~") {
+            *fenced = !*fenced;
+        } else if !*fenced && t.starts_with('#') {
+            let h = t.trim_start_matches('#');
+            if t.len() - h.len() <= 6 && (h.is_empty() || h.starts_with(' ')) {
+                out.push(h.trim());
+            }
+        }
+    }
+    out
+}
+
+/// The last heading of `segments`, as text: the section a following
+/// segment continues.
 pub(crate) fn heading_before(segments: &[String]) -> String {
     let mut fenced = false;
     let mut last = "";
-    for line in segments.iter().flat_map(|s| s.lines()) {
-        let t = line.trim_start();
-        if t.starts_with("```") || t.starts_with("~~~") {
-            fenced = !fenced;
-        } else if !fenced && t.starts_with('#') {
-            let h = t.trim_start_matches('#');
-            if t.len() - h.len() <= 6 && (h.is_empty() || h.starts_with(' ')) {
-                last = h.trim();
-            }
+    for s in segments {
+        if let Some(h) = headings(s, &mut fenced).last() {
+            last = h;
         }
     }
     last.to_owned()
 }
+
+/// For each segment, the headings it stands under: the one in effect where
+/// it starts, then those in it (what the index's `heading` field holds).
+fn section_headings(segments: &[String]) -> Vec<String> {
+    let mut fenced = false;
+    let mut last = String::new();
+    segments
+        .iter()
+        .map(|s| {
+            let inner = headings(s, &mut fenced);
+            let mut all = vec![last.clone()];
+            all.extend(inner.iter().map(|h| h.to_string()));
+            if let Some(h) = inner.last() {
+                last = h.to_string();
+            }
+            all.retain(|h| !h.is_empty());
+            all.join("\n")
+        })
+        .collect()
+}
+
+/// How much a match in a segment's section headings counts against one in
+/// its text or its file's title (measured on the research-qa set: 0.5
+/// answered one question more than without the field, 1.0 one fewer, 2.0
+/// two fewer — a heading word is also in the text it heads).
+const HEADING_BOOST: f32 = 0.5;
 
 /// Splits `text` into segments of about `max` characters, at paragraph
 /// breaks where it can, else at line breaks, else anywhere.
@@ -299,6 +338,10 @@ impl Corpus {
                 .set_index_option(IndexRecordOption::WithFreqsAndPositions),
         );
         let f_title = sb.add_text_field("title", text.clone());
+        // The section headings a segment stands under (the one in effect
+        // where it starts and those in it): what its text is about, so a
+        // question naming an API or a setting finds its section.
+        let f_heading = sb.add_text_field("heading", text.clone());
         let f_body = sb.add_text_field("body", text);
         let f_path = sb.add_text_field("path", STRING | STORED);
         let f_seg = sb.add_u64_field("segment", STORED);
@@ -325,8 +368,9 @@ impl Corpus {
                     // with the title: they name what a file is about.
                     let title = format!("{} {}", title_of(&f.rel, &text), f.rel);
                     let segs = split_segments(&text, segment_chars);
-                    for (i, seg) in segs.iter().enumerate() {
-                        w.add_document(doc!(f_title => title.clone(), f_body => seg.clone(), f_path => f.rel.clone(), f_seg => (i + 1) as u64))?;
+                    let heads = section_headings(&segs);
+                    for (i, (seg, head)) in segs.iter().zip(heads).enumerate() {
+                        w.add_document(doc!(f_title => title.clone(), f_heading => head, f_body => seg.clone(), f_path => f.rel.clone(), f_seg => (i + 1) as u64))?;
                     }
                 }
                 w.commit().context("cannot write the index")?;
@@ -336,14 +380,26 @@ impl Corpus {
         };
         let reader = index.reader().context("cannot read the index")?;
         reader.reload().ok();
-        Ok(Corpus { roots: canon, index, reader, f_title, f_body, f_path, f_seg, segment_chars })
+        Ok(Corpus {
+            roots: canon,
+            index,
+            reader,
+            f_title,
+            f_heading,
+            f_body,
+            f_path,
+            f_seg,
+            segment_chars,
+        })
     }
 
     /// Full-text search; each query term is matched on its own (OR), stop
     /// words dropped, words stemmed.
     pub(crate) fn search(&self, query: &str, limit: usize) -> Result<Vec<Hit>> {
         let searcher = self.reader.searcher();
-        let qp = QueryParser::for_index(&self.index, vec![self.f_title, self.f_body]);
+        let mut qp =
+            QueryParser::for_index(&self.index, vec![self.f_title, self.f_heading, self.f_body]);
+        qp.set_field_boost(self.f_heading, HEADING_BOOST);
         // Punctuation that is query syntax is meaningless in a model's query.
         let cleaned: String = query
             .chars()
@@ -442,6 +498,7 @@ mod tests {
         assert_eq!(heading_before(&segs), "`main`", "a comment in code is no heading");
         assert_eq!(heading_before(&[]), "");
         assert_eq!(heading_before(&["#hashtag\n".to_owned()]), "");
+        assert_eq!(section_headings(&segs), ["Top\n`main`", "`main`"]);
     }
 
     #[test]
