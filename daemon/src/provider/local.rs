@@ -7,12 +7,12 @@
 //! model's `[sampling]` table in models.toml (`with_knobs`).
 
 use super::build::{EngineArgs, Resolved};
-use super::constrain::{self, Constraint, ToolChoice};
+use super::chat::{admit_turn, turn_params, with_knobs, ChatOutput, ChatParams};
+use super::constrain::{self, Constraint};
 use super::{
     fold_event, tool_specs, Provider, ProviderError, Refused, Research, TurnEvent, TurnFinish,
     TurnReply, TurnRequest,
 };
-use crate::state::registry::SamplingKnobs;
 use anyhow::{Context, Result};
 use inference::{Engine, ErrorKind, Finish, GenParams, Generation, Sampling, Session, Step};
 use prompts::{ChatTemplate, Message, ToolDef, ToolStyle};
@@ -107,62 +107,6 @@ impl Local {
             .tokenize_prompt(&text, true)
             .map_err(|e| ProviderError::Failed(e.to_string()))?;
         Ok((text, ids))
-    }
-}
-
-/// `base` with every knob `k` sets.
-pub(crate) fn with_knobs(base: Sampling, k: &SamplingKnobs) -> Sampling {
-    Sampling {
-        temperature: k.temperature.unwrap_or(base.temperature),
-        top_k: k.top_k.unwrap_or(base.top_k),
-        top_p: k.top_p.unwrap_or(base.top_p),
-        min_p: k.min_p.unwrap_or(base.min_p),
-        repeat_penalty: k.repeat_penalty.unwrap_or(base.repeat_penalty),
-        repeat_last_n: k.repeat_last_n.unwrap_or(base.repeat_last_n),
-        frequency_penalty: k.frequency_penalty.unwrap_or(base.frequency_penalty),
-        presence_penalty: k.presence_penalty.unwrap_or(base.presence_penalty),
-        no_repeat_ngram: k.no_repeat_ngram.unwrap_or(base.no_repeat_ngram),
-        seed: base.seed,
-    }
-}
-
-/// Generation settings of one chat turn.
-#[derive(Debug, Clone)]
-pub(crate) struct ChatParams {
-    pub(crate) max_tokens: usize,
-    pub(crate) sampling: Sampling,
-    pub(crate) stop: Vec<String>,
-    /// Parse calls, or strip and discard them (no tools may run).
-    pub(crate) mode: Mode,
-    /// What the output must follow (JSON, enforced calls, no calls).
-    pub(crate) constraint: Constraint,
-    /// A tool whose schema the grammar cannot enforce is held only to being
-    /// a JSON object instead of refusing the turn (the research loop, whose
-    /// host checks every call; a client's request is refused instead).
-    pub(crate) lenient: bool,
-    /// A raw prompt sent as it is, without the chat template (control
-    /// tokens written in it are parsed); the messages are then unused.
-    pub(crate) raw: Option<String>,
-}
-
-/// What a chat turn produced, beside its events.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct ChatOutput {
-    pub(crate) finish: Finish,
-    pub(crate) prompt_tokens: usize,
-    pub(crate) completion_tokens: usize,
-    pub(crate) reused_tokens: usize,
-}
-
-impl ChatOutput {
-    /// A turn cancelled before it started.
-    pub(crate) fn cancelled() -> ChatOutput {
-        ChatOutput {
-            finish: Finish::Cancelled,
-            prompt_tokens: 0,
-            completion_tokens: 0,
-            reused_tokens: 0,
-        }
     }
 }
 
@@ -360,7 +304,11 @@ impl Local {
             on(e);
         }
         ChatOutput {
-            finish: out.finish,
+            finish: match out.finish {
+                Finish::Stop => TurnFinish::Stop,
+                Finish::Length => TurnFinish::Length,
+                Finish::Cancelled => TurnFinish::Cancelled,
+            },
             prompt_tokens: out.prompt_tokens,
             completion_tokens: out.ids.len(),
             reused_tokens: out.reused_tokens,
@@ -411,7 +359,7 @@ impl Provider for Local {
         let out = self.chat(req.messages, req.tools, &params, cancel, &mut |e| {
             fold_event(&mut reply, e, on)
         })?;
-        reply.finish = turn_finish(out.finish);
+        reply.finish = out.finish;
         Ok(reply)
     }
 
@@ -457,7 +405,7 @@ impl Provider for Local {
         }
         for ((i, run), mut reply) in runs.into_iter().zip(replies) {
             let o = self.end_chat(run, &mut |e| fold_event(&mut reply, e, &mut |_| {}));
-            reply.finish = turn_finish(o.finish);
+            reply.finish = o.finish;
             out[i] = Some(match &failed {
                 Some(e) => Err(e.clone()),
                 None => Ok(reply),
@@ -500,51 +448,6 @@ impl Provider for Local {
     }
 }
 
-/// Admits one turn on the local model: the prompt and one reply token must
-/// fit the context, and the caller's budget must allow the attempt (there
-/// are no retries locally).
-pub(crate) fn admit_turn(
-    prompt_tokens: usize,
-    limit: usize,
-    attempt: &mut dyn FnMut(u32) -> Result<(), Refused>,
-) -> Result<(), ProviderError> {
-    let need = prompt_tokens + 1;
-    if need >= limit {
-        return Err(ProviderError::Context { need, limit });
-    }
-    attempt(1).map_err(|Refused| ProviderError::Budget { retrying: None })
-}
-
-/// The chat settings of a research turn: tools parsed when offered, else
-/// suppressed (the final turn may not call).
-pub(crate) fn turn_params(sampling: &Sampling, req: &TurnRequest<'_>) -> ChatParams {
-    ChatParams {
-        max_tokens: req.max_tokens,
-        sampling: sampling.clone(),
-        stop: Vec::new(),
-        mode: if req.tools.is_empty() { Mode::Suppress } else { Mode::Tools },
-        // Research: a call the model starts is held to its tool's schema;
-        // the final turn (no tools) cannot start one.
-        constraint: if !req.choices.is_empty() {
-            Constraint::OneOf(req.choices.to_vec())
-        } else if req.tools.is_empty() {
-            Constraint::NoCalls
-        } else {
-            Constraint::ToolCalls(ToolChoice::Auto)
-        },
-        lenient: true,
-        raw: None,
-    }
-}
-
-pub(crate) fn turn_finish(f: Finish) -> TurnFinish {
-    match f {
-        Finish::Stop => TurnFinish::Stop,
-        Finish::Length => TurnFinish::Length,
-        Finish::Cancelled => TurnFinish::Cancelled,
-    }
-}
-
 /// The token (when the vocabulary has it as one) that opens a call.
 pub(crate) fn call_token(f: Format) -> &'static str {
     match f {
@@ -567,6 +470,7 @@ mod tests {
 
     use super::*;
     use crate::events::Phase;
+    use crate::provider::constrain::ToolChoice;
     use serde_json::{json, Value};
 
     fn local() -> Option<Local> {

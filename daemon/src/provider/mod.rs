@@ -9,7 +9,9 @@
 //! allowance included.
 
 pub(crate) mod build;
+pub(crate) mod chat;
 pub(crate) mod constrain;
+pub(crate) mod engine;
 pub(crate) mod local;
 pub(crate) mod openai;
 pub(crate) mod scripted;

@@ -13,10 +13,10 @@
 //! by `length` or by the stream breaking is dropped); a stream that stops
 //! without finishing is an error, never a reply.
 
-use super::local::{ChatOutput, ChatParams};
+use super::chat::{ChatOutput, ChatParams};
 use super::openai::{merge_tool_call_deltas, wire_message, wire_tool, Attempt, CallSlots, OpenAi};
+use super::TurnFinish;
 use super::{tool_specs, ProviderError};
-use inference::Finish;
 use prompts::{Message, ToolDef};
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader};
@@ -257,7 +257,7 @@ impl OpenAi {
         }
         if cancelled {
             return Ok(ChatOutput {
-                finish: Finish::Cancelled,
+                finish: TurnFinish::Cancelled,
                 ..out(prompt_tokens, chunks, None)
             });
         }
@@ -291,14 +291,14 @@ impl OpenAi {
             }
         }
         let mut o = out(prompt_tokens, chunks, completion_tokens);
-        o.finish = if length { Finish::Length } else { Finish::Stop };
+        o.finish = if length { TurnFinish::Length } else { TurnFinish::Stop };
         Ok(o)
     }
 }
 
 fn out(prompt_tokens: usize, chunks: usize, completion: Option<usize>) -> ChatOutput {
     ChatOutput {
-        finish: Finish::Stop,
+        finish: TurnFinish::Stop,
         prompt_tokens,
         completion_tokens: completion.unwrap_or(chunks),
         reused_tokens: 0,

@@ -30,14 +30,15 @@
 use super::chat::{parse, provider_error};
 use super::json::{busy, error, json_body};
 use super::shared::State;
-use super::worker::{ChatMsg, Job};
-use crate::provider::local::ChatOutput;
+use super::worker::Job;
+use crate::provider::chat::{ChatMsg, ChatOutput};
+use crate::provider::engine::ChatJob;
 use crate::provider::ProviderError;
+use crate::provider::TurnFinish;
 use axum::extract::{Request, State as AxState};
 use axum::http::StatusCode;
 use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
-use inference::Finish;
 use serde_json::{json, Map, Value};
 use toolparse::Event;
 
@@ -225,7 +226,7 @@ fn to_chat(body: &Value, count_only: bool) -> Result<Value, Bad> {
 fn stop_reason(o: &ChatOutput, calls: usize) -> &'static str {
     if calls > 0 {
         "tool_use"
-    } else if o.finish == Finish::Length {
+    } else if o.finish == TurnFinish::Length {
         "max_tokens"
     } else {
         "end_turn"
@@ -282,7 +283,14 @@ pub(super) async fn messages(AxState(st): AxState<State>, req: Request) -> Respo
     };
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let stream = p.stream;
-    let job = Job::Chat { messages: p.messages, tools: p.tools, params: p.params, cancel, tx };
+    let job = Job::Chat(ChatJob {
+        messages: p.messages,
+        tools: p.tools,
+        params: p.params,
+        cancel,
+        run: None,
+        tx,
+    });
     if st.worker.submit(job).is_err() {
         guard.done();
         return busy();

@@ -16,10 +16,12 @@
 
 use super::json::{busy, error, json_body};
 use super::shared::State;
-use super::worker::{ChatMsg, Job};
+use super::worker::Job;
+use crate::provider::chat::{with_knobs, ChatMsg, ChatOutput, ChatParams, Sampling};
 use crate::provider::constrain::{Constraint, ToolChoice};
-use crate::provider::local::{with_knobs, ChatOutput, ChatParams};
+use crate::provider::engine::ChatJob;
 use crate::provider::ProviderError;
+use crate::provider::TurnFinish;
 use crate::state::policy::SamplingLimits;
 use crate::state::registry::SamplingKnobs;
 use axum::extract::{Request, State as AxState};
@@ -27,7 +29,6 @@ use axum::http::StatusCode;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
-use inference::{Finish, Sampling};
 use prompts::{Message, ToolCallMsg, ToolDef};
 use serde_json::{json, Value};
 use toolparse::{Event, Mode};
@@ -395,7 +396,7 @@ pub(super) fn call_json(i: usize, c: &toolparse::ToolCall, id: &str) -> Value {
 fn finish_reason(out: &ChatOutput, calls: usize) -> &'static str {
     if calls > 0 {
         "tool_calls"
-    } else if out.finish == Finish::Length {
+    } else if out.finish == TurnFinish::Length {
         "length"
     } else {
         "stop"
@@ -438,7 +439,14 @@ pub(super) async fn completions(AxState(st): AxState<State>, req: Request) -> Re
     let id = crate::state::store::new_id("chatcmpl");
     let (cancel, guard) = st.track(id.clone());
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    let job = Job::Chat { messages: p.messages, tools: p.tools, params: p.params, cancel, tx };
+    let job = Job::Chat(ChatJob {
+        messages: p.messages,
+        tools: p.tools,
+        params: p.params,
+        cancel,
+        run: None,
+        tx,
+    });
     if st.worker.submit(job).is_err() {
         guard.done();
         return busy();

@@ -83,74 +83,6 @@ fn ollama_addr(spec: &str) -> Result<std::net::SocketAddr> {
     }
 }
 
-/// What the Ollama routes say about the loaded model.
-fn card(local: &crate::provider::local::Local) -> shared::Card {
-    let info = local.engine.info();
-    let c = &info.config;
-    let meta = std::fs::metadata(&info.path).ok();
-    let file_bytes = meta.as_ref().map_or(0, std::fs::Metadata::len);
-    let modified = meta.as_ref().and_then(|m| m.modified().ok());
-    let digest = match &local.resolved.entry {
-        Some(e) => e.sha256.clone(),
-        None => {
-            use sha2::Digest;
-            let mut h = sha2::Sha256::new();
-            h.update(info.path.to_string_lossy().as_bytes());
-            h.update(file_bytes.to_le_bytes());
-            h.update(format!("{modified:?}").as_bytes());
-            h.finalize().iter().map(|b| format!("{b:02x}")).collect()
-        }
-    };
-    let (e, hd) = (c.n_embd as u64, c.head_dim as u64);
-    let attn = e * hd * (2 * c.n_head as u64 + 2 * c.n_kv as u64);
-    let parameters = c.n_layer as u64 * (attn + 3 * e * c.n_ff as u64) + c.n_vocab as u64 * e;
-    let quantization = info
-        .kernels
-        .iter()
-        .max_by_key(|k| k.2)
-        .map(|k| k.0.to_ascii_uppercase())
-        .unwrap_or_default();
-    let tok = local.engine.tokenizer();
-    let fim = [
-        ["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"],
-        ["<fim_prefix>", "<fim_suffix>", "<fim_middle>"],
-    ]
-    .into_iter()
-    .find(|set| set.iter().all(|t| tok.id_of(t).is_some()))
-    .map(|set| set.map(str::to_owned));
-    let template = local
-        .resolved
-        .entry
-        .as_ref()
-        .and_then(|e| e.chat_template.as_deref())
-        .filter(|t| *t != "gguf")
-        .and_then(|p| std::fs::read_to_string(p).ok())
-        .or_else(|| info.chat_template.clone())
-        .unwrap_or_default();
-    shared::Card {
-        path: info.path.clone(),
-        arch: c.arch_name.clone(),
-        template,
-        file_bytes,
-        weight_bytes: info.weight_bytes as u64,
-        digest: format!("sha256:{digest}"),
-        parameters,
-        quantization,
-        embedding: c.n_embd,
-        layers: c.n_layer,
-        heads: (c.n_head, c.n_kv),
-        fim,
-        stop: local.resolved.entry.as_ref().map(|e| e.stop.clone()).unwrap_or_default(),
-        sampling: local
-            .resolved
-            .entry
-            .as_ref()
-            .and_then(|e| e.sampling.clone())
-            .unwrap_or_default(),
-        modified,
-    }
-}
-
 pub(crate) fn run(a: ServeArgs) -> Result<()> {
     match a.engine.provider.as_str() {
         "local" | "openai" | "scripted" => {}
@@ -273,14 +205,14 @@ pub(crate) fn run(a: ServeArgs) -> Result<()> {
         st.upstream = Some(shared::Upstream { provider: upstream, models: probe.models });
         st
     } else {
-        let local = crate::provider::local::Local::load(
+        let batch = crate::provider::engine::Batch::load(
             &a.engine,
-            a.engine.tool_format.as_deref(),
-            Some(policies.get(policy::CONTEXT) as usize),
+            policies.get(policy::CONTEXT) as usize,
+            policies.get(policy::DECODE_BATCH) as usize,
         )?;
-        let model = local.resolved.name.clone();
-        let card = card(&local);
-        let context = local.engine.info().context;
+        let model = batch.name();
+        let card = batch.card();
+        let context = batch.context();
         let mut config = RunConfig {
             engine: a.engine,
             corpus: a.corpus,
@@ -292,7 +224,7 @@ pub(crate) fn run(a: ServeArgs) -> Result<()> {
         // again when the daemon restarts).
         config.start_servers(&policies)?;
         let worker = worker::Worker::start(
-            worker::Setup { local, policies, metrics: Arc::clone(&metrics), config },
+            worker::Setup { batch, policies, metrics: Arc::clone(&metrics), config },
             capacity,
         );
         shared::State::new(worker, metrics, model, card, context, body_limit, limits)

@@ -27,14 +27,16 @@
 use super::chat::{parse, provider_error, Parsed};
 use super::json::{busy, json_body};
 use super::shared::State;
-use super::worker::{ChatMsg, Job};
+use super::worker::Job;
+use crate::provider::chat::ChatMsg;
+use crate::provider::engine::ChatJob;
 use crate::provider::ProviderError;
+use crate::provider::TurnFinish;
 use axum::body::{Body, Bytes};
 use axum::extract::{Request, State as AxState};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
-use inference::Finish;
 use serde_json::{json, Map, Value};
 use std::time::{Instant, SystemTime};
 use toolparse::Event;
@@ -354,7 +356,14 @@ async fn answer(st: State, p: Parsed, reply: Reply) -> Response {
     let id = crate::state::store::new_id("ollama");
     let (cancel, guard) = st.track(id);
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    let job = Job::Chat { messages: p.messages, tools: p.tools, params: p.params, cancel, tx };
+    let job = Job::Chat(ChatJob {
+        messages: p.messages,
+        tools: p.tools,
+        params: p.params,
+        cancel,
+        run: None,
+        tx,
+    });
     if st.worker.submit(job).is_err() {
         guard.done();
         return busy();
@@ -392,10 +401,10 @@ async fn answer(st: State, p: Parsed, reply: Reply) -> Response {
             v
         }
     };
-    let last = move |v: &mut Value, o: &crate::provider::local::ChatOutput, first_at: Instant| {
+    let last = move |v: &mut Value, o: &crate::provider::chat::ChatOutput, first_at: Instant| {
         let ns = |d: std::time::Duration| d.as_nanos() as u64;
         v["done"] = json!(true);
-        v["done_reason"] = json!(if o.finish == Finish::Length { "length" } else { "stop" });
+        v["done_reason"] = json!(if o.finish == TurnFinish::Length { "length" } else { "stop" });
         v["total_duration"] = json!(ns(started.elapsed()));
         v["load_duration"] = json!(0);
         v["prompt_eval_count"] = json!(o.prompt_tokens);

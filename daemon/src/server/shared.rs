@@ -7,7 +7,6 @@ use super::json::error;
 use super::metrics::Metrics;
 use super::worker::Worker;
 use crate::state::policy::SamplingLimits;
-use crate::state::registry::SamplingKnobs;
 use crate::state::store::Store;
 use axum::http::StatusCode;
 use axum::response::Response;
@@ -16,34 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-/// What the Ollama routes say about the model served (`/api/show`,
-/// `/api/tags`, `/api/ps`), read once at start.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct Card {
-    pub(crate) path: std::path::PathBuf,
-    pub(crate) arch: String,
-    /// The chat template's source.
-    pub(crate) template: String,
-    /// Bytes of the file, and of the weights in memory.
-    pub(crate) file_bytes: u64,
-    pub(crate) weight_bytes: u64,
-    /// `sha256:…`: the registry's checksum, else one of the path, size and
-    /// modification time (it names the file, not its bytes).
-    pub(crate) digest: String,
-    pub(crate) parameters: u64,
-    /// The GGUF tensor type most weights have (`Q4_1`).
-    pub(crate) quantization: String,
-    pub(crate) embedding: usize,
-    pub(crate) layers: usize,
-    pub(crate) heads: (usize, usize),
-    /// Fill-in-the-middle tokens (prefix, suffix, middle), when the
-    /// vocabulary has them: what `suffix` in `/api/generate` needs.
-    pub(crate) fim: Option<[String; 3]>,
-    pub(crate) stop: Vec<String>,
-    /// The model's sampling defaults (models.toml), under a request's knobs.
-    pub(crate) sampling: SamplingKnobs,
-    pub(crate) modified: Option<std::time::SystemTime>,
-}
+pub(crate) use crate::provider::engine::Card;
 
 /// Shared by every request.
 #[derive(Debug, Clone)]

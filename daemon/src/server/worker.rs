@@ -18,9 +18,8 @@
 //! `ask` builds it, its attempts holding places in the same gate.
 
 use crate::events::Ev;
-use crate::provider::local::{
-    admit_turn, turn_finish, turn_params, ChatOutput, ChatParams, ChatRun, ChatStep, Local,
-};
+use crate::provider::chat::{admit_turn, turn_params, ChatMsg, Sampling};
+use crate::provider::engine::{Batch, ChatJob};
 use crate::provider::openai::OpenAi;
 use crate::provider::upstream::Gate;
 use crate::provider::{
@@ -29,21 +28,13 @@ use crate::provider::{
 use crate::research::{RunConfig, RunOptions};
 use crate::state::policy::{self, Policies};
 use crate::state::store::Store;
-use inference::Sampling;
 use prompts::{Message, ToolDef};
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender, TryRecvError};
 use std::sync::Arc;
-use tokio::sync::mpsc::UnboundedSender;
-
-/// What a chat completion streams.
-#[derive(Debug)]
-pub(crate) enum ChatMsg {
-    Event(toolparse::Event),
-    Done(Result<ChatOutput, ProviderError>),
-}
+use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 
 /// A `POST /v1/research` request.
 #[derive(Debug)]
@@ -57,13 +48,7 @@ pub(crate) struct ResearchRequest {
 
 /// A unit of work for the model.
 pub(crate) enum Job {
-    Chat {
-        messages: Vec<Message>,
-        tools: Vec<ToolDef>,
-        params: ChatParams,
-        cancel: Arc<AtomicBool>,
-        tx: UnboundedSender<ChatMsg>,
-    },
+    Chat(ChatJob),
     Research {
         request: ResearchRequest,
         cancel: Arc<AtomicBool>,
@@ -88,7 +73,7 @@ pub(crate) enum Job {
 impl std::fmt::Debug for Job {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
-            Job::Chat { .. } => "Job::Chat",
+            Job::Chat(_) => "Job::Chat",
             Job::Research { .. } => "Job::Research",
             Job::Resume { .. } => "Job::Resume",
             Job::Count { .. } => "Job::Count",
@@ -112,7 +97,7 @@ pub(crate) struct Full;
 
 /// What the worker needs besides the model.
 pub(crate) struct Setup {
-    pub(crate) local: Local,
+    pub(crate) batch: Batch,
     pub(crate) policies: Policies,
     pub(crate) metrics: Arc<super::metrics::Metrics>,
     /// What every research run uses: the daemon's engine, corpus, notes.
@@ -230,6 +215,51 @@ impl EngineLink {
     }
 }
 
+impl EngineLink {
+    /// Sends one request to the engine thread (joining its batch); its
+    /// events come back on the returned channel. The request stops when
+    /// `stop` or the run's own flag is set.
+    fn send(
+        &self,
+        req: &TurnRequest<'_>,
+        stop: Arc<AtomicBool>,
+    ) -> Result<UnboundedReceiver<ChatMsg>, ProviderError> {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        self.worker.internal(Job::Chat(ChatJob {
+            messages: req.messages.to_vec(),
+            tools: req.tools.to_vec(),
+            params: turn_params(&self.sampling, req),
+            cancel: stop,
+            run: Some(Arc::clone(&self.cancel)),
+            tx,
+        }))?;
+        Ok(rx)
+    }
+}
+
+/// Folds what a request streams into `reply` until it ends: waits on the
+/// channel (no polling); `after` runs after each event.
+fn collect(
+    rx: &mut UnboundedReceiver<ChatMsg>,
+    reply: &mut TurnReply,
+    on: &mut dyn FnMut(TurnEvent),
+    after: &mut dyn FnMut(),
+) -> Result<(), ProviderError> {
+    loop {
+        match rx.blocking_recv() {
+            Some(ChatMsg::Event(e)) => {
+                fold_event(reply, e, on);
+                after();
+            }
+            Some(ChatMsg::Done(r)) => {
+                reply.finish = r?.finish;
+                return Ok(());
+            }
+            None => return Err(ProviderError::Failed("the engine has stopped".into())),
+        }
+    }
+}
+
 impl Provider for EngineLink {
     fn turn(
         &mut self,
@@ -239,108 +269,50 @@ impl Provider for EngineLink {
         on: &mut dyn FnMut(TurnEvent),
     ) -> Result<TurnReply, ProviderError> {
         admit_turn(self.tokens(req.messages, req.tools)?, self.context, attempt)?;
-        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        // This turn's own flag: set when the run is cancelled or the loop
-        // stops the turn (`cancel`, e.g. its text is junk) — the latter
-        // ends the turn, not the run.
-        let stop = Arc::new(AtomicBool::new(
-            cancel.load(Ordering::Relaxed) || self.cancel.load(Ordering::Relaxed),
-        ));
-        self.worker.internal(Job::Chat {
-            messages: req.messages.to_vec(),
-            tools: req.tools.to_vec(),
-            params: turn_params(&self.sampling, req),
-            cancel: Arc::clone(&stop),
-            tx,
-        })?;
+        // This turn's own flag, which the engine watches beside the run's:
+        // the caller stops the turn (`cancel`, e.g. its text is junk) as it
+        // hears an event, which ends the turn, not the run.
+        let stop = Arc::new(AtomicBool::new(cancel.load(Ordering::Relaxed)));
+        let mut rx = self.send(req, Arc::clone(&stop))?;
         let mut reply = TurnReply::empty();
-        loop {
-            let msg = match rx.try_recv() {
-                Ok(m) => Some(m),
-                Err(tokio::sync::mpsc::error::TryRecvError::Empty) => {
-                    if cancel.load(Ordering::Relaxed) || self.cancel.load(Ordering::Relaxed) {
-                        stop.store(true, Ordering::Relaxed);
-                    }
-                    std::thread::sleep(std::time::Duration::from_millis(2));
-                    continue;
-                }
-                Err(tokio::sync::mpsc::error::TryRecvError::Disconnected) => None,
-            };
-            match msg {
-                Some(ChatMsg::Event(e)) => fold_event(&mut reply, e, on),
-                Some(ChatMsg::Done(r)) => {
-                    reply.finish = turn_finish(r?.finish);
-                    return Ok(reply);
-                }
-                None => return Err(ProviderError::Failed("the engine has stopped".into())),
+        collect(&mut rx, &mut reply, on, &mut || {
+            if cancel.load(Ordering::Relaxed) {
+                stop.store(true, Ordering::Relaxed);
             }
-        }
+        })?;
+        Ok(reply)
     }
 
     /// Section workers: every request goes to the engine thread at once,
-    /// so they decode together in its batch (with other clients' turns).
+    /// so they decode together in its batch (with other clients' turns);
+    /// their replies are then read one after another.
     fn turns(
         &mut self,
         reqs: &[TurnRequest<'_>],
         cancel: &AtomicBool,
         attempt: &mut dyn FnMut(usize, u32) -> Result<(), Refused>,
     ) -> Vec<Result<TurnReply, ProviderError>> {
-        let mut out: Vec<Option<Result<TurnReply, ProviderError>>> = Vec::new();
-        let mut pending = Vec::new();
-        for (i, req) in reqs.iter().enumerate() {
-            let sent = self.tokens(req.messages, req.tools).and_then(|n| {
+        let stop = Arc::new(AtomicBool::new(cancel.load(Ordering::Relaxed)));
+        let sent: Vec<Result<UnboundedReceiver<ChatMsg>, ProviderError>> = reqs
+            .iter()
+            .enumerate()
+            .map(|(i, req)| {
+                let n = self.tokens(req.messages, req.tools)?;
                 admit_turn(n, self.context, &mut |k| attempt(i, k))?;
-                let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-                self.worker.internal(Job::Chat {
-                    messages: req.messages.to_vec(),
-                    tools: req.tools.to_vec(),
-                    params: turn_params(&self.sampling, req),
-                    cancel: Arc::clone(&self.cancel),
-                    tx,
+                self.send(req, Arc::clone(&stop))
+            })
+            .collect();
+        sent.into_iter()
+            .map(|rx| {
+                let mut rx = rx?;
+                let mut reply = TurnReply::empty();
+                collect(&mut rx, &mut reply, &mut |_| {}, &mut || {
+                    if cancel.load(Ordering::Relaxed) {
+                        stop.store(true, Ordering::Relaxed);
+                    }
                 })?;
-                Ok(rx)
-            });
-            match sent {
-                Ok(rx) => {
-                    pending.push((i, rx, TurnReply::empty()));
-                    out.push(None);
-                }
-                Err(e) => out.push(Some(Err(e))),
-            }
-        }
-        while !pending.is_empty() {
-            let mut progressed = false;
-            pending.retain_mut(|(i, rx, reply)| loop {
-                match rx.try_recv() {
-                    Ok(ChatMsg::Event(e)) => {
-                        progressed = true;
-                        fold_event(reply, e, &mut |_| {});
-                    }
-                    Ok(ChatMsg::Done(r)) => {
-                        progressed = true;
-                        let mut reply = std::mem::replace(reply, TurnReply::empty());
-                        out[*i] = Some(r.map(|o| {
-                            reply.finish = turn_finish(o.finish);
-                            reply
-                        }));
-                        return false;
-                    }
-                    Err(tokio::sync::mpsc::error::TryRecvError::Empty) => return true,
-                    Err(tokio::sync::mpsc::error::TryRecvError::Disconnected) => {
-                        out[*i] = Some(Err(ProviderError::Failed("the engine has stopped".into())));
-                        return false;
-                    }
-                }
-            });
-            if cancel.load(Ordering::Relaxed) {
-                self.cancel.store(true, Ordering::Relaxed);
-            }
-            if !progressed {
-                std::thread::sleep(std::time::Duration::from_millis(2));
-            }
-        }
-        out.into_iter()
-            .map(|r| r.unwrap_or_else(|| Err(ProviderError::Failed("no reply".into()))))
+                Ok(reply)
+            })
             .collect()
     }
 
@@ -361,45 +333,34 @@ impl Provider for EngineLink {
     }
 }
 
-/// A chat completion decoding in the batch.
-struct Active {
-    run: ChatRun,
-    cancel: Arc<AtomicBool>,
-    tx: UnboundedSender<ChatMsg>,
-    started: std::time::Instant,
-}
-
-/// The engine thread's loop: admits chat completions into the batch while
+/// The engine thread's loop: admits chat requests into the batch while
 /// there is room, steps the batch, answers token counts, and starts
 /// research threads while there are slots.
 fn serve_jobs(setup: &mut Setup, rx: &Receiver<(Job, bool)>, worker: &Worker) {
-    let batch = (setup.policies.get(policy::DECODE_BATCH) as usize).max(1);
+    let slots = (setup.policies.get(policy::DECODE_BATCH) as usize).max(1);
+    let batch = &mut setup.batch;
     let run_setup = RunSetup {
         policies: setup.policies.clone(),
         metrics: Arc::clone(&setup.metrics),
         config: setup.config.clone(),
-        context: setup.local.engine.info().context,
-        name: setup.local.resolved.name.clone(),
-        sampling: setup.local.sampling.clone(),
-        research: setup.local.research(),
+        context: batch.context(),
+        name: batch.name(),
+        sampling: batch.sampling(),
+        research: batch.research(),
         upstream: None,
         built: false,
     };
-    let mut active: Vec<Active> = Vec::new();
     // Completions waiting for room in the batch, and research jobs waiting
     // for a slot, in arrival order (with whether a client sent them: those
     // stay counted in the queue until they start).
     let mut pending: VecDeque<(Job, bool)> = VecDeque::new();
     let mut held: VecDeque<(Job, bool)> = VecDeque::new();
     let mut research = 0usize;
-    // Set when the engine could not be reloaded after a panic: why every
-    // request now fails.
-    let mut broken: Option<String> = None;
     loop {
         // Take everything that has arrived (waiting only when idle): token
         // counts and slot releases are answered at once, between steps,
         // even while the batch is full.
-        let idle = active.is_empty() && pending.is_empty();
+        let idle = batch.len() == 0 && pending.is_empty();
         let mut wait = idle;
         loop {
             let next = if wait {
@@ -411,34 +372,23 @@ fn serve_jobs(setup: &mut Setup, rx: &Receiver<(Job, bool)>, worker: &Worker) {
             // waiting, then go and act on it.
             wait = false;
             match next {
-                Ok((Job::Count { tx, .. }, external)) if broken.is_some() => {
-                    if external {
-                        worker.depth.fetch_sub(1, Ordering::Relaxed);
-                    }
-                    let _ = tx.send(Err(ProviderError::Failed(broken.clone().unwrap_or_default())));
-                }
                 Ok((Job::Count { messages, tools, tx }, external)) => {
                     // A client's count (`/v1/messages/count_tokens`) leaves
-                    // the queue as it is answered. Tokenizing reads the
-                    // engine, never changes it.
+                    // the queue as it is answered.
                     if external {
                         worker.depth.fetch_sub(1, Ordering::Relaxed);
                     }
-                    let n = catch_unwind(AssertUnwindSafe(|| {
-                        setup.local.prompt_tokens(&messages, &tools)
-                    }))
-                    .unwrap_or_else(|_| Err(ProviderError::Failed("internal error".into())));
-                    let _ = tx.send(n);
+                    let _ = tx.send(batch.count(&messages, &tools));
                 }
                 Ok((Job::Finished, _)) => research = research.saturating_sub(1),
-                Ok(j @ (Job::Chat { .. }, _)) => pending.push_back(j),
+                Ok(j @ (Job::Chat(_), _)) => pending.push_back(j),
                 Ok(j) => held.push_back(j),
                 Err(TryRecvError::Empty) => break,
                 Err(TryRecvError::Disconnected) if idle && held.is_empty() => return,
                 Err(TryRecvError::Disconnected) => break,
             }
         }
-        while research < batch {
+        while research < slots {
             let Some((job, external)) = held.pop_front() else { break };
             if external {
                 worker.depth.fetch_sub(1, Ordering::Relaxed);
@@ -446,132 +396,18 @@ fn serve_jobs(setup: &mut Setup, rx: &Receiver<(Job, bool)>, worker: &Worker) {
             research += 1;
             spawn_research(job, run_setup.clone(), worker.clone());
         }
-        while active.len() < batch {
+        while batch.has_room() {
             let Some((job, external)) = pending.pop_front() else { break };
             if external {
                 worker.depth.fetch_sub(1, Ordering::Relaxed);
             }
-            let Job::Chat { messages, tools, params, cancel, tx } = job else { continue };
-            if let Some(why) = &broken {
-                let _ = tx.send(ChatMsg::Done(Err(ProviderError::Failed(why.clone()))));
-                continue;
-            }
-            if cancel.load(Ordering::Relaxed) {
-                let _ = tx.send(ChatMsg::Done(Ok(ChatOutput::cancelled())));
-                continue;
-            }
-            let started = std::time::Instant::now();
-            // One request's failure never takes the worker down.
-            let begun = catch_unwind(AssertUnwindSafe(|| {
-                setup.local.begin_chat(&messages, &tools, &params)
-            }));
-            match begun {
-                Ok(Ok(run)) => active.push(Active { run, cancel, tx, started }),
-                Ok(Err(e)) => {
-                    let _ = tx.send(ChatMsg::Done(Err(e)));
-                }
-                Err(_) => {
-                    tracing::error!("a request panicked; the model is loaded again");
-                    let _ = tx.send(ChatMsg::Done(Err(ProviderError::Failed(
-                        "internal error while starting the reply".into(),
-                    ))));
-                    // The engine is not trusted after an unwind through it.
-                    fail_all(
-                        &mut active,
-                        "internal error in another reply; the model is loaded again",
-                    );
-                    broken = reload(setup);
-                }
+            if let Job::Chat(chat) = job {
+                batch.start(chat);
             }
         }
-        setup.metrics.batch(active.len());
-        if active.is_empty() {
-            continue;
-        }
-        let stepped = catch_unwind(AssertUnwindSafe(|| {
-            let mut parts: Vec<_> = active
-                .iter_mut()
-                .map(|a| {
-                    let Active { run, cancel, tx, .. } = a;
-                    let cancel: &AtomicBool = cancel;
-                    let sink = move |e: toolparse::Event| {
-                        if tx.send(ChatMsg::Event(e)).is_err() {
-                            // The client went away: stop within one token.
-                            cancel.store(true, Ordering::Relaxed);
-                        }
-                    };
-                    (run, cancel, sink)
-                })
-                .collect();
-            let mut runs: Vec<ChatStep<'_>> = parts
-                .iter_mut()
-                .map(|(run, cancel, sink)| {
-                    (&mut **run, *cancel, sink as &mut dyn FnMut(toolparse::Event))
-                })
-                .collect();
-            setup.local.step_chats(&mut runs)
-        }));
-        let failure = match stepped {
-            Ok(Ok(())) => None,
-            Ok(Err(e)) => Some(e.to_string()),
-            Err(_) => {
-                tracing::error!(
-                    "a decode step panicked; its replies fail, the model is loaded again"
-                );
-                fail_all(&mut active, "internal error while generating");
-                // The engine is not trusted after an unwind through it.
-                broken = reload(setup);
-                continue;
-            }
-        };
-        if let Some(msg) = failure {
-            fail_all(&mut active, &msg);
-            continue;
-        }
-        let mut i = 0;
-        while i < active.len() {
-            if !active[i].run.is_done() {
-                i += 1;
-                continue;
-            }
-            let a = active.swap_remove(i);
-            let Active { run, cancel, tx, started } = a;
-            let out = setup.local.end_chat(run, &mut |e| {
-                if tx.send(ChatMsg::Event(e)).is_err() {
-                    cancel.store(true, Ordering::Relaxed);
-                }
-            });
-            setup.metrics.tokens(out.completion_tokens, started.elapsed());
-            let _ = tx.send(ChatMsg::Done(Ok(out)));
-        }
-    }
-}
-
-/// Ends every reply in the batch with `msg`.
-fn fail_all(active: &mut Vec<Active>, msg: &str) {
-    for a in active.drain(..) {
-        let _ = a.tx.send(ChatMsg::Done(Err(ProviderError::Failed(msg.to_owned()))));
-    }
-}
-
-/// Loads the model again after a panic unwound through the engine (its
-/// sessions and buffers are not trusted after that); `Some(why)` when it
-/// cannot be loaded: then every request fails, saying so.
-fn reload(setup: &mut Setup) -> Option<String> {
-    let args = &setup.config.engine;
-    let context = Some(setup.policies.get(policy::CONTEXT) as usize);
-    match Local::load(args, args.tool_format.as_deref(), context) {
-        Ok(local) => {
-            setup.local = local;
-            None
-        }
-        Err(e) => {
-            let why = format!(
-                "the model failed and could not be loaded again ({e:#}); restart agentd serve"
-            );
-            tracing::error!("{why}");
-            Some(why)
-        }
+        setup.metrics.batch(batch.len());
+        let metrics = &setup.metrics;
+        batch.step(&mut |tokens, took| metrics.tokens(tokens, took));
     }
 }
 
@@ -598,7 +434,7 @@ fn serve_upstream(setup: &RunSetup, gate: &Arc<Gate>, rx: &Receiver<(Job, bool)>
                 let _ = tx.send(Err(ProviderError::Failed("the upstream counts no tokens".into())));
             }
             Ok((Job::Finished, _)) => research = research.saturating_sub(1),
-            Ok(j @ (Job::Chat { .. }, _)) => pending.push_back(j),
+            Ok(j @ (Job::Chat(_), _)) => pending.push_back(j),
             Ok(j) => held.push_back(j),
             Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
             Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
@@ -621,7 +457,9 @@ fn serve_upstream(setup: &RunSetup, gate: &Arc<Gate>, rx: &Receiver<(Job, bool)>
             if external {
                 worker.depth.fetch_sub(1, Ordering::Relaxed);
             }
-            let Job::Chat { messages, tools, params, cancel, tx } = job else { continue };
+            let Job::Chat(ChatJob { messages, tools, params, cancel, tx, .. }) = job else {
+                continue;
+            };
             let Some(up) = upstream.clone() else {
                 let _ = tx.send(ChatMsg::Done(Err(ProviderError::Failed(
                     "--provider scripted serves /v1/research only; chat completions need --provider local or openai".into(),
