@@ -117,12 +117,18 @@ enum Command {
         #[command(subcommand)]
         command: SettingsCommand,
     },
-    /// Download a registry model (the default when NAME is omitted)
+    /// Download a registry model (the default when NAME is omitted), or
+    /// any GGUF file from the Hugging Face Hub: hf:OWNER/REPO/FILE.gguf[@REVISION]
     Pull {
-        /// Registry name (see `agentd models`)
+        /// Registry name (see `agentd models`) or hf:OWNER/REPO/FILE.gguf
         name: Option<String>,
     },
-    /// List registry models and whether each is present locally
+    /// Delete an installed model file
+    Rm {
+        /// Registry name, file name or file stem (see `agentd models`)
+        name: String,
+    },
+    /// List registry models (present or not) and every GGUF file in the models folder
     Models {
         /// Print JSON
         #[arg(long)]
@@ -360,6 +366,7 @@ fn run(cli: Cli, cancel: &AtomicBool) -> anyhow::Result<ExitCode> {
             }
         }
         Command::Pull { name } => engine::pull(name.as_deref())?,
+        Command::Rm { name } => engine::rm(&name)?,
         Command::Models { json } => engine::models(json)?,
         Command::Tokenize { model, special, text } => {
             engine::tokenize(model.as_deref(), special, &text)?

