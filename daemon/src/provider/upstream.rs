@@ -26,13 +26,20 @@ use std::time::Duration;
 use toolparse::{Event, FinishReason, Mode, Options, Parser, ToolCall};
 
 /// A bound on requests in flight to the upstream.
-#[derive(Debug)]
 pub(crate) struct Gate {
     max: usize,
     used: Mutex<usize>,
     freed: Condvar,
+    /// Called whenever a place frees (the dispatcher's doorbell).
+    on_free: Mutex<Option<Box<dyn Fn() + Send>>>,
     /// Places held now (for `/metrics`).
     pub(crate) in_flight: Arc<AtomicUsize>,
+}
+
+impl std::fmt::Debug for Gate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gate").field("max", &self.max).field("used", &self.used).finish()
+    }
 }
 
 /// A place in the gate, given back when dropped.
@@ -45,7 +52,15 @@ impl Drop for Place {
             *n = n.saturating_sub(1);
             self.0.in_flight.store(*n, Ordering::Relaxed);
         }
-        self.0.freed.notify_one();
+        // Every waiter looks again (a research turn's `acquire`, the
+        // dispatcher's `wait_free`): one woken for nothing is harmless, one
+        // left asleep beside a free place is not.
+        self.0.freed.notify_all();
+        if let Ok(hook) = self.0.on_free.lock() {
+            if let Some(f) = hook.as_ref() {
+                f();
+            }
+        }
     }
 }
 
@@ -55,8 +70,30 @@ impl Gate {
             max: max.max(1),
             used: Mutex::new(0),
             freed: Condvar::new(),
+            on_free: Mutex::new(None),
             in_flight: Arc::default(),
         })
+    }
+
+    /// Calls `f` whenever a place frees.
+    pub(crate) fn on_free(&self, f: Box<dyn Fn() + Send>) {
+        if let Ok(mut hook) = self.on_free.lock() {
+            *hook = Some(f);
+        }
+    }
+
+    /// Waits until a place is free (without taking it).
+    pub(crate) fn wait_free(&self) {
+        let mut n = match self.used.lock() {
+            Ok(n) => n,
+            Err(p) => p.into_inner(),
+        };
+        while *n >= self.max {
+            n = match self.freed.wait(n) {
+                Ok(n) => n,
+                Err(p) => p.into_inner(),
+            };
+        }
     }
 
     /// A place now, or `None` when all are taken.

@@ -32,9 +32,10 @@ use prompts::{Message, ToolDef};
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::mpsc::{channel, Receiver, Sender, TryRecvError};
+use std::sync::mpsc::{channel, Sender};
 use std::sync::Arc;
-use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
+use tokio::sync::mpsc::error::TryRecvError;
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
 /// A `POST /v1/research` request.
 #[derive(Debug)]
@@ -68,6 +69,8 @@ pub(crate) enum Job {
     },
     /// A research thread ended: its slot is free.
     Finished,
+    /// A place in the upstream gate freed.
+    Wake,
 }
 
 impl std::fmt::Debug for Job {
@@ -78,6 +81,7 @@ impl std::fmt::Debug for Job {
             Job::Resume { .. } => "Job::Resume",
             Job::Count { .. } => "Job::Count",
             Job::Finished => "Job::Finished",
+            Job::Wake => "Job::Wake",
         })
     }
 }
@@ -86,7 +90,7 @@ impl std::fmt::Debug for Job {
 /// (counted against the capacity) or from a running research thread.
 #[derive(Debug, Clone)]
 pub(crate) struct Worker {
-    tx: Sender<(Job, bool)>,
+    tx: UnboundedSender<(Job, bool)>,
     pub(crate) depth: Arc<AtomicUsize>,
     pub(crate) capacity: usize,
 }
@@ -106,14 +110,14 @@ pub(crate) struct Setup {
 
 impl Worker {
     pub(crate) fn start(setup: Setup, capacity: usize) -> Worker {
-        let (tx, rx) = channel::<(Job, bool)>();
+        let (tx, mut rx) = unbounded_channel::<(Job, bool)>();
         let worker = Worker { tx, depth: Arc::new(AtomicUsize::new(0)), capacity };
         let me = worker.clone();
         std::thread::Builder::new()
             .name("agentd-engine".into())
             .spawn(move || {
                 let mut setup = setup;
-                serve_jobs(&mut setup, &rx, &me);
+                serve_jobs(&mut setup, &mut rx, &me);
             })
             .expect("spawning the engine thread");
         worker
@@ -145,7 +149,7 @@ impl Worker {
         config: RunConfig,
         capacity: usize,
     ) -> Worker {
-        let (tx, rx) = channel::<(Job, bool)>();
+        let (tx, mut rx) = unbounded_channel::<(Job, bool)>();
         let worker = Worker { tx, depth: Arc::new(AtomicUsize::new(0)), capacity };
         let me = worker.clone();
         let setup = RunSetup {
@@ -161,7 +165,7 @@ impl Worker {
         };
         std::thread::Builder::new()
             .name("agentd-upstream".into())
-            .spawn(move || serve_upstream(&setup, &gate, &rx, &me))
+            .spawn(move || serve_upstream(&setup, &gate, &mut rx, &me))
             .expect("spawning the upstream dispatcher");
         worker
     }
@@ -336,7 +340,7 @@ impl Provider for EngineLink {
 /// The engine thread's loop: admits chat requests into the batch while
 /// there is room, steps the batch, answers token counts, and starts
 /// research threads while there are slots.
-fn serve_jobs(setup: &mut Setup, rx: &Receiver<(Job, bool)>, worker: &Worker) {
+fn serve_jobs(setup: &mut Setup, rx: &mut UnboundedReceiver<(Job, bool)>, worker: &Worker) {
     let slots = (setup.policies.get(policy::DECODE_BATCH) as usize).max(1);
     let batch = &mut setup.batch;
     let run_setup = RunSetup {
@@ -364,7 +368,7 @@ fn serve_jobs(setup: &mut Setup, rx: &Receiver<(Job, bool)>, worker: &Worker) {
         let mut wait = idle;
         loop {
             let next = if wait {
-                rx.recv().map_err(|_| TryRecvError::Disconnected)
+                rx.blocking_recv().ok_or(TryRecvError::Disconnected)
             } else {
                 rx.try_recv()
             };
@@ -381,6 +385,7 @@ fn serve_jobs(setup: &mut Setup, rx: &Receiver<(Job, bool)>, worker: &Worker) {
                     let _ = tx.send(batch.count(&messages, &tools));
                 }
                 Ok((Job::Finished, _)) => research = research.saturating_sub(1),
+                Ok((Job::Wake, _)) => {}
                 Ok(j @ (Job::Chat(_), _)) => pending.push_back(j),
                 Ok(j) => held.push_back(j),
                 Err(TryRecvError::Empty) => break,
@@ -414,34 +419,40 @@ fn serve_jobs(setup: &mut Setup, rx: &Receiver<(Job, bool)>, worker: &Worker) {
 /// The dispatcher in front of an upstream: chat completions start in
 /// queue order as the gate frees places, each on a thread of its own;
 /// research runs start up to the gate's size at once.
-fn serve_upstream(setup: &RunSetup, gate: &Arc<Gate>, rx: &Receiver<(Job, bool)>, worker: &Worker) {
+fn serve_upstream(
+    setup: &RunSetup,
+    gate: &Arc<Gate>,
+    rx: &mut UnboundedReceiver<(Job, bool)>,
+    worker: &Worker,
+) {
     let slots = (setup.policies.get(policy::UPSTREAM_CONCURRENCY) as usize).max(1);
     let upstream = setup.upstream.clone();
     let mut pending: VecDeque<(Job, bool)> = VecDeque::new();
     let mut held: VecDeque<(Job, bool)> = VecDeque::new();
     let mut research = 0usize;
+    // A place that frees (a reply or a research turn ended) rings here, so
+    // waiting requests start at once, without polling (the gate holds a
+    // weak sender: no cycle through it).
+    let bell = worker.tx.downgrade();
+    gate.on_free(Box::new(move || {
+        if let Some(tx) = bell.upgrade() {
+            let _ = tx.send((Job::Wake, false));
+        }
+    }));
     loop {
         let idle = pending.is_empty() && held.is_empty();
-        // Waiting for a place: look again soon (a place frees when a
-        // reply or a research turn ends).
-        let next = if idle {
-            rx.recv().map_err(|_| std::sync::mpsc::RecvTimeoutError::Disconnected)
-        } else {
-            rx.recv_timeout(std::time::Duration::from_millis(5))
-        };
+        let next = rx.blocking_recv();
         match next {
-            Ok((Job::Count { tx, .. }, _)) => {
+            Some((Job::Count { tx, .. }, _)) => {
                 let _ = tx.send(Err(ProviderError::Failed("the upstream counts no tokens".into())));
             }
-            Ok((Job::Finished, _)) => research = research.saturating_sub(1),
-            Ok(j @ (Job::Chat(_), _)) => pending.push_back(j),
-            Ok(j) => held.push_back(j),
-            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
-            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
-                if idle {
-                    return;
-                }
-            }
+            Some((Job::Finished, _)) => research = research.saturating_sub(1),
+            Some((Job::Wake, _)) => {}
+            Some(j @ (Job::Chat(_), _)) => pending.push_back(j),
+            Some(j) => held.push_back(j),
+            None if idle => return,
+            // Closed while requests wait: they start as places free.
+            None => gate.wait_free(),
         }
         while research < slots {
             let Some((job, external)) = held.pop_front() else { break };
@@ -624,7 +635,7 @@ mod tests {
 
     #[test]
     fn the_queue_refuses_beyond_its_capacity_and_research_turns_skip_it() {
-        let (tx, rx) = channel();
+        let (tx, mut rx) = unbounded_channel();
         let w = Worker { tx, depth: Arc::new(AtomicUsize::new(0)), capacity: 2 };
         assert!(w.submit(Job::Finished).is_ok());
         assert!(w.submit(Job::Finished).is_ok());
@@ -633,7 +644,8 @@ mod tests {
         // An admitted run's own requests are not clients' jobs.
         assert!(w.internal(Job::Finished).is_ok());
         assert_eq!(w.depth.load(Ordering::Relaxed), 2);
-        let got: Vec<bool> = rx.try_iter().map(|(_, external)| external).collect();
+        let got: Vec<bool> =
+            std::iter::from_fn(|| rx.try_recv().ok()).map(|(_, external)| external).collect();
         assert_eq!(got, [true, true, false]);
     }
 }
