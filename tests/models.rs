@@ -161,3 +161,153 @@ fn pull_from_the_hub_lists_and_removes_a_gguf_file() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("no installed model is named"));
 }
+
+/// A daemon process, killed when dropped.
+struct Daemon(std::process::Child);
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `path` at `to`: a hard link where the file system allows, else a copy.
+fn place(path: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+    if std::fs::hard_link(path, to).is_err() {
+        std::fs::copy(path, to).expect("copy the model");
+    }
+}
+
+/// One request over TCP (`Connection: close`); the status code.
+fn post(port: u16, path: &str, body: &str) -> u16 {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    write!(
+        s,
+        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut out = String::new();
+    std::io::Read::read_to_string(&mut s, &mut out).unwrap();
+    out.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0)
+}
+
+fn rss_kb(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// One `agentd serve` with three model files (the default model under
+/// three names), `server/max-loaded-models` 2: the official `ollama`
+/// client lists and chats with each, the least recently used is unloaded,
+/// `keep_alive: 0` unloads, twelve concurrent first requests load once
+/// (`tests/python/models_check.py`); then 30 load/unload cycles leave the
+/// daemon's memory within 10% of its size after the first.
+#[test]
+fn one_daemon_serves_several_models_loaded_on_demand() {
+    let test = "one_daemon_serves_several_models_loaded_on_demand";
+    let Some(model) = agentd_tests::dep("AGENTD_TEST_MODEL", test) else { return };
+    let Some(python) = agentd_tests::python(test) else { return };
+    let home = Home::new();
+    place(&model, &home.path().join("models/smol-a.gguf"));
+    place(&model, &home.path().join("extra/smol-b.gguf"));
+    place(&model, &home.path().join("extra/smol-c.gguf"));
+    home.write("policies.toml", "[values]\n\"server/max-loaded-models\" = 2\n");
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let socket = home.path().join("d.sock");
+    let extra = home.path().join("extra");
+    let ollama = format!("127.0.0.1:{port}");
+    let child = home
+        .cmd(&[
+            "serve",
+            "--model",
+            "smol-a",
+            "--socket",
+            socket.to_str().unwrap(),
+            "--ollama",
+            &ollama,
+            "--models",
+            extra.to_str().unwrap(),
+            "--threads",
+            "2",
+        ])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("serve starts");
+    let _daemon = Daemon(child);
+    let t = std::time::Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(t.elapsed().as_secs() < 60, "the daemon did not come up");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let script = agentd_tests::workspace_root().join("tests/python/models_check.py");
+    let out = std::process::Command::new(python)
+        .arg(&script)
+        .args([&format!("http://{ollama}"), socket.to_str().unwrap(), "smol-a", "smol-b", "smol-c"])
+        .output()
+        .expect("python runs");
+    assert!(
+        out.status.success(),
+        "models_check.py: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// No leak: on a daemon of its own, 30 load/unload cycles of one model
+/// (`keep_alive: 0`) leave its memory within 10% of its size after the
+/// first cycle. (Each model loads on its own engine thread, so its memory
+/// and the next model's live in one allocator arena.)
+#[test]
+fn loading_and_unloading_a_model_thirty_times_does_not_grow_the_daemon() {
+    let test = "loading_and_unloading_a_model_thirty_times_does_not_grow_the_daemon";
+    let Some(model) = agentd_tests::dep("AGENTD_TEST_MODEL", test) else { return };
+    let home = Home::new();
+    place(&model, &home.path().join("models/smol-a.gguf"));
+    place(&model, &home.path().join("models/smol-b.gguf"));
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let socket = home.path().join("d.sock");
+    let ollama = format!("127.0.0.1:{port}");
+    let child = home
+        .cmd(&[
+            "serve",
+            "--model",
+            "smol-a",
+            "--socket",
+            socket.to_str().unwrap(),
+            "--ollama",
+            &ollama,
+            "--threads",
+            "2",
+        ])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("serve starts");
+    let daemon = Daemon(child);
+    let t = std::time::Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(t.elapsed().as_secs() < 60, "the daemon did not come up");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let cycle = || {
+        let body = r#"{"model": "smol-b", "prompt": "hi", "keep_alive": 0, "stream": false, "options": {"num_predict": 2}}"#;
+        assert_eq!(post(port, "/api/generate", body), 200);
+        // The unload happens right after the reply.
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
+    cycle();
+    let first = rss_kb(daemon.0.id());
+    for _ in 1..30 {
+        cycle();
+    }
+    let last = rss_kb(daemon.0.id());
+    eprintln!("RSS after the first load/unload cycle: {first} kB; after 30: {last} kB");
+    assert!(first > 0 && last as f64 <= first as f64 * 1.10, "RSS grew from {first} to {last} kB");
+}

@@ -9,6 +9,7 @@
 
 mod commands;
 mod events;
+
 mod logs;
 mod provider;
 mod research;
@@ -22,6 +23,7 @@ use provider::build::EngineArgs;
 use state::policy::Policies;
 use state::settings;
 use state::store::Store;
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -101,6 +103,10 @@ enum Command {
         /// With --provider openai: wait up to SECONDS for the upstream to answer before giving up
         #[arg(long, value_name = "SECONDS")]
         wait_upstream: Option<u64>,
+        /// Also serve every .gguf file in DIR (repeatable; the models
+        /// folder always is)
+        #[arg(long, value_name = "DIR")]
+        models: Vec<PathBuf>,
     },
     /// MCP servers: their state and tools
     Mcp {
@@ -308,6 +314,7 @@ fn run(cli: Cli, cancel: &AtomicBool) -> anyhow::Result<ExitCode> {
             ollama,
             allow_origin,
             wait_upstream,
+            models,
         } => server::run(server::ServeArgs {
             engine,
             corpus,
@@ -319,6 +326,7 @@ fn run(cli: Cli, cancel: &AtomicBool) -> anyhow::Result<ExitCode> {
             ollama,
             allow_origin,
             wait_upstream,
+            models,
         })?,
         Command::Mcp { command: McpCommand::List { mcp } } => commands::mcp::list(&mcp)?,
         Command::Runs { command } => {

@@ -59,6 +59,8 @@ pub(crate) struct ChatJob {
     /// A second flag that stops it too: the research run it belongs to.
     pub(crate) run: Option<Arc<AtomicBool>>,
     pub(crate) tx: UnboundedSender<ChatMsg>,
+    /// Kept until the request ends (the server's hold on its model).
+    pub(crate) hold: Option<Box<dyn std::any::Any + Send>>,
 }
 
 /// A chat request decoding in the batch.
@@ -68,6 +70,7 @@ struct Active {
     also: Option<Arc<AtomicBool>>,
     tx: UnboundedSender<ChatMsg>,
     started: Instant,
+    _hold: Option<Box<dyn std::any::Any + Send>>,
 }
 
 /// The loaded model and the requests decoding on it.
@@ -155,7 +158,7 @@ impl Batch {
     /// Starts a request: it joins the batch, or ends at once (cancelled
     /// before it began, refused by the engine, or the model is broken).
     pub(crate) fn start(&mut self, job: ChatJob) {
-        let ChatJob { messages, tools, params, cancel, run, tx } = job;
+        let ChatJob { messages, tools, params, cancel, run, tx, hold } = job;
         if let Some(why) = &self.broken {
             let _ = tx.send(ChatMsg::Done(Err(ProviderError::Failed(why.clone()))));
             return;
@@ -171,7 +174,9 @@ impl Batch {
         let local = &mut self.local;
         let begun = catch_unwind(AssertUnwindSafe(|| local.begin_chat(&messages, &tools, &params)));
         match begun {
-            Ok(Ok(chat)) => self.active.push(Active { run: chat, cancel, also: run, tx, started }),
+            Ok(Ok(chat)) => {
+                self.active.push(Active { run: chat, cancel, also: run, tx, started, _hold: hold })
+            }
             Ok(Err(e)) => {
                 let _ = tx.send(ChatMsg::Done(Err(e)));
             }

@@ -255,6 +255,10 @@ pub(super) async fn messages(AxState(st): AxState<State>, req: Request) -> Respo
         Err(r) => return *r,
     };
     let show_thinking = body["thinking"]["type"] != "disabled";
+    let (st, lease) = match st.for_body(&body).await {
+        Ok(x) => x,
+        Err(r) => return r,
+    };
     let p = match parse(&st, &chat) {
         Ok(p) => p,
         Err(r) => return *r,
@@ -290,6 +294,7 @@ pub(super) async fn messages(AxState(st): AxState<State>, req: Request) -> Respo
         cancel,
         run: None,
         tx,
+        hold: lease.map(|l| Box::new(l) as Box<dyn std::any::Any + Send>),
     });
     if st.worker.submit(job).is_err() {
         guard.done();
@@ -505,6 +510,10 @@ pub(super) async fn count_tokens(AxState(st): AxState<State>, req: Request) -> R
     let chat = match to_chat(&body, true) {
         Ok(c) => c,
         Err(r) => return *r,
+    };
+    let (st, _lease) = match st.for_body(&body).await {
+        Ok(x) => x,
+        Err(r) => return r,
     };
     let p = match parse(&st, &chat) {
         Ok(p) => p,

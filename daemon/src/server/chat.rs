@@ -279,23 +279,9 @@ pub(super) fn parse(st: &State, body: &Value) -> Result<Parsed, Bad> {
     if !body.is_object() {
         return Err(bad("the body must be a JSON object"));
     }
-    if let Some(m) = body.get("model").filter(|m| !m.is_null()) {
-        let m = m.as_str().ok_or_else(|| bad("`model` must be a string"))?;
-        let known = m.is_empty()
-            || m == st.model
-            || m == "default"
-            || m == "agentd"
-            || st.model.ends_with(m);
-        if !known {
-            return Err(Box::new(error(
-                StatusCode::NOT_FOUND,
-                "model_not_found",
-                format!(
-                    "model {m:?} is not served here; this daemon serves {:?} (GET /v1/models)",
-                    st.model
-                ),
-            )));
-        }
+    // The model was resolved before (`State::for_body`); here only its type.
+    if body.get("model").is_some_and(|m| !m.is_null() && !m.is_string()) {
+        return Err(bad("`model` must be a string"));
     }
     let mut messages = messages(body.get("messages"))?;
     let mut tools = tools(body.get("tools"))?;
@@ -432,6 +418,10 @@ pub(super) async fn completions(AxState(st): AxState<State>, req: Request) -> Re
         Ok(b) => b,
         Err(r) => return r,
     };
+    let (st, lease) = match st.for_body(&body).await {
+        Ok(x) => x,
+        Err(r) => return r,
+    };
     let p = match parse(&st, &body) {
         Ok(p) => p,
         Err(r) => return *r,
@@ -446,6 +436,7 @@ pub(super) async fn completions(AxState(st): AxState<State>, req: Request) -> Re
         cancel,
         run: None,
         tx,
+        hold: lease.map(|l| Box::new(l) as Box<dyn std::any::Any + Send>),
     });
     if st.worker.submit(job).is_err() {
         guard.done();

@@ -323,9 +323,7 @@ pub(crate) async fn serve(st: State, l: Listeners) -> anyhow::Result<()> {
     shutdown.notify_waiters();
     // Give the engine a moment to persist what it streamed.
     let deadline = Instant::now() + std::time::Duration::from_secs(10);
-    while st.worker.depth.load(Ordering::Relaxed) > 0
-        || st.inflight.lock().map(|m| !m.is_empty()).unwrap_or(false)
-    {
+    while st.queue_depth() > 0 || st.inflight.lock().map(|m| !m.is_empty()).unwrap_or(false) {
         if Instant::now() > deadline {
             break;
         }
@@ -341,7 +339,7 @@ pub(crate) async fn serve(st: State, l: Listeners) -> anyhow::Result<()> {
 
 async fn health(AxState(st): AxState<State>) -> Response {
     let mut v = json!({"status": "ok", "model": st.model, "context": st.context,
-        "queue_depth": st.worker.depth.load(Ordering::Relaxed), "queue_capacity": st.worker.capacity,
+        "queue_depth": st.queue_depth(), "queue_capacity": st.worker.capacity,
         "uptime_s": st.started.elapsed().as_secs(), "version": env!("CARGO_PKG_VERSION")});
     if let Some(up) = st.upstream.clone() {
         let base = up.provider.base_url().to_owned();
@@ -362,7 +360,25 @@ async fn health(AxState(st): AxState<State>) -> Response {
 }
 
 async fn metrics(AxState(st): AxState<State>) -> Response {
-    let text = st.metrics.render(st.worker.depth.load(Ordering::Relaxed), st.worker.capacity);
+    let mut text = st.metrics.render(st.queue_depth(), st.worker.capacity);
+    if let Some(m) = &st.models {
+        let loaded = m.loaded();
+        text.push_str("# HELP agentd_model_loads_total Times each model was loaded.\n# TYPE agentd_model_loads_total counter\n");
+        for (name, n) in m.loads() {
+            text.push_str(&format!("agentd_model_loads_total{{model=\"{name}\"}} {n}\n"));
+        }
+        text.push_str(
+            "# HELP agentd_models_loaded Models loaded now.\n# TYPE agentd_models_loaded gauge\n",
+        );
+        text.push_str(&format!("agentd_models_loaded {}\n", loaded.len()));
+        text.push_str("# HELP agentd_model_bytes Bytes of each loaded model's weights in memory.\n# TYPE agentd_model_bytes gauge\n");
+        for s in &loaded {
+            text.push_str(&format!(
+                "agentd_model_bytes{{model=\"{}\"}} {}\n",
+                s.name, s.card.weight_bytes
+            ));
+        }
+    }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }
 
@@ -373,15 +389,19 @@ async fn models(AxState(st): AxState<State>) -> Response {
             "upstream": up.provider.base_url(), "upstream_models": up.models}]);
         return axum::Json(json!({"object": "list", "data": data})).into_response();
     }
-    let mut data =
-        vec![json!({"id": st.model, "object": "model", "created": 0, "owned_by": "agentd"})];
-    if let Ok(reg) = crate::state::registry::Registry::load() {
-        for (name, e) in &reg.entries {
-            if *name != st.model && e.local_path().is_file() {
-                data.push(json!({"id": name, "object": "model", "created": 0, "owned_by": "agentd", "loaded": false}));
-            }
-        }
-    }
+    let Some(m) = &st.models else {
+        let data = json!([{"id": st.model, "object": "model", "created": 0, "owned_by": "agentd"}]);
+        return axum::Json(json!({"object": "list", "data": data})).into_response();
+    };
+    let loaded: Vec<String> = m.loaded().iter().map(|s| s.name.clone()).collect();
+    let data: Vec<serde_json::Value> = m
+        .available()
+        .iter()
+        .map(|a| {
+            json!({"id": a.name, "object": "model", "created": 0, "owned_by": "agentd",
+            "loaded": loaded.contains(&a.name)})
+        })
+        .collect();
     axum::Json(json!({"object": "list", "data": data})).into_response()
 }
 

@@ -26,6 +26,7 @@ mod chat;
 mod http;
 mod json;
 pub(crate) mod metrics;
+mod models;
 mod ollama;
 mod page;
 mod records;
@@ -57,6 +58,8 @@ pub(crate) struct ServeArgs {
     pub(crate) allow_origin: Vec<String>,
     /// Seconds to wait for the upstream at start-up (`--provider openai`).
     pub(crate) wait_upstream: Option<u64>,
+    /// Folders of GGUF files served besides the models folder.
+    pub(crate) models: Vec<PathBuf>,
 }
 
 /// The address of the tokenless `--ollama` listener: loopback only (a bare
@@ -210,11 +213,8 @@ pub(crate) fn run(a: ServeArgs) -> Result<()> {
             policies.get(policy::CONTEXT) as usize,
             policies.get(policy::DECODE_BATCH) as usize,
         )?;
-        let model = batch.name();
-        let card = batch.card();
-        let context = batch.context();
         let mut config = RunConfig {
-            engine: a.engine,
+            engine: a.engine.clone(),
             corpus: a.corpus,
             notes: a.notes,
             mcp: crate::tools::mcp::files(&a.mcp),
@@ -223,11 +223,32 @@ pub(crate) fn run(a: ServeArgs) -> Result<()> {
         // The daemon's MCP servers, started once for all its runs (and
         // again when the daemon restarts).
         config.start_servers(&policies)?;
-        let worker = worker::Worker::start(
-            worker::Setup { batch, policies, metrics: Arc::clone(&metrics), config },
+        for d in &a.models {
+            if !d.is_dir() {
+                bail!("--models {}: not a folder of .gguf files", d.display());
+            }
+        }
+        let template = models::Template {
+            engine: a.engine,
+            policies,
+            metrics: Arc::clone(&metrics),
+            config,
             capacity,
+            dirs: a.models,
+        };
+        let models = models::Models::start(template, batch);
+        let default = models.loaded().into_iter().next().context("the default model is loaded")?;
+        let mut st = shared::State::new(
+            default.worker.clone(),
+            metrics,
+            default.name.clone(),
+            (*default.card).clone(),
+            default.context,
+            body_limit,
+            limits,
         );
-        shared::State::new(worker, metrics, model, card, context, body_limit, limits)
+        st.models = Some(models);
+        st
     };
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let listeners =

@@ -26,6 +26,7 @@
 
 use super::chat::{parse, provider_error, Parsed};
 use super::json::{busy, json_body};
+use super::models::Lease;
 use super::shared::State;
 use super::worker::Job;
 use crate::provider::chat::ChatMsg;
@@ -99,7 +100,10 @@ fn local_name(m: &str) -> &str {
 }
 
 fn details(st: &State) -> Value {
-    let c = &st.card;
+    served_details(&st.card)
+}
+
+fn served_details(c: &super::shared::Card) -> Value {
     json!({"parent_model": "", "format": "gguf", "family": c.arch, "families": [c.arch],
            "parameter_size": size_label(c.parameters), "quantization_level": c.quantization})
 }
@@ -112,26 +116,33 @@ fn size_label(n: u64) -> String {
     }
 }
 
-/// `GET /api/tags`: the served model, then registry models present here.
+/// `GET /api/tags`: every model served (loaded or not).
 pub(super) async fn tags(AxState(st): AxState<State>) -> Response {
-    let c = &st.card;
-    let modified = rfc3339(c.modified.unwrap_or(st_started(&st)));
-    let mut models = vec![json!({"name": tag(&st), "model": tag(&st), "modified_at": modified,
-        "size": c.file_bytes, "digest": c.digest.trim_start_matches("sha256:"), "details": details(&st)})];
-    if let Ok(reg) = crate::state::registry::Registry::load() {
-        for (name, e) in &reg.entries {
-            let path = e.local_path();
-            if *name == st.model || !path.is_file() || path == c.path {
-                continue;
-            }
-            let meta = std::fs::metadata(&path).ok();
+    let Some(m) = &st.models else {
+        let c = &st.card;
+        let modified = rfc3339(c.modified.unwrap_or(st_started(&st)));
+        let models = vec![json!({"name": tag(&st), "model": tag(&st), "modified_at": modified,
+            "size": c.file_bytes, "digest": c.digest.trim_start_matches("sha256:"), "details": details(&st)})];
+        return axum::Json(json!({"models": models})).into_response();
+    };
+    let loaded = m.loaded();
+    let models: Vec<Value> = m
+        .available()
+        .iter()
+        .map(|a| {
+            let meta = std::fs::metadata(&a.path).ok();
             let modified =
                 meta.as_ref().and_then(|m| m.modified().ok()).unwrap_or(SystemTime::UNIX_EPOCH);
-            models.push(json!({"name": format!("{name}:latest"), "model": format!("{name}:latest"),
-                "modified_at": rfc3339(modified), "size": meta.map_or(0, |m| m.len()), "digest": e.sha256,
-                "details": {"parent_model": "", "format": "gguf", "family": e.architecture, "families": [e.architecture]}}));
-        }
-    }
+            let name = format!("{}:latest", a.name);
+            let details = match loaded.iter().find(|s| s.name == a.name) {
+                Some(s) => served_details(&s.card),
+                None => json!({"parent_model": "", "format": "gguf"}),
+            };
+            let digest = a.sha256.clone().unwrap_or_default();
+            json!({"name": name, "model": name, "modified_at": rfc3339(modified),
+                "size": meta.map_or(0, |m| m.len()), "digest": digest, "details": details})
+        })
+        .collect();
     axum::Json(json!({"models": models})).into_response()
 }
 
@@ -139,23 +150,14 @@ fn st_started(st: &State) -> SystemTime {
     SystemTime::now() - st.started.elapsed()
 }
 
-/// The `model` (or the older `name`) of a body, checked against the model
-/// served: 404 for another.
+/// The `model` (or the older `name`) of a body, resolved before
+/// (`State::for_body`): the served model's name.
 fn model_of(st: &State, body: &Value, required: bool) -> Result<String, Bad> {
-    let m = match body.get("model").filter(|m| !m.is_null()).or(body.get("name")) {
-        None | Some(Value::Null) if !required => return Ok(st.model.clone()),
-        None | Some(Value::Null) => return Err(nope("`model` is required")),
-        Some(Value::String(s)) => s.clone(),
-        Some(_) => return Err(nope("`model` must be a string")),
-    };
-    let name = local_name(&m);
-    if name.is_empty() || name == st.model || name == short(st) || st.model.ends_with(name) {
-        Ok(st.model.clone())
-    } else {
-        Err(Box::new(fail(
-            StatusCode::NOT_FOUND,
-            format!("model {m:?} not found: this daemon serves {:?} (GET /api/tags)", tag(st)),
-        )))
+    match body.get("model").filter(|m| !m.is_null()).or(body.get("name")) {
+        None | Some(Value::Null) if !required => Ok(st.model.clone()),
+        None | Some(Value::Null) => Err(nope("`model` is required")),
+        Some(Value::String(_)) => Ok(st.model.clone()),
+        Some(_) => Err(nope("`model` must be a string")),
     }
 }
 
@@ -164,6 +166,10 @@ pub(super) async fn show(AxState(st): AxState<State>, req: Request) -> Response 
     let body = match json_body(st.body_limit, req).await {
         Ok(b) if b.is_object() => b,
         Ok(_) => return bad("the body must be a JSON object"),
+        Err(r) => return r,
+    };
+    let (st, _lease) = match st.for_body(&body).await {
+        Ok(x) => x,
         Err(r) => return r,
     };
     if let Err(r) = model_of(&st, &body, true) {
@@ -197,14 +203,29 @@ pub(super) async fn show(AxState(st): AxState<State>, req: Request) -> Response 
     .into_response()
 }
 
-/// `GET /api/ps`: the one model, loaded for as long as the daemon runs.
+/// `GET /api/ps`: the loaded models, each with when it unloads if idle.
 pub(super) async fn ps(AxState(st): AxState<State>) -> Response {
-    let c = &st.card;
-    let forever = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(4_102_444_800); // 2100
-    axum::Json(json!({"models": [{"name": tag(&st), "model": tag(&st), "size": c.weight_bytes,
-        "digest": c.digest.trim_start_matches("sha256:"), "details": details(&st),
-        "expires_at": rfc3339(forever), "size_vram": 0, "context_length": st.context}]}))
-    .into_response()
+    let Some(m) = &st.models else {
+        let c = &st.card;
+        let forever = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(4_102_444_800); // 2100
+        return axum::Json(
+            json!({"models": [{"name": tag(&st), "model": tag(&st), "size": c.weight_bytes,
+            "digest": c.digest.trim_start_matches("sha256:"), "details": details(&st),
+            "expires_at": rfc3339(forever), "size_vram": 0, "context_length": st.context}]}),
+        )
+        .into_response();
+    };
+    let models: Vec<Value> = m
+        .loaded()
+        .iter()
+        .map(|s| {
+            let name = format!("{}:latest", s.name);
+            json!({"name": name, "model": name, "size": s.card.weight_bytes,
+                "digest": s.card.digest.trim_start_matches("sha256:"), "details": served_details(&s.card),
+                "expires_at": rfc3339(s.expires_at()), "size_vram": 0, "context_length": s.context})
+        })
+        .collect();
+    axum::Json(json!({"models": models})).into_response()
 }
 
 /// What the reply needs besides the parsed request.
@@ -352,7 +373,7 @@ fn messages(v: Option<&Value>) -> Result<Vec<Value>, Bad> {
 }
 
 /// Runs the parsed request and answers in Ollama's shape.
-async fn answer(st: State, p: Parsed, reply: Reply) -> Response {
+async fn answer(st: State, p: Parsed, reply: Reply, lease: Option<Lease>) -> Response {
     let id = crate::state::store::new_id("ollama");
     let (cancel, guard) = st.track(id);
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
@@ -363,6 +384,7 @@ async fn answer(st: State, p: Parsed, reply: Reply) -> Response {
         cancel,
         run: None,
         tx,
+        hold: lease.map(|l| Box::new(l) as Box<dyn std::any::Any + Send>),
     });
     if st.worker.submit(job).is_err() {
         guard.done();
@@ -499,6 +521,10 @@ pub(super) async fn chat(AxState(st): AxState<State>, req: Request) -> Response 
         Ok(b) => b,
         Err(r) => return r,
     };
+    let (st, lease) = match st.for_body(&body).await {
+        Ok(x) => x,
+        Err(r) => return r,
+    };
     let mut o = match common(&st, &body) {
         Ok(o) => o,
         Err(r) => return *r,
@@ -518,7 +544,7 @@ pub(super) async fn chat(AxState(st): AxState<State>, req: Request) -> Response 
         Ok(p) => p,
         Err(r) => return *r,
     };
-    answer(st, p, Reply { stream, think, generate: false }).await
+    answer(st, p, Reply { stream, think, generate: false }, lease).await
 }
 
 /// `POST /api/generate`: a prompt (with `system`) through the chat
@@ -527,6 +553,10 @@ pub(super) async fn chat(AxState(st): AxState<State>, req: Request) -> Response 
 pub(super) async fn generate(AxState(st): AxState<State>, req: Request) -> Response {
     let body = match json_body(st.body_limit, req).await {
         Ok(b) => b,
+        Err(r) => return r,
+    };
+    let (st, lease) = match st.for_body(&body).await {
+        Ok(x) => x,
         Err(r) => return r,
     };
     let mut o = match common(&st, &body) {
@@ -551,9 +581,18 @@ pub(super) async fn generate(AxState(st): AxState<State>, req: Request) -> Respo
         return bad("`images`: this model takes no images");
     }
     if prompt.is_empty() && suffix.is_empty() {
-        // Ollama's way to load a model: it is loaded.
+        // Ollama's way to load a model (it is loaded now), or with
+        // `keep_alive: 0` to unload it.
+        let unload =
+            matches!(super::models::keep_alive(body.get("keep_alive")), Ok(Some(d)) if d.is_zero());
+        drop(lease);
+        if unload {
+            if let Some(m) = &st.models {
+                m.unload_now(&st.model);
+            }
+        }
         return axum::Json(json!({"model": tag(&st), "created_at": rfc3339(SystemTime::now()),
-            "response": "", "done": true, "done_reason": "load"}))
+            "response": "", "done": true, "done_reason": if unload { "unload" } else { "load" }}))
         .into_response();
     }
     let raw_text = if !suffix.is_empty() {
@@ -580,7 +619,7 @@ pub(super) async fn generate(AxState(st): AxState<State>, req: Request) -> Respo
         Err(r) => return *r,
     };
     p.params.raw = raw_text;
-    answer(st, p, Reply { stream, think, generate: true }).await
+    answer(st, p, Reply { stream, think, generate: true }, lease).await
 }
 
 /// `POST /api/pull`: a model of models.toml, fetched (or found present and

@@ -94,6 +94,11 @@ pub(super) async fn research(AxState(st): AxState<State>, req: Request) -> Respo
             return error(StatusCode::BAD_REQUEST, "invalid_request", "`stream` must be a boolean")
         }
     };
+    // The run's model: the request's `model`, else the default.
+    let (st, hold) = match st.for_body(&body).await {
+        Ok(x) => x,
+        Err(r) => return r,
+    };
     let (cancel, guard) = st.track(crate::state::store::new_id("req"));
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let request = ResearchRequest { question: question.to_owned(), chat_id, voice, max_tool_iters };
@@ -120,7 +125,7 @@ pub(super) async fn research(AxState(st): AxState<State>, req: Request) -> Respo
             }
         }
     });
-    if st.worker.submit(Job::Research { request, cancel, tx }).is_err() {
+    if st.worker.submit(Job::Research { request, cancel, tx, hold }).is_err() {
         guard.done();
         return busy();
     }
@@ -178,10 +183,17 @@ pub(super) async fn resume(
         Err(r) => return r,
         _ => {}
     }
+    // A run resumes on the daemon's default model.
+    let (st, hold) = match st.for_model(None).await {
+        Ok(x) => x,
+        Err(e) => {
+            return error(StatusCode::INTERNAL_SERVER_ERROR, "model_load_failed", e.to_string())
+        }
+    };
     let (cancel, guard) = st.track(id.clone());
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let (etx, _erx) = tokio::sync::mpsc::unbounded_channel();
-    if st.worker.submit(Job::Resume { run_id: id, cancel, tx, err: etx }).is_err() {
+    if st.worker.submit(Job::Resume { run_id: id, cancel, tx, err: etx, hold }).is_err() {
         guard.done();
         return busy();
     }

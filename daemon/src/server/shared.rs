@@ -5,6 +5,7 @@
 
 use super::json::error;
 use super::metrics::Metrics;
+use super::models::{Lease, ModelError, Models};
 use super::worker::Worker;
 use crate::state::policy::SamplingLimits;
 use crate::state::store::Store;
@@ -35,6 +36,10 @@ pub(crate) struct State {
     /// In front of an upstream engine: it, and the models it listed at
     /// start-up.
     pub(crate) upstream: Option<Upstream>,
+    /// The local models served (none in front of an upstream). `worker`,
+    /// `model`, `card` and `context` above are then the default model's as
+    /// it loaded at start; a request uses [`State::for_model`].
+    pub(crate) models: Option<Arc<Models>>,
 }
 
 /// The upstream engine generation runs on (`serve --provider openai`).
@@ -65,7 +70,89 @@ impl State {
             inflight: Arc::default(),
             started: Instant::now(),
             upstream: None,
+            models: None,
         }
+    }
+
+    /// Requests waiting, over every loaded model.
+    pub(crate) fn queue_depth(&self) -> usize {
+        match &self.models {
+            Some(m) => m.loaded().iter().map(|s| s.worker.depth.load(Ordering::Relaxed)).sum(),
+            None => self.worker.depth.load(Ordering::Relaxed),
+        }
+    }
+
+    /// The state for a request `body` (its `model`, or Ollama's older
+    /// `name`; its `keep_alive`), as [`State::for_model`] gives it; an
+    /// error response (404 for an unknown model, naming where models are
+    /// looked for) otherwise.
+    pub(crate) async fn for_body(
+        &self,
+        body: &serde_json::Value,
+    ) -> Result<(State, Option<Lease>), Response> {
+        use serde_json::Value;
+        let requested = match body.get("model").filter(|m| !m.is_null()).or(body.get("name")) {
+            None | Some(Value::Null) => None,
+            Some(Value::String(s)) => Some(s.as_str()),
+            Some(_) => {
+                return Err(error(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_request",
+                    "`model` must be a string",
+                ))
+            }
+        };
+        let keep = super::models::keep_alive(body.get("keep_alive"))
+            .map_err(|m| error(StatusCode::BAD_REQUEST, "invalid_request", m))?;
+        match self.for_model(requested).await {
+            Ok((st, mut lease)) => {
+                if let Some(l) = lease.as_mut() {
+                    l.keep_alive(keep);
+                }
+                Ok((st, lease))
+            }
+            Err(e @ ModelError::Unknown { .. }) => {
+                Err(error(StatusCode::NOT_FOUND, "model_not_found", e.to_string()))
+            }
+            Err(e) => {
+                Err(error(StatusCode::INTERNAL_SERVER_ERROR, "model_load_failed", e.to_string()))
+            }
+        }
+    }
+
+    /// The state a request naming `requested` (none: the default model)
+    /// is served with: that model's worker, name, card and context, loaded
+    /// now if it is not, and a lease that keeps it loaded while held. In
+    /// front of an upstream there is one model, under its names.
+    pub(crate) async fn for_model(
+        &self,
+        requested: Option<&str>,
+    ) -> Result<(State, Option<Lease>), ModelError> {
+        let Some(models) = &self.models else {
+            let m = requested.unwrap_or("");
+            let m = m.strip_suffix(":latest").unwrap_or(m);
+            let known = m.is_empty()
+                || m == self.model
+                || m == "default"
+                || m == "agentd"
+                || self.model.ends_with(m);
+            if known {
+                return Ok((self.clone(), None));
+            }
+            return Err(ModelError::Unknown { name: m.to_owned(), looked_in: Vec::new() });
+        };
+        let models = Arc::clone(models);
+        let requested = requested.map(str::to_owned);
+        let lease = tokio::task::spawn_blocking(move || models.get(requested.as_deref()))
+            .await
+            .map_err(|e| ModelError::Load { name: "?".into(), why: e.to_string() })??;
+        let s = lease.served();
+        let mut st = self.clone();
+        st.worker = s.worker.clone();
+        st.model = s.name.clone();
+        st.card = Arc::clone(&s.card);
+        st.context = s.context;
+        Ok((st, Some(lease)))
     }
 
     /// A cancel flag registered until the guard drops.

@@ -54,12 +54,15 @@ pub(crate) enum Job {
         request: ResearchRequest,
         cancel: Arc<AtomicBool>,
         tx: UnboundedSender<Ev>,
+        /// The hold on the model, kept while the run runs.
+        hold: Option<super::models::Lease>,
     },
     Resume {
         run_id: String,
         cancel: Arc<AtomicBool>,
         tx: UnboundedSender<Ev>,
         err: UnboundedSender<String>,
+        hold: Option<super::models::Lease>,
     },
     /// Prompt tokens of a research turn (for fitting it to the context).
     Count {
@@ -71,6 +74,8 @@ pub(crate) enum Job {
     Finished,
     /// A place in the upstream gate freed.
     Wake,
+    /// The model is unloaded: the engine thread ends once idle.
+    Stop,
 }
 
 impl std::fmt::Debug for Job {
@@ -82,6 +87,7 @@ impl std::fmt::Debug for Job {
             Job::Count { .. } => "Job::Count",
             Job::Finished => "Job::Finished",
             Job::Wake => "Job::Wake",
+            Job::Stop => "Job::Stop",
         })
     }
 }
@@ -121,6 +127,42 @@ impl Worker {
             })
             .expect("spawning the engine thread");
         worker
+    }
+
+    /// Starts an engine thread that first loads its model with `load`
+    /// (so the model's memory and its decoding live in the thread's own
+    /// allocator arena, which the next engine thread reuses once this one
+    /// ends: unloading and loading again does not grow the daemon), then
+    /// serves. Returns once the model is loaded, with `describe`'s view of
+    /// it, or the load's error.
+    pub(crate) fn start_loading<T: Send + 'static>(
+        load: impl FnOnce() -> anyhow::Result<Batch> + Send + 'static,
+        describe: impl FnOnce(&Batch) -> T + Send + 'static,
+        policies: Policies,
+        metrics: Arc<super::metrics::Metrics>,
+        config: RunConfig,
+        capacity: usize,
+    ) -> anyhow::Result<(Worker, T)> {
+        let (tx, mut rx) = unbounded_channel::<(Job, bool)>();
+        let worker = Worker { tx, depth: Arc::new(AtomicUsize::new(0)), capacity };
+        let me = worker.clone();
+        let (ready_tx, ready_rx) = channel();
+        std::thread::Builder::new().name("agentd-engine".into()).spawn(move || {
+            let batch = match load() {
+                Ok(b) => b,
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e));
+                    return;
+                }
+            };
+            let _ = ready_tx.send(Ok(describe(&batch)));
+            let mut setup = Setup { batch, policies, metrics, config };
+            serve_jobs(&mut setup, &mut rx, &me);
+        })?;
+        let seen = ready_rx
+            .recv()
+            .map_err(|_| anyhow::anyhow!("the engine thread ended while loading the model"))??;
+        Ok((worker, seen))
     }
 
     /// A client's job: refused at once when the queue is full.
@@ -168,6 +210,11 @@ impl Worker {
             .spawn(move || serve_upstream(&setup, &gate, &mut rx, &me))
             .expect("spawning the upstream dispatcher");
         worker
+    }
+
+    /// A job the daemon itself sends (not counted against the capacity).
+    pub(super) fn send_internal(&self, job: Job) -> Result<(), ProviderError> {
+        self.internal(job)
     }
 
     /// A job of an admitted research run.
@@ -236,6 +283,7 @@ impl EngineLink {
             cancel: stop,
             run: Some(Arc::clone(&self.cancel)),
             tx,
+            hold: None,
         }))?;
         Ok(rx)
     }
@@ -360,7 +408,12 @@ fn serve_jobs(setup: &mut Setup, rx: &mut UnboundedReceiver<(Job, bool)>, worker
     let mut pending: VecDeque<(Job, bool)> = VecDeque::new();
     let mut held: VecDeque<(Job, bool)> = VecDeque::new();
     let mut research = 0usize;
+    // The model was unloaded: end once nothing is left to do.
+    let mut stopping = false;
     loop {
+        if stopping && batch.len() == 0 && pending.is_empty() && held.is_empty() && research == 0 {
+            return;
+        }
         // Take everything that has arrived (waiting only when idle): token
         // counts and slot releases are answered at once, between steps,
         // even while the batch is full.
@@ -386,6 +439,7 @@ fn serve_jobs(setup: &mut Setup, rx: &mut UnboundedReceiver<(Job, bool)>, worker
                 }
                 Ok((Job::Finished, _)) => research = research.saturating_sub(1),
                 Ok((Job::Wake, _)) => {}
+                Ok((Job::Stop, _)) => stopping = true,
                 Ok(j @ (Job::Chat(_), _)) => pending.push_back(j),
                 Ok(j) => held.push_back(j),
                 Err(TryRecvError::Empty) => break,
@@ -447,7 +501,7 @@ fn serve_upstream(
                 let _ = tx.send(Err(ProviderError::Failed("the upstream counts no tokens".into())));
             }
             Some((Job::Finished, _)) => research = research.saturating_sub(1),
-            Some((Job::Wake, _)) => {}
+            Some((Job::Wake | Job::Stop, _)) => {}
             Some(j @ (Job::Chat(_), _)) => pending.push_back(j),
             Some(j) => held.push_back(j),
             None if idle => return,
@@ -565,7 +619,7 @@ fn research_job(job: Job, setup: &RunSetup, worker: Worker) {
         })
     };
     match job {
-        Job::Research { request, cancel, tx } => {
+        Job::Research { request, cancel, tx, hold: _hold } => {
             let mut host = match setup.config.host(&setup.policies) {
                 Ok(h) => h,
                 Err(e) => {
@@ -608,7 +662,7 @@ fn research_job(job: Job, setup: &RunSetup, worker: Worker) {
             );
             setup.metrics.research(&done);
         }
-        Job::Resume { run_id, cancel, tx, err } => {
+        Job::Resume { run_id, cancel, tx, err, hold: _hold } => {
             let mut link = match link(&cancel) {
                 Ok(l) => l,
                 Err(text) => {

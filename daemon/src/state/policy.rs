@@ -26,6 +26,7 @@ pub(crate) enum Unit {
     Results,
     Characters,
     Bytes,
+    Models,
 }
 
 impl Unit {
@@ -41,6 +42,7 @@ impl Unit {
             Unit::Results => "results",
             Unit::Characters => "characters",
             Unit::Bytes => "bytes",
+            Unit::Models => "models",
         }
     }
 }
@@ -105,6 +107,8 @@ pub(crate) const QUEUE: &str = "server/request-queue-capacity";
 pub(crate) const BODY_LIMIT: &str = "server/request-body-limit";
 pub(crate) const DECODE_BATCH: &str = "server/decode-batch";
 pub(crate) const UPSTREAM_CONCURRENCY: &str = "server/upstream-concurrency";
+pub(crate) const MAX_LOADED_MODELS: &str = "server/max-loaded-models";
+pub(crate) const KEEP_ALIVE: &str = "server/keep-alive";
 pub(crate) const REPEAT_LAST_N: &str = "sampling/repeat-last-n";
 pub(crate) const NO_REPEAT_NGRAM: &str = "sampling/no-repeat-ngram";
 
@@ -185,6 +189,12 @@ fn server() -> Vec<Policy> {
         // Requests in flight to an upstream engine (`serve --provider
         // openai`): sized for a batching server; more wait in the queue.
         p(UPSTREAM_CONCURRENCY, o, v, Unit::Requests, 16, 1024, None),
+        // Models loaded at once (each on its engine thread); loading one
+        // more unloads the least recently used idle one.
+        p(MAX_LOADED_MODELS, o, v, Unit::Models, 3, 64, None),
+        // How long an idle model stays loaded (a request's `keep_alive`
+        // overrides it for that model).
+        p(KEEP_ALIVE, o, v, Unit::Seconds, 300, 31_536_000, None),
     ]
 }
 

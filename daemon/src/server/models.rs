@@ -1,0 +1,520 @@
+//! The model manager of `agentd serve` (local engine): every GGUF file in
+//! the models folder (and each `--models DIR`) and every registry model
+//! present is served; a request names its model, which loads on first use
+//! — once, however many requests ask at the same time — on an engine
+//! thread of its own (`worker.rs`). A model serving a request holds a
+//! [`Lease`] and is never unloaded; an idle one unloads after its
+//! keep-alive (`server/keep-alive`, or the request's `keep_alive`), and
+//! loading past `server/max-loaded-models` unloads the least recently used
+//! idle one first.
+
+use super::metrics::Metrics;
+use super::worker::{self, Job, Worker};
+use crate::provider::build::EngineArgs;
+use crate::provider::engine::{Batch, Card};
+use crate::research::RunConfig;
+use crate::state::policy::{self, Policies};
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::time::{Duration, Instant, SystemTime};
+
+/// A loaded model and its engine thread.
+#[derive(Debug)]
+pub(crate) struct Served {
+    pub(crate) name: String,
+    pub(crate) worker: Worker,
+    pub(crate) card: Arc<Card>,
+    pub(crate) context: usize,
+    /// Requests holding a lease now.
+    busy: AtomicUsize,
+    /// When the last request ended (or the model loaded), and how long it
+    /// stays loaded idle after that.
+    idle: Mutex<(Instant, Duration)>,
+}
+
+impl Served {
+    fn idle_until(&self) -> Option<Instant> {
+        if self.busy.load(Ordering::SeqCst) > 0 {
+            return None;
+        }
+        self.idle.lock().ok().map(|g| g.0 + g.1)
+    }
+
+    /// When an idle model unloads, as wall-clock time (`/api/ps`).
+    pub(crate) fn expires_at(&self) -> SystemTime {
+        let (since, keep) = self.idle.lock().map(|g| *g).unwrap_or((Instant::now(), FOREVER));
+        let left = (since + keep).saturating_duration_since(Instant::now());
+        SystemTime::now() + left.min(FOREVER)
+    }
+}
+
+/// How long a model stays loaded when a request says "keep it" (a
+/// negative `keep_alive`): far beyond any daemon's life.
+const FOREVER: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+/// A request's hold on its model: while one exists, the model is not
+/// unloaded. Dropping it (the request ended) starts the model's idle time,
+/// with the request's own keep-alive when it gave one.
+#[derive(Debug)]
+pub(crate) struct Lease {
+    served: Arc<Served>,
+    keep: Option<Duration>,
+    models: Weak<Models>,
+}
+
+impl Lease {
+    /// The request's `keep_alive`, applied when it ends.
+    pub(crate) fn keep_alive(&mut self, keep: Option<Duration>) {
+        if keep.is_some() {
+            self.keep = keep;
+        }
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        if let Ok(mut g) = self.served.idle.lock() {
+            g.0 = Instant::now();
+            if let Some(k) = self.keep {
+                g.1 = k;
+            }
+        }
+        self.served.busy.fetch_sub(1, Ordering::SeqCst);
+        if let Some(m) = self.models.upgrade() {
+            m.changed.notify_all();
+        }
+    }
+}
+
+/// Why a model cannot serve a request.
+#[derive(Debug)]
+pub(crate) enum ModelError {
+    /// No served model has that name.
+    Unknown { name: String, looked_in: Vec<PathBuf> },
+    /// The file is there but could not be loaded.
+    Load { name: String, why: String },
+}
+
+impl std::fmt::Display for ModelError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ModelError::Unknown { name, looked_in } => write!(
+                f,
+                "model {name:?} not found: models are looked for in {} and the registry (GET /api/tags lists them; `agentd pull` fetches one)",
+                looked_in.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
+            ),
+            ModelError::Load { name, why } => write!(f, "model {name:?} could not be loaded: {why}"),
+        }
+    }
+}
+
+/// A model that can be served: its name and file.
+#[derive(Debug, Clone)]
+pub(crate) struct Available {
+    pub(crate) name: String,
+    pub(crate) path: PathBuf,
+    /// The registry's sha256, when the model is a registry entry.
+    pub(crate) sha256: Option<String>,
+}
+
+enum Slot {
+    Loading,
+    Ready(Arc<Served>),
+}
+
+/// What every engine thread is started with.
+pub(crate) struct Template {
+    pub(crate) engine: EngineArgs,
+    pub(crate) policies: Policies,
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) config: RunConfig,
+    pub(crate) capacity: usize,
+    /// Folders of GGUF files besides the models folder (`--models DIR`).
+    pub(crate) dirs: Vec<PathBuf>,
+}
+
+impl std::fmt::Debug for Models {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Models").field("default", &self.default).finish_non_exhaustive()
+    }
+}
+
+/// The models a daemon serves, and the loaded ones.
+pub(crate) struct Models {
+    template: Template,
+    /// The model a request that names none gets.
+    pub(crate) default: String,
+    max_loaded: usize,
+    keep_alive: Duration,
+    slots: Mutex<HashMap<String, Slot>>,
+    changed: Condvar,
+    loads: Mutex<BTreeMap<String, u64>>,
+}
+
+impl Models {
+    /// The manager, with `default` (loaded now, so a broken default model
+    /// fails the start) and the thread that unloads idle models.
+    pub(crate) fn start(template: Template, default: Batch) -> Arc<Models> {
+        let p = &template.policies;
+        let models = Arc::new(Models {
+            default: default.name(),
+            max_loaded: (p.get(policy::MAX_LOADED_MODELS) as usize).max(1),
+            keep_alive: Duration::from_secs(p.get(policy::KEEP_ALIVE) as u64),
+            slots: Mutex::new(HashMap::new()),
+            changed: Condvar::new(),
+            loads: Mutex::new(BTreeMap::new()),
+            template,
+        });
+        let served = models.serve(default);
+        if let Ok(mut s) = models.slots.lock() {
+            s.insert(served.name.clone(), Slot::Ready(served));
+        }
+        let weak = Arc::downgrade(&models);
+        std::thread::Builder::new()
+            .name("agentd-models".into())
+            .spawn(move || reap(&weak))
+            .expect("spawning the model reaper");
+        models
+    }
+
+    /// Where GGUF files are looked for.
+    pub(crate) fn dirs(&self) -> Vec<PathBuf> {
+        let mut d = vec![crate::state::home::models_dir()];
+        d.extend(self.template.dirs.iter().cloned());
+        d
+    }
+
+    /// Every model that can be served: the default, registry models present
+    /// here, and GGUF files in the folders (named by their file stem).
+    pub(crate) fn available(&self) -> Vec<Available> {
+        let mut out: Vec<Available> = Vec::new();
+        let mut push =
+            |a: Available| match out.iter_mut().find(|o| o.name == a.name || o.path == a.path) {
+                // The default model is also a registry entry: keep its checksum.
+                Some(o) => {
+                    if o.sha256.is_none() {
+                        o.sha256 = a.sha256;
+                    }
+                }
+                None => out.push(a),
+            };
+        if let Ok(s) = self.slots.lock() {
+            if let Some(Slot::Ready(d)) = s.get(&self.default) {
+                push(Available { name: d.name.clone(), path: d.card.path.clone(), sha256: None });
+            }
+        }
+        if let Ok(reg) = crate::state::registry::Registry::load() {
+            for (name, e) in &reg.entries {
+                let path = e.local_path();
+                if path.is_file() {
+                    push(Available { name: name.clone(), path, sha256: Some(e.sha256.clone()) });
+                }
+            }
+        }
+        for dir in self.dirs() {
+            let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+                .into_iter()
+                .flatten()
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.is_file() && p.extension().is_some_and(|x| x == "gguf"))
+                .collect();
+            files.sort();
+            for path in files {
+                let name = path.file_stem().and_then(|s| s.to_str()).unwrap_or_default().to_owned();
+                push(Available { name, path, sha256: None });
+            }
+        }
+        out
+    }
+
+    /// The served model a client's name means: `NAME`, `NAME:latest`, a
+    /// file name or stem, a suffix of the name; the default for none (or
+    /// `default`, `agentd`).
+    pub(crate) fn find(&self, requested: Option<&str>) -> Result<Available, ModelError> {
+        let all = self.available();
+        let m = requested.unwrap_or("").trim();
+        let m = m.strip_suffix(":latest").unwrap_or(m);
+        let default = || all.iter().find(|a| a.name == self.default).cloned();
+        if m.is_empty() || m == "default" || m == "agentd" {
+            if let Some(d) = default() {
+                return Ok(d);
+            }
+        }
+        let stem = |a: &Available| a.path.file_stem().and_then(|s| s.to_str()).map(str::to_owned);
+        let file = |a: &Available| a.path.file_name().and_then(|s| s.to_str()).map(str::to_owned);
+        let hit = all
+            .iter()
+            .find(|a| a.name == m)
+            .or_else(|| {
+                all.iter().find(|a| stem(a).as_deref() == Some(m) || file(a).as_deref() == Some(m))
+            })
+            .or_else(|| all.iter().find(|a| a.path.to_str() == Some(m)))
+            .or_else(|| all.iter().find(|a| a.name.ends_with(m) && m.len() >= 3));
+        hit.cloned()
+            .ok_or_else(|| ModelError::Unknown { name: m.to_owned(), looked_in: self.dirs() })
+    }
+
+    /// The model `requested` names, loaded (waiting for a load another
+    /// request started), with a lease on it. Blocking: call it off the
+    /// async threads.
+    pub(crate) fn get(self: &Arc<Self>, requested: Option<&str>) -> Result<Lease, ModelError> {
+        let want = self.find(requested)?;
+        let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            match slots.get(&want.name) {
+                Some(Slot::Ready(s)) => {
+                    s.busy.fetch_add(1, Ordering::SeqCst);
+                    return Ok(Lease {
+                        served: Arc::clone(s),
+                        keep: None,
+                        models: Arc::downgrade(self),
+                    });
+                }
+                Some(Slot::Loading) => {
+                    slots = self.changed.wait(slots).unwrap_or_else(|p| p.into_inner());
+                }
+                None => break,
+            }
+        }
+        // This request loads it; others asking meanwhile wait for it.
+        slots.insert(want.name.clone(), Slot::Loading);
+        self.make_room(&mut slots);
+        drop(slots);
+        let mut args = self.template.engine.clone();
+        args.model = Some(want.path.to_string_lossy().into_owned());
+        let p = &self.template.policies;
+        let (context_cap, batch) =
+            (p.get(policy::CONTEXT) as usize, p.get(policy::DECODE_BATCH) as usize);
+        let t = &self.template;
+        let started = Worker::start_loading(
+            move || Batch::load(&args, context_cap, batch),
+            |b: &Batch| (Arc::new(b.card()), b.context()),
+            t.policies.clone(),
+            Arc::clone(&t.metrics),
+            t.config.clone(),
+            t.capacity,
+        );
+        let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        let result = match started {
+            Ok((worker, (card, context))) => {
+                let served = self.served(&want.name, worker, card, context);
+                served.busy.fetch_add(1, Ordering::SeqCst);
+                slots.insert(want.name.clone(), Slot::Ready(Arc::clone(&served)));
+                Ok(Lease { served, keep: None, models: Arc::downgrade(self) })
+            }
+            Err(e) => {
+                slots.remove(&want.name);
+                Err(ModelError::Load { name: want.name.clone(), why: format!("{e:#}") })
+            }
+        };
+        self.changed.notify_all();
+        result
+    }
+
+    /// Starts the engine thread of the model loaded at start-up.
+    fn serve(&self, batch: Batch) -> Arc<Served> {
+        let name = batch.name();
+        let card = Arc::new(batch.card());
+        let context = batch.context();
+        let t = &self.template;
+        let worker = Worker::start(
+            worker::Setup {
+                batch,
+                policies: t.policies.clone(),
+                metrics: Arc::clone(&t.metrics),
+                config: t.config.clone(),
+            },
+            t.capacity,
+        );
+        self.served(&name, worker, card, context)
+    }
+
+    /// A loaded model's entry, counting the load.
+    fn served(&self, name: &str, worker: Worker, card: Arc<Card>, context: usize) -> Arc<Served> {
+        if let Ok(mut l) = self.loads.lock() {
+            *l.entry(name.to_owned()).or_default() += 1;
+        }
+        tracing::info!(model = name, "model loaded");
+        Arc::new(Served {
+            name: name.to_owned(),
+            worker,
+            card,
+            context,
+            busy: AtomicUsize::new(0),
+            idle: Mutex::new((Instant::now(), self.keep_alive)),
+        })
+    }
+
+    /// Unloads idle models, least recently used first, until one more fits
+    /// under `server/max-loaded-models` (a busy model is never unloaded:
+    /// then the limit is exceeded until one goes idle).
+    fn make_room(&self, slots: &mut HashMap<String, Slot>) {
+        loop {
+            let ready: Vec<(&String, &Arc<Served>)> = slots
+                .iter()
+                .filter_map(|(n, s)| match s {
+                    Slot::Ready(s) => Some((n, s)),
+                    Slot::Loading => None,
+                })
+                .collect();
+            // The slot being loaded counts as one.
+            let loading = slots.values().filter(|s| matches!(s, Slot::Loading)).count();
+            if ready.len() + loading <= self.max_loaded {
+                return;
+            }
+            let lru = ready
+                .iter()
+                .filter(|(_, s)| s.busy.load(Ordering::SeqCst) == 0)
+                .min_by_key(|(_, s)| s.idle.lock().map(|g| g.0).unwrap_or_else(|_| Instant::now()))
+                .map(|(n, _)| (*n).clone());
+            let Some(name) = lru else { return };
+            unload(slots, &name, "to make room");
+        }
+    }
+
+    /// The loaded models (`/api/ps`).
+    pub(crate) fn loaded(&self) -> Vec<Arc<Served>> {
+        let slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        let mut v: Vec<Arc<Served>> = slots
+            .values()
+            .filter_map(|s| match s {
+                Slot::Ready(s) => Some(Arc::clone(s)),
+                Slot::Loading => None,
+            })
+            .collect();
+        v.sort_by(|a, b| a.name.cmp(&b.name));
+        v
+    }
+
+    /// Unloads `name` now if it is loaded and idle (`keep_alive: 0` with no
+    /// prompt); `false` when it is busy.
+    pub(crate) fn unload_now(&self, name: &str) -> bool {
+        let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        match slots.get(name) {
+            Some(Slot::Ready(s)) if s.busy.load(Ordering::SeqCst) > 0 => false,
+            Some(Slot::Ready(_)) => {
+                unload(&mut slots, name, "on request");
+                true
+            }
+            _ => true,
+        }
+    }
+
+    /// Loads per model since the daemon started (`/metrics`).
+    pub(crate) fn loads(&self) -> BTreeMap<String, u64> {
+        self.loads.lock().map(|l| l.clone()).unwrap_or_default()
+    }
+}
+
+impl Lease {
+    /// The model this lease holds.
+    pub(crate) fn served(&self) -> &Arc<Served> {
+        &self.served
+    }
+}
+
+/// Takes `name` out of the loaded set and stops its engine thread (which
+/// ends once idle, freeing the model's memory).
+fn unload(slots: &mut HashMap<String, Slot>, name: &str, why: &str) {
+    if let Some(Slot::Ready(s)) = slots.remove(name) {
+        tracing::info!(model = name, why, "model unloaded");
+        s.worker.stop();
+    }
+}
+
+/// The thread that unloads models idle past their keep-alive; it wakes
+/// when a request ends and at the next expiry.
+fn reap(models: &Weak<Models>) {
+    loop {
+        let Some(m) = models.upgrade() else { return };
+        let mut slots = m.slots.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        let expired: Vec<String> = slots
+            .iter()
+            .filter_map(|(n, s)| match s {
+                Slot::Ready(s) if s.idle_until().is_some_and(|t| t <= now) => Some(n.clone()),
+                _ => None,
+            })
+            .collect();
+        for name in expired {
+            unload(&mut slots, &name, "keep-alive ended");
+        }
+        let next = slots
+            .values()
+            .filter_map(|s| match s {
+                Slot::Ready(s) => s.idle_until(),
+                Slot::Loading => None,
+            })
+            .min()
+            .map_or(Duration::from_secs(60), |t| t.saturating_duration_since(now))
+            .clamp(Duration::from_millis(10), Duration::from_secs(60));
+        let (slots, _) = m.changed.wait_timeout(slots, next).unwrap_or_else(|p| p.into_inner());
+        drop(slots);
+        drop(m);
+    }
+}
+
+/// A request's `keep_alive` (Ollama's conventions): a duration string
+/// (`"10m"`, `"30s"`, `"1h"`, `"500ms"`), a number of seconds, `0` (unload
+/// when done) or negative (keep loaded); `None` when absent.
+pub(crate) fn keep_alive(v: Option<&serde_json::Value>) -> Result<Option<Duration>, String> {
+    use serde_json::Value;
+    let secs = |s: f64| {
+        if s < 0.0 {
+            FOREVER
+        } else {
+            Duration::from_secs_f64(s.min(FOREVER.as_secs_f64()))
+        }
+    };
+    match v {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Number(n)) => Ok(Some(secs(n.as_f64().unwrap_or(0.0)))),
+        Some(Value::String(s)) => {
+            let s = s.trim();
+            let (num, unit) =
+                s.find(|c: char| c.is_ascii_alphabetic()).map_or((s, "s"), |i| (&s[..i], &s[i..]));
+            let n: f64 = num.trim().parse().map_err(|_| {
+                format!("`keep_alive` {s:?} is not a duration (write \"10m\", \"30s\", seconds, 0 or -1)")
+            })?;
+            let scale = match unit {
+                "ms" => 0.001,
+                "s" => 1.0,
+                "m" => 60.0,
+                "h" => 3600.0,
+                _ => return Err(format!("`keep_alive` {s:?}: the unit must be ms, s, m or h")),
+            };
+            Ok(Some(secs(n * scale)))
+        }
+        Some(_) => Err("`keep_alive` must be a duration string or a number of seconds".into()),
+    }
+}
+
+/// Ends a worker's engine thread (after what it is doing).
+impl Worker {
+    pub(crate) fn stop(&self) {
+        let _ = self.send_internal(Job::Stop);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn keep_alive_reads_ollama_durations() {
+        assert_eq!(keep_alive(None).unwrap(), None);
+        assert_eq!(keep_alive(Some(&json!("10m"))).unwrap(), Some(Duration::from_secs(600)));
+        assert_eq!(keep_alive(Some(&json!("30s"))).unwrap(), Some(Duration::from_secs(30)));
+        assert_eq!(keep_alive(Some(&json!("1.5h"))).unwrap(), Some(Duration::from_secs(5400)));
+        assert_eq!(keep_alive(Some(&json!(0))).unwrap(), Some(Duration::ZERO));
+        assert_eq!(keep_alive(Some(&json!("0"))).unwrap(), Some(Duration::ZERO));
+        assert_eq!(keep_alive(Some(&json!(-1))).unwrap(), Some(FOREVER));
+        assert_eq!(keep_alive(Some(&json!(300))).unwrap(), Some(Duration::from_secs(300)));
+        assert!(keep_alive(Some(&json!("soon"))).is_err());
+        assert!(keep_alive(Some(&json!("5d"))).is_err());
+        assert!(keep_alive(Some(&json!([1]))).is_err());
+    }
+}
