@@ -180,6 +180,25 @@ fn place(path: &std::path::Path, to: &std::path::Path) {
     }
 }
 
+/// `agentd serve ARGS --ollama 127.0.0.1:PORT --socket HOME/d.sock
+/// --threads 2` in `home`, up: the daemon and its Ollama port.
+fn serve(home: &Home, args: &[&str]) -> (Daemon, u16) {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let socket = home.path().join("d.sock");
+    let ollama = format!("127.0.0.1:{port}");
+    let mut all =
+        vec!["serve", "--socket", socket.to_str().unwrap(), "--ollama", &ollama, "--threads", "2"];
+    all.extend_from_slice(args);
+    let child = home.cmd(&all).stderr(std::process::Stdio::null()).spawn().expect("serve starts");
+    let daemon = Daemon(child);
+    let t = std::time::Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(t.elapsed().as_secs() < 60, "the daemon did not come up");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    (daemon, port)
+}
+
 /// One request over TCP (`Connection: close`); the status code.
 fn post(port: u16, path: &str, body: &str) -> u16 {
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
@@ -220,33 +239,10 @@ fn one_daemon_serves_several_models_loaded_on_demand() {
     place(&model, &home.path().join("extra/smol-b.gguf"));
     place(&model, &home.path().join("extra/smol-c.gguf"));
     home.write("policies.toml", "[values]\n\"server/max-loaded-models\" = 2\n");
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let socket = home.path().join("d.sock");
     let extra = home.path().join("extra");
+    let (_daemon, port) = serve(&home, &["--model", "smol-a", "--models", extra.to_str().unwrap()]);
+    let socket = home.path().join("d.sock");
     let ollama = format!("127.0.0.1:{port}");
-    let child = home
-        .cmd(&[
-            "serve",
-            "--model",
-            "smol-a",
-            "--socket",
-            socket.to_str().unwrap(),
-            "--ollama",
-            &ollama,
-            "--models",
-            extra.to_str().unwrap(),
-            "--threads",
-            "2",
-        ])
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("serve starts");
-    let _daemon = Daemon(child);
-    let t = std::time::Instant::now();
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(t.elapsed().as_secs() < 60, "the daemon did not come up");
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
     let script = agentd_tests::workspace_root().join("tests/python/models_check.py");
     let out = std::process::Command::new(python)
         .arg(&script)
@@ -272,30 +268,7 @@ fn loading_and_unloading_a_model_thirty_times_does_not_grow_the_daemon() {
     let home = Home::new();
     place(&model, &home.path().join("models/smol-a.gguf"));
     place(&model, &home.path().join("models/smol-b.gguf"));
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let socket = home.path().join("d.sock");
-    let ollama = format!("127.0.0.1:{port}");
-    let child = home
-        .cmd(&[
-            "serve",
-            "--model",
-            "smol-a",
-            "--socket",
-            socket.to_str().unwrap(),
-            "--ollama",
-            &ollama,
-            "--threads",
-            "2",
-        ])
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("serve starts");
-    let daemon = Daemon(child);
-    let t = std::time::Instant::now();
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(t.elapsed().as_secs() < 60, "the daemon did not come up");
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
+    let (daemon, port) = serve(&home, &["--model", "smol-a"]);
     let cycle = || {
         let body = r#"{"model": "smol-b", "prompt": "hi", "keep_alive": 0, "stream": false, "options": {"num_predict": 2}}"#;
         assert_eq!(post(port, "/api/generate", body), 200);

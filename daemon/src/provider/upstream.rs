@@ -82,20 +82,6 @@ impl Gate {
         }
     }
 
-    /// Waits until a place is free (without taking it).
-    pub(crate) fn wait_free(&self) {
-        let mut n = match self.used.lock() {
-            Ok(n) => n,
-            Err(p) => p.into_inner(),
-        };
-        while *n >= self.max {
-            n = match self.freed.wait(n) {
-                Ok(n) => n,
-                Err(p) => p.into_inner(),
-            };
-        }
-    }
-
     /// A place now, or `None` when all are taken.
     pub(crate) fn try_acquire(self: &Arc<Self>) -> Option<Place> {
         let mut n = self.used.lock().ok()?;
@@ -109,6 +95,19 @@ impl Gate {
 
     /// A place, waiting for one (an admitted research run's turn).
     pub(crate) fn acquire(self: &Arc<Self>) -> Place {
+        let mut n = self.free_place();
+        *n += 1;
+        self.in_flight.store(*n, Ordering::Relaxed);
+        Place(Arc::clone(self))
+    }
+
+    /// Waits until a place is free (without taking it).
+    pub(crate) fn wait_free(&self) {
+        drop(self.free_place());
+    }
+
+    /// The count of places taken, once one is free (its lock held).
+    fn free_place(&self) -> std::sync::MutexGuard<'_, usize> {
         let mut n = match self.used.lock() {
             Ok(n) => n,
             Err(p) => p.into_inner(),
@@ -119,9 +118,7 @@ impl Gate {
                 Err(p) => p.into_inner(),
             };
         }
-        *n += 1;
-        self.in_flight.store(*n, Ordering::Relaxed);
-        Place(Arc::clone(self))
+        n
     }
 }
 

@@ -32,7 +32,6 @@ use super::json::{busy, error, json_body};
 use super::shared::State;
 use super::worker::Job;
 use crate::provider::chat::{ChatMsg, ChatOutput};
-use crate::provider::engine::ChatJob;
 use crate::provider::ProviderError;
 use crate::provider::TurnFinish;
 use axum::extract::{Request, State as AxState};
@@ -259,7 +258,7 @@ pub(super) async fn messages(AxState(st): AxState<State>, req: Request) -> Respo
         Ok(x) => x,
         Err(r) => return r,
     };
-    let p = match parse(&st, &chat) {
+    let mut p = match parse(&st, &chat) {
         Ok(p) => p,
         Err(r) => return *r,
     };
@@ -287,15 +286,7 @@ pub(super) async fn messages(AxState(st): AxState<State>, req: Request) -> Respo
     };
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let stream = p.stream;
-    let job = Job::Chat(ChatJob {
-        messages: p.messages,
-        tools: p.tools,
-        params: p.params,
-        cancel,
-        run: None,
-        tx,
-        hold: lease.map(|l| Box::new(l) as Box<dyn std::any::Any + Send>),
-    });
+    let job = p.job(cancel, tx, lease);
     if st.worker.submit(job).is_err() {
         guard.done();
         return busy();

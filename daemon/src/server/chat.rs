@@ -15,6 +15,7 @@
 //! range is a 400 naming the field and the range.
 
 use super::json::{busy, error, json_body};
+use super::models::Lease;
 use super::shared::State;
 use super::worker::Job;
 use crate::provider::chat::{with_knobs, ChatMsg, ChatOutput, ChatParams, Sampling};
@@ -31,6 +32,9 @@ use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
 use prompts::{Message, ToolCallMsg, ToolDef};
 use serde_json::{json, Value};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use tokio::sync::mpsc::UnboundedSender;
 use toolparse::{Event, Mode};
 
 type Bad = Box<Response>;
@@ -275,6 +279,29 @@ pub(super) struct Parsed {
     usage_in_stream: bool,
 }
 
+impl Parsed {
+    /// The request as a job for its model's engine thread (its messages
+    /// and tools move into it): stopped by
+    /// `cancel`, streaming into `tx`, holding `lease` on the model until it
+    /// ends.
+    pub(super) fn job(
+        &mut self,
+        cancel: Arc<AtomicBool>,
+        tx: UnboundedSender<ChatMsg>,
+        lease: Option<Lease>,
+    ) -> Job {
+        Job::Chat(ChatJob {
+            messages: std::mem::take(&mut self.messages),
+            tools: std::mem::take(&mut self.tools),
+            params: self.params.clone(),
+            cancel,
+            run: None,
+            tx,
+            hold: lease.map(|l| Box::new(l) as Box<dyn std::any::Any + Send>),
+        })
+    }
+}
+
 pub(super) fn parse(st: &State, body: &Value) -> Result<Parsed, Bad> {
     if !body.is_object() {
         return Err(bad("the body must be a JSON object"));
@@ -422,22 +449,14 @@ pub(super) async fn completions(AxState(st): AxState<State>, req: Request) -> Re
         Ok(x) => x,
         Err(r) => return r,
     };
-    let p = match parse(&st, &body) {
+    let mut p = match parse(&st, &body) {
         Ok(p) => p,
         Err(r) => return *r,
     };
     let id = crate::state::store::new_id("chatcmpl");
     let (cancel, guard) = st.track(id.clone());
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    let job = Job::Chat(ChatJob {
-        messages: p.messages,
-        tools: p.tools,
-        params: p.params,
-        cancel,
-        run: None,
-        tx,
-        hold: lease.map(|l| Box::new(l) as Box<dyn std::any::Any + Send>),
-    });
+    let job = p.job(cancel, tx, lease);
     if st.worker.submit(job).is_err() {
         guard.done();
         return busy();

@@ -28,9 +28,7 @@ use super::chat::{parse, provider_error, Parsed};
 use super::json::{busy, json_body};
 use super::models::Lease;
 use super::shared::State;
-use super::worker::Job;
 use crate::provider::chat::ChatMsg;
-use crate::provider::engine::ChatJob;
 use crate::provider::ProviderError;
 use crate::provider::TurnFinish;
 use axum::body::{Body, Bytes};
@@ -373,19 +371,11 @@ fn messages(v: Option<&Value>) -> Result<Vec<Value>, Bad> {
 }
 
 /// Runs the parsed request and answers in Ollama's shape.
-async fn answer(st: State, p: Parsed, reply: Reply, lease: Option<Lease>) -> Response {
+async fn answer(st: State, mut p: Parsed, reply: Reply, lease: Option<Lease>) -> Response {
     let id = crate::state::store::new_id("ollama");
     let (cancel, guard) = st.track(id);
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    let job = Job::Chat(ChatJob {
-        messages: p.messages,
-        tools: p.tools,
-        params: p.params,
-        cancel,
-        run: None,
-        tx,
-        hold: lease.map(|l| Box::new(l) as Box<dyn std::any::Any + Send>),
-    });
+    let job = p.job(cancel, tx, lease);
     if st.worker.submit(job).is_err() {
         guard.done();
         return busy();
