@@ -201,16 +201,23 @@ fn serve(home: &Home, args: &[&str]) -> (Daemon, u16) {
 
 /// One request over TCP (`Connection: close`); the status code.
 fn post(port: u16, path: &str, body: &str) -> u16 {
+    request(port, "POST", path, body).0
+}
+
+/// One request over TCP (`Connection: close`): status and body.
+fn request(port: u16, method: &str, path: &str, body: &str) -> (u16, String) {
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
     write!(
         s,
-        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     )
     .unwrap();
     let mut out = String::new();
     std::io::Read::read_to_string(&mut s, &mut out).unwrap();
-    out.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0)
+    let code = out.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let body = out.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
+    (code, body)
 }
 
 fn rss_kb(pid: u32) -> u64 {
@@ -283,4 +290,48 @@ fn loading_and_unloading_a_model_thirty_times_does_not_grow_the_daemon() {
     let last = rss_kb(daemon.0.id());
     eprintln!("RSS after the first load/unload cycle: {first} kB; after 30: {last} kB");
     assert!(first > 0 && last as f64 <= first as f64 * 1.10, "RSS grew from {first} to {last} kB");
+}
+
+/// A memory budget that fits one model keeps one loaded (loading another
+/// unloads the idle one); a model bigger than the budget is refused with
+/// 507 naming both sizes.
+#[test]
+fn the_memory_budget_keeps_what_fits_and_refuses_what_cannot() {
+    let test = "the_memory_budget_keeps_what_fits_and_refuses_what_cannot";
+    let Some(model) = agentd_tests::dep("AGENTD_TEST_MODEL", test) else { return };
+    let home = Home::new();
+    place(&model, &home.path().join("models/smol-a.gguf"));
+    place(&model, &home.path().join("models/smol-b.gguf"));
+    let size_mb = std::fs::metadata(&model).unwrap().len() >> 20;
+    // Room for one model, not two; and a file bigger than the budget.
+    let budget = size_mb * 3 / 2;
+    home.write("policies.toml", &format!("[values]\n\"server/model-memory-mb\" = {budget}\n"));
+    let big = std::fs::File::create(home.path().join("models/too-big.gguf")).unwrap();
+    big.set_len((budget + 10) << 20).unwrap();
+    let (_daemon, port) = serve(&home, &["--model", "smol-a"]);
+    let loaded = || -> Vec<String> {
+        let (_, b) = request(port, "GET", "/api/ps", "");
+        let v: Value = serde_json::from_str(&b).expect("ps is JSON");
+        v["models"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["name"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    assert_eq!(loaded(), ["smol-a:latest"]);
+    let chat = |m: &str| {
+        let body = format!(
+            r#"{{"model": "{m}", "messages": [{{"role": "user", "content": "hi"}}], "stream": false, "options": {{"num_predict": 2}}}}"#
+        );
+        request(port, "POST", "/api/chat", &body)
+    };
+    assert_eq!(chat("smol-b").0, 200);
+    assert_eq!(loaded(), ["smol-b:latest"], "the idle model made room");
+    assert_eq!(chat("smol-a").0, 200);
+    assert_eq!(loaded(), ["smol-a:latest"]);
+    let (code, body) = chat("too-big");
+    assert_eq!(code, 507, "{body}");
+    assert!(body.contains("too-big") && body.contains(&format!("{budget} MB")), "{body}");
+    assert_eq!(loaded(), ["smol-a:latest"], "nothing was unloaded for a model that cannot fit");
 }

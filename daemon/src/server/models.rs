@@ -95,6 +95,8 @@ pub(crate) enum ModelError {
     Unknown { name: String, looked_in: Vec<PathBuf> },
     /// The file is there but could not be loaded.
     Load { name: String, why: String },
+    /// The model alone is bigger than the memory budget.
+    TooBig { name: String, bytes: u64, budget: u64 },
 }
 
 impl std::fmt::Display for ModelError {
@@ -106,6 +108,12 @@ impl std::fmt::Display for ModelError {
                 looked_in.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
             ),
             ModelError::Load { name, why } => write!(f, "model {name:?} could not be loaded: {why}"),
+            ModelError::TooBig { name, bytes, budget } => write!(
+                f,
+                "model {name:?} needs {} MB but loaded models may take {} MB together (policy server/model-memory-mb)",
+                bytes >> 20,
+                budget >> 20
+            ),
         }
     }
 }
@@ -120,7 +128,8 @@ pub(crate) struct Available {
 }
 
 enum Slot {
-    Loading,
+    /// Being loaded; its file's size in bytes.
+    Loading(u64),
     Ready(Arc<Served>),
 }
 
@@ -147,6 +156,8 @@ pub(crate) struct Models {
     /// The model a request that names none gets.
     pub(crate) default: String,
     max_loaded: usize,
+    /// Bytes loaded models may take together.
+    memory: u64,
     keep_alive: Duration,
     slots: Mutex<HashMap<String, Slot>>,
     changed: Condvar,
@@ -161,6 +172,7 @@ impl Models {
         let models = Arc::new(Models {
             default: default.name(),
             max_loaded: (p.get(policy::MAX_LOADED_MODELS) as usize).max(1),
+            memory: (p.get(policy::MODEL_MEMORY).max(1) as u64) << 20,
             keep_alive: Duration::from_secs(p.get(policy::KEEP_ALIVE) as u64),
             slots: Mutex::new(HashMap::new()),
             changed: Condvar::new(),
@@ -272,14 +284,18 @@ impl Models {
                         models: Arc::downgrade(self),
                     });
                 }
-                Some(Slot::Loading) => {
+                Some(Slot::Loading(_)) => {
                     slots = self.changed.wait(slots).unwrap_or_else(|p| p.into_inner());
                 }
                 None => break,
             }
         }
+        let bytes = std::fs::metadata(&want.path).map_or(0, |m| m.len());
+        if bytes > self.memory {
+            return Err(ModelError::TooBig { name: want.name.clone(), bytes, budget: self.memory });
+        }
         // This request loads it; others asking meanwhile wait for it.
-        slots.insert(want.name.clone(), Slot::Loading);
+        slots.insert(want.name.clone(), Slot::Loading(bytes));
         self.make_room(&mut slots);
         drop(slots);
         let mut args = self.template.engine.clone();
@@ -347,28 +363,31 @@ impl Models {
         })
     }
 
-    /// Unloads idle models, least recently used first, until one more fits
-    /// under `server/max-loaded-models` (a busy model is never unloaded:
-    /// then the limit is exceeded until one goes idle).
+    /// Unloads idle models, least recently used first, until the loaded
+    /// ones and those loading fit under `server/max-loaded-models` and
+    /// `server/model-memory-mb` (a busy model is never unloaded: then the
+    /// limits are exceeded until one goes idle).
     fn make_room(&self, slots: &mut HashMap<String, Slot>) {
         loop {
-            let ready: Vec<(&String, &Arc<Served>)> = slots
-                .iter()
-                .filter_map(|(n, s)| match s {
-                    Slot::Ready(s) => Some((n, s)),
-                    Slot::Loading => None,
+            let count = slots.len();
+            let bytes: u64 = slots
+                .values()
+                .map(|s| match s {
+                    Slot::Ready(s) => s.card.file_bytes,
+                    Slot::Loading(b) => *b,
                 })
-                .collect();
-            // The slot being loaded counts as one.
-            let loading = slots.values().filter(|s| matches!(s, Slot::Loading)).count();
-            if ready.len() + loading <= self.max_loaded {
+                .sum();
+            if count <= self.max_loaded && bytes <= self.memory {
                 return;
             }
-            let lru = ready
+            let lru = slots
                 .iter()
-                .filter(|(_, s)| s.busy.load(Ordering::SeqCst) == 0)
+                .filter_map(|(n, s)| match s {
+                    Slot::Ready(s) if s.busy.load(Ordering::SeqCst) == 0 => Some((n, s)),
+                    _ => None,
+                })
                 .min_by_key(|(_, s)| s.idle.lock().map(|g| g.0).unwrap_or_else(|_| Instant::now()))
-                .map(|(n, _)| (*n).clone());
+                .map(|(n, _)| n.clone());
             let Some(name) = lru else { return };
             unload(slots, &name, "to make room");
         }
@@ -381,7 +400,7 @@ impl Models {
             .values()
             .filter_map(|s| match s {
                 Slot::Ready(s) => Some(Arc::clone(s)),
-                Slot::Loading => None,
+                Slot::Loading(_) => None,
             })
             .collect();
         v.sort_by(|a, b| a.name.cmp(&b.name));
@@ -445,7 +464,7 @@ fn reap(models: &Weak<Models>) {
             .values()
             .filter_map(|s| match s {
                 Slot::Ready(s) => s.idle_until(),
-                Slot::Loading => None,
+                Slot::Loading(_) => None,
             })
             .min()
             .map_or(Duration::from_secs(60), |t| t.saturating_duration_since(now))

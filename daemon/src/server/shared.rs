@@ -114,6 +114,9 @@ impl State {
             Err(e @ ModelError::Unknown { .. }) => {
                 Err(error(StatusCode::NOT_FOUND, "model_not_found", e.to_string()))
             }
+            Err(e @ ModelError::TooBig { .. }) => {
+                Err(error(StatusCode::INSUFFICIENT_STORAGE, "model_too_big", e.to_string()))
+            }
             Err(e) => {
                 Err(error(StatusCode::INTERNAL_SERVER_ERROR, "model_load_failed", e.to_string()))
             }

@@ -26,6 +26,7 @@ pub(crate) enum Unit {
     Results,
     Characters,
     Bytes,
+    Megabytes,
     Models,
 }
 
@@ -42,6 +43,7 @@ impl Unit {
             Unit::Results => "results",
             Unit::Characters => "characters",
             Unit::Bytes => "bytes",
+            Unit::Megabytes => "megabytes",
             Unit::Models => "models",
         }
     }
@@ -109,6 +111,21 @@ pub(crate) const DECODE_BATCH: &str = "server/decode-batch";
 pub(crate) const UPSTREAM_CONCURRENCY: &str = "server/upstream-concurrency";
 pub(crate) const MAX_LOADED_MODELS: &str = "server/max-loaded-models";
 pub(crate) const KEEP_ALIVE: &str = "server/keep-alive";
+pub(crate) const MODEL_MEMORY: &str = "server/model-memory-mb";
+
+/// Half of this machine's memory in MB (`/proc/meminfo`; 8 GB where it
+/// cannot be read): the default memory budget of loaded models.
+fn half_the_memory_mb() -> i64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find_map(|l| l.strip_prefix("MemTotal:"))
+                .and_then(|v| v.split_whitespace().next())
+                .and_then(|kb| kb.parse::<i64>().ok())
+        })
+        .map_or(8192, |kb| (kb / 1024 / 2).max(1))
+}
 pub(crate) const REPEAT_LAST_N: &str = "sampling/repeat-last-n";
 pub(crate) const NO_REPEAT_NGRAM: &str = "sampling/no-repeat-ngram";
 
@@ -195,6 +212,10 @@ fn server() -> Vec<Policy> {
         // How long an idle model stays loaded (a request's `keep_alive`
         // overrides it for that model).
         p(KEEP_ALIVE, o, v, Unit::Seconds, 300, 31_536_000, None),
+        // The memory loaded models may take together (their files' sizes);
+        // loading past it unloads idle models, and a model bigger than it
+        // is refused (507).
+        p(MODEL_MEMORY, o, v, Unit::Megabytes, half_the_memory_mb(), 16 << 20, None),
     ]
 }
 
