@@ -180,11 +180,11 @@ fn place(path: &std::path::Path, to: &std::path::Path) {
     }
 }
 
-/// `agentd serve ARGS --ollama 127.0.0.1:PORT --socket HOME/d.sock
+/// `agentd serve ARGS --ollama 127.0.0.1:PORT --socket HOME/agentd.sock
 /// --threads 2` in `home`, up: the daemon and its Ollama port.
 fn serve(home: &Home, args: &[&str]) -> (Daemon, u16) {
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let socket = home.path().join("d.sock");
+    let socket = home.path().join("agentd.sock");
     let ollama = format!("127.0.0.1:{port}");
     let mut all =
         vec!["serve", "--socket", socket.to_str().unwrap(), "--ollama", &ollama, "--threads", "2"];
@@ -248,9 +248,16 @@ fn one_daemon_serves_several_models_loaded_on_demand() {
     home.write("policies.toml", "[values]\n\"server/max-loaded-models\" = 2\n");
     let extra = home.path().join("extra");
     let (_daemon, port) = serve(&home, &["--model", "smol-a", "--models", extra.to_str().unwrap()]);
-    let socket = home.path().join("d.sock");
+    let socket = home.path().join("agentd.sock");
     let ollama = format!("127.0.0.1:{port}");
     let script = agentd_tests::workspace_root().join("tests/python/models_check.py");
+    // `agentd models` asks the daemon on the default socket (the home's
+    // `agentd.sock`) what it has loaded.
+    let out = home.cmd(&["models", "--json"]).output().unwrap();
+    let rows: Value = serde_json::from_slice(&out.stdout).expect("models --json");
+    let row = |n: &str| rows.as_array().unwrap().iter().find(|r| r["name"] == n).cloned();
+    assert_eq!(row("smol-a").map(|r| r["loaded"].clone()), Some(Value::Bool(true)), "{rows}");
+
     let out = std::process::Command::new(python)
         .arg(&script)
         .args([&format!("http://{ollama}"), socket.to_str().unwrap(), "smol-a", "smol-b", "smol-c"])

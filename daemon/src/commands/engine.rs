@@ -54,15 +54,22 @@ pub(crate) fn models(json_out: bool) -> Result<()> {
         rows.push(json!({"name": name, "default": false, "state": "present", "path": path,
             "repo": "", "file": path.file_name().and_then(|s| s.to_str()), "size": size}));
     }
+    // What a daemon on the default socket has loaded, when one answers.
+    let loaded = loaded_by_daemon();
+    for r in &mut rows {
+        let name = r["name"].as_str().unwrap_or_default().to_owned();
+        r["loaded"] = json!(loaded.as_ref().map(|l| l.contains(&name)));
+    }
     if json_out {
         println!("{}", serde_json::to_string_pretty(&rows)?);
     } else {
         for r in rows {
             println!(
-                "{}{}  {}  {}/{}  {}",
+                "{}{}  {}{}  {}/{}  {}",
                 r["name"].as_str().unwrap_or_default(),
                 if r["default"] == true { " (default)" } else { "" },
                 r["state"].as_str().unwrap_or_default(),
+                if r["loaded"] == true { ", loaded by the daemon" } else { "" },
                 r["repo"].as_str().unwrap_or_default(),
                 r["file"].as_str().unwrap_or_default(),
                 r["path"].as_str().unwrap_or_default(),
@@ -70,6 +77,28 @@ pub(crate) fn models(json_out: bool) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The models the daemon on the default socket has loaded (`GET /api/ps`),
+/// or `None` when no daemon answers there within a second.
+fn loaded_by_daemon() -> Option<Vec<String>> {
+    use std::io::{Read, Write};
+    let mut s =
+        std::os::unix::net::UnixStream::connect(crate::state::home::default_socket()).ok()?;
+    s.set_read_timeout(Some(std::time::Duration::from_secs(1))).ok()?;
+    s.write_all(b"GET /api/ps HTTP/1.1\r\nHost: agentd\r\nConnection: close\r\n\r\n").ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    let (_, body) = out.split_once("\r\n\r\n")?;
+    let v: serde_json::Value = serde_json::from_str(body).ok()?;
+    Some(
+        v["models"]
+            .as_array()?
+            .iter()
+            .filter_map(|m| m["name"].as_str())
+            .map(|n| n.strip_suffix(":latest").unwrap_or(n).to_owned())
+            .collect(),
+    )
 }
 
 /// `*.gguf` files in the models folder, sorted.

@@ -78,8 +78,9 @@ pub(crate) struct Batch {
     local: Local,
     active: Vec<Active>,
     /// Set when the model could not be loaded again after a panic: why
-    /// every request now fails.
+    /// every request now fails (shared with whoever reports health).
     broken: Option<String>,
+    health: Arc<std::sync::Mutex<Option<String>>>,
     /// What loads the model again.
     args: EngineArgs,
     context_cap: usize,
@@ -100,10 +101,17 @@ impl Batch {
             local,
             active: Vec::new(),
             broken: None,
+            health: Arc::default(),
             args: args.clone(),
             context_cap,
             size: size.max(1),
         })
+    }
+
+    /// Where the batch reports that its model failed for good (`None`
+    /// while it works): for `/health`.
+    pub(crate) fn health(&self) -> Arc<std::sync::Mutex<Option<String>>> {
+        Arc::clone(&self.health)
     }
 
     /// The model's description (`/api/show`, `/api/tags`, `/api/ps`).
@@ -277,12 +285,18 @@ impl Batch {
             Ok(local) => {
                 self.local = local;
                 self.broken = None;
+                if let Ok(mut h) = self.health.lock() {
+                    *h = None;
+                }
             }
             Err(e) => {
                 let why = format!(
                     "the model failed and could not be loaded again ({e:#}); restart agentd serve"
                 );
                 tracing::error!("{why}");
+                if let Ok(mut h) = self.health.lock() {
+                    *h = Some(why.clone());
+                }
                 self.broken = Some(why);
             }
         }

@@ -341,6 +341,21 @@ async fn health(AxState(st): AxState<State>) -> Response {
     let mut v = json!({"status": "ok", "model": st.model, "context": st.context,
         "queue_depth": st.queue_depth(), "queue_capacity": st.worker.capacity,
         "uptime_s": st.started.elapsed().as_secs(), "version": env!("CARGO_PKG_VERSION")});
+    if let Some(m) = &st.models {
+        // Each loaded model, and why one's engine failed for good.
+        let loaded: Vec<serde_json::Value> = m
+            .loaded()
+            .iter()
+            .map(|s| match s.failed.lock().ok().and_then(|f| f.clone()) {
+                Some(why) => json!({"model": s.name, "ok": false, "error": why}),
+                None => json!({"model": s.name, "ok": true}),
+            })
+            .collect();
+        if loaded.iter().any(|l| l["ok"] == false) {
+            v["status"] = json!("degraded");
+        }
+        v["loaded"] = json!(loaded);
+    }
     if let Some(up) = st.upstream.clone() {
         let base = up.provider.base_url().to_owned();
         let probe = tokio::task::spawn_blocking(move || {

@@ -27,6 +27,8 @@ pub(crate) struct Served {
     pub(crate) worker: Worker,
     pub(crate) card: Arc<Card>,
     pub(crate) context: usize,
+    /// Why its engine failed for good, once it has (`/health`).
+    pub(crate) failed: Arc<Mutex<Option<String>>>,
     /// Requests holding a lease now.
     busy: AtomicUsize,
     /// When the last request ended (or the model loaded), and how long it
@@ -306,7 +308,7 @@ impl Models {
         let t = &self.template;
         let started = Worker::start_loading(
             move || Batch::load(&args, context_cap, batch),
-            |b: &Batch| (Arc::new(b.card()), b.context()),
+            |b: &Batch| (Arc::new(b.card()), b.context(), b.health()),
             t.policies.clone(),
             Arc::clone(&t.metrics),
             t.config.clone(),
@@ -314,8 +316,8 @@ impl Models {
         );
         let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
         let result = match started {
-            Ok((worker, (card, context))) => {
-                let served = self.served(&want.name, worker, card, context);
+            Ok((worker, (card, context, failed))) => {
+                let served = self.served(&want.name, worker, card, context, failed);
                 served.busy.fetch_add(1, Ordering::SeqCst);
                 slots.insert(want.name.clone(), Slot::Ready(Arc::clone(&served)));
                 Ok(Lease { served, keep: None, models: Arc::downgrade(self) })
@@ -334,6 +336,7 @@ impl Models {
         let name = batch.name();
         let card = Arc::new(batch.card());
         let context = batch.context();
+        let failed = batch.health();
         let t = &self.template;
         let worker = Worker::start(
             worker::Setup {
@@ -344,11 +347,18 @@ impl Models {
             },
             t.capacity,
         );
-        self.served(&name, worker, card, context)
+        self.served(&name, worker, card, context, failed)
     }
 
     /// A loaded model's entry, counting the load.
-    fn served(&self, name: &str, worker: Worker, card: Arc<Card>, context: usize) -> Arc<Served> {
+    fn served(
+        &self,
+        name: &str,
+        worker: Worker,
+        card: Arc<Card>,
+        context: usize,
+        failed: Arc<Mutex<Option<String>>>,
+    ) -> Arc<Served> {
         if let Ok(mut l) = self.loads.lock() {
             *l.entry(name.to_owned()).or_default() += 1;
         }
@@ -358,6 +368,7 @@ impl Models {
             worker,
             card,
             context,
+            failed,
             busy: AtomicUsize::new(0),
             idle: Mutex::new((Instant::now(), self.keep_alive)),
         })
