@@ -167,13 +167,13 @@ pub(super) async fn resume(
         let id = id.clone();
         blocking(move |s| {
             s.mark_interrupted(true)?;
-            Ok(s.run(&id).ok().flatten().map(|r| r.status))
+            Ok(s.run(&id).ok().flatten().map(|r| (r.status, r.snapshot)))
         })
         .await
     };
-    match check {
+    let snapshot = match check {
         Ok(None) => return error(StatusCode::NOT_FOUND, "run_not_found", "no such run"),
-        Ok(Some(s)) if s != RunStatus::Interrupted => {
+        Ok(Some((s, _))) if s != RunStatus::Interrupted => {
             return error(
                 StatusCode::CONFLICT,
                 "not_resumable",
@@ -181,11 +181,22 @@ pub(super) async fn resume(
             )
         }
         Err(r) => return r,
-        _ => {}
-    }
-    // A run resumes on the daemon's default model.
-    let (st, hold) = match st.for_model(None).await {
+        Ok(Some((_, snapshot))) => snapshot,
+    };
+    // A run resumes on the model it ran on (its snapshot's `provider`,
+    // `local:NAME`), loaded again if it was unloaded.
+    let model = serde_json::from_str::<Value>(&snapshot).ok().and_then(|v| {
+        v["provider"].as_str().and_then(|p| p.strip_prefix("local:")).map(str::to_owned)
+    });
+    let (st, hold) = match st.for_model(model.as_deref()).await {
         Ok(x) => x,
+        Err(e @ super::models::ModelError::Unknown { .. }) => {
+            return error(
+                StatusCode::CONFLICT,
+                "model_not_found",
+                format!("run {id} cannot resume: {e}"),
+            )
+        }
         Err(e) => {
             return error(StatusCode::INTERNAL_SERVER_ERROR, "model_load_failed", e.to_string())
         }
