@@ -63,6 +63,12 @@ def main():
         question = page.locator("textarea[name=question]")
         expect(question).to_be_focused()
 
+        # The model picker lists the models served, the default chosen.
+        picker = page.get_by_label("Model")
+        expect(picker.locator("option")).not_to_have_count(0)
+        health = page.evaluate("fetch('/health').then((r) => r.json())")
+        check(picker.input_value() == health["model"], f"picked {picker.input_value()!r}, default {health['model']!r}")
+
         # Settings: the API's bounds (422) are shown; a value inside them is kept.
         page.click("#open-settings")
         rounds = page.get_by_label("Tool research rounds")

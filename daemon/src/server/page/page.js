@@ -353,6 +353,8 @@
     try {
       const body = { question: text, stream: true };
       if (chatId) body.chat_id = chatId;
+      const model = $("model").value;
+      if (model) body.model = model;
       const r = await fetch("/v1/research", {
         method: "POST", credentials: "same-origin", signal: controller.signal,
         headers: { "content-type": "application/json", accept: "text/event-stream" },
@@ -604,7 +606,20 @@
   stopBtn.addEventListener("click", stop);
   $("new-chat").addEventListener("click", newChat);
 
-  api("GET", "/health").then((h) => { $("model").textContent = String(h.model || "").split("/").pop(); }).catch(() => {});
+  // The model picker: every model the daemon serves (GET /v1/models), the
+  // default (GET /health) chosen; a question goes to the one picked.
+  Promise.all([api("GET", "/health"), api("GET", "/v1/models")]).then(([h, list]) => {
+    const pick = $("model");
+    const ids = (list && Array.isArray(list.data) ? list.data : []).map((m) => String(m.id));
+    if (h && h.model && !ids.includes(String(h.model))) ids.unshift(String(h.model));
+    pick.replaceChildren(...ids.map((id) => {
+      const o = document.createElement("option");
+      o.value = id;
+      o.textContent = id.split("/").pop();
+      o.selected = id === String(h && h.model);
+      return o;
+    }));
+  }).catch(() => {});
   loadChats();
   question.focus();
 })();
