@@ -230,8 +230,9 @@ fn rss_kb(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
-/// One `agentd serve` with three model files (the default model under
-/// three names), `server/max-loaded-models` 2: the official `ollama`
+/// One `agentd serve` with three model files (the default model, gemma-3-270m
+/// where the suite has it, the default again under a third name),
+/// `server/max-loaded-models` 2: the official `ollama`
 /// client lists and chats with each, the least recently used is unloaded,
 /// `keep_alive: 0` unloads, twelve concurrent first requests load once
 /// (`tests/python/models_check.py`); then 30 load/unload cycles leave the
@@ -243,7 +244,12 @@ fn one_daemon_serves_several_models_loaded_on_demand() {
     let Some(python) = agentd_tests::python(test) else { return };
     let home = Home::new();
     place(&model, &home.path().join("models/smol-a.gguf"));
-    place(&model, &home.path().join("extra/smol-b.gguf"));
+    // The second model is gemma-3-270m where the suite has it (another
+    // architecture, and a file without a chat template), else a copy.
+    match std::env::var_os("AGENTD_TEST_GEMMA").filter(|g| !g.is_empty()) {
+        Some(g) => place(std::path::Path::new(&g), &home.path().join("extra/smol-b.gguf")),
+        None => place(&model, &home.path().join("extra/smol-b.gguf")),
+    }
     place(&model, &home.path().join("extra/smol-c.gguf"));
     home.write("policies.toml", "[values]\n\"server/max-loaded-models\" = 2\n");
     let extra = home.path().join("extra");

@@ -19,6 +19,10 @@ use prompts::{ChatTemplate, Message, ToolDef, ToolStyle};
 use std::sync::atomic::AtomicBool;
 use toolparse::{Event, FinishReason, Format, Mode, Options, Parser};
 
+/// The chat template of a file that has none (a base model): each turn as
+/// `Role: text`, then `Assistant:` to answer.
+const PLAIN_TEMPLATE: &str = "{%- for m in messages %}{{ m.role | capitalize }}: {{ m.content }}\n\n{% endfor %}{%- if add_generation_prompt %}Assistant:{% endif %}";
+
 /// A loaded local model ready for chat turns.
 #[derive(Debug)]
 pub(crate) struct Local {
@@ -56,9 +60,16 @@ impl Local {
         let source = match entry.and_then(|e| e.chat_template.as_deref()).filter(|t| *t != "gguf") {
             Some(path) => std::fs::read_to_string(path)
                 .with_context(|| format!("cannot read chat template {path}"))?,
-            None => info.chat_template.clone().with_context(|| {
-                format!("{} has no chat template in its metadata", resolved.path.display())
-            })?,
+            None => info.chat_template.clone().unwrap_or_else(|| {
+                // A base model (no template in its metadata) still answers:
+                // the turns as plain `Role: text` lines, as it was trained
+                // to continue text.
+                tracing::warn!(
+                    model = %resolved.path.display(),
+                    "the file has no chat template; using plain `Role: text` turns (set chat_template in models.toml for a better one)"
+                );
+                PLAIN_TEMPLATE.to_owned()
+            }),
         };
         let template =
             ChatTemplate::new(&source, info.bos.as_deref(), info.eos.as_deref(), ToolStyle::Hermes)
@@ -68,7 +79,11 @@ impl Local {
                 Some(f) => Format::from_name(f)?,
                 None => Format::Hermes,
             };
-        let stop_strings = resolved.entry.as_ref().map(|e| e.stop.clone()).unwrap_or_default();
+        let mut stop_strings = resolved.entry.as_ref().map(|e| e.stop.clone()).unwrap_or_default();
+        if source == PLAIN_TEMPLATE {
+            // The plain turns: the answer ends where the next turn would.
+            stop_strings.push("\nUser:".to_owned());
+        }
         // Research turns: greedy with a mild repetition penalty, under
         // whatever the model's entry sets.
         let base = Sampling {
