@@ -348,3 +348,32 @@ fn the_memory_budget_keeps_what_fits_and_refuses_what_cannot() {
     assert!(body.contains("too-big") && body.contains(&format!("{budget} MB")), "{body}");
     assert_eq!(loaded(), ["smol-a:latest"], "nothing was unloaded for a model that cannot fit");
 }
+
+/// A default model given by its path (outside every models folder) is
+/// still served after it was unloaded to make room: a request that names
+/// no model loads it again.
+#[test]
+fn a_default_model_given_by_path_comes_back_after_it_was_unloaded() {
+    let test = "a_default_model_given_by_path_comes_back_after_it_was_unloaded";
+    let Some(model) = agentd_tests::dep("AGENTD_TEST_MODEL", test) else { return };
+    let home = Home::new();
+    let default = home.path().join("elsewhere/default.gguf");
+    place(&model, &default);
+    place(&model, &home.path().join("models/smol-b.gguf"));
+    home.write("policies.toml", "[values]\n\"server/max-loaded-models\" = 1\n");
+    let (_daemon, port) = serve(&home, &["--model", default.to_str().unwrap()]);
+    let chat = |model: Option<&str>| {
+        let m = model.map_or(String::new(), |m| format!(r#""model": "{m}", "#));
+        let body = format!(
+            r#"{{{m}"messages": [{{"role": "user", "content": "hi"}}], "stream": false, "options": {{"num_predict": 2}}}}"#
+        );
+        request(port, "POST", "/api/chat", &body)
+    };
+    assert_eq!(chat(Some("smol-b")).0, 200);
+    let (_, ps) = request(port, "GET", "/api/ps", "");
+    assert!(ps.contains("smol-b") && !ps.contains("default.gguf"), "{ps}");
+    let (code, body) = chat(None);
+    assert_eq!(code, 200, "{body}");
+    let (_, ps) = request(port, "GET", "/api/ps", "");
+    assert!(ps.contains("default.gguf"), "the default is loaded again: {ps}");
+}

@@ -103,15 +103,7 @@ fn loaded_by_daemon() -> Option<Vec<String>> {
 
 /// `*.gguf` files in the models folder, sorted.
 fn installed_files() -> Vec<std::path::PathBuf> {
-    let dir = crate::state::home::models_dir();
-    let mut out: Vec<_> = std::fs::read_dir(&dir)
-        .into_iter()
-        .flatten()
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.is_file() && p.extension().is_some_and(|x| x == "gguf"))
-        .collect();
-    out.sort();
-    out
+    crate::state::home::gguf_files(&crate::state::home::models_dir())
 }
 
 /// `agentd rm NAME`: deletes an installed model file (a registry name, a
@@ -142,9 +134,7 @@ pub(crate) fn rm(name: &str) -> Result<()> {
         );
     };
     std::fs::remove_file(&path).with_context(|| format!("cannot remove {}", path.display()))?;
-    let mut stamp = path.as_os_str().to_owned();
-    stamp.push(".verified");
-    std::fs::remove_file(std::path::PathBuf::from(stamp)).ok();
+    std::fs::remove_file(pull::stamp_path(&path)).ok();
     eprintln!("agentd: removed {}", path.display());
     Ok(())
 }

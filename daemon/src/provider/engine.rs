@@ -79,8 +79,7 @@ pub(crate) struct Batch {
     active: Vec<Active>,
     /// Set when the model could not be loaded again after a panic: why
     /// every request now fails (shared with whoever reports health).
-    broken: Option<String>,
-    health: Arc<std::sync::Mutex<Option<String>>>,
+    broken: Arc<std::sync::Mutex<Option<String>>>,
     /// What loads the model again.
     args: EngineArgs,
     context_cap: usize,
@@ -100,8 +99,7 @@ impl Batch {
         Ok(Batch {
             local,
             active: Vec::new(),
-            broken: None,
-            health: Arc::default(),
+            broken: Arc::default(),
             args: args.clone(),
             context_cap,
             size: size.max(1),
@@ -111,7 +109,12 @@ impl Batch {
     /// Where the batch reports that its model failed for good (`None`
     /// while it works): for `/health`.
     pub(crate) fn health(&self) -> Arc<std::sync::Mutex<Option<String>>> {
-        Arc::clone(&self.health)
+        Arc::clone(&self.broken)
+    }
+
+    /// Why every request fails, once the model failed for good.
+    fn broken(&self) -> Option<String> {
+        self.broken.lock().ok().and_then(|b| b.clone())
     }
 
     /// The model's description (`/api/show`, `/api/tags`, `/api/ps`).
@@ -156,8 +159,8 @@ impl Batch {
         messages: &[Message],
         tools: &[ToolDef],
     ) -> Result<usize, ProviderError> {
-        if let Some(why) = &self.broken {
-            return Err(ProviderError::Failed(why.clone()));
+        if let Some(why) = self.broken() {
+            return Err(ProviderError::Failed(why));
         }
         catch_unwind(AssertUnwindSafe(|| self.local.prompt_tokens(messages, tools)))
             .unwrap_or_else(|_| Err(ProviderError::Failed("internal error".into())))
@@ -167,8 +170,8 @@ impl Batch {
     /// before it began, refused by the engine, or the model is broken).
     pub(crate) fn start(&mut self, job: ChatJob) {
         let ChatJob { messages, tools, params, cancel, run, tx, hold } = job;
-        if let Some(why) = &self.broken {
-            let _ = tx.send(ChatMsg::Done(Err(ProviderError::Failed(why.clone()))));
+        if let Some(why) = self.broken() {
+            let _ = tx.send(ChatMsg::Done(Err(ProviderError::Failed(why))));
             return;
         }
         let stopped =
@@ -281,24 +284,23 @@ impl Batch {
     /// sessions and buffers are not trusted after that); when it cannot be
     /// loaded, every request fails, saying so.
     fn reload(&mut self) {
-        match Local::load(&self.args, self.args.tool_format.as_deref(), Some(self.context_cap)) {
-            Ok(local) => {
-                self.local = local;
-                self.broken = None;
-                if let Ok(mut h) = self.health.lock() {
-                    *h = None;
+        let why =
+            match Local::load(&self.args, self.args.tool_format.as_deref(), Some(self.context_cap))
+            {
+                Ok(local) => {
+                    self.local = local;
+                    None
                 }
-            }
-            Err(e) => {
-                let why = format!(
+                Err(e) => {
+                    let why = format!(
                     "the model failed and could not be loaded again ({e:#}); restart agentd serve"
                 );
-                tracing::error!("{why}");
-                if let Ok(mut h) = self.health.lock() {
-                    *h = Some(why.clone());
+                    tracing::error!("{why}");
+                    Some(why)
                 }
-                self.broken = Some(why);
-            }
+            };
+        if let Ok(mut b) = self.broken.lock() {
+            *b = why;
         }
     }
 }

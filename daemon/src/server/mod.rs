@@ -208,11 +208,6 @@ pub(crate) fn run(a: ServeArgs) -> Result<()> {
         st.upstream = Some(shared::Upstream { provider: upstream, models: probe.models });
         st
     } else {
-        let batch = crate::provider::engine::Batch::load(
-            &a.engine,
-            policies.get(policy::CONTEXT) as usize,
-            policies.get(policy::DECODE_BATCH) as usize,
-        )?;
         let mut config = RunConfig {
             engine: a.engine.clone(),
             corpus: a.corpus,
@@ -236,7 +231,7 @@ pub(crate) fn run(a: ServeArgs) -> Result<()> {
             capacity,
             dirs: a.models,
         };
-        let models = models::Models::start(template, batch);
+        let models = models::Models::start(template)?;
         let default = models.loaded().into_iter().next().context("the default model is loaded")?;
         let mut st = shared::State::new(
             default.worker.clone(),

@@ -9,7 +9,7 @@
 //! idle one first.
 
 use super::metrics::Metrics;
-use super::worker::{self, Job, Worker};
+use super::worker::Worker;
 use crate::provider::build::EngineArgs;
 use crate::provider::engine::{Batch, Card};
 use crate::research::RunConfig;
@@ -72,6 +72,12 @@ impl Lease {
         if keep.is_some() {
             self.keep = keep;
         }
+    }
+
+    /// Whether the request asked to unload the model when it ends
+    /// (`keep_alive: 0`).
+    pub(crate) fn unloads(&self) -> bool {
+        self.keep.is_some_and(|k| k.is_zero())
     }
 }
 
@@ -152,11 +158,44 @@ impl std::fmt::Debug for Models {
     }
 }
 
+/// What a model's engine thread reports once the model is loaded.
+struct Loaded {
+    name: String,
+    card: Arc<Card>,
+    context: usize,
+    failed: Arc<Mutex<Option<String>>>,
+}
+
+impl Template {
+    /// Starts an engine thread that loads the model `args` names on itself
+    /// (`Worker::start_loading`) and serves it.
+    fn load(&self, args: EngineArgs) -> anyhow::Result<(Worker, Loaded)> {
+        let p = &self.policies;
+        let (context_cap, batch) =
+            (p.get(policy::CONTEXT) as usize, p.get(policy::DECODE_BATCH) as usize);
+        Worker::start_loading(
+            move || Batch::load(&args, context_cap, batch),
+            |b: &Batch| Loaded {
+                name: b.name(),
+                card: Arc::new(b.card()),
+                context: b.context(),
+                failed: b.health(),
+            },
+            self.policies.clone(),
+            Arc::clone(&self.metrics),
+            self.config.clone(),
+            self.capacity,
+        )
+    }
+}
+
 /// The models a daemon serves, and the loaded ones.
 pub(crate) struct Models {
     template: Template,
-    /// The model a request that names none gets.
+    /// The model a request that names none gets, and its file (served
+    /// whether or not it lies in a models folder, loaded or not).
     pub(crate) default: String,
+    default_path: PathBuf,
     max_loaded: usize,
     /// Bytes loaded models may take together.
     memory: u64,
@@ -167,12 +206,15 @@ pub(crate) struct Models {
 }
 
 impl Models {
-    /// The manager, with `default` (loaded now, so a broken default model
-    /// fails the start) and the thread that unloads idle models.
-    pub(crate) fn start(template: Template, default: Batch) -> Arc<Models> {
+    /// The manager, with the default model (`template.engine`'s, loaded
+    /// now, so a broken default model fails the start) and the thread that
+    /// unloads idle models.
+    pub(crate) fn start(template: Template) -> anyhow::Result<Arc<Models>> {
+        let (worker, loaded) = template.load(template.engine.clone())?;
         let p = &template.policies;
         let models = Arc::new(Models {
-            default: default.name(),
+            default: loaded.name.clone(),
+            default_path: loaded.card.path.clone(),
             max_loaded: (p.get(policy::MAX_LOADED_MODELS) as usize).max(1),
             memory: (p.get(policy::MODEL_MEMORY).max(1) as u64) << 20,
             keep_alive: Duration::from_secs(p.get(policy::KEEP_ALIVE) as u64),
@@ -181,16 +223,13 @@ impl Models {
             loads: Mutex::new(BTreeMap::new()),
             template,
         });
-        let served = models.serve(default);
+        let served = models.served(worker, loaded);
         if let Ok(mut s) = models.slots.lock() {
             s.insert(served.name.clone(), Slot::Ready(served));
         }
         let weak = Arc::downgrade(&models);
-        std::thread::Builder::new()
-            .name("agentd-models".into())
-            .spawn(move || reap(&weak))
-            .expect("spawning the model reaper");
-        models
+        std::thread::Builder::new().name("agentd-models".into()).spawn(move || reap(&weak))?;
+        Ok(models)
     }
 
     /// Where GGUF files are looked for.
@@ -214,11 +253,11 @@ impl Models {
                 }
                 None => out.push(a),
             };
-        if let Ok(s) = self.slots.lock() {
-            if let Some(Slot::Ready(d)) = s.get(&self.default) {
-                push(Available { name: d.name.clone(), path: d.card.path.clone(), sha256: None });
-            }
-        }
+        push(Available {
+            name: self.default.clone(),
+            path: self.default_path.clone(),
+            sha256: None,
+        });
         if let Ok(reg) = crate::state::registry::Registry::load() {
             for (name, e) in &reg.entries {
                 let path = e.local_path();
@@ -228,14 +267,7 @@ impl Models {
             }
         }
         for dir in self.dirs() {
-            let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-                .into_iter()
-                .flatten()
-                .filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|p| p.is_file() && p.extension().is_some_and(|x| x == "gguf"))
-                .collect();
-            files.sort();
-            for path in files {
+            for path in crate::state::home::gguf_files(&dir) {
                 let name = path.file_stem().and_then(|s| s.to_str()).unwrap_or_default().to_owned();
                 push(Available { name, path, sha256: None });
             }
@@ -248,14 +280,12 @@ impl Models {
     /// `default`, `agentd`).
     pub(crate) fn find(&self, requested: Option<&str>) -> Result<Available, ModelError> {
         let all = self.available();
-        let m = requested.unwrap_or("").trim();
-        let m = m.strip_suffix(":latest").unwrap_or(m);
-        let default = || all.iter().find(|a| a.name == self.default).cloned();
-        if m.is_empty() || m == "default" || m == "agentd" {
-            if let Some(d) = default() {
-                return Ok(d);
+        let Some(m) = wanted(requested) else {
+            if let Some(d) = all.iter().find(|a| a.name == self.default) {
+                return Ok(d.clone());
             }
-        }
+            return Err(ModelError::Unknown { name: self.default.clone(), looked_in: self.dirs() });
+        };
         let stem = |a: &Available| a.path.file_stem().and_then(|s| s.to_str()).map(str::to_owned);
         let file = |a: &Available| a.path.file_name().and_then(|s| s.to_str()).map(str::to_owned);
         let hit = all
@@ -278,14 +308,7 @@ impl Models {
         let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
         loop {
             match slots.get(&want.name) {
-                Some(Slot::Ready(s)) => {
-                    s.busy.fetch_add(1, Ordering::SeqCst);
-                    return Ok(Lease {
-                        served: Arc::clone(s),
-                        keep: None,
-                        models: Arc::downgrade(self),
-                    });
-                }
+                Some(Slot::Ready(s)) => return Ok(self.lease(s)),
                 Some(Slot::Loading(_)) => {
                     slots = self.changed.wait(slots).unwrap_or_else(|p| p.into_inner());
                 }
@@ -302,25 +325,13 @@ impl Models {
         drop(slots);
         let mut args = self.template.engine.clone();
         args.model = Some(want.path.to_string_lossy().into_owned());
-        let p = &self.template.policies;
-        let (context_cap, batch) =
-            (p.get(policy::CONTEXT) as usize, p.get(policy::DECODE_BATCH) as usize);
-        let t = &self.template;
-        let started = Worker::start_loading(
-            move || Batch::load(&args, context_cap, batch),
-            |b: &Batch| (Arc::new(b.card()), b.context(), b.health()),
-            t.policies.clone(),
-            Arc::clone(&t.metrics),
-            t.config.clone(),
-            t.capacity,
-        );
+        let started = self.template.load(args);
         let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
         let result = match started {
-            Ok((worker, (card, context, failed))) => {
-                let served = self.served(&want.name, worker, card, context, failed);
-                served.busy.fetch_add(1, Ordering::SeqCst);
+            Ok((worker, loaded)) => {
+                let served = self.served(worker, Loaded { name: want.name.clone(), ..loaded });
                 slots.insert(want.name.clone(), Slot::Ready(Arc::clone(&served)));
-                Ok(Lease { served, keep: None, models: Arc::downgrade(self) })
+                Ok(self.lease(&served))
             }
             Err(e) => {
                 slots.remove(&want.name);
@@ -331,40 +342,21 @@ impl Models {
         result
     }
 
-    /// Starts the engine thread of the model loaded at start-up.
-    fn serve(&self, batch: Batch) -> Arc<Served> {
-        let name = batch.name();
-        let card = Arc::new(batch.card());
-        let context = batch.context();
-        let failed = batch.health();
-        let t = &self.template;
-        let worker = Worker::start(
-            worker::Setup {
-                batch,
-                policies: t.policies.clone(),
-                metrics: Arc::clone(&t.metrics),
-                config: t.config.clone(),
-            },
-            t.capacity,
-        );
-        self.served(&name, worker, card, context, failed)
+    /// A request's hold on `served`.
+    fn lease(self: &Arc<Self>, served: &Arc<Served>) -> Lease {
+        served.busy.fetch_add(1, Ordering::SeqCst);
+        Lease { served: Arc::clone(served), keep: None, models: Arc::downgrade(self) }
     }
 
     /// A loaded model's entry, counting the load.
-    fn served(
-        &self,
-        name: &str,
-        worker: Worker,
-        card: Arc<Card>,
-        context: usize,
-        failed: Arc<Mutex<Option<String>>>,
-    ) -> Arc<Served> {
+    fn served(&self, worker: Worker, loaded: Loaded) -> Arc<Served> {
+        let Loaded { name, card, context, failed } = loaded;
         if let Ok(mut l) = self.loads.lock() {
-            *l.entry(name.to_owned()).or_default() += 1;
+            *l.entry(name.clone()).or_default() += 1;
         }
         tracing::info!(model = name, "model loaded");
         Arc::new(Served {
-            name: name.to_owned(),
+            name,
             worker,
             card,
             context,
@@ -486,6 +478,15 @@ fn reap(models: &Weak<Models>) {
     }
 }
 
+/// The model name a client asked for, as served: trimmed, Ollama's
+/// `:latest` dropped; `None` when it asks for the default (no name, an
+/// empty one, `default` or `agentd`).
+pub(crate) fn wanted(requested: Option<&str>) -> Option<&str> {
+    let m = requested.unwrap_or("").trim();
+    let m = m.strip_suffix(":latest").unwrap_or(m);
+    (!(m.is_empty() || m == "default" || m == "agentd")).then_some(m)
+}
+
 /// A request's `keep_alive` (Ollama's conventions): a duration string
 /// (`"10m"`, `"30s"`, `"1h"`, `"500ms"`), a number of seconds, `0` (unload
 /// when done) or negative (keep loaded); `None` when absent.
@@ -521,13 +522,6 @@ pub(crate) fn keep_alive(v: Option<&serde_json::Value>) -> Result<Option<Duratio
     }
 }
 
-/// Ends a worker's engine thread (after what it is doing).
-impl Worker {
-    pub(crate) fn stop(&self) {
-        let _ = self.send_internal(Job::Stop);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -546,5 +540,29 @@ mod tests {
         assert!(keep_alive(Some(&json!("soon"))).is_err());
         assert!(keep_alive(Some(&json!("5d"))).is_err());
         assert!(keep_alive(Some(&json!([1]))).is_err());
+    }
+
+    proptest::proptest! {
+        /// Any `keep_alive` a client sends (a string, a number) is read or
+        /// refused, never a panic; what is read is at most "forever".
+        #[test]
+        fn any_keep_alive_is_read_or_refused(s in "\\PC{0,12}", n in proptest::num::f64::NORMAL) {
+            for v in [json!(s), json!(n)] {
+                if let Ok(Some(d)) = keep_alive(Some(&v)) {
+                    proptest::prop_assert!(d <= FOREVER);
+                }
+            }
+        }
+
+        /// Any model name: `wanted` never panics, and what it keeps is the
+        /// name as sent, trimmed, less at most a `:latest` tag.
+        #[test]
+        fn any_model_name_is_read(s in "\\PC{0,24}") {
+            if let Some(m) = wanted(Some(&s)) {
+                let t = s.trim();
+                let tagged = format!("{m}:latest");
+                proptest::prop_assert!(m == t || tagged == t);
+            }
+        }
     }
 }

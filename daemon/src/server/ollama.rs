@@ -573,8 +573,7 @@ pub(super) async fn generate(AxState(st): AxState<State>, req: Request) -> Respo
     if prompt.is_empty() && suffix.is_empty() {
         // Ollama's way to load a model (it is loaded now), or with
         // `keep_alive: 0` to unload it.
-        let unload =
-            matches!(super::models::keep_alive(body.get("keep_alive")), Ok(Some(d)) if d.is_zero());
+        let unload = lease.as_ref().is_some_and(Lease::unloads);
         drop(lease);
         if unload {
             if let Some(m) = &st.models {

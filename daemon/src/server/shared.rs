@@ -132,17 +132,12 @@ impl State {
         requested: Option<&str>,
     ) -> Result<(State, Option<Lease>), ModelError> {
         let Some(models) = &self.models else {
-            let m = requested.unwrap_or("");
-            let m = m.strip_suffix(":latest").unwrap_or(m);
-            let known = m.is_empty()
-                || m == self.model
-                || m == "default"
-                || m == "agentd"
-                || self.model.ends_with(m);
-            if known {
-                return Ok((self.clone(), None));
-            }
-            return Err(ModelError::Unknown { name: m.to_owned(), looked_in: Vec::new() });
+            return match super::models::wanted(requested) {
+                Some(m) if m != self.model && !self.model.ends_with(m) => {
+                    Err(ModelError::Unknown { name: m.to_owned(), looked_in: Vec::new() })
+                }
+                _ => Ok((self.clone(), None)),
+            };
         };
         let models = Arc::clone(models);
         let requested = requested.map(str::to_owned);

@@ -105,30 +105,16 @@ pub(crate) struct Worker {
 #[derive(Debug)]
 pub(crate) struct Full;
 
-/// What the worker needs besides the model.
-pub(crate) struct Setup {
-    pub(crate) batch: Batch,
-    pub(crate) policies: Policies,
-    pub(crate) metrics: Arc<super::metrics::Metrics>,
+/// What the engine thread serves with: the model and the rest.
+struct Setup {
+    batch: Batch,
+    policies: Policies,
+    metrics: Arc<super::metrics::Metrics>,
     /// What every research run uses: the daemon's engine, corpus, notes.
-    pub(crate) config: RunConfig,
+    config: RunConfig,
 }
 
 impl Worker {
-    pub(crate) fn start(setup: Setup, capacity: usize) -> Worker {
-        let (tx, mut rx) = unbounded_channel::<(Job, bool)>();
-        let worker = Worker { tx, depth: Arc::new(AtomicUsize::new(0)), capacity };
-        let me = worker.clone();
-        std::thread::Builder::new()
-            .name("agentd-engine".into())
-            .spawn(move || {
-                let mut setup = setup;
-                serve_jobs(&mut setup, &mut rx, &me);
-            })
-            .expect("spawning the engine thread");
-        worker
-    }
-
     /// Starts an engine thread that first loads its model with `load`
     /// (so the model's memory and its decoding live in the thread's own
     /// allocator arena, which the next engine thread reuses once this one
@@ -212,9 +198,10 @@ impl Worker {
         worker
     }
 
-    /// A job the daemon itself sends (not counted against the capacity).
-    pub(super) fn send_internal(&self, job: Job) -> Result<(), ProviderError> {
-        self.internal(job)
+    /// Ends the engine thread once it has nothing left to do (the model
+    /// is unloaded).
+    pub(super) fn stop(&self) {
+        let _ = self.internal(Job::Stop);
     }
 
     /// A job of an admitted research run.

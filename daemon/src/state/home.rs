@@ -21,6 +21,18 @@ pub(crate) fn models_dir() -> PathBuf {
     home().join("models")
 }
 
+/// The `*.gguf` files in `dir`, sorted (none when it cannot be read).
+pub(crate) fn gguf_files(dir: &std::path::Path) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.is_file() && p.extension().is_some_and(|x| x == "gguf"))
+        .collect();
+    out.sort();
+    out
+}
+
 /// The default socket: `$XDG_RUNTIME_DIR/agentd.sock`, else under the state
 /// folder.
 pub(crate) fn default_socket() -> PathBuf {

@@ -325,7 +325,7 @@ fn check(path: &Path, want: &str) -> Result<()> {
     Ok(())
 }
 
-fn stamp_path(path: &Path) -> PathBuf {
+pub(crate) fn stamp_path(path: &Path) -> PathBuf {
     let mut p = path.as_os_str().to_owned();
     p.push(".verified");
     PathBuf::from(p)
