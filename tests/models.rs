@@ -4,7 +4,7 @@
 //! reached from the tests — checks its sha256 when the Hub gives one,
 //! `agentd models` lists it, `agentd rm` deletes it.
 
-use agentd_tests::Home;
+use agentd_tests::{python_check, Home, Killed};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 use std::io::{BufRead, BufReader, Write};
@@ -162,16 +162,6 @@ fn pull_from_the_hub_lists_and_removes_a_gguf_file() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("no installed model is named"));
 }
 
-/// A daemon process, killed when dropped.
-struct Daemon(std::process::Child);
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// `path` at `to`: a hard link where the file system allows, else a copy.
 fn place(path: &std::path::Path, to: &std::path::Path) {
     std::fs::create_dir_all(to.parent().unwrap()).unwrap();
@@ -182,7 +172,7 @@ fn place(path: &std::path::Path, to: &std::path::Path) {
 
 /// `agentd serve ARGS --ollama 127.0.0.1:PORT --socket HOME/agentd.sock
 /// --threads 2` in `home`, up: the daemon and its Ollama port.
-fn serve(home: &Home, args: &[&str]) -> (Daemon, u16) {
+fn serve(home: &Home, args: &[&str]) -> (Killed, u16) {
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let socket = home.path().join("agentd.sock");
     let ollama = format!("127.0.0.1:{port}");
@@ -190,7 +180,7 @@ fn serve(home: &Home, args: &[&str]) -> (Daemon, u16) {
         vec!["serve", "--socket", socket.to_str().unwrap(), "--ollama", &ollama, "--threads", "2"];
     all.extend_from_slice(args);
     let child = home.cmd(&all).stderr(std::process::Stdio::null()).spawn().expect("serve starts");
-    let daemon = Daemon(child);
+    let daemon = Killed(child);
     let t = std::time::Instant::now();
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
         assert!(t.elapsed().as_secs() < 60, "the daemon did not come up");
@@ -256,24 +246,10 @@ fn one_daemon_serves_several_models_loaded_on_demand() {
     let (_daemon, port) = serve(&home, &["--model", "smol-a", "--models", extra.to_str().unwrap()]);
     let socket = home.path().join("agentd.sock");
     let ollama = format!("127.0.0.1:{port}");
-    let script = agentd_tests::workspace_root().join("tests/python/models_check.py");
-    // `agentd models` asks the daemon on the default socket (the home's
-    // `agentd.sock`) what it has loaded.
-    let out = home.cmd(&["models", "--json"]).output().unwrap();
-    let rows: Value = serde_json::from_slice(&out.stdout).expect("models --json");
-    let row = |n: &str| rows.as_array().unwrap().iter().find(|r| r["name"] == n).cloned();
-    assert_eq!(row("smol-a").map(|r| r["loaded"].clone()), Some(Value::Bool(true)), "{rows}");
-
-    let out = std::process::Command::new(python)
-        .arg(&script)
-        .args([&format!("http://{ollama}"), socket.to_str().unwrap(), "smol-a", "smol-b", "smol-c"])
-        .output()
-        .expect("python runs");
-    assert!(
-        out.status.success(),
-        "models_check.py: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+    python_check(
+        &python,
+        "models_check.py",
+        &[&format!("http://{ollama}"), socket.to_str().unwrap(), "smol-a", "smol-b", "smol-c"],
     );
 }
 

@@ -8,24 +8,15 @@
 //! Screenshots go to `target/page-*.png`. Needs `AGENTD_TEST_MODEL`,
 //! `AGENTD_TEST_PYTHON` and `AGENTD_TEST_CHROMIUM` (skipped without them).
 
-use agentd_tests::{dep, done, events, of, python, workspace_root, Home};
+use agentd_tests::{dep, done, events, of, python, python_check, workspace_root, Home, Killed};
 use serde_json::Value;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
-use std::process::{Child, Command, Stdio};
+use std::process::Stdio;
 use std::sync::mpsc;
 use std::time::Duration;
 
 const TOKEN: &str = "page-token-0123456789abcdef";
-
-struct Daemon(Child);
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// A scripted run in the test's home, as the page will later find it.
 fn scripted(h: &Home, script: &str, chat: &str, question: &str) -> Vec<Value> {
@@ -117,7 +108,7 @@ fn the_chat_page_in_headless_chromium() {
         .spawn()
         .expect("serve starts");
     let stderr = child.stderr.take().unwrap();
-    let _d = Daemon(child);
+    let _d = Killed(child);
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
         for line in BufReader::new(stderr).lines().map_while(Result::ok) {
@@ -168,22 +159,17 @@ fn the_chat_page_in_headless_chromium() {
     // The page in Chromium.
     let out_dir = workspace_root().join("target");
     std::fs::create_dir_all(&out_dir).unwrap();
-    let script = workspace_root().join("tests/python/page_check.py");
-    let out = Command::new(py)
-        .arg(script)
-        .arg(&link)
-        .arg(&chromium)
-        .arg(&xss_events)
-        .arg(&out_dir)
-        .output()
-        .expect("the test venv's python runs");
-    assert!(
-        out.status.success(),
-        "stdout: {}\nstderr: {}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+    let out = python_check(
+        &py,
+        "page_check.py",
+        &[
+            &link,
+            chromium.to_str().unwrap(),
+            xss_events.to_str().unwrap(),
+            out_dir.to_str().unwrap(),
+        ],
     );
-    eprintln!("{}", String::from_utf8_lossy(&out.stdout));
+    eprintln!("{out}");
     for shot in [
         "page-desktop.png",
         "page-desktop-research.png",

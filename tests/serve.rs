@@ -319,19 +319,10 @@ fn the_openai_python_sdk_works_over_tcp_with_a_token() {
     s.read_to_string(&mut out).unwrap();
     let health: Value = serde_json::from_str(out.split_once("\r\n\r\n").unwrap().1).unwrap();
     let model_id = health["model"].as_str().unwrap().to_owned();
-    let script = agentd_tests::workspace_root().join("tests/python/sdk_check.py");
-    let out = Command::new(python)
-        .arg(script)
-        .arg(format!("http://{listen}/v1"))
-        .arg("test-token-0123456789abcdef")
-        .arg(&model_id)
-        .output()
-        .expect("the test venv's python runs");
-    assert!(
-        out.status.success(),
-        "stdout: {}\nstderr: {}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+    agentd_tests::python_check(
+        &python,
+        "sdk_check.py",
+        &[&format!("http://{listen}/v1"), "test-token-0123456789abcdef", &model_id],
     );
 }
 
@@ -351,20 +342,16 @@ fn the_grammar_keeps_response_formats_and_tool_choices() {
     let d = start(&h, &["--listen", &listen, "--token-file", token.to_str().unwrap()]);
     let (_, b) = http(&d.socket, "GET", "/health", b"");
     let model_id = json_of(&b)["model"].as_str().unwrap().to_owned();
-    let root = agentd_tests::workspace_root();
-    let out = Command::new(python)
-        .arg(root.join("tests/python/constrained_check.py"))
-        .arg(format!("http://{listen}/v1"))
-        .arg("test-token-0123456789abcdef")
-        .arg(&model_id)
-        .arg(root.join("tests/data/schemas"))
-        .output()
-        .expect("the test venv's python runs");
-    assert!(
-        out.status.success(),
-        "stdout: {}\nstderr: {}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+    let schemas = agentd_tests::workspace_root().join("tests/data/schemas");
+    agentd_tests::python_check(
+        &python,
+        "constrained_check.py",
+        &[
+            &format!("http://{listen}/v1"),
+            "test-token-0123456789abcdef",
+            &model_id,
+            schemas.to_str().unwrap(),
+        ],
     );
 }
 
@@ -681,18 +668,7 @@ fn ollama_anthropic_and_voice_clients_on_the_real_model() {
     assert_eq!(st, 404);
 
     let run_py = |script: &str, args: &[&str]| {
-        let out = Command::new(&python)
-            .arg(agentd_tests::workspace_root().join("tests/python").join(script))
-            .args(args)
-            .output()
-            .expect("the test venv's python runs");
-        let err = String::from_utf8_lossy(&out.stderr).to_string();
-        eprintln!("{script}: {err}");
-        assert!(
-            out.status.success(),
-            "{script} stdout: {}\nstderr: {err}",
-            String::from_utf8_lossy(&out.stdout)
-        );
+        agentd_tests::python_check(&python, script, args);
     };
     run_py("ollama_check.py", &[&format!("http://{ollama}"), "smollm2-135m-instruct-q4_1"]);
     let (_, b) = http(&d.socket, "GET", "/health", b"");

@@ -59,6 +59,35 @@ pub fn python(test: &str) -> Option<PathBuf> {
     dep("AGENTD_TEST_PYTHON", test)
 }
 
+/// A child process (a daemon a test started) killed and reaped when
+/// dropped.
+#[derive(Debug)]
+pub struct Killed(pub std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Runs `tests/python/SCRIPT ARGS` with the test venv's `python` and fails
+/// the test, showing both outputs, unless it succeeds; its stdout.
+pub fn python_check(python: &Path, script: &str, args: &[&str]) -> String {
+    let out = Command::new(python)
+        .arg(workspace_root().join("tests/python").join(script))
+        .args(args)
+        .output()
+        .expect("the test venv's python runs");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{script} stdout: {stdout}\nstderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
 /// An isolated state folder and the command to run agentd in it.
 #[derive(Debug)]
 pub struct Home {

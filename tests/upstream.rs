@@ -6,29 +6,20 @@
 //! upstream killed mid-reply; and a mock upstream for the failure
 //! classifications (quota vs transient) and markup kept out of `content`.
 
-use agentd_tests::{Home, MockOpenAi, Reply};
+use agentd_tests::{python_check, Home, Killed, MockOpenAi, Reply};
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 /// A llama-server on the default model, up (its /health answers 200).
-fn llama(test: &str) -> Option<(Proc, u16)> {
+fn llama(test: &str) -> Option<(Killed, u16)> {
     let model = agentd_tests::dep("AGENTD_TEST_MODEL", test)?;
     let bin = agentd_tests::dep("AGENTD_TEST_LLAMA_BIN", test)?;
     let port = free_port();
@@ -40,7 +31,7 @@ fn llama(test: &str) -> Option<(Proc, u16)> {
         .stderr(Stdio::null())
         .spawn()
         .expect("llama-server starts");
-    let p = Proc(child);
+    let p = Killed(child);
     let t = Instant::now();
     loop {
         if tcp_get(port, "/health").is_some_and(|(st, _)| st == 200) {
@@ -61,13 +52,13 @@ fn tcp_get(port: u16, path: &str) -> Option<(u16, String)> {
 }
 
 /// `agentd serve --provider openai` over `base`, up on its socket.
-fn serve(h: &Home, base: &str, model: &str, extra: &[&str]) -> (Proc, PathBuf) {
+fn serve(h: &Home, base: &str, model: &str, extra: &[&str]) -> (Killed, PathBuf) {
     let socket = h.path().join("d.sock");
     let mut args = vec!["serve", "--provider", "openai", "--base-url", base, "--model", model];
     args.extend_from_slice(&["--socket", socket.to_str().unwrap()]);
     args.extend_from_slice(extra);
     let child = h.cmd(&args).stderr(Stdio::inherit()).spawn().expect("serve starts");
-    let mut p = Proc(child);
+    let mut p = Killed(child);
     let t = Instant::now();
     while UnixStream::connect(&socket).is_err() {
         assert!(p.0.try_wait().unwrap().is_none(), "the daemon exited");
@@ -189,18 +180,10 @@ fn serve_fronts_a_real_llama_server() {
     // The official SDK over TCP with the token, the same checks as against
     // the local engine.
     if let Some(python) = agentd_tests::python(test) {
-        let out = Command::new(python)
-            .arg(agentd_tests::workspace_root().join("tests/python/sdk_check.py"))
-            .arg(format!("http://{listen}/v1"))
-            .arg("test-token-0123456789abcdef")
-            .arg("smollm2-135m")
-            .output()
-            .expect("the test venv's python runs");
-        assert!(
-            out.status.success(),
-            "stdout: {}\nstderr: {}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
+        python_check(
+            &python,
+            "sdk_check.py",
+            &[&format!("http://{listen}/v1"), "test-token-0123456789abcdef", "smollm2-135m"],
         );
     }
 
