@@ -815,15 +815,20 @@ mod tests {
         assert_eq!(u[1].1, "type");
     }
 
+    /// A passage found by a search, at place `rank`.
+    fn passage(handle: &str, title: &str, text: &str, rank: usize) -> Passage {
+        Passage {
+            handle: handle.into(),
+            title: title.into(),
+            text: text.into(),
+            heading: String::new(),
+            rank: Some(rank),
+        }
+    }
+
     #[test]
     fn the_unit_that_answers_ranks_first() {
-        let p = |h: &str, t: &str, r| Passage {
-            handle: h.into(),
-            title: "t".into(),
-            text: t.into(),
-            heading: String::new(),
-            rank: Some(r),
-        };
+        let p = |h: &str, t: &str, r| passage(h, "t", t, r);
         let ps = vec![
             p("S1", "The cache holds packages. Unrelated words about teams and orgs.", 1),
             p("S2", "## Timeout\n\nRequests time out after 300000 ms. Other text here.", 2),
@@ -836,13 +841,7 @@ mod tests {
 
     #[test]
     fn what_is_said_together_repeats_nothing() {
-        let p = |h: &str, t: &str, r| Passage {
-            handle: h.into(),
-            title: "audit".into(),
-            text: t.into(),
-            heading: String::new(),
-            rank: Some(r),
-        };
+        let p = |h: &str, t: &str, r| passage(h, "audit", t, r);
         let ps = vec![
             p("S1", "If the registry answers with an error, npm loads audit data from the Quick Audit endpoint. There are two audit endpoints: the Bulk endpoint and the Quick Audit endpoint.", 1),
             p("S2", "If the Bulk endpoint answers with an error or bad data, npm loads audit data from the Quick Audit endpoint, which is slower.", 2),
@@ -881,13 +880,7 @@ mod tests {
             text in "(\\PC|[\\n#*`|\\[\\]()>:. -]){0,600}",
             q in "\\PC{0,60}",
         ) {
-            let ps = [Passage {
-                handle: "S1".into(),
-                title: "t".into(),
-                text,
-                heading: String::new(),
-                rank: Some(1),
-            }];
+            let ps = [passage("S1", "t", &text, 1)];
             for u in rank(&q, &ps) {
                 proptest::prop_assert!(!u.text.contains('\n'));
                 proptest::prop_assert!(u.text.chars().count() <= UNIT_MAX + 1);
