@@ -361,6 +361,18 @@ pub(crate) fn verified(path: &Path, sha: &str) -> Result<bool> {
 mod hub_tests {
     use super::HubFile;
 
+    proptest::proptest! {
+        /// Any `agentd pull` argument is read as a Hub file or refused,
+        /// never a panic; a file read never climbs out of the models folder.
+        #[test]
+        fn any_pull_argument_is_read_or_refused(s in "(hf:)?(\\PC|[/@.])*") {
+            if let Ok(Some(h)) = HubFile::parse(&s) {
+                proptest::prop_assert!(h.file.ends_with(".gguf") && !h.file.split('/').any(|p| p == ".."));
+                proptest::prop_assert!(h.local_path().starts_with(super::super::home::models_dir()));
+            }
+        }
+    }
+
     #[test]
     fn hub_specs_are_read_or_refused_with_the_shape_to_write() {
         let h = HubFile::parse("hf:bartowski/Qwen2.5-0.5B-GGUF/q4/model-Q4_K_M.gguf@v2")

@@ -488,6 +488,22 @@ impl Corpus {
 mod tests {
     use super::*;
 
+    proptest::proptest! {
+        /// Any file text (a corpus file is arbitrary input): its segments'
+        /// headings are found without a panic, one entry per segment, and
+        /// each segment's heading in effect is the last of those before it.
+        #[test]
+        fn any_text_has_its_section_headings(text in "(\\PC|[\n#`~ ]){0,400}", max in 64usize..200) {
+            let segs = split_segments(&text, max);
+            let heads = section_headings(&segs);
+            proptest::prop_assert_eq!(heads.len(), segs.len());
+            for i in 0..segs.len() {
+                let before = heading_before(&segs[..i]);
+                proptest::prop_assert!(before.is_empty() || heads[i].starts_with(&before));
+            }
+        }
+    }
+
     #[test]
     fn a_segment_knows_the_heading_it_continues() {
         let segs = [
