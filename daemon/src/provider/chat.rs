@@ -2,12 +2,12 @@
 //! use, whatever runs the model: a chat request's settings
 //! ([`ChatParams`]), what streams back while it runs and how it ended
 //! ([`ChatMsg`], [`ChatOutput`] with the provider's own [`TurnFinish`]),
-//! and the rules a research turn adds (its settings, its admission). The
+//! and the rules a research turn adds (its settings). The
 //! local engine, the OpenAI-compatible upstream and the research link all
 //! speak it; the HTTP fronts import nothing of the engine.
 
 use super::constrain::{Constraint, ToolChoice};
-use super::{ProviderError, Refused, TurnFinish, TurnRequest};
+use super::{ProviderError, TurnFinish, TurnRequest};
 use crate::state::registry::SamplingKnobs;
 use toolparse::Mode;
 
@@ -77,21 +77,6 @@ impl ChatOutput {
             reused_tokens: 0,
         }
     }
-}
-
-/// Admits one turn on the local model: the prompt and one reply token must
-/// fit the context, and the caller's budget must allow the attempt (there
-/// are no retries locally).
-pub(crate) fn admit_turn(
-    prompt_tokens: usize,
-    limit: usize,
-    attempt: &mut dyn FnMut(u32) -> Result<(), Refused>,
-) -> Result<(), ProviderError> {
-    let need = prompt_tokens + 1;
-    if need >= limit {
-        return Err(ProviderError::Context { need, limit });
-    }
-    attempt(1).map_err(|Refused| ProviderError::Budget { retrying: None })
 }
 
 /// The chat settings of a research turn: tools parsed when offered, else

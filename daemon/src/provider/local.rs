@@ -7,12 +7,9 @@
 //! model's `[sampling]` table in models.toml (`with_knobs`).
 
 use super::build::{EngineArgs, Resolved};
-use super::chat::{admit_turn, turn_params, with_knobs, ChatOutput, ChatParams};
+use super::chat::{turn_params, with_knobs, ChatOutput, ChatParams};
 use super::constrain::{self, Constraint};
-use super::{
-    fold_event, tool_specs, Provider, ProviderError, Refused, Research, TurnEvent, TurnFinish,
-    TurnReply, TurnRequest,
-};
+use super::{tool_specs, Failure, Provider, ProviderError, Research, Tried, Try, TurnFinish};
 use anyhow::{Context, Result};
 use inference::{Engine, ErrorKind, Finish, GenParams, Generation, Sampling, Session, Step};
 use prompts::{ChatTemplate, Message, ToolDef, ToolStyle};
@@ -156,23 +153,6 @@ impl Local {
         tools: &[ToolDef],
     ) -> Result<usize, ProviderError> {
         Ok(self.prompt(messages, tools)?.1.len())
-    }
-
-    /// One chat turn: renders the template, picks the session with the
-    /// longest cached prefix, generates, and streams toolparse events.
-    pub(crate) fn chat(
-        &mut self,
-        messages: &[Message],
-        tools: &[ToolDef],
-        params: &ChatParams,
-        cancel: &AtomicBool,
-        on: &mut dyn FnMut(Event),
-    ) -> Result<ChatOutput, ProviderError> {
-        let mut run = self.begin_chat(messages, tools, params)?;
-        while !run.is_done() {
-            self.step_chats(&mut [(&mut run, cancel, &mut *on)])?;
-        }
-        Ok(self.end_chat(run, on))
     }
 
     /// Starts a chat turn: renders the template and takes the session with
@@ -360,74 +340,56 @@ impl Local {
 }
 
 impl Provider for Local {
-    fn turn(
-        &mut self,
-        req: &TurnRequest<'_>,
-        cancel: &AtomicBool,
-        attempt: &mut dyn FnMut(u32) -> Result<(), Refused>,
-        on: &mut dyn FnMut(TurnEvent),
-    ) -> Result<TurnReply, ProviderError> {
-        let tokens = self.prompt_tokens(req.messages, req.tools)?;
-        admit_turn(tokens, self.engine.info().context, attempt)?;
-        let params = turn_params(&self.sampling, req);
-        let mut reply = TurnReply::empty();
-        let out = self.chat(req.messages, req.tools, &params, cancel, &mut |e| {
-            fold_event(&mut reply, e, on)
-        })?;
-        reply.finish = out.finish;
-        Ok(reply)
-    }
-
-    /// Section workers as generations that step together: one batched
-    /// pass per token for all of them.
-    fn turns(
-        &mut self,
-        reqs: &[TurnRequest<'_>],
-        cancel: &AtomicBool,
-        attempt: &mut dyn FnMut(usize, u32) -> Result<(), Refused>,
-    ) -> Vec<Result<TurnReply, ProviderError>> {
-        let mut out: Vec<Option<Result<TurnReply, ProviderError>>> = Vec::new();
-        let mut runs: Vec<(usize, ChatRun)> = Vec::new();
-        for (i, req) in reqs.iter().enumerate() {
-            let started = self.prompt_tokens(req.messages, req.tools).and_then(|tokens| {
-                admit_turn(tokens, self.engine.info().context, &mut |k| attempt(i, k))?;
-                self.begin_chat(req.messages, req.tools, &turn_params(&self.sampling, req))
-            });
-            match started {
-                Ok(run) => {
-                    runs.push((i, run));
-                    out.push(None);
+    /// The tries as chat turns that step together: one batched pass per
+    /// token for all of them (there are no retries locally: a failure is
+    /// final).
+    fn attempt(&mut self, tries: &mut [Try<'_, '_>], cancel: &AtomicBool) -> Vec<Tried> {
+        let mut out: Vec<Option<Tried>> = tries.iter().map(|_| None).collect();
+        // Each try's chat turn, by position.
+        let mut runs: Vec<Option<ChatRun>> = Vec::new();
+        for (i, t) in tries.iter().enumerate() {
+            let params = turn_params(&self.sampling, t.req);
+            runs.push(match self.begin_chat(t.req.messages, t.req.tools, &params) {
+                Ok(run) => Some(run),
+                Err(e) => {
+                    out[i] = Some(Err(Failure::Final(e)));
+                    None
                 }
-                Err(e) => out.push(Some(Err(e))),
-            }
+            });
         }
-        let mut replies: Vec<TurnReply> = runs.iter().map(|_| TurnReply::empty()).collect();
         let mut failed = None;
-        while failed.is_none() && runs.iter().any(|(_, r)| !r.is_done()) {
-            let mut sinks: Vec<_> = replies
-                .iter_mut()
-                .map(|reply| move |e: Event| fold_event(reply, e, &mut |_| {}))
-                .collect();
+        let mut sinks: Vec<_> = tries
+            .iter_mut()
+            .map(|t| {
+                let sink = &mut *t.sink;
+                move |e: Event| sink(e)
+            })
+            .collect();
+        while failed.is_none() && runs.iter().flatten().any(|r| !r.is_done()) {
             let mut steps: Vec<ChatStep<'_>> = runs
                 .iter_mut()
                 .zip(sinks.iter_mut())
-                .filter(|((_, r), _)| !r.is_done())
-                .map(|((_, r), sink)| (r, cancel, sink as &mut dyn FnMut(Event)))
+                .filter_map(|(r, sink)| {
+                    let r = r.as_mut().filter(|r| !r.is_done())?;
+                    Some((r, cancel, sink as &mut dyn FnMut(Event)))
+                })
                 .collect();
             if let Err(e) = self.step_chats(&mut steps) {
                 failed = Some(e);
             }
         }
-        for ((i, run), mut reply) in runs.into_iter().zip(replies) {
-            let o = self.end_chat(run, &mut |e| fold_event(&mut reply, e, &mut |_| {}));
-            reply.finish = o.finish;
+        for (i, (run, sink)) in runs.into_iter().zip(sinks.iter_mut()).enumerate() {
+            let Some(run) = run else { continue };
+            let o = self.end_chat(run, sink);
             out[i] = Some(match &failed {
-                Some(e) => Err(e.clone()),
-                None => Ok(reply),
+                Some(e) => Err(Failure::Final(e.clone())),
+                None => Ok(o.finish),
             });
         }
         out.into_iter()
-            .map(|r| r.unwrap_or_else(|| Err(ProviderError::Failed("no reply".into()))))
+            .map(|r| {
+                r.unwrap_or_else(|| Err(Failure::Final(ProviderError::Failed("no reply".into()))))
+            })
             .collect()
     }
 
@@ -450,8 +412,12 @@ impl Provider for Local {
         }
     }
 
-    fn count(&mut self, messages: &[Message], tools: &[ToolDef]) -> Option<usize> {
-        self.prompt_tokens(messages, tools).ok()
+    fn tokens(
+        &mut self,
+        messages: &[Message],
+        tools: &[ToolDef],
+    ) -> Result<Option<usize>, ProviderError> {
+        self.prompt_tokens(messages, tools).map(Some)
     }
 
     fn context(&self) -> Option<usize> {
@@ -486,6 +452,7 @@ mod tests {
     use super::*;
     use crate::events::Phase;
     use crate::provider::constrain::ToolChoice;
+    use crate::provider::TurnRequest;
     use serde_json::{json, Value};
 
     fn local() -> Option<Local> {

@@ -8,8 +8,8 @@
 //! that says the quota or budget is exhausted is not.
 
 use super::{
-    fold_event, tool_specs, Call, Provider, ProviderError, Refused, TurnEvent, TurnFinish,
-    TurnReply, TurnRequest,
+    tool_specs, whole_call, Call, Failure, Provider, ProviderError, Tried, Try, TurnFinish,
+    TurnRequest,
 };
 use crate::state::policy::{self, Policies};
 use prompts::{Message, ToolDef};
@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
-use toolparse::{FinishReason, Format, Mode, Options, Parser};
+use toolparse::{Event, FinishReason, Format, Mode, Options, Parser};
 
 /// Retry settings of the provider layer.
 #[derive(Debug, Clone, Copy)]
@@ -36,9 +36,15 @@ impl Retry {
     /// after the last attempt.
     pub(super) fn pause(&self, k: u32) {
         if k < self.retries {
-            let wait = self.backoff.saturating_mul(1 << k.min(6));
-            std::thread::sleep(wait.min(Duration::from_secs(8)));
+            std::thread::sleep(self.wait(k + 2));
         }
+    }
+
+    /// The wait before attempt `k` (2 for the first retry): the backoff,
+    /// doubled each retry, at most 8 s.
+    pub(super) fn wait(&self, k: u32) -> Duration {
+        let wait = self.backoff.saturating_mul(1 << k.saturating_sub(2).min(6));
+        wait.min(Duration::from_secs(8))
     }
 }
 
@@ -128,20 +134,21 @@ impl OpenAi {
         }
     }
 
+    /// One request: what it streams goes to `on`; how it ended.
     fn once(
         &self,
         body: &str,
         req: &TurnRequest<'_>,
         cancel: &AtomicBool,
-        on: &mut dyn FnMut(TurnEvent),
-    ) -> Result<TurnReply, Attempt> {
+        on: &mut dyn FnMut(Event),
+    ) -> Result<TurnFinish, Attempt> {
         let resp = self.post(body)?;
         let tools_mode = if req.tools.is_empty() { Mode::Suppress } else { Mode::Tools };
         let mut parser = Parser::new(
             self.format,
             Options { tools: tool_specs(req.tools), mode: tools_mode, ..Options::default() },
         );
-        let mut reply = TurnReply::empty();
+        let mut finish = TurnFinish::Stop;
         let mut structured = CallSlots::new();
         let mut finish_reason = String::new();
         let streamed = resp.content_type().contains("event-stream");
@@ -152,7 +159,7 @@ impl OpenAi {
             let reader = BufReader::new(resp.into_reader());
             for line in reader.lines() {
                 if cancel.load(Ordering::Relaxed) {
-                    reply.finish = TurnFinish::Cancelled;
+                    finish = TurnFinish::Cancelled;
                     break;
                 }
                 let line =
@@ -177,13 +184,11 @@ impl OpenAi {
                     .and_then(Value::as_str)
                 {
                     if !r.is_empty() {
-                        on(TurnEvent::Reasoning(r.to_owned()));
+                        on(Event::Reasoning(r.to_owned()));
                     }
                 }
                 if let Some(c) = delta["content"].as_str() {
-                    for e in parser.push(c) {
-                        fold_event(&mut reply, e, on);
-                    }
+                    parser.push(c).into_iter().for_each(&mut *on);
                 }
                 merge_tool_call_deltas(delta, &mut structured);
                 if let Some(f) = choice["finish_reason"].as_str() {
@@ -191,7 +196,7 @@ impl OpenAi {
                     ended = true;
                 }
             }
-            if !ended && reply.finish != TurnFinish::Cancelled {
+            if !ended && finish != TurnFinish::Cancelled {
                 return Err(Attempt::Transient(
                     "the upstream closed the stream before the reply finished".into(),
                 ));
@@ -204,12 +209,10 @@ impl OpenAi {
                 .map_err(|e| Attempt::Failed(format!("the response is not JSON: {e}")))?;
             let msg = &v["choices"][0]["message"];
             if let Some(r) = msg.get("reasoning_content").and_then(Value::as_str) {
-                on(TurnEvent::Reasoning(r.to_owned()));
+                on(Event::Reasoning(r.to_owned()));
             }
             if let Some(c) = msg["content"].as_str() {
-                for e in parser.push(c) {
-                    fold_event(&mut reply, e, on);
-                }
+                parser.push(c).into_iter().for_each(&mut *on);
             }
             for (i, tc) in msg["tool_calls"].as_array().into_iter().flatten().enumerate() {
                 structured.insert(
@@ -228,13 +231,11 @@ impl OpenAi {
         }
         let reason =
             if finish_reason == "length" { FinishReason::Length } else { FinishReason::Stop };
-        for e in parser.finish(reason) {
-            fold_event(&mut reply, e, on);
+        parser.finish(reason).into_iter().for_each(&mut *on);
+        if finish != TurnFinish::Cancelled && finish_reason == "length" {
+            finish = TurnFinish::Length;
         }
-        if reply.finish != TurnFinish::Cancelled && finish_reason == "length" {
-            reply.finish = TurnFinish::Length;
-        }
-        for (_, (id, name, args)) in structured {
+        for (index, (id, name, args)) in structured {
             if name.is_empty() {
                 continue;
             }
@@ -248,9 +249,9 @@ impl OpenAi {
                 name,
                 arguments,
             };
-            reply.push_call(call, !req.tools.is_empty(), on);
+            on(whole_call(call, index as usize, !req.tools.is_empty()));
         }
-        Ok(reply)
+        Ok(finish)
     }
 }
 
@@ -347,55 +348,34 @@ pub(super) fn wire_tool(t: &ToolDef) -> Value {
 }
 
 impl Provider for OpenAi {
-    fn turn(
-        &mut self,
-        req: &TurnRequest<'_>,
-        cancel: &AtomicBool,
-        attempt: &mut dyn FnMut(u32) -> Result<(), Refused>,
-        on: &mut dyn FnMut(TurnEvent),
-    ) -> Result<TurnReply, ProviderError> {
-        let body = self.body(req).to_string();
-        let mut last = String::new();
-        for k in 0..=self.retry.retries {
-            if cancel.load(Ordering::Relaxed) {
-                return Ok(TurnReply::cancelled());
-            }
-            if attempt(k + 1).is_err() {
-                // The run's own allowance refused it: never retried as a
-                // provider failure, never reported as one.
-                let retrying = (k > 0).then(|| {
-                    Box::new(ProviderError::Transient(format!(
-                        "{last} (no allowance left for a retry)"
-                    )))
-                });
-                return Err(ProviderError::Budget { retrying });
-            }
+    /// The tries one after another, each holding a place in the server's
+    /// gate while it is sent. A transient failure is tried again while
+    /// retries are left, unless part of the reply had streamed (the text
+    /// would repeat).
+    fn attempt(&mut self, tries: &mut [Try<'_, '_>], cancel: &AtomicBool) -> Vec<Tried> {
+        let mut out = Vec::with_capacity(tries.len());
+        for t in tries.iter_mut() {
+            let body = self.body(t.req).to_string();
             let _place = self.gate.as_ref().map(|g| g.acquire());
-            // Text already handed on is never streamed twice: a stream that
-            // breaks after it is not retried.
             let mut streamed = false;
-            let outcome = self.once(&body, req, cancel, &mut |e| {
+            let outcome = self.once(&body, t.req, cancel, &mut |e| {
                 streamed = true;
-                on(e)
+                (t.sink)(e)
             });
             drop(_place);
-            match outcome {
-                Ok(r) => return Ok(r),
-                Err(a) => {
-                    last = a.settle(streamed, || ProviderError::Context { need: 0, limit: 0 })?;
-                    self.retry.pause(k);
+            out.push(outcome.map_err(|a| {
+                match a.settle(streamed, || ProviderError::Context { need: 0, limit: 0 }) {
+                    Ok(m) if t.k <= self.retry.retries => Failure::Retry(m),
+                    Ok(m) => Failure::Final(ProviderError::Transient(m)),
+                    Err(e) => Failure::Final(e),
                 }
-            }
+            }));
         }
-        Err(ProviderError::Transient(last))
+        out
     }
 
-    fn count(&mut self, _messages: &[Message], _tools: &[ToolDef]) -> Option<usize> {
-        None
-    }
-
-    fn context(&self) -> Option<usize> {
-        None
+    fn backoff(&self, k: u32) -> Duration {
+        self.retry.wait(k)
     }
 
     fn describe(&self) -> String {

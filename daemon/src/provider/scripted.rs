@@ -20,8 +20,8 @@
 //! coordinator (a real-model test of section analysis).
 
 use super::{
-    fold_event, tool_specs, Call, Provider, ProviderError, Refused, TurnEvent, TurnFinish,
-    TurnReply, TurnRequest,
+    tool_specs, whole_call, Call, Failure, Provider, ProviderError, Tried, Try, TurnFinish,
+    TurnRequest,
 };
 use crate::events::Phase;
 use anyhow::{Context, Result};
@@ -30,7 +30,7 @@ use serde_json::Value;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
-use toolparse::{FinishReason, Format, Mode, Options, Parser};
+use toolparse::{Event, FinishReason, Format, Mode, Options, Parser};
 
 #[derive(Debug)]
 pub(crate) struct Scripted {
@@ -42,6 +42,9 @@ pub(crate) struct Scripted {
     section_model: bool,
     /// The local model section workers run on (`section_model`).
     workers: Option<Box<super::local::Local>>,
+    /// The line each request of the current turns took, by its position
+    /// (a retry plays the same line).
+    held: std::collections::HashMap<usize, Value>,
 }
 
 impl Scripted {
@@ -71,7 +74,16 @@ impl Scripted {
             anyhow::bail!("script {} has no turns", path.display());
         }
         let used = vec![false; lines.len()];
-        Ok(Scripted { lines, used, format, context, log, section_model, workers: None })
+        Ok(Scripted {
+            lines,
+            used,
+            format,
+            context,
+            log,
+            section_model,
+            workers: None,
+            held: Default::default(),
+        })
     }
 
     /// The script asks for section workers on a local model.
@@ -115,77 +127,70 @@ fn pause(ms: u64, cancel: &AtomicBool) -> bool {
     }
 }
 
-impl Provider for Scripted {
-    fn turn(
-        &mut self,
-        req: &TurnRequest<'_>,
-        cancel: &AtomicBool,
-        attempt: &mut dyn FnMut(u32) -> Result<(), Refused>,
-        on: &mut dyn FnMut(TurnEvent),
-    ) -> Result<TurnReply, ProviderError> {
-        if let (Phase::Section, Some(local)) = (req.phase, self.workers.as_mut()) {
-            return local.turn(req, cancel, attempt, on);
+impl Scripted {
+    /// Writes the request to the log file, when the script names one.
+    fn log(&self, req: &TurnRequest<'_>) {
+        let Some(path) = &self.log else { return };
+        use std::io::Write;
+        let msgs: Vec<Value> = req
+            .messages
+            .iter()
+            .map(|m| serde_json::json!({"role": m.role, "content": m.content}))
+            .collect();
+        let entry = serde_json::json!({"phase": req.phase.as_str(), "messages": msgs, "choices": req.choices});
+        if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(path) {
+            let _ = writeln!(f, "{entry}");
         }
-        if let Some(limit) = self.context {
-            let need = self.count(req.messages, req.tools).unwrap_or(0);
-            if need > limit {
-                return Err(ProviderError::Context { need, limit });
-            }
-        }
-        if let Some(path) = &self.log {
-            use std::io::Write;
-            let msgs: Vec<Value> = req
-                .messages
-                .iter()
-                .map(|m| serde_json::json!({"role": m.role, "content": m.content}))
-                .collect();
-            let entry = serde_json::json!({"phase": req.phase.as_str(), "messages": msgs, "choices": req.choices});
-            if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(path) {
-                let _ = writeln!(f, "{entry}");
-            }
-        }
-        let line = self.pick(req.phase);
+    }
+
+    /// One attempt at `t` by the script: the line its request took (on its
+    /// first attempt), played as a model would stream it.
+    fn play(&mut self, t: &mut Try<'_, '_>, cancel: &AtomicBool) -> Tried {
+        let req = t.req;
+        let line = if t.k == 1 {
+            self.log(req);
+            let line = self.pick(req.phase);
+            self.held.insert(t.id, line.clone());
+            line
+        } else {
+            self.held.get(&t.id).cloned().unwrap_or(Value::Null)
+        };
         if line.is_null() && req.phase == Phase::Section {
-            return Err(ProviderError::Failed(format!(
+            return Err(Failure::Final(ProviderError::Failed(format!(
                 "the script has no line for a {} turn",
                 req.phase.as_str()
-            )));
+            ))));
         }
-        // Errors named `transient` are retried like the openai provider's.
+        // Errors named `transient` are retried `retries` times, like the
+        // openai provider's.
         let retries = line.get("retries").and_then(Value::as_u64).unwrap_or(0) as u32;
-        for k in 0..=retries {
-            if attempt(k + 1).is_err() {
-                let retrying = (k > 0).then(|| {
-                    Box::new(ProviderError::Transient("no allowance left for a retry".into()))
-                });
-                return Err(ProviderError::Budget { retrying });
+        let fail = |e| Err(Failure::Final(e));
+        match line.get("error").and_then(Value::as_str) {
+            Some("transient") if t.k <= retries => {
+                return Err(Failure::Retry("scripted transient failure".into()))
             }
-            match line.get("error").and_then(Value::as_str) {
-                Some("transient") if k < retries => continue,
-                Some("transient") => {
-                    return Err(ProviderError::Transient("scripted transient failure".into()))
-                }
-                Some("quota") => {
-                    return Err(ProviderError::Quota("scripted: insufficient_quota".into()))
-                }
-                Some("unavailable") => {
-                    return Err(ProviderError::Unavailable("scripted: connection refused".into()))
-                }
-                Some("context") => return Err(ProviderError::Context { need: 0, limit: 0 }),
-                Some(other) => {
-                    return Err(ProviderError::Failed(format!("scripted failure: {other}")))
-                }
-                None => break,
+            Some("transient") => {
+                return fail(ProviderError::Transient("scripted transient failure".into()))
             }
+            Some("quota") => {
+                return fail(ProviderError::Quota("scripted: insufficient_quota".into()))
+            }
+            Some("unavailable") => {
+                return fail(ProviderError::Unavailable("scripted: connection refused".into()))
+            }
+            Some("context") => return fail(ProviderError::Context { need: 0, limit: 0 }),
+            Some(other) => {
+                return fail(ProviderError::Failed(format!("scripted failure: {other}")))
+            }
+            None => {}
         }
         let delay = line.get("delay_ms").and_then(Value::as_u64).unwrap_or(0);
         // The turn itself takes `delay` before anything streams.
         if !pause(delay, cancel) {
-            return Ok(TurnReply::cancelled());
+            return Ok(TurnFinish::Cancelled);
         }
-        let mut reply = TurnReply::empty();
         if let Some(r) = line.get("reasoning").and_then(Value::as_str) {
-            on(TurnEvent::Reasoning(r.to_owned()));
+            (t.sink)(Event::Reasoning(r.to_owned()));
         }
         let mode = if req.tools.is_empty() { Mode::Suppress } else { Mode::Tools };
         let mut parser = Parser::new(
@@ -205,18 +210,15 @@ impl Provider for Scripted {
         let chars: Vec<char> = text.chars().collect();
         for piece in chars.chunks(8) {
             if !pause(delay, cancel) {
-                reply.finish = TurnFinish::Cancelled;
-                return Ok(reply);
+                return Ok(TurnFinish::Cancelled);
             }
             let s: String = piece.iter().collect();
-            for e in parser.push(&s) {
-                fold_event(&mut reply, e, on);
-            }
+            parser.push(&s).into_iter().for_each(&mut *t.sink);
         }
-        for e in parser.finish(FinishReason::Stop) {
-            fold_event(&mut reply, e, on);
-        }
-        for c in line.get("tool_calls").and_then(Value::as_array).into_iter().flatten() {
+        parser.finish(FinishReason::Stop).into_iter().for_each(&mut *t.sink);
+        for (index, c) in
+            line.get("tool_calls").and_then(Value::as_array).into_iter().flatten().enumerate()
+        {
             let call = Call {
                 id: c
                     .get("id")
@@ -230,36 +232,55 @@ impl Provider for Scripted {
                     .unwrap_or(Value::Object(Default::default()))
                     .to_string(),
             };
-            reply.push_call(call, !req.tools.is_empty(), on);
+            (t.sink)(whole_call(call, index, !req.tools.is_empty()));
         }
-        Ok(reply)
+        Ok(TurnFinish::Stop)
     }
+}
 
-    fn turns(
-        &mut self,
-        reqs: &[TurnRequest<'_>],
-        cancel: &AtomicBool,
-        attempt: &mut dyn FnMut(usize, u32) -> Result<(), Refused>,
-    ) -> Vec<Result<TurnReply, ProviderError>> {
+impl Provider for Scripted {
+    /// Section workers on the local model (`section_model`), batched in
+    /// its engine; every other try played from the script, one after
+    /// another.
+    fn attempt(&mut self, tries: &mut [Try<'_, '_>], cancel: &AtomicBool) -> Vec<Tried> {
+        let on_model = |t: &Try<'_, '_>| t.req.phase == Phase::Section;
+        let mut out: Vec<Option<Tried>> = tries.iter().map(|_| None).collect();
         if let Some(local) = self.workers.as_mut() {
-            if reqs.iter().all(|r| r.phase == Phase::Section) {
-                return local.turns(reqs, cancel, attempt);
+            let (mut section, at): (Vec<&mut Try<'_, '_>>, Vec<usize>) = tries
+                .iter_mut()
+                .enumerate()
+                .filter(|(_, t)| on_model(t))
+                .map(|(i, t)| (t, i))
+                .unzip();
+            if !section.is_empty() {
+                let mut batch: Vec<Try<'_, '_>> = section
+                    .iter_mut()
+                    .map(|t| Try { id: t.id, k: t.k, req: t.req, sink: &mut *t.sink })
+                    .collect();
+                for (i, r) in at.into_iter().zip(local.attempt(&mut batch, cancel)) {
+                    out[i] = Some(r);
+                }
             }
         }
-        let mut out = Vec::with_capacity(reqs.len());
-        for (i, r) in reqs.iter().enumerate() {
-            out.push(self.turn(r, cancel, &mut |k| attempt(i, k), &mut |_| {}));
+        for (i, t) in tries.iter_mut().enumerate() {
+            if out[i].is_none() {
+                out[i] = Some(self.play(t, cancel));
+            }
         }
-        out
+        out.into_iter().flatten().collect()
     }
 
-    fn count(&mut self, messages: &[Message], tools: &[ToolDef]) -> Option<usize> {
+    fn tokens(
+        &mut self,
+        messages: &[Message],
+        tools: &[ToolDef],
+    ) -> Result<Option<usize>, ProviderError> {
         let chars: usize = messages.iter().map(|m| m.content.chars().count() + 8).sum::<usize>()
             + tools
                 .iter()
                 .map(|t| t.description.len() + t.parameters.to_string().len())
                 .sum::<usize>();
-        Some(chars / 4)
+        Ok(Some(chars / 4))
     }
 
     fn context(&self) -> Option<usize> {

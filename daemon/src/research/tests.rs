@@ -5,11 +5,10 @@
 
 use super::*;
 use crate::events::{Done, Outcome};
-use crate::provider::{Call, Provider, ProviderError, Refused, TurnEvent, TurnReply, TurnRequest};
+use crate::provider::{whole_call, Call, Failure, Provider, ProviderError, Tried, Try, TurnFinish};
 use crate::state::policy::Policies;
 use crate::state::store::LedgerOutcome;
 use crate::tools::Limits;
-use prompts::{Message, ToolDef};
 use proptest::prelude::*;
 
 /// One turn of [`Turns`].
@@ -37,41 +36,29 @@ struct Turns<'a> {
 }
 
 impl Provider for Turns<'_> {
-    fn turn(
-        &mut self,
-        req: &TurnRequest<'_>,
-        _cancel: &AtomicBool,
-        attempt: &mut dyn FnMut(u32) -> Result<(), Refused>,
-        on: &mut dyn FnMut(TurnEvent),
-    ) -> Result<TurnReply, ProviderError> {
-        attempt(1).map_err(|Refused| ProviderError::Budget { retrying: None })?;
-        self.sent += 1;
-        let t = self.turns.get(self.next).or(self.turns.last()).cloned().unwrap_or_default();
-        self.next += 1;
-        if let Some(f) = t.sabotage {
-            f(self.store);
+    fn attempt(&mut self, tries: &mut [Try<'_, '_>], _cancel: &AtomicBool) -> Vec<Tried> {
+        let mut out = Vec::new();
+        for t in tries.iter_mut() {
+            self.sent += 1;
+            let turn = self.turns.get(self.next).or(self.turns.last()).cloned().unwrap_or_default();
+            self.next += 1;
+            if let Some(f) = turn.sabotage {
+                f(self.store);
+            }
+            if !turn.content.is_empty() {
+                (t.sink)(toolparse::Event::Content(turn.content));
+            }
+            if turn.fail {
+                out.push(Err(Failure::Final(ProviderError::Failed("the stream broke".into()))));
+                continue;
+            }
+            for (k, (name, arguments)) in turn.calls.into_iter().enumerate() {
+                let call = Call { id: format!("call{}-{k}", self.next), name, arguments };
+                (t.sink)(whole_call(call, k, !t.req.tools.is_empty()));
+            }
+            out.push(Ok(TurnFinish::Stop));
         }
-        let mut reply = TurnReply::empty();
-        if !t.content.is_empty() {
-            reply.content = t.content.clone();
-            on(TurnEvent::Content(t.content));
-        }
-        if t.fail {
-            return Err(ProviderError::Failed("the stream broke".into()));
-        }
-        for (k, (name, arguments)) in t.calls.into_iter().enumerate() {
-            let call = Call { id: format!("call{}-{k}", self.next), name, arguments };
-            reply.push_call(call, !req.tools.is_empty(), on);
-        }
-        Ok(reply)
-    }
-
-    fn count(&mut self, _messages: &[Message], _tools: &[ToolDef]) -> Option<usize> {
-        None
-    }
-
-    fn context(&self) -> Option<usize> {
-        None
+        out
     }
 
     fn describe(&self) -> String {

@@ -18,13 +18,11 @@
 //! `ask` builds it, its attempts holding places in the same gate.
 
 use crate::events::Ev;
-use crate::provider::chat::{admit_turn, turn_params, ChatMsg, Sampling};
+use crate::provider::chat::{turn_params, ChatMsg, Sampling};
 use crate::provider::engine::{Batch, ChatJob};
 use crate::provider::openai::OpenAi;
 use crate::provider::upstream::Gate;
-use crate::provider::{
-    fold_event, Provider, ProviderError, Refused, Research, TurnEvent, TurnReply, TurnRequest,
-};
+use crate::provider::{Failure, Provider, ProviderError, Research, Tried, Try, TurnRequest};
 use crate::research::{RunConfig, RunOptions};
 use crate::state::policy::{self, Policies};
 use crate::state::store::Store;
@@ -242,18 +240,6 @@ struct EngineLink {
 }
 
 impl EngineLink {
-    fn tokens(&self, messages: &[Message], tools: &[ToolDef]) -> Result<usize, ProviderError> {
-        let (tx, rx) = channel();
-        self.worker.internal(Job::Count {
-            messages: messages.to_vec(),
-            tools: tools.to_vec(),
-            tx,
-        })?;
-        rx.recv().map_err(|_| ProviderError::Failed("the engine has stopped".into()))?
-    }
-}
-
-impl EngineLink {
     /// Sends one request to the engine thread (joining its batch); its
     /// events come back on the returned channel. The request stops when
     /// `stop` or the run's own flag is set.
@@ -276,87 +262,62 @@ impl EngineLink {
     }
 }
 
-/// Folds what a request streams into `reply` until it ends: waits on the
+/// Hands what a request streams to `sink` until it ends, waiting on the
 /// channel (no polling); `after` runs after each event.
 fn collect(
     rx: &mut UnboundedReceiver<ChatMsg>,
-    reply: &mut TurnReply,
-    on: &mut dyn FnMut(TurnEvent),
+    sink: &mut dyn FnMut(toolparse::Event),
     after: &mut dyn FnMut(),
-) -> Result<(), ProviderError> {
+) -> Tried {
     loop {
         match rx.blocking_recv() {
             Some(ChatMsg::Event(e)) => {
-                fold_event(reply, e, on);
+                sink(e);
                 after();
             }
-            Some(ChatMsg::Done(r)) => {
-                reply.finish = r?.finish;
-                return Ok(());
+            Some(ChatMsg::Done(r)) => return r.map(|o| o.finish).map_err(Failure::Final),
+            None => {
+                return Err(Failure::Final(ProviderError::Failed("the engine has stopped".into())))
             }
-            None => return Err(ProviderError::Failed("the engine has stopped".into())),
         }
     }
 }
 
 impl Provider for EngineLink {
-    fn turn(
-        &mut self,
-        req: &TurnRequest<'_>,
-        cancel: &AtomicBool,
-        attempt: &mut dyn FnMut(u32) -> Result<(), Refused>,
-        on: &mut dyn FnMut(TurnEvent),
-    ) -> Result<TurnReply, ProviderError> {
-        admit_turn(self.tokens(req.messages, req.tools)?, self.context, attempt)?;
-        // This turn's own flag, which the engine watches beside the run's:
-        // the caller stops the turn (`cancel`, e.g. its text is junk) as it
-        // hears an event, which ends the turn, not the run.
+    /// Every try goes to the engine thread at once, so they decode
+    /// together in its batch (with other clients' turns); their events
+    /// are then read one request after another. The tries' own flag,
+    /// which the engine watches beside the run's, is set as soon as the
+    /// caller's `cancel` is (the caller stops a turn, e.g. its text is
+    /// junk, as it hears an event: that ends the turn, not the run).
+    fn attempt(&mut self, tries: &mut [Try<'_, '_>], cancel: &AtomicBool) -> Vec<Tried> {
         let stop = Arc::new(AtomicBool::new(cancel.load(Ordering::Relaxed)));
-        let mut rx = self.send(req, Arc::clone(&stop))?;
-        let mut reply = TurnReply::empty();
-        collect(&mut rx, &mut reply, on, &mut || {
-            if cancel.load(Ordering::Relaxed) {
-                stop.store(true, Ordering::Relaxed);
-            }
-        })?;
-        Ok(reply)
-    }
-
-    /// Section workers: every request goes to the engine thread at once,
-    /// so they decode together in its batch (with other clients' turns);
-    /// their replies are then read one after another.
-    fn turns(
-        &mut self,
-        reqs: &[TurnRequest<'_>],
-        cancel: &AtomicBool,
-        attempt: &mut dyn FnMut(usize, u32) -> Result<(), Refused>,
-    ) -> Vec<Result<TurnReply, ProviderError>> {
-        let stop = Arc::new(AtomicBool::new(cancel.load(Ordering::Relaxed)));
-        let sent: Vec<Result<UnboundedReceiver<ChatMsg>, ProviderError>> = reqs
-            .iter()
-            .enumerate()
-            .map(|(i, req)| {
-                let n = self.tokens(req.messages, req.tools)?;
-                admit_turn(n, self.context, &mut |k| attempt(i, k))?;
-                self.send(req, Arc::clone(&stop))
-            })
-            .collect();
+        let sent: Vec<_> = tries.iter().map(|t| self.send(t.req, Arc::clone(&stop))).collect();
         sent.into_iter()
-            .map(|rx| {
-                let mut rx = rx?;
-                let mut reply = TurnReply::empty();
-                collect(&mut rx, &mut reply, &mut |_| {}, &mut || {
+            .zip(tries.iter_mut())
+            .map(|(rx, t)| {
+                let mut rx = rx.map_err(Failure::Final)?;
+                collect(&mut rx, &mut *t.sink, &mut || {
                     if cancel.load(Ordering::Relaxed) {
                         stop.store(true, Ordering::Relaxed);
                     }
-                })?;
-                Ok(reply)
+                })
             })
             .collect()
     }
 
-    fn count(&mut self, messages: &[Message], tools: &[ToolDef]) -> Option<usize> {
-        self.tokens(messages, tools).ok()
+    fn tokens(
+        &mut self,
+        messages: &[Message],
+        tools: &[ToolDef],
+    ) -> Result<Option<usize>, ProviderError> {
+        let (tx, rx) = channel();
+        self.worker.internal(Job::Count {
+            messages: messages.to_vec(),
+            tools: tools.to_vec(),
+            tx,
+        })?;
+        rx.recv().map_err(|_| ProviderError::Failed("the engine has stopped".into()))?.map(Some)
     }
 
     fn context(&self) -> Option<usize> {
