@@ -220,8 +220,9 @@ fn rss_kb(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
-/// One `agentd serve` with three model files (the default model, gemma-3-270m
-/// where the suite has it, the default again under a third name),
+/// One `agentd serve` with four model files (the default model, gemma-3-270m,
+/// the default's Q4_K_M and Q8_0 requantizations — each where the suite has
+/// it, else a copy of the default under that name),
 /// `server/max-loaded-models` 2: the official `ollama`
 /// client lists and chats with each, the least recently used is unloaded,
 /// `keep_alive: 0` unloads, twelve concurrent first requests load once
@@ -240,7 +241,12 @@ fn one_daemon_serves_several_models_loaded_on_demand() {
         Some(g) => place(std::path::Path::new(&g), &home.path().join("extra/smol-b.gguf")),
         None => place(&model, &home.path().join("extra/smol-b.gguf")),
     }
-    place(&model, &home.path().join("extra/smol-c.gguf"));
+    // The requantizations: other kernels behind the same daemon.
+    for (var, name) in [("AGENTD_TEST_Q4KM", "smol-c"), ("AGENTD_TEST_Q8", "smol-d")] {
+        let file = std::env::var_os(var).filter(|g| !g.is_empty());
+        let from = file.as_deref().map_or(model.as_path(), std::path::Path::new);
+        place(from, &home.path().join(format!("extra/{name}.gguf")));
+    }
     home.write("policies.toml", "[values]\n\"server/max-loaded-models\" = 2\n");
     let extra = home.path().join("extra");
     let (_daemon, port) = serve(&home, &["--model", "smol-a", "--models", extra.to_str().unwrap()]);
@@ -249,7 +255,14 @@ fn one_daemon_serves_several_models_loaded_on_demand() {
     python_check(
         &python,
         "models_check.py",
-        &[&format!("http://{ollama}"), socket.to_str().unwrap(), "smol-a", "smol-b", "smol-c"],
+        &[
+            &format!("http://{ollama}"),
+            socket.to_str().unwrap(),
+            "smol-a",
+            "smol-b",
+            "smol-c",
+            "smol-d",
+        ],
     );
 }
 

@@ -5,7 +5,7 @@ most `server/max-loaded-models` (2 here) loaded with the least recently
 used one unloaded first, `keep_alive: 0` unloading right after the reply,
 concurrent first requests loading a model once, two models answering at
 the same time, and an unknown model refused with 404.
-Usage: models_check.py HOST SOCKET MODEL_A MODEL_B MODEL_C (SOCKET: the
+Usage: models_check.py HOST SOCKET MODEL... (three or more; SOCKET: the
 daemon's Unix socket, where /metrics is served)"""
 import sys
 import threading
@@ -14,7 +14,12 @@ import time
 import httpx
 import ollama
 
-host, socket, a, b, c = sys.argv[1:6]
+host, socket = sys.argv[1:3]
+models = sys.argv[3:]
+assert len(models) >= 3, "name three models or more"
+# The first is least recently used once all have answered; the last two
+# are then the loaded ones.
+a, b, c = models[0], models[-2], models[-1]
 metrics = httpx.Client(transport=httpx.HTTPTransport(uds=socket), base_url="http://agentd")
 client = ollama.Client(host=host, timeout=300)
 say = [{"role": "user", "content": "Say hi."}]
@@ -33,17 +38,17 @@ def loads(model):
 
 
 listed = [m.model for m in client.list().models]
-for m in (a, b, c):
+for m in models:
     assert f"{m}:latest" in listed, (m, listed)
 
 # Each model answers, under its own name; never more than two loaded, and
 # the least recently used one is the one unloaded.
-for m in (a, b, c):
+for m in models:
     r = client.chat(model=m, messages=say, options=opts)
     assert r.model.removesuffix(":latest") == m, (m, r.model)
     assert r.message.content is not None
     assert len(loaded()) <= 2, loaded()
-assert loaded() == sorted([b, c]), f"{a} was least recently used: {loaded()}"
+assert loaded() == sorted([b, c]), f"{models[:-2]} were least recently used: {loaded()}"
 
 # keep_alive 0: unloaded right after the reply.
 r = client.chat(model=b, messages=say, options=opts, keep_alive=0)

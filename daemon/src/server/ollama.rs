@@ -159,6 +159,15 @@ fn model_of(st: &State, body: &Value, required: bool) -> Result<String, Bad> {
     }
 }
 
+/// Whether a chat template has a place for reasoning (Qwen3's
+/// `enable_thinking`, DeepSeek's `<think>`, a `reasoning_content` field,
+/// gpt-oss's analysis channel): the `thinking` capability.
+fn thinks(template: &str) -> bool {
+    ["<think>", "enable_thinking", "reasoning_content", "thinking", "<|channel|>analysis"]
+        .iter()
+        .any(|m| template.contains(m))
+}
+
 /// `POST /api/show`.
 pub(super) async fn show(AxState(st): AxState<State>, req: Request) -> Response {
     let body = match json_body(st.body_limit, req).await {
@@ -186,6 +195,9 @@ pub(super) async fn show(AxState(st): AxState<State>, req: Request) -> Response 
     let mut capabilities = vec!["completion", "tools"];
     if c.fim.is_some() {
         capabilities.push("insert");
+    }
+    if thinks(&c.template) {
+        capabilities.push("thinking");
     }
     let mut parameters: Vec<String> = c.stop.iter().map(|s| format!("stop {s:?}")).collect();
     parameters.extend(c.sampling.lines());
@@ -732,6 +744,19 @@ pub(super) fn rfc3339(t: SystemTime) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_thinking_capability_follows_the_template() {
+        use super::thinks;
+        // Qwen3's template, the part that matters.
+        assert!(thinks("{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\n\n</think>\n\n' }}{%- endif %}"));
+        assert!(thinks(
+            "{% if message.reasoning_content %}{{ message.reasoning_content }}{% endif %}"
+        ));
+        // SmolLM2's ChatML template has none.
+        assert!(!thinks("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"));
+        assert!(!thinks(""));
+    }
+
     #[test]
     fn dates_are_rfc3339() {
         let t =
