@@ -97,8 +97,12 @@ try:
     raise AssertionError("a wrong key was accepted")
 except anthropic.AuthenticationError as e:
     assert e.status_code == 401
+# A `claude-…` name no served model has is the default model (Claude Code
+# asks for its own models by name); any other unknown name is 404.
+r = client.messages.create(model="claude-no-such", max_tokens=4, messages=msgs)
+assert r.content, r
 try:
-    client.messages.create(model="claude-no-such", max_tokens=4, messages=msgs)
+    client.messages.create(model="no-such-model", max_tokens=4, messages=msgs)
     raise AssertionError("unknown model accepted")
 except anthropic.NotFoundError as e:
     assert e.body["type"] == "error" and e.body["error"]["type"] == "not_found_error", e.body

@@ -176,7 +176,7 @@ pub(crate) fn openai(args: &EngineArgs, policies: &Policies) -> Result<OpenAi> {
 /// The provider for `args`, under a run's policies: a local model's context
 /// is bounded by `prompts/context-budget`, an upstream's retries follow the
 /// provider layer's policies.
-pub(crate) fn build(args: &EngineArgs, policies: &Policies) -> Result<Box<dyn Provider>> {
+pub(crate) fn build(args: &EngineArgs, policies: &Policies) -> Result<Box<dyn Provider + Send>> {
     let context_cap = Some(policies.get(policy::CONTEXT) as usize);
     match args.provider.as_str() {
         "local" => Ok(Box::new(Local::load(args, args.tool_format.as_deref(), context_cap)?)),

@@ -327,9 +327,23 @@ pub(crate) trait Provider {
         attempt: &mut dyn FnMut(u32) -> Result<(), Refused>,
         on: &mut dyn FnMut(TurnEvent),
     ) -> Result<TurnReply, ProviderError> {
-        let mut out =
-            drive(self, std::slice::from_ref(req), cancel, &mut |_, k| attempt(k), Some(on));
+        let on = Some(Listen::Turn(on));
+        let mut out = drive(self, std::slice::from_ref(req), cancel, &mut |_, k| attempt(k), on);
         out.pop().unwrap_or_else(|| Err(ProviderError::Failed("no reply".into())))
+    }
+
+    /// Runs one request the way a chat route streams it: the parser's
+    /// events as they come (calls as they form), fitted, retried and
+    /// ended like a turn (no allowance of a run's to ask); how it ended.
+    fn stream(
+        &mut self,
+        req: &TurnRequest<'_>,
+        cancel: &AtomicBool,
+        on: &mut dyn FnMut(toolparse::Event),
+    ) -> Result<TurnFinish, ProviderError> {
+        let on = Some(Listen::Events(on));
+        let mut out = drive(self, std::slice::from_ref(req), cancel, &mut |_, _| Ok(()), on);
+        out.pop().unwrap_or_else(|| Err(ProviderError::Failed("no reply".into()))).map(|r| r.finish)
     }
 
     /// Runs independent turns together (section workers): each reply comes
@@ -345,17 +359,37 @@ pub(crate) trait Provider {
     }
 }
 
+/// Where a lone request's stream goes.
+enum Listen<'a, 'o> {
+    /// Text, reasoning and discarded calls, as the research loop hears
+    /// them (finished calls come with the reply).
+    Turn(&'a mut (dyn FnMut(TurnEvent) + 'o)),
+    /// The parser's events as they are (a chat route).
+    Events(&'a mut (dyn FnMut(toolparse::Event) + 'o)),
+}
+
+impl<'o> Listen<'_, 'o> {
+    /// The same listener, borrowed for one round of attempts.
+    fn again(&mut self) -> Listen<'_, 'o> {
+        match self {
+            Listen::Turn(f) => Listen::Turn(&mut **f),
+            Listen::Events(f) => Listen::Events(&mut **f),
+        }
+    }
+}
+
 /// A turn's reply as its attempt streams into it (and out through `on`,
 /// when the turn streams).
 struct Sink<'a, 'o> {
     reply: &'a mut TurnReply,
-    on: Option<&'a mut (dyn FnMut(TurnEvent) + 'o)>,
+    on: Option<Listen<'a, 'o>>,
 }
 
 impl Sink<'_, '_> {
     fn hear(&mut self, e: toolparse::Event) {
         match self.on.as_mut() {
-            Some(on) => fold_event(self.reply, e, *on),
+            Some(Listen::Turn(on)) => fold_event(self.reply, e, *on),
+            Some(Listen::Events(on)) => on(e),
             None => fold_event(self.reply, e, &mut |_| {}),
         }
     }
@@ -384,7 +418,7 @@ fn drive<P: Provider + ?Sized>(
     reqs: &[TurnRequest<'_>],
     cancel: &AtomicBool,
     attempt: &mut dyn FnMut(usize, u32) -> Result<(), Refused>,
-    mut on: Option<&mut dyn FnMut(TurnEvent)>,
+    mut on: Option<Listen<'_, '_>>,
 ) -> Vec<Result<TurnReply, ProviderError>> {
     use std::sync::atomic::Ordering;
     let mut out: Vec<Option<Result<TurnReply, ProviderError>>> =
@@ -430,7 +464,7 @@ fn drive<P: Provider + ?Sized>(
         if going.is_empty() {
             break;
         }
-        let mut stream = if reqs.len() == 1 { on.as_deref_mut() } else { None };
+        let mut stream = if reqs.len() == 1 { on.as_mut().map(Listen::again) } else { None };
         let mut sinks: Vec<Sink<'_, '_>> = replies
             .iter_mut()
             .enumerate()
@@ -632,8 +666,8 @@ mod tests {
         let mut heard = Vec::new();
         fold_event(&mut reply, whole_call(call.clone(), 0, true), &mut |e| heard.push(e));
         fold_event(&mut reply, whole_call(call.clone(), 1, false), &mut |e| heard.push(e));
-        assert_eq!(reply.calls, [call.clone()]);
-        assert_eq!(reply.discarded, [call.clone()]);
+        assert_eq!(reply.calls, std::slice::from_ref(&call));
+        assert_eq!(reply.discarded, std::slice::from_ref(&call));
         assert_eq!(heard, [TurnEvent::Discarded(call)]);
     }
 }

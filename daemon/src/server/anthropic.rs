@@ -17,6 +17,8 @@
 //! | Anthropic | chat completions |
 //! |---|---|
 //! | `system` (string or text blocks) | a first `system` message |
+//! | `system`-role messages in `messages` (Claude Code) | joined to that first message, in order |
+//! | server tools (`tools[].type` not `custom`) and their history blocks | left out |
 //! | `tool_use` block (assistant) | `tool_calls[]` with `arguments` = `input` |
 //! | `tool_result` block (user) | a `tool` message with `tool_call_id` = `tool_use_id` |
 //! | `tools[].input_schema` | `tools[].function.parameters` |
@@ -92,11 +94,21 @@ fn to_chat(body: &Value, count_only: bool) -> Result<Value, Bad> {
         .and_then(Value::as_array)
         .filter(|a| !a.is_empty())
         .ok_or_else(|| bad("messages must be a non-empty array"))?;
+    // `system` messages among the turns (Claude Code sends them beside
+    // the top-level `system`): their text joins the system prompt, in order.
+    let mut system_more = Vec::new();
     for (i, m) in arr.iter().enumerate() {
         let at = format!("messages.{i}");
         let role = match m.get("role").and_then(Value::as_str) {
             Some(r @ ("user" | "assistant")) => r,
-            _ => return Err(bad(format!("{at}.role must be \"user\" or \"assistant\""))),
+            Some("system") => {
+                let content = m.get("content").unwrap_or(&Value::Null);
+                system_more.push(text_of(content, &format!("{at}.content"))?);
+                continue;
+            }
+            _ => {
+                return Err(bad(format!("{at}.role must be \"user\", \"assistant\" or \"system\"")))
+            }
         };
         let blocks = match m.get("content") {
             Some(Value::String(s)) => vec![json!({"type": "text", "text": s})],
@@ -134,8 +146,10 @@ fn to_chat(body: &Value, count_only: bool) -> Result<Value, Bad> {
                         if blk["is_error"] == true { format!("Error: {content}") } else { content };
                     msgs.push(json!({"role": "tool", "tool_call_id": id, "content": content}));
                 }
-                // Earlier reasoning is not replayed.
+                // Earlier reasoning is not replayed, nor server tools' use
+                // and results (there are none here).
                 Some("thinking" | "redacted_thinking") if role == "assistant" => {}
+                Some(t) if t.starts_with("server_tool_use") || t.ends_with("_tool_result") => {}
                 Some(t) => {
                     return Err(bad(format!(
                         "{at}: a {t:?} block is not supported in a {role} message"
@@ -152,13 +166,31 @@ fn to_chat(body: &Value, count_only: bool) -> Result<Value, Bad> {
             msgs.push(msg);
         }
     }
+    if !msgs.iter().any(|m| m["role"] != "system") {
+        return Err(bad("messages must hold at least one user or assistant message"));
+    }
+    let system_more = system_more.join("\n\n");
+    if !system_more.is_empty() {
+        match msgs.first_mut() {
+            Some(first) if first["role"] == "system" => {
+                let joined =
+                    format!("{}\n\n{system_more}", first["content"].as_str().unwrap_or(""));
+                first["content"] = json!(joined.trim_start());
+            }
+            _ => msgs.insert(0, json!({"role": "system", "content": system_more})),
+        }
+    }
     o.insert("messages".into(), json!(msgs));
     if let Some(tools) = b.get("tools").filter(|t| !t.is_null()) {
         let tools = tools.as_array().ok_or_else(|| bad("tools must be an array"))?;
         let mut out = Vec::new();
         for (i, t) in tools.iter().enumerate() {
+            // Server tools (`web_search_…`, `code_execution_…`, `bash_…`)
+            // run on Anthropic's side; there is none here, so they are
+            // left out, as a client that offers them expects of a server
+            // without them.
             if t.get("type").and_then(Value::as_str).is_some_and(|ty| ty != "custom") {
-                return Err(bad(format!("tools.{i}: server tools ({}) are not supported; give a custom tool with name and input_schema", t["type"])));
+                continue;
             }
             let name = t["name"]
                 .as_str()
@@ -243,6 +275,26 @@ fn tool_id(c: &toolparse::ToolCall) -> String {
         .unwrap_or_else(|| crate::state::store::new_id("toolu"))
 }
 
+/// The model a Messages request is served by: the one it names, or — for
+/// a `claude-…` name that no served model has (Claude Code asks for its
+/// own models by name) — the default model.
+async fn for_messages(
+    st: &State,
+    body: &Value,
+) -> Result<(State, Option<super::models::Lease>), Response> {
+    match st.for_body(body).await {
+        Err(r)
+            if r.status() == StatusCode::NOT_FOUND
+                && body["model"].as_str().is_some_and(|m| m.starts_with("claude-")) =>
+        {
+            let mut body = body.clone();
+            body["model"] = Value::Null;
+            st.for_body(&body).await
+        }
+        r => r,
+    }
+}
+
 /// `POST /v1/messages`.
 pub(super) async fn messages(AxState(st): AxState<State>, req: Request) -> Response {
     let body = match json_body(st.body_limit, req).await {
@@ -254,7 +306,7 @@ pub(super) async fn messages(AxState(st): AxState<State>, req: Request) -> Respo
         Err(r) => return *r,
     };
     let show_thinking = body["thinking"]["type"] != "disabled";
-    let (st, lease) = match st.for_body(&body).await {
+    let (st, lease) = match for_messages(&st, &body).await {
         Ok(x) => x,
         Err(r) => return r,
     };
@@ -275,10 +327,8 @@ pub(super) async fn messages(AxState(st): AxState<State>, req: Request) -> Respo
         }
         match tokio::task::spawn_blocking(move || rx.recv()).await {
             Ok(Ok(Ok(n))) => n,
-            Ok(Ok(Err(e))) => {
-                guard.done();
-                return provider_error(&e);
-            }
+            // A backend that cannot count (an upstream) starts with 0; the
+            // reply itself says whether the request can be served.
             _ => 0,
         }
     } else {
@@ -502,7 +552,7 @@ pub(super) async fn count_tokens(AxState(st): AxState<State>, req: Request) -> R
         Ok(c) => c,
         Err(r) => return *r,
     };
-    let (st, _lease) = match st.for_body(&body).await {
+    let (st, _lease) = match for_messages(&st, &body).await {
         Ok(x) => x,
         Err(r) => return r,
     };

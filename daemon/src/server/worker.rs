@@ -18,7 +18,8 @@
 //! `ask` builds it, its attempts holding places in the same gate.
 
 use crate::events::Ev;
-use crate::provider::chat::{turn_params, ChatMsg, Sampling};
+use crate::events::Phase;
+use crate::provider::chat::{turn_params, ChatMsg, ChatOutput, ChatParams, Sampling};
 use crate::provider::engine::{Batch, ChatJob};
 use crate::provider::openai::OpenAi;
 use crate::provider::upstream::Gate;
@@ -166,7 +167,7 @@ impl Worker {
     /// chat completions go upstream through `gate`, research runs use
     /// `upstream` as their provider. Without one (`--provider scripted`,
     /// for tests) each run builds its provider from the daemon's ENGINE
-    /// options and chat completions are refused.
+    /// options, and chat completions run on one such provider, shared.
     pub(crate) fn start_upstream(
         upstream: Option<OpenAi>,
         gate: Arc<Gate>,
@@ -429,6 +430,9 @@ fn serve_upstream(
 ) {
     let slots = (setup.policies.get(policy::UPSTREAM_CONCURRENCY) as usize).max(1);
     let upstream = setup.upstream.clone();
+    // Without an upstream, the provider chat completions run on (built at
+    // the first one, shared: a script plays its lines in request order).
+    let mut built: Option<Result<Shared, String>> = None;
     let mut pending: VecDeque<(Job, bool)> = VecDeque::new();
     let mut held: VecDeque<(Job, bool)> = VecDeque::new();
     let mut research = 0usize;
@@ -445,6 +449,20 @@ fn serve_upstream(
         let idle = pending.is_empty() && held.is_empty();
         let next = rx.blocking_recv();
         match next {
+            Some((Job::Count { messages, tools, tx }, _)) if upstream.is_none() => {
+                match own(&mut built, setup) {
+                    // Counted beside the chat that may hold the provider.
+                    Ok(p) => {
+                        std::thread::spawn(move || {
+                            let n = lock(&p).count(&messages, &tools).unwrap_or(0);
+                            let _ = tx.send(Ok(n));
+                        });
+                    }
+                    Err(e) => {
+                        let _ = tx.send(Err(ProviderError::Failed(e)));
+                    }
+                }
+            }
             Some((Job::Count { tx, .. }, _)) => {
                 let _ = tx.send(Err(ProviderError::Failed("the upstream counts no tokens".into())));
             }
@@ -474,9 +492,14 @@ fn serve_upstream(
                 continue;
             };
             let Some(up) = upstream.clone() else {
-                let _ = tx.send(ChatMsg::Done(Err(ProviderError::Failed(
-                    "--provider scripted serves /v1/research only; chat completions need --provider local or openai".into(),
-                ))));
+                // No upstream (`--provider scripted`): the daemon's own
+                // provider, through the one backend interface.
+                match own(&mut built, setup) {
+                    Ok(p) => spawn_chat(p, place, messages, tools, params, cancel, tx),
+                    Err(e) => {
+                        let _ = tx.send(ChatMsg::Done(Err(ProviderError::Failed(e))));
+                    }
+                }
                 continue;
             };
             let metrics = Arc::clone(&setup.metrics);
@@ -505,6 +528,72 @@ fn serve_upstream(
                 eprintln!("agentd serve: cannot start a forwarding thread: {e}");
             }
         }
+    }
+}
+
+/// A provider chat completions share, one at a time.
+type Shared = Arc<std::sync::Mutex<Box<dyn Provider + Send>>>;
+
+/// The daemon's own provider (no upstream), built at its first use.
+fn own(built: &mut Option<Result<Shared, String>>, setup: &RunSetup) -> Result<Shared, String> {
+    built
+        .get_or_insert_with(|| {
+            crate::provider::build::build(&setup.config.engine, &setup.policies)
+                .map(|p| Arc::new(std::sync::Mutex::new(p)))
+                .map_err(|e| format!("{e:#}"))
+        })
+        .clone()
+}
+
+/// The provider, even after a chat panicked holding it (each request
+/// starts from the provider's state between requests).
+fn lock(p: &Shared) -> std::sync::MutexGuard<'_, Box<dyn Provider + Send>> {
+    p.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Runs one chat completion on `provider` on a thread of its own, holding
+/// its place in the gate: the parser's events stream back as they come.
+/// The request's messages, tools and token limit reach the provider; what
+/// only a decoder can hold to (stop strings, grammars) is the engine's.
+fn spawn_chat(
+    provider: Shared,
+    place: crate::provider::upstream::Place,
+    messages: Vec<Message>,
+    tools: Vec<ToolDef>,
+    params: ChatParams,
+    cancel: Arc<AtomicBool>,
+    tx: UnboundedSender<ChatMsg>,
+) {
+    let spawned = std::thread::Builder::new().name("agentd-chat".into()).spawn(move || {
+        let _place = place;
+        let req = TurnRequest {
+            messages: &messages,
+            tools: &tools,
+            phase: if tools.is_empty() { Phase::Final } else { Phase::Research },
+            max_tokens: params.max_tokens,
+            choices: &[],
+        };
+        let mut p = lock(&provider);
+        let prompt_tokens = p.count(&messages, &tools).unwrap_or(0);
+        let mut completion_tokens = 0;
+        let r = catch_unwind(AssertUnwindSafe(|| {
+            p.stream(&req, &cancel, &mut |e| {
+                completion_tokens += 1;
+                if tx.send(ChatMsg::Event(e)).is_err() {
+                    cancel.store(true, Ordering::Relaxed);
+                }
+            })
+        }))
+        .unwrap_or_else(|_| Err(ProviderError::Failed("internal error in the provider".into())));
+        let _ = tx.send(ChatMsg::Done(r.map(|finish| ChatOutput {
+            finish,
+            prompt_tokens,
+            completion_tokens,
+            reused_tokens: 0,
+        })));
+    });
+    if let Err(e) = spawned {
+        eprintln!("agentd serve: cannot start a chat thread: {e}");
     }
 }
 
@@ -552,6 +641,7 @@ fn research_job(job: Job, setup: &RunSetup, worker: Worker) {
     let link = |cancel: &Arc<AtomicBool>| -> Result<Box<dyn Provider>, String> {
         if setup.built {
             return crate::provider::build::build(&setup.config.engine, &setup.policies)
+                .map(|p| -> Box<dyn Provider> { p })
                 .map_err(|e| format!("{e:#}"));
         }
         Ok(match &setup.upstream {
