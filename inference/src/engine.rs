@@ -115,6 +115,63 @@ pub struct ModelInfo {
     pub kernels: Vec<(String, String, usize)>,
 }
 
+/// What a GGUF file says about its model, from its header alone (no
+/// weights read): what a model listing shows before the model is loaded.
+#[derive(Debug)]
+pub struct Facts {
+    /// The file.
+    pub path: PathBuf,
+    /// Hyper-parameters.
+    pub config: Config,
+    /// The context a load with the same `context` option would use.
+    pub context: usize,
+    /// The GGUF's chat template, if it has one.
+    pub chat_template: Option<String>,
+    /// Bytes of the tensors' data as stored.
+    pub weight_bytes: usize,
+    /// Matrices (tensors of two or more dimensions) per GGUF tensor type:
+    /// `(type, count)`, most first.
+    pub types: Vec<(String, usize)>,
+    /// The vocabulary.
+    pub tokenizer: Tok,
+}
+
+/// Reads what `path`'s header says about its model (see [`Facts`]);
+/// `context` as in [`EngineOptions`].
+pub fn inspect(path: &Path, context: Option<usize>) -> Result<Facts> {
+    let g = Gguf::open(path)?;
+    let tokenizer = Tok::from_gguf(&g, path)?;
+    let config = Config::read(&g)?;
+    let mut types: Vec<(String, usize)> = Vec::new();
+    let mut weight_bytes = 0;
+    for t in g.header.tensors.values() {
+        weight_bytes += t.bytes;
+        if t.dims.len() < 2 {
+            continue;
+        }
+        match types.iter_mut().find(|(n, _)| n == t.ty.name()) {
+            Some(e) => e.1 += 1,
+            None => types.push((t.ty.name().to_owned(), 1)),
+        }
+    }
+    types.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    Ok(Facts {
+        path: path.to_owned(),
+        context: context_of(&config, context),
+        chat_template: g.string("tokenizer.chat_template").map(str::to_owned),
+        weight_bytes,
+        types,
+        tokenizer,
+        config,
+    })
+}
+
+/// The context a model is loaded with: the one asked for, else the
+/// model's own, at most 8192.
+fn context_of(cfg: &Config, asked: Option<usize>) -> usize {
+    asked.unwrap_or(cfg.n_ctx_train.min(8192)).max(16)
+}
+
 /// Which forward pass runs the model.
 #[derive(Debug)]
 enum Backend {
@@ -336,7 +393,7 @@ impl Engine {
         };
         let info = ModelInfo {
             path: path.to_owned(),
-            context: opts.context.unwrap_or(cfg.n_ctx_train.min(8192)).max(16),
+            context: context_of(&cfg, opts.context),
             chat_template,
             stop_tokens,
             bos,

@@ -26,7 +26,8 @@ mod tokenizer;
 pub use arch::{Act, Arch, Config};
 pub use constraint::{Constraint, Grammar, Grammars, Marker};
 pub use engine::{
-    Device, Engine, EngineOptions, Finish, GenParams, Generation, ModelInfo, Output, Session, Step,
+    inspect, Device, Engine, EngineOptions, Facts, Finish, GenParams, Generation, ModelInfo,
+    Output, Session, Step,
 };
 pub use error::{Error, ErrorKind, Result};
 pub use pool::Pool;

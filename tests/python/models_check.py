@@ -41,6 +41,20 @@ listed = [m.model for m in client.list().models]
 for m in models:
     assert f"{m}:latest" in listed, (m, listed)
 
+# Details of models not loaded come from their files: a picker that shows
+# every model's details loads none of them.
+before_show = loaded()
+for m in models:
+    info = client.show(m)
+    assert info.details.family and info.details.quantization_level, (m, info.details)
+    assert "completion" in info.capabilities, (m, info.capabilities)
+    ctx = [v for k, v in info.modelinfo.items() if k.endswith(".context_length")]
+    assert ctx and ctx[0] > 0, (m, info.modelinfo)
+for t in client.list().models:
+    assert t.details.family and t.details.parameter_size, t
+assert loaded() == before_show, (before_show, loaded())
+assert all(loads(m) == 0 for m in models[1:]), [loads(m) for m in models]
+
 # Each model answers, under its own name; never more than two loaded, and
 # the least recently used one is the one unloaded.
 for m in models:

@@ -305,19 +305,73 @@ impl Batch {
     }
 }
 
+/// What a model's card is made from: a loaded engine, or a file's header.
+struct Source<'a> {
+    path: &'a std::path::Path,
+    config: &'a inference::Config,
+    chat_template: Option<&'a str>,
+    weight_bytes: usize,
+    /// The GGUF tensor type most matrices have (`q4_1`).
+    quantization: &'a str,
+    tokenizer: &'a inference::Tok,
+    entry: Option<&'a crate::state::registry::Entry>,
+}
+
 /// What the Ollama routes say about the loaded model.
 fn card(local: &Local) -> Card {
     let info = local.engine.info();
-    let c = &info.config;
-    let meta = std::fs::metadata(&info.path).ok();
+    let quantization =
+        info.kernels.iter().max_by_key(|k| k.2).map(|k| k.0.as_str()).unwrap_or_default();
+    card_of(Source {
+        path: &info.path,
+        config: &info.config,
+        chat_template: info.chat_template.as_deref(),
+        weight_bytes: info.weight_bytes,
+        quantization,
+        tokenizer: local.engine.tokenizer(),
+        entry: local.resolved.entry.as_ref(),
+    })
+}
+
+/// A model file's card and the context it would load with (under
+/// `context_cap`), from its header alone: what the listings show of a
+/// model that is not loaded, without loading it.
+pub(crate) fn file_card(
+    path: &std::path::Path,
+    context_cap: usize,
+) -> anyhow::Result<(Card, usize)> {
+    let resolved = super::build::resolve(Some(&path.to_string_lossy()))?;
+    let context = match resolved.entry.as_ref().and_then(|e| e.context) {
+        Some(c) => c.min(context_cap),
+        None => context_cap,
+    };
+    let facts = inference::inspect(path, Some(context))
+        .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?;
+    let quantization = facts.types.first().map(|t| t.0.as_str()).unwrap_or_default();
+    let card = card_of(Source {
+        path,
+        config: &facts.config,
+        chat_template: facts.chat_template.as_deref(),
+        weight_bytes: facts.weight_bytes,
+        quantization,
+        tokenizer: &facts.tokenizer,
+        entry: resolved.entry.as_ref(),
+    });
+    Ok((card, facts.context))
+}
+
+/// A model's card from what is known of it.
+fn card_of(src: Source<'_>) -> Card {
+    let c = src.config;
+    let meta = std::fs::metadata(src.path).ok();
     let file_bytes = meta.as_ref().map_or(0, std::fs::Metadata::len);
     let modified = meta.as_ref().and_then(|m| m.modified().ok());
-    let digest = match &local.resolved.entry {
+    let digest = match src.entry {
         Some(e) => e.sha256.clone(),
         None => {
             use sha2::Digest;
             let mut h = sha2::Sha256::new();
-            h.update(info.path.to_string_lossy().as_bytes());
+            h.update(src.path.to_string_lossy().as_bytes());
             h.update(file_bytes.to_le_bytes());
             h.update(format!("{modified:?}").as_bytes());
             h.finalize().iter().map(|b| format!("{b:02x}")).collect()
@@ -326,13 +380,7 @@ fn card(local: &Local) -> Card {
     let (e, hd) = (c.n_embd as u64, c.head_dim as u64);
     let attn = e * hd * (2 * c.n_head as u64 + 2 * c.n_kv as u64);
     let parameters = c.n_layer as u64 * (attn + 3 * e * c.n_ff as u64) + c.n_vocab as u64 * e;
-    let quantization = info
-        .kernels
-        .iter()
-        .max_by_key(|k| k.2)
-        .map(|k| k.0.to_ascii_uppercase())
-        .unwrap_or_default();
-    let tok = local.engine.tokenizer();
+    let tok = src.tokenizer;
     let fim = [
         ["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"],
         ["<fim_prefix>", "<fim_suffix>", "<fim_middle>"],
@@ -340,35 +388,28 @@ fn card(local: &Local) -> Card {
     .into_iter()
     .find(|set| set.iter().all(|t| tok.id_of(t).is_some()))
     .map(|set| set.map(str::to_owned));
-    let template = local
-        .resolved
+    let template = src
         .entry
-        .as_ref()
         .and_then(|e| e.chat_template.as_deref())
         .filter(|t| *t != "gguf")
         .and_then(|p| std::fs::read_to_string(p).ok())
-        .or_else(|| info.chat_template.clone())
+        .or_else(|| src.chat_template.map(str::to_owned))
         .unwrap_or_default();
     Card {
-        path: info.path.clone(),
+        path: src.path.to_owned(),
         arch: c.arch_name.clone(),
         template,
         file_bytes,
-        weight_bytes: info.weight_bytes as u64,
+        weight_bytes: src.weight_bytes as u64,
         digest: format!("sha256:{digest}"),
         parameters,
-        quantization,
+        quantization: src.quantization.to_ascii_uppercase(),
         embedding: c.n_embd,
         layers: c.n_layer,
         heads: (c.n_head, c.n_kv),
         fim,
-        stop: local.resolved.entry.as_ref().map(|e| e.stop.clone()).unwrap_or_default(),
-        sampling: local
-            .resolved
-            .entry
-            .as_ref()
-            .and_then(|e| e.sampling.clone())
-            .unwrap_or_default(),
+        stop: src.entry.map(|e| e.stop.clone()).unwrap_or_default(),
+        sampling: src.entry.and_then(|e| e.sampling.clone()).unwrap_or_default(),
         modified,
     }
 }

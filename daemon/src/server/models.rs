@@ -203,6 +203,18 @@ pub(crate) struct Models {
     slots: Mutex<HashMap<String, Slot>>,
     changed: Condvar,
     loads: Mutex<BTreeMap<String, u64>>,
+    /// Cards of model files read from their headers (for listings of
+    /// models not loaded), by path, with the modification time read.
+    cards: Mutex<HashMap<PathBuf, Described>>,
+}
+
+/// What the listings say of a model: its card and context, and the file's
+/// modification time when it was read.
+#[derive(Clone)]
+struct Described {
+    card: Arc<Card>,
+    context: usize,
+    modified: Option<std::time::SystemTime>,
 }
 
 impl Models {
@@ -221,6 +233,7 @@ impl Models {
             slots: Mutex::new(HashMap::new()),
             changed: Condvar::new(),
             loads: Mutex::new(BTreeMap::new()),
+            cards: Mutex::new(HashMap::new()),
             template,
         });
         let served = models.served(worker, loaded);
@@ -298,6 +311,33 @@ impl Models {
             .or_else(|| all.iter().find(|a| a.name.ends_with(m) && m.len() >= 3));
         hit.cloned()
             .ok_or_else(|| ModelError::Unknown { name: m.to_owned(), looked_in: self.dirs() })
+    }
+
+    /// The card and context of the model `requested` names, without
+    /// loading it: the loaded model's, else what its file's header says
+    /// (read once per version of the file). Blocking: call it off the
+    /// async threads.
+    pub(crate) fn describe(
+        &self,
+        requested: Option<&str>,
+    ) -> Result<(String, Arc<Card>, usize), ModelError> {
+        let want = self.find(requested)?;
+        if let Some(Slot::Ready(s)) =
+            self.slots.lock().unwrap_or_else(|p| p.into_inner()).get(&want.name)
+        {
+            return Ok((want.name, Arc::clone(&s.card), s.context));
+        }
+        let modified = std::fs::metadata(&want.path).and_then(|m| m.modified()).ok();
+        let mut cards = self.cards.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(d) = cards.get(&want.path).filter(|d| d.modified == modified) {
+            return Ok((want.name, Arc::clone(&d.card), d.context));
+        }
+        let cap = self.template.policies.get(policy::CONTEXT) as usize;
+        let (card, context) = crate::provider::engine::file_card(&want.path, cap)
+            .map_err(|e| ModelError::Load { name: want.name.clone(), why: format!("{e:#}") })?;
+        let card = Arc::new(card);
+        cards.insert(want.path, Described { card: Arc::clone(&card), context, modified });
+        Ok((want.name, card, context))
     }
 
     /// The model `requested` names, loaded (waiting for a load another

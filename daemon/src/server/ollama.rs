@@ -123,24 +123,30 @@ pub(super) async fn tags(AxState(st): AxState<State>) -> Response {
             "size": c.file_bytes, "digest": c.digest.trim_start_matches("sha256:"), "details": details(&st)})];
         return axum::Json(json!({"models": models})).into_response();
     };
-    let loaded = m.loaded();
-    let models: Vec<Value> = m
-        .available()
-        .iter()
-        .map(|a| {
-            let meta = std::fs::metadata(&a.path).ok();
-            let modified =
-                meta.as_ref().and_then(|m| m.modified().ok()).unwrap_or(SystemTime::UNIX_EPOCH);
-            let name = format!("{}:latest", a.name);
-            let details = match loaded.iter().find(|s| s.name == a.name) {
-                Some(s) => served_details(&s.card),
-                None => json!({"parent_model": "", "format": "gguf"}),
-            };
-            let digest = a.sha256.clone().unwrap_or_default();
-            json!({"name": name, "model": name, "modified_at": rfc3339(modified),
+    // Each model's details from its card: the loaded model's, else its
+    // file's header (read once per version of the file, off the async
+    // threads); a file that cannot be read is listed without them.
+    let m = std::sync::Arc::clone(m);
+    let models = tokio::task::spawn_blocking(move || {
+        m.available()
+            .iter()
+            .map(|a| {
+                let meta = std::fs::metadata(&a.path).ok();
+                let modified =
+                    meta.as_ref().and_then(|m| m.modified().ok()).unwrap_or(SystemTime::UNIX_EPOCH);
+                let name = format!("{}:latest", a.name);
+                let details = match m.describe(Some(&a.name)) {
+                    Ok((_, card, _)) => served_details(&card),
+                    Err(_) => json!({"parent_model": "", "format": "gguf"}),
+                };
+                let digest = a.sha256.clone().unwrap_or_default();
+                json!({"name": name, "model": name, "modified_at": rfc3339(modified),
                 "size": meta.map_or(0, |m| m.len()), "digest": digest, "details": details})
-        })
-        .collect();
+            })
+            .collect::<Vec<Value>>()
+    })
+    .await
+    .unwrap_or_default();
     axum::Json(json!({"models": models})).into_response()
 }
 
@@ -175,19 +181,21 @@ pub(super) async fn show(AxState(st): AxState<State>, req: Request) -> Response 
         Ok(_) => return bad("the body must be a JSON object"),
         Err(r) => return r,
     };
-    let (st, _lease) = match st.for_body(&body).await {
-        Ok(x) => x,
-        Err(r) => return r,
-    };
     if let Err(r) = model_of(&st, &body, true) {
         return *r;
     }
-    let c = &st.card;
+    // What the model's file says (or the loaded model's card): a client
+    // that shows every model's details loads none of them.
+    let (_, card, context) = match st.describe(&body).await {
+        Ok(x) => x,
+        Err(r) => return r,
+    };
+    let c = &*card;
     let a = &c.arch;
     let mut info = Map::new();
     info.insert("general.architecture".into(), json!(a));
     info.insert("general.parameter_count".into(), json!(c.parameters));
-    info.insert(format!("{a}.context_length"), json!(st.context));
+    info.insert(format!("{a}.context_length"), json!(context));
     info.insert(format!("{a}.embedding_length"), json!(c.embedding));
     info.insert(format!("{a}.block_count"), json!(c.layers));
     info.insert(format!("{a}.attention.head_count"), json!(c.heads.0));
@@ -205,7 +213,7 @@ pub(super) async fn show(AxState(st): AxState<State>, req: Request) -> Response 
         "modelfile": format!("# Modelfile of the model agentd serves\nFROM {}\n", c.path.display()),
         "parameters": parameters.join("\n"),
         "template": c.template,
-        "details": details(&st),
+        "details": served_details(c),
         "model_info": info,
         "capabilities": capabilities,
         "modified_at": rfc3339(c.modified.unwrap_or(st_started(&st))),

@@ -111,16 +111,29 @@ impl State {
                 }
                 Ok((st, lease))
             }
-            Err(e @ ModelError::Unknown { .. }) => {
-                Err(error(StatusCode::NOT_FOUND, "model_not_found", e.to_string()))
-            }
-            Err(e @ ModelError::TooBig { .. }) => {
-                Err(error(StatusCode::INSUFFICIENT_STORAGE, "model_too_big", e.to_string()))
-            }
-            Err(e) => {
-                Err(error(StatusCode::INTERNAL_SERVER_ERROR, "model_load_failed", e.to_string()))
-            }
+            Err(e) => Err(model_error(e)),
         }
+    }
+
+    /// The name, card and context of the model a body's `model` names,
+    /// without loading it (`/api/show`, listings).
+    pub(crate) async fn describe(
+        &self,
+        body: &serde_json::Value,
+    ) -> Result<(String, Arc<Card>, usize), Response> {
+        let requested = match body.get("model").filter(|m| !m.is_null()).or(body.get("name")) {
+            Some(serde_json::Value::String(s)) => Some(s.clone()),
+            _ => None,
+        };
+        let Some(models) = &self.models else {
+            let (st, _) = self.for_model(requested.as_deref()).await.map_err(model_error)?;
+            return Ok((st.model, st.card, st.context));
+        };
+        let models = Arc::clone(models);
+        tokio::task::spawn_blocking(move || models.describe(requested.as_deref()))
+            .await
+            .map_err(|e| model_error(ModelError::Load { name: "?".into(), why: e.to_string() }))?
+            .map_err(model_error)
     }
 
     /// The state a request naming `requested` (none: the default model)
@@ -160,6 +173,19 @@ impl State {
             m.insert(key.clone(), Arc::clone(&flag));
         }
         (Arc::clone(&flag), Tracked { key, inflight: Arc::clone(&self.inflight), flag })
+    }
+}
+
+/// The answer to a request for a model that cannot be served.
+fn model_error(e: ModelError) -> Response {
+    match e {
+        e @ ModelError::Unknown { .. } => {
+            error(StatusCode::NOT_FOUND, "model_not_found", e.to_string())
+        }
+        e @ ModelError::TooBig { .. } => {
+            error(StatusCode::INSUFFICIENT_STORAGE, "model_too_big", e.to_string())
+        }
+        e => error(StatusCode::INTERNAL_SERVER_ERROR, "model_load_failed", e.to_string()),
     }
 }
 
