@@ -13,7 +13,7 @@
 
 use super::json::{error, reshape, Shape};
 use super::shared::{constant_eq, State};
-use super::{anthropic, chat, ollama, page, records, runs};
+use super::{anthropic, chat, ollama, page, records, responses, runs};
 use axum::extract::{Request, State as AxState};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -204,6 +204,9 @@ fn ollama_router(st: State, origins: Vec<String>) -> Router {
         .route("/v1/chat/completions", post(chat::completions))
         .route("/v1/messages", post(anthropic::messages))
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
+        .route("/v1/responses", post(responses::create))
+        .route("/v1/responses/input_tokens", post(responses::input_tokens))
+        .route("/v1/responses/{id}", get(responses::get).delete(responses::delete))
         .fallback(|| async {
             error(
                 StatusCode::NOT_FOUND,
@@ -226,6 +229,9 @@ fn router(st: State, token: Option<Arc<String>>) -> Router {
         .route("/v1/chat/completions", post(chat::completions))
         .route("/v1/messages", post(anthropic::messages))
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
+        .route("/v1/responses", post(responses::create))
+        .route("/v1/responses/input_tokens", post(responses::input_tokens))
+        .route("/v1/responses/{id}", get(responses::get).delete(responses::delete))
         .route("/v1/research", post(runs::research))
         .route("/v1/runs/{id}", get(runs::get))
         .route("/v1/runs/{id}/cancel", post(runs::cancel))

@@ -30,6 +30,7 @@ mod models;
 mod ollama;
 mod page;
 mod records;
+mod responses;
 mod runs;
 mod shared;
 mod worker;

@@ -47,6 +47,8 @@ CREATE TABLE IF NOT EXISTS tool_calls (
   call_id TEXT NOT NULL, name TEXT NOT NULL, kind TEXT NOT NULL, outcome TEXT NOT NULL, detail TEXT,
   created TEXT NOT NULL, updated TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS tool_calls_run ON tool_calls(run_id, id);
+CREATE TABLE IF NOT EXISTS responses (
+  id TEXT PRIMARY KEY, response TEXT NOT NULL, conversation TEXT NOT NULL, created TEXT NOT NULL);
 ";
 
 /// The current time as RFC 3339 UTC (seconds).
@@ -386,6 +388,34 @@ impl Store {
         let pages: i64 =
             self.conn.query_row("PRAGMA page_count", [], |r| r.get(0)).expect("page_count");
         self.conn.pragma_update(None, "max_page_count", pages).expect("max_page_count");
+    }
+
+    // Responses (`/v1/responses` with `store`).
+
+    /// Keeps a response: its object as the API returns it, and the
+    /// conversation a later `previous_response_id` continues (the chat
+    /// messages sent and the reply, as JSON).
+    pub(crate) fn save_response(&self, id: &str, response: &str, conversation: &str) -> Result<()> {
+        self.conn.execute(
+            "INSERT OR REPLACE INTO responses (id, response, conversation, created) VALUES (?1, ?2, ?3, ?4)",
+            rusqlite::params![id, response, conversation, now()],
+        )?;
+        Ok(())
+    }
+
+    /// A kept response: `(response, conversation)`.
+    pub(crate) fn response(&self, id: &str) -> Result<Option<(String, String)>> {
+        Ok(self
+            .conn
+            .query_row("SELECT response, conversation FROM responses WHERE id = ?1", [id], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })
+            .optional()?)
+    }
+
+    /// Forgets a kept response; whether there was one.
+    pub(crate) fn delete_response(&self, id: &str) -> Result<bool> {
+        Ok(self.conn.execute("DELETE FROM responses WHERE id = ?1", [id])? > 0)
     }
 
     // Settings.
