@@ -93,3 +93,101 @@ fn the_responses_api_holds_the_real_model_to_a_schema_and_its_context() {
     let (_daemon, base) = serve(&home, &["--model", model.to_str().unwrap()]);
     python_check(&python, "responses_check.py", &["model", &base, TOKEN]);
 }
+
+/// The Codex CLI (`codex exec`) with a model provider at `base`'s `/v1`
+/// and `wire_api = "responses"`; its exit status and output.
+fn codex(npm: &std::path::Path, base: &str, model: &str) -> (Option<i32>, String, Duration) {
+    let home = tempfile::tempdir().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let provider = format!(
+        "model_providers.agentd={{name=\"agentd\", base_url=\"{base}/v1\", wire_api=\"responses\", env_key=\"AGENTD_TOKEN\"}}"
+    );
+    let t = Instant::now();
+    let out = std::process::Command::new(npm.join(".bin/codex"))
+        .args(["exec", "--skip-git-repo-check", "-s", "danger-full-access"])
+        .args(["-c", "model_provider=agentd", "-c", &provider, "-m", model, "say hello"])
+        .env("CODEX_HOME", home.path())
+        .env("AGENTD_TOKEN", TOKEN)
+        .current_dir(work.path())
+        .output()
+        .expect("codex runs");
+    let text =
+        format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    (out.status.code(), text, t.elapsed())
+}
+
+/// Claude Code (`claude -p`) with `ANTHROPIC_BASE_URL` at `base`, on the
+/// Node.js 22 the npm packages bring; its exit status and output.
+fn claude(npm: &std::path::Path, base: &str) -> (Option<i32>, String, Duration) {
+    let home = tempfile::tempdir().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let path =
+        format!("{}:{}", npm.join(".bin").display(), std::env::var("PATH").unwrap_or_default());
+    let t = Instant::now();
+    let out = std::process::Command::new(npm.join(".bin/claude"))
+        .args(["-p", "say hello", "--allowedTools", "Bash(echo:*)"])
+        .env("PATH", path)
+        .env("HOME", home.path())
+        .env("ANTHROPIC_BASE_URL", base)
+        .env("ANTHROPIC_API_KEY", TOKEN)
+        .env("DISABLE_TELEMETRY", "1")
+        .env("DISABLE_AUTOUPDATER", "1")
+        .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
+        .current_dir(work.path())
+        .output()
+        .expect("claude runs");
+    let text =
+        format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    (out.status.code(), text, t.elapsed())
+}
+
+/// What the script heard after its tool call: the request whose messages
+/// carry the tool's output (the client ran the call and sent its result).
+fn tool_result_came_back(log: &std::path::Path) -> bool {
+    let heard = std::fs::read_to_string(log).unwrap_or_default();
+    heard.lines().filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok()).any(|r| {
+        r["messages"].as_array().into_iter().flatten().any(|m| {
+            m["role"] == "tool"
+                && m["content"].as_str().is_some_and(|c| c.contains("agentd-tool-ran"))
+        })
+    })
+}
+
+/// The Codex CLI and Claude Code as users run them, on the scripted
+/// backend: each runs the tool call the script makes, sends its result
+/// back, prints the scripted answer and exits 0.
+#[test]
+fn codex_and_claude_code_run_a_tool_and_answer_on_the_scripted_backend() {
+    let test = "codex_and_claude_code_run_a_tool_and_answer_on_the_scripted_backend";
+    let Some(npm) = agentd_tests::dep("AGENTD_TEST_NPM", test) else { return };
+    for (name, file) in [("codex", "codex.jsonl"), ("claude", "claude-cli.jsonl")] {
+        let home = Home::new();
+        let (script, log) = script(&home, file);
+        let (_daemon, base) =
+            serve(&home, &["--provider", "scripted", "--script", script.to_str().unwrap()]);
+        let (code, out, _) =
+            if name == "codex" { codex(&npm, &base, "scripted") } else { claude(&npm, &base) };
+        assert_eq!(code, Some(0), "{name}: {out}");
+        assert!(out.contains("The command printed agentd-tool-ran."), "{name}: {out}");
+        assert!(tool_result_came_back(&log), "{name}: no request carried the tool's output");
+    }
+}
+
+/// The same clients on the real default model: Codex's first request fits
+/// its context and it answers; Claude Code's (about 20k tokens) does not,
+/// and it reports the overflow and exits non-zero at once, without
+/// retrying.
+#[test]
+fn codex_answers_and_claude_code_reports_the_context_on_the_real_model() {
+    let test = "codex_answers_and_claude_code_reports_the_context_on_the_real_model";
+    let Some(model) = agentd_tests::dep("AGENTD_TEST_MODEL", test) else { return };
+    let Some(npm) = agentd_tests::dep("AGENTD_TEST_NPM", test) else { return };
+    let home = Home::new();
+    let (_daemon, base) = serve(&home, &["--model", model.to_str().unwrap()]);
+    let (code, out, _) = codex(&npm, &base, "default");
+    assert_eq!(code, Some(0), "codex: {out}");
+    let (code, out, took) = claude(&npm, &base);
+    assert!(code.is_some_and(|c| c != 0), "claude: {out}");
+    assert!(out.contains("context"), "claude: {out}");
+    assert!(took < Duration::from_secs(30), "claude took {took:?}: {out}");
+}
