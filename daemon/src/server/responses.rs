@@ -319,6 +319,20 @@ fn text_of(c: &Content, at: &str) -> Result<String, Bad> {
     }
 }
 
+/// A message item as a chat message (`developer` is `system`).
+fn message(m: &MessageItem, at: &str) -> Result<Value, Bad> {
+    let role = match m.role.as_str() {
+        "user" | "assistant" | "system" => m.role.as_str(),
+        "developer" => "system",
+        other => {
+            return Err(bad(format!(
+                "{at}.role {other:?}: use user, assistant, system or developer"
+            )))
+        }
+    };
+    Ok(json!({"role": role, "content": text_of(&m.content, at)?}))
+}
+
 /// The chat messages of `input`, after `earlier` (a kept conversation).
 fn messages(input: &Input, earlier: Vec<Value>) -> Result<Vec<Value>, Bad> {
     let mut msgs = earlier;
@@ -330,31 +344,13 @@ fn messages(input: &Input, earlier: Vec<Value>) -> Result<Vec<Value>, Bad> {
         let at = format!("input[{i}]");
         let typed = match item {
             Item::Typed(t) => t,
-            Item::Message(m) => &Typed::Message(MessageItem {
-                role: m.role.clone(),
-                content: match &m.content {
-                    Content::Text(s) => Content::Text(s.clone()),
-                    Content::Parts(p) => Content::Parts(
-                        p.iter()
-                            .map(|p| Part { kind: p.kind.clone(), text: p.text.clone() })
-                            .collect(),
-                    ),
-                },
-            }),
+            Item::Message(m) => {
+                msgs.push(message(m, &at)?);
+                continue;
+            }
         };
         match typed {
-            Typed::Message(m) => {
-                let role = match m.role.as_str() {
-                    "user" | "assistant" | "system" => m.role.as_str(),
-                    "developer" => "system",
-                    other => {
-                        return Err(bad(format!(
-                            "{at}.role {other:?}: use user, assistant, system or developer"
-                        )))
-                    }
-                };
-                msgs.push(json!({"role": role, "content": text_of(&m.content, &at)?}));
-            }
+            Typed::Message(m) => msgs.push(message(m, &at)?),
             Typed::FunctionCall(c) => {
                 let call = json!({"id": c.call_id, "type": "function",
                     "function": {"name": c.name, "arguments": if c.arguments.trim().is_empty() { "{}" } else { &c.arguments }}});
@@ -767,23 +763,21 @@ async fn keep(frame: &Frame, response: &ResponseObject, conversation: Vec<Value>
     }
 }
 
+/// A Responses request: its body, its type, and its conversation (a kept
+/// one it continues, then its input) as chat messages.
+async fn read(st: &State, req: Request) -> Result<(Value, Create, Vec<Value>), Response> {
+    let body = json_body(st.body_limit, req).await?;
+    let create = create_of(&body).map_err(|r| *r)?;
+    let earlier = earlier(create.previous_response_id.as_deref()).await?;
+    let msgs = messages(&create.input, earlier).map_err(|r| *r)?;
+    Ok((body, create, msgs))
+}
+
 /// `POST /v1/responses`.
 pub(super) async fn create(AxState(st): AxState<State>, req: Request) -> Response {
-    let body = match json_body(st.body_limit, req).await {
-        Ok(b) => b,
+    let (body, create, msgs) = match read(&st, req).await {
+        Ok(x) => x,
         Err(r) => return r,
-    };
-    let create = match create_of(&body) {
-        Ok(c) => c,
-        Err(r) => return *r,
-    };
-    let earlier = match earlier(create.previous_response_id.as_deref()).await {
-        Ok(e) => e,
-        Err(r) => return r,
-    };
-    let msgs = match messages(&create.input, earlier) {
-        Ok(m) => m,
-        Err(r) => return *r,
     };
     if msgs.is_empty() {
         return *bad("input: give a string or at least one item");
@@ -877,21 +871,9 @@ fn not_found(id: &str) -> Response {
 /// `POST /v1/responses/input_tokens`: the tokens the request's input
 /// would take on its model.
 pub(super) async fn input_tokens(AxState(st): AxState<State>, req: Request) -> Response {
-    let body = match json_body(st.body_limit, req).await {
-        Ok(b) => b,
+    let (body, create, msgs) = match read(&st, req).await {
+        Ok(x) => x,
         Err(r) => return r,
-    };
-    let create = match create_of(&body) {
-        Ok(c) => c,
-        Err(r) => return *r,
-    };
-    let earlier = match earlier(create.previous_response_id.as_deref()).await {
-        Ok(e) => e,
-        Err(r) => return r,
-    };
-    let msgs = match messages(&create.input, earlier) {
-        Ok(m) => m,
-        Err(r) => return *r,
     };
     let (st, _lease) = match st.for_body(&body).await {
         Ok(x) => x,
