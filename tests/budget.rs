@@ -1,4 +1,4 @@
-//! Budget governance end to end (seed 003): owned policies and composition
+//! Budget governance end to end (docs/budgets.md): owned policies and composition
 //! checks at start, admission with a finalization reserve, the durable
 //! ledger and recovery after kill -9, tool projection, citations, and
 //! errors that keep their owner.

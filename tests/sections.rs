@@ -1,5 +1,5 @@
-//! Long-source section analysis end to end (seed 000, DESIGN.md "Section
-//! analysis", issue 13): `analyze_source` and its section workers (phase
+//! Long-source section analysis end to end (docs/budgets.md "Section analysis
+//! spends research, never the reserve", issue 13): `analyze_source` and its section workers (phase
 //! `section`, admitted and in the ledger, within `research/section-requests`),
 //! condensing the final view instead of cutting it, the section size refused
 //! at start when it cannot fit, recovery after kill -9 during an analysis,

@@ -1,5 +1,5 @@
 //! The engine against llama.cpp's reference outputs on the default model
-//! (`../shared/fixtures/reference/`, copied to `tests/data/reference/`):
+//! (`tests/data/reference/`, whose README says how each file was made):
 //! tokenizer ids, control tokens included, and greedy decoding.
 //!
 //! `smollm2-greedy-long.jsonl` (same fields) holds prompts of 74 to 623
@@ -12,7 +12,7 @@
 //! then greedy (argmax) one token per call; it reproduces
 //! `smollm2-greedy.jsonl` exactly.
 //!
-//! The files users bring, from `../shared/fixtures/reference/` too:
+//! The files users bring, in `tests/data/reference/` too:
 //! `smollm2-q4_k_m-greedy.jsonl` (the default checkpoint requantized to
 //! Q4_K_M: Q4_K, Q6_K and the Q5_0/Q8_0 fallbacks) and
 //! `gemma3-270m-greedy.jsonl` (gemma3, SentencePiece, BOS added).

@@ -1,5 +1,5 @@
 //! The tool-call parser on the command line: `agentd toolparse replay`, the
-//! conformance wire of `../shared/conformance/REPLAY.md` (JSON lines in,
+//! conformance wire of `tests/conformance/REPLAY.md` (JSON lines in,
 //! one JSON line out per request; logs go to stderr), and `agentd toolparse
 //! parse`, what a client receives from one raw model output.
 

@@ -1,4 +1,4 @@
-//! Admission of a run (seed 003 "Admission", "Recovery"): a new run gets
+//! Admission of a run (docs/budgets.md "Reserve finalization at admission"): a new run gets
 //! an id, its chat, its question and its admission snapshot — the policies
 //! in force and the run's own configuration (provider options, corpus,
 //! notes) — stored before its first request; its budget is carved from

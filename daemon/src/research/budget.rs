@@ -1,4 +1,4 @@
-//! A run's budget (seed 003 "Reserve finalization at admission"): the
+//! A run's budget (docs/budgets.md "Reserve finalization at admission"): the
 //! limits of its admission snapshot and what it has spent. Research may
 //! spend the total allowance less the finalization reserve, and only within
 //! its share of the run deadline; the final turn and its one correction
@@ -44,7 +44,8 @@ pub(super) struct Budget {
     pub(super) sections: usize,
     /// Section-worker requests in the ledger.
     section_used: usize,
-    /// The section limit cut an analysis short: research ends (seed 000).
+    /// The section limit cut an analysis short: research ends (docs/budgets.md
+    /// "Section analysis spends research, never the reserve").
     pub(super) sections_cut: bool,
     /// Section size, worker output tokens, workers at once.
     pub(super) section_limits: super::sections::Limits,

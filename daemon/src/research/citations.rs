@@ -1,4 +1,4 @@
-//! Citations (seed 003 "Citations"): an answer cites sources by handle,
+//! Citations (docs/budgets.md "Citations"): an answer cites sources by handle,
 //! `[S3]`, and may cite only handles it read successfully in this run. A
 //! violation is rejected once, with the reason, and the model gets one
 //! correction turn from the finalization reserve; if that fails too, the

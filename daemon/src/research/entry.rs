@@ -1,5 +1,5 @@
-//! Host-led research (docs/research.md "Small models", seed 003's
-//! entry work): for a model that does not drive its own tool rounds
+//! Host-led research (docs/research.md "Small models", docs/budgets.md
+//! "Host-led entry research"): for a model that does not drive its own tool rounds
 //! (models.toml `research = "host"`), the host opens a run that has
 //! sources by searching with the question itself and reading the best
 //! segments, before the first model turn. The calls are the model's tools,

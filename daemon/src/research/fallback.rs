@@ -1,4 +1,5 @@
-//! How a reply completes when no answer could be written (seed 000): an
+//! How a reply completes when no answer could be written (docs/budgets.md
+//! "Honest delivery"): an
 //! explicitly labelled, bounded excerpt of the evidence this reply
 //! retrieved — its most relevant sentences with their handles, never
 //! presented as a verified answer — or, for a voice request, one or two

@@ -1,4 +1,4 @@
-//! Honest delivery (DESIGN.md "Honest delivery"): an answer is *grounded*
+//! Honest delivery (docs/budgets.md "Honest delivery"): an answer is *grounded*
 //! when it cites sources it read in this run and nothing it did not. An
 //! answer to a question asked over a corpus that cites none of the sources
 //! it read is still delivered, with a `notice` of kind `uncited` and

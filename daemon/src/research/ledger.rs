@@ -1,5 +1,5 @@
-//! A run's durable ledger (seed 003 "Every model request … is written to
-//! the run's durable ledger before it is sent"): one entry per attempt —
+//! A run's durable ledger (docs/budgets.md "Every request is written to the
+//! ledger first"): one entry per attempt —
 //! first tries, retries and fallbacks alike — written `sent` before the
 //! attempt goes out and closed with what became of it; a request the
 //! budget refuses is written `refused` and never sent. The run time spent

@@ -1,5 +1,5 @@
-//! The research loop (DESIGN.md "The research loop", seed 000) under the
-//! budget governance of seed 003. A question is admitted as a run with its
+//! The research loop (docs/research.md, docs/budgets.md "The reserved final
+//! turn") under the budget rules of docs/budgets.md. A question is admitted as a run with its
 //! snapshot (`admission`) and researched round by round until the model
 //! answers or a bound ends research, then one reserved, tools-free final
 //! turn answers from the evidence (`run`). Each model request is admitted

@@ -1,4 +1,4 @@
-//! Recovery (seed 003 "Recovery cannot mint a fresh budget"): an
+//! Recovery (docs/budgets.md "Recovery cannot mint a fresh budget"): an
 //! interrupted run continues under its own admission snapshot — provider,
 //! model, corpus, limits — and its ledger: a newer, larger default never
 //! enlarges it, used requests stay used, its clock keeps the time already

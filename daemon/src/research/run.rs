@@ -1,4 +1,5 @@
-//! The loop of seed 000: model turns that call tools, bounded in rounds,
+//! The research loop (docs/budgets.md "The reserved final turn"): model
+//! turns that call tools, bounded in rounds,
 //! always followed by an answer. A turn without calls is the answer. At the
 //! round bound, after three identical read-only batches, when the budget's
 //! research allowance or its share of the deadline is spent, or when the

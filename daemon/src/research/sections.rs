@@ -1,4 +1,5 @@
-//! Long-source section analysis (seed 000; DESIGN.md "Section analysis"):
+//! Long-source section analysis (docs/budgets.md "Section analysis spends
+//! research, never the reserve"; docs/research.md "Long sources"):
 //! a whole source is split into sections — at its headings where it has
 //! them, else by size — and *section workers* read them: model requests of
 //! phase `section`, each given the question, the focus and one section,

@@ -1,4 +1,4 @@
-//! Voice-grade streaming (CONTRACTS.md "Research events", `sentence`): for a
+//! Voice-grade streaming (docs/events.md "Voice: `sentence`"): for a
 //! voice request the visible text is cut into sentences as it streams, and
 //! each completed one goes out at once as plain speech — no markup,
 //! citations (`[S3]`), URLs or markdown — so a TTS engine starts speaking

@@ -211,7 +211,7 @@ fn ollama_router(st: State, origins: Vec<String>) -> Router {
             error(
                 StatusCode::NOT_FOUND,
                 "not_found",
-                "no such route on the Ollama listener; see CONTRACTS.md \"HTTP\"",
+                "no such route on the Ollama listener, which serves only the model routes: /api/…, /v1/models, /v1/chat/completions, /v1/messages, /v1/responses and /health (runs, chats and settings are on the socket and the --listen port)",
             )
         })
         .layer(axum::middleware::from_fn_with_state(st.clone(), counted))
@@ -244,7 +244,11 @@ fn router(st: State, token: Option<Arc<String>>) -> Router {
             axum::routing::put(records::setting_put).delete(records::setting_delete),
         )
         .fallback(|| async {
-            error(StatusCode::NOT_FOUND, "not_found", "no such route; see CONTRACTS.md \"HTTP\"")
+            error(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                "no such route; agentd serves /v1/chat/completions, /v1/responses, /v1/messages, /v1/models, /v1/research, /v1/runs/{id}, /v1/chats, /v1/settings, Ollama's /api/…, /health, /metrics and the chat page at / (docs/http.md in the agentd repository lists them)",
+            )
         })
         .layer(axum::middleware::from_fn_with_state(st.clone(), counted))
         .layer(axum::middleware::from_fn_with_state(token, auth))

@@ -1,6 +1,6 @@
 //! `agentd serve`: one local model for many clients over a Unix socket
 //! (default, mode 0600) and, with `--listen`, loopback TCP guarded by a
-//! bearer token. Routes and status codes: CONTRACTS.md "HTTP".
+//! bearer token. Routes and status codes: docs/http.md.
 //!
 //! The model runs on one engine thread fed by a bounded queue (503 with
 //! `Retry-After` beyond it; `worker`); HTTP runs on tokio (`http`: the

@@ -1,4 +1,4 @@
-//! The built-in chat page (CONTRACTS.md "HTTP", `GET /`): one self-contained
+//! The built-in chat page (`GET /`, docs/http.md "The chat page"): one self-contained
 //! HTML document whose style and script are embedded in the binary
 //! (`page/`), served with a Content-Security-Policy that allows nothing but
 //! this origin and the hashes of its own inline style and script; and the

@@ -1,4 +1,4 @@
-//! The `mcp` module's policies (DESIGN.md "Tools from MCP servers"),
+//! The `mcp` module's policies (docs/mcp.md "Governance"),
 //! declared like every other module's in `policy`: calls per server and
 //! run, the per-call timeout, the result size cap and the servers' start
 //! timeout, with the composition check, made when servers are configured,

@@ -1,4 +1,5 @@
-//! Budget policies (DESIGN.md "Budget governance", seed 003): every limit
+//! Budget policies (docs/budgets.md "Every limit has an owner", "Limits
+//! must compose"): every limit
 //! is declared once by the module that enforces it — id, owner, version,
 //! unit, default, hard maximum — and runtime code reads policies instead of
 //! keeping shadow constants. Two different declarations of one id refuse to
@@ -144,7 +145,8 @@ fn research_runtime() -> Vec<Policy> {
         p(RESERVE, o, v, Unit::Requests, 2, 2, None),
         p(DEADLINE, o, v, Unit::Seconds, 1800, 86_400, Some("chat.run_deadline_secs")),
         p(RESEARCH_SHARE, o, v, Unit::Seconds, 80, 95, None),
-        // Section analysis (seed 000): workers spend the research allowance.
+        // Section analysis (docs/budgets.md "Section analysis spends research,
+        // never the reserve"): workers spend the research allowance.
         p(SECTION_REQUESTS, o, v, Unit::Requests, 24, 256, None),
         p(SECTION_SIZE, o, v, Unit::Characters, 3000, 32_000, None),
         p(SECTION_TOKENS, o, v, Unit::Tokens, 256, 4096, None),

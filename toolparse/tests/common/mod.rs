@@ -1,5 +1,6 @@
 //! Fixture loading and judging shared by the toolparse integration tests;
-//! the judge follows `../shared/conformance/toolcalls.py`.
+//! the judge follows `tests/conformance/toolcalls.py` (the conformance
+//! judge `test.sh` runs).
 
 #![allow(dead_code, unreachable_pub)]
 

@@ -1,4 +1,4 @@
-//! Tools from MCP servers (DESIGN.md "Tools from MCP servers"), on the
+//! Tools from MCP servers (docs/mcp.md), on the
 //! official Rust SDK `rmcp`: stdio servers (child processes) and
 //! Streamable HTTP servers, configured in `mcp.json` (`config`).
 //!
