@@ -7,6 +7,7 @@
 //! formats, HTTP, SQLite and tokio; it converts from the types of
 //! `inference`, `prompts` and `toolparse`, which know nothing of it.
 
+mod clock;
 mod commands;
 mod events;
 

@@ -1,7 +1,9 @@
 //! A small HTTP/1.1 client over the daemon's Unix socket, for `ask
 //! --connect` and `chat`: one request per connection, SSE read line by
-//! line (chunked transfer decoded), cancellation checked between reads.
+//! line (chunked transfer decoded; the messages by `provider::sse`),
+//! cancellation checked between reads.
 
+use crate::provider::sse::Decoder;
 use anyhow::{bail, Context, Result};
 use serde_json::Value;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -52,7 +54,8 @@ impl<R: BufRead> Read for Chunked<R> {
     }
 }
 
-/// POSTs `body` to `path` and calls `on` with every SSE `data:` payload.
+/// POSTs `body` to `path` and calls `on` with the data of every SSE
+/// message.
 /// Returns the HTTP status and, for non-2xx, the error body.
 pub(crate) fn post_sse(
     socket: &Path,
@@ -107,15 +110,17 @@ pub(crate) fn post_sse(
             .unwrap_or(text);
         bail!("the daemon answered {status}: {msg}");
     }
+    let mut sse = Decoder::new();
     loop {
         let mut line = String::new();
-        match read_line(&mut body, &mut line, cancel) {
-            Ok(0) => return Ok(()),
-            Ok(_) => {}
-            Err(e) => return Err(e),
+        if read_line(&mut body, &mut line, cancel)? == 0 {
+            if let Some(m) = sse.finish() {
+                on(&m.data);
+            }
+            return Ok(());
         }
-        if let Some(data) = line.trim_end().strip_prefix("data:") {
-            on(data.trim_start());
+        if let Some(m) = sse.line(&line) {
+            on(&m.data);
         }
     }
 }

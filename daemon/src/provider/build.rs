@@ -1,4 +1,4 @@
-//! The ENGINE options (CONTRACTS.md "Command line") and what they build:
+//! The ENGINE options (docs/cli.md) and what they build:
 //! the model file they resolve to (pulled when missing), the loaded engine,
 //! and the provider they name (`local`, `openai` or `scripted`).
 
@@ -11,25 +11,34 @@ use crate::state::registry::{Entry, Registry};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use inference::{Engine, EngineOptions};
-use serde_json::{json, Value};
+use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::time::Instant;
 use toolparse::Format;
 
-/// Options shared by commands that run a model (CONTRACTS.md "ENGINE").
-#[derive(Args, Debug, Clone, Default)]
+/// `--device` when none is given.
+const DEVICE: &str = "auto";
+/// `--provider` when none is given.
+const PROVIDER: &str = "local";
+
+/// Options shared by commands that run a model (docs/cli.md "ENGINE"). A
+/// run's admission snapshot keeps them as their serde form (every field,
+/// `null` for an unset one); an option a snapshot lacks reads as its
+/// default.
+#[derive(Args, Debug, Clone, Serialize, Deserialize)]
+#[serde(default)]
 pub(crate) struct EngineArgs {
     /// Registry name or path to a .gguf file (default: the registry's default)
     #[arg(long)]
     pub(crate) model: Option<String>,
     /// Where to run: auto, cpu, cuda[:N], metal, candle-cpu (the GPU code path on the CPU, for checking it)
-    #[arg(long, default_value = "auto")]
+    #[arg(long, default_value = DEVICE)]
     pub(crate) device: String,
     /// Compute threads (default: all available CPUs)
     #[arg(long)]
     pub(crate) threads: Option<usize>,
     /// Who runs the model: local, openai (an OpenAI-compatible server), scripted (tests)
-    #[arg(long, default_value = "local")]
+    #[arg(long, default_value = PROVIDER)]
     pub(crate) provider: String,
     /// Base URL of the OpenAI-compatible server (e.g. http://127.0.0.1:8080/v1)
     #[arg(long)]
@@ -87,30 +96,24 @@ pub(crate) fn resolve(model: Option<&str>) -> Result<Resolved> {
     Ok(Resolved { path, name: entry.name.clone(), entry: Some(entry) })
 }
 
-impl EngineArgs {
-    /// The options as a run's admission snapshot keeps them.
-    pub(crate) fn to_json(&self) -> Value {
-        json!({"model": self.model, "device": self.device, "threads": self.threads, "provider": self.provider,
-               "base_url": self.base_url, "api_key_env": self.api_key_env, "tool_format": self.tool_format, "script": self.script,
-               "research": self.research})
-    }
-
-    /// The options a snapshot kept (`to_json`), defaults where it has none.
-    pub(crate) fn from_json(v: &Value) -> EngineArgs {
-        let s = |k: &str| v[k].as_str().map(str::to_owned);
+/// What the command line gives when no option is set.
+impl Default for EngineArgs {
+    fn default() -> EngineArgs {
         EngineArgs {
-            model: s("model"),
-            device: s("device").unwrap_or_else(|| "auto".into()),
-            threads: v["threads"].as_u64().map(|n| n as usize),
-            provider: s("provider").unwrap_or_else(|| "local".into()),
-            base_url: s("base_url"),
-            api_key_env: s("api_key_env"),
-            tool_format: s("tool_format"),
-            script: s("script").map(PathBuf::from),
-            research: s("research"),
+            model: None,
+            device: DEVICE.into(),
+            threads: None,
+            provider: PROVIDER.into(),
+            base_url: None,
+            api_key_env: None,
+            tool_format: None,
+            script: None,
+            research: None,
         }
     }
+}
 
+impl EngineArgs {
     pub(crate) fn load(&self) -> Result<(Resolved, Engine)> {
         self.load_with(None)
     }

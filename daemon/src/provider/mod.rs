@@ -18,6 +18,7 @@ pub(crate) mod engine;
 pub(crate) mod local;
 pub(crate) mod openai;
 pub(crate) mod scripted;
+pub(crate) mod sse;
 pub(crate) mod upstream;
 
 use crate::events::Phase;

@@ -7,6 +7,7 @@
 //! timeouts) are retried here, with bounded backoff, and only here; a 429
 //! that says the quota or budget is exhausted is not.
 
+use super::sse;
 use super::{
     tool_specs, whole_call, Call, Failure, Provider, ProviderError, Tried, Try, TurnFinish,
     TurnRequest,
@@ -15,7 +16,7 @@ use crate::state::policy::{self, Policies};
 use prompts::{Message, ToolDef};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
+use std::io::BufReader;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use toolparse::{Event, FinishReason, Format, Mode, Options, Parser};
@@ -156,21 +157,18 @@ impl OpenAi {
         // that just stops was cut (the upstream went away).
         let mut ended = !streamed;
         if streamed {
-            let reader = BufReader::new(resp.into_reader());
-            for line in reader.lines() {
+            for message in sse::Reader::new(BufReader::new(resp.into_reader())) {
                 if cancel.load(Ordering::Relaxed) {
                     finish = TurnFinish::Cancelled;
                     break;
                 }
-                let line =
-                    line.map_err(|e| Attempt::Transient(format!("the stream broke: {e}")))?;
-                let Some(data) = line.strip_prefix("data:") else { continue };
-                let data = data.trim();
-                if data == "[DONE]" {
+                let message =
+                    message.map_err(|e| Attempt::Transient(format!("the stream broke: {e}")))?;
+                if message.is_done() {
                     ended = true;
                     break;
                 }
-                let Ok(v) = serde_json::from_str::<Value>(data) else { continue };
+                let Ok(v) = serde_json::from_str::<Value>(&message.data) else { continue };
                 if let Some(err) = v.get("error") {
                     return Err(Attempt::Failed(format!(
                         "the upstream reported an error mid-stream: {err}"

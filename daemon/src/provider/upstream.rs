@@ -15,11 +15,12 @@
 
 use super::chat::{ChatOutput, ChatParams};
 use super::openai::{merge_tool_call_deltas, wire_message, wire_tool, Attempt, CallSlots, OpenAi};
+use super::sse;
 use super::TurnFinish;
 use super::{tool_specs, ProviderError};
 use prompts::{Message, ToolDef};
 use serde_json::{json, Value};
-use std::io::{BufRead, BufReader};
+use std::io::BufReader;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
@@ -240,23 +241,20 @@ impl OpenAi {
         let (mut finish_reason, mut ended, mut cancelled) = (String::new(), false, false);
         let (mut prompt_tokens, mut completion_tokens, mut chunks) = (0usize, None, 0usize);
         let mut index = 0usize;
-        let reader = BufReader::new(resp.into_reader());
-        for line in reader.lines() {
+        for message in sse::Reader::new(BufReader::new(resp.into_reader())) {
             if cancel.load(Ordering::Relaxed) {
                 // Dropping the reader closes the connection: the upstream
                 // stops generating.
                 cancelled = true;
                 break;
             }
-            let line =
-                line.map_err(|e| Attempt::Transient(format!("the upstream stream broke: {e}")))?;
-            let Some(data) = line.strip_prefix("data:") else { continue };
-            let data = data.trim();
-            if data == "[DONE]" {
+            let message = message
+                .map_err(|e| Attempt::Transient(format!("the upstream stream broke: {e}")))?;
+            if message.is_done() {
                 ended = true;
                 break;
             }
-            let Ok(v) = serde_json::from_str::<Value>(data) else { continue };
+            let Ok(v) = serde_json::from_str::<Value>(&message.data) else { continue };
             if let Some(err) = v.get("error") {
                 return Err(Attempt::Failed(format!(
                     "the upstream reported an error mid-stream: {err}"

@@ -15,63 +15,51 @@ use crate::state::policy::Policies;
 use crate::state::store::{new_id, MessageStatus, NewRun, Store, StoredMessage};
 use crate::tools::{mcp, Host};
 use anyhow::{Context, Result};
-use serde_json::{json, Value};
-use std::path::PathBuf;
+use serde::{Deserialize, Serialize, Serializer};
+use serde_json::Value;
+use std::borrow::Cow;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 /// What a run researches with besides its policies: the provider options,
 /// the corpus folders, the notes folder and the MCP configuration files,
 /// as the user gave them, and the MCP servers already running for them.
-#[derive(Debug, Clone, Default)]
+/// The snapshot keeps the serde form: folders and files as absolute paths,
+/// so a run resumed from elsewhere finds them; what it lacks reads as the
+/// default.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub(crate) struct RunConfig {
     pub(crate) engine: EngineArgs,
+    #[serde(serialize_with = "absolute_all")]
     pub(crate) corpus: Vec<PathBuf>,
+    #[serde(serialize_with = "absolute_some")]
     pub(crate) notes: Option<PathBuf>,
     /// The `mcp.json` files in force (`tools::mcp::files`).
+    #[serde(serialize_with = "absolute_all")]
     pub(crate) mcp: Vec<PathBuf>,
     /// Their servers, started by the command (not in the snapshot); a
     /// resumed run starts its own from `mcp`.
+    #[serde(skip)]
     pub(crate) servers: Option<Arc<mcp::Hub>>,
 }
 
+/// `p` made absolute where it exists, as text (lossy for a path that is not
+/// UTF-8, which serde's own form of a path would refuse).
+fn absolute(p: &Path) -> String {
+    std::fs::canonicalize(p).unwrap_or_else(|_| p.to_owned()).display().to_string()
+}
+
+fn absolute_all<S: Serializer>(paths: &[PathBuf], s: S) -> Result<S::Ok, S::Error> {
+    s.collect_seq(paths.iter().map(|p| absolute(p)))
+}
+
+fn absolute_some<S: Serializer>(path: &Option<PathBuf>, s: S) -> Result<S::Ok, S::Error> {
+    path.as_deref().map(absolute).serialize(s)
+}
+
 impl RunConfig {
-    /// The snapshot's form: folders as absolute paths, so a run resumed
-    /// from elsewhere finds them.
-    fn to_json(&self) -> Value {
-        let abs = |p: &PathBuf| {
-            std::fs::canonicalize(p).unwrap_or_else(|_| p.clone()).display().to_string()
-        };
-        json!({
-            "engine": self.engine.to_json(),
-            "corpus": self.corpus.iter().map(abs).collect::<Vec<_>>(),
-            "notes": self.notes.as_ref().map(abs),
-            "mcp": self.mcp.iter().map(abs).collect::<Vec<_>>(),
-        })
-    }
-
-    fn from_json(v: &Value) -> RunConfig {
-        RunConfig {
-            engine: EngineArgs::from_json(&v["engine"]),
-            corpus: v["corpus"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(Value::as_str)
-                .map(PathBuf::from)
-                .collect(),
-            notes: v["notes"].as_str().map(PathBuf::from),
-            mcp: v["mcp"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(Value::as_str)
-                .map(PathBuf::from)
-                .collect(),
-            servers: None,
-        }
-    }
-
     /// Starts the MCP servers of `mcp` (when there are any) for the runs
     /// of this configuration.
     pub(crate) fn start_servers(&mut self, policies: &Policies) -> Result<()> {
@@ -111,28 +99,44 @@ pub(super) struct Snapshot {
     pub(super) voice: bool,
 }
 
+/// The stored form of a snapshot (JSON text in the run's row); what it
+/// lacks reads as the default.
+#[derive(Serialize, Deserialize, Default)]
+#[serde(default)]
+struct Stored<'a> {
+    /// The policies in force (`Policies::snapshot`).
+    policies: Value,
+    config: Cow<'a, RunConfig>,
+    question: Cow<'a, str>,
+    voice: bool,
+    /// The provider's description (`Provider::describe`); a resumed run
+    /// finds its model by it.
+    provider: Cow<'a, str>,
+}
+
 impl Snapshot {
     /// The stored form (JSON text) of the snapshot of a run admitted under
     /// `policies` for `opts`.
-    fn encode(policies: &Policies, opts: &RunOptions) -> String {
-        json!({
-            "policies": policies.snapshot(),
-            "config": opts.config.to_json(),
-            "question": opts.question,
-            "voice": opts.voice,
-            "provider": opts.provider,
-        })
-        .to_string()
+    fn encode(policies: &Policies, opts: &RunOptions) -> Result<String> {
+        let stored = Stored {
+            policies: policies.snapshot(),
+            config: Cow::Borrowed(&opts.config),
+            question: Cow::Borrowed(&opts.question),
+            voice: opts.voice,
+            provider: Cow::Borrowed(&opts.provider),
+        };
+        serde_json::to_string(&stored).context("cannot write the run's snapshot")
     }
 
     /// The snapshot stored as `text`; values it lacks keep their declared
     /// defaults, never newer settings.
     pub(super) fn decode(text: &str) -> Result<Snapshot> {
-        let v: Value = serde_json::from_str(text).unwrap_or(Value::Null);
+        let stored: Stored<'_> =
+            serde_json::from_str(text).context("the run's snapshot is not readable")?;
         Ok(Snapshot {
-            policies: Policies::from_snapshot(&v["policies"]).context("the run's snapshot")?,
-            config: RunConfig::from_json(&v["config"]),
-            voice: v["voice"].as_bool().unwrap_or(false),
+            policies: Policies::from_snapshot(&stored.policies).context("the run's snapshot")?,
+            config: stored.config.into_owned(),
+            voice: stored.voice,
         })
     }
 }
@@ -153,13 +157,14 @@ pub(crate) fn run(
     let admitted = store
         .ensure_chat(&chat_id, &opts.question)
         .context("cannot write the chat")
-        .and_then(|()| {
+        .and_then(|()| Snapshot::encode(policies, opts))
+        .and_then(|snapshot| {
             store
                 .insert_run(&NewRun {
                     id: &run_id,
                     chat_id: &chat_id,
                     question: &opts.question,
-                    snapshot: &Snapshot::encode(policies, opts),
+                    snapshot: &snapshot,
                 })
                 .context("cannot write the run")
         });
@@ -211,4 +216,70 @@ fn unrecorded(run_id: &str, chat_id: &str, why: String, emit: &mut dyn FnMut(&Ev
     };
     emit(&Ev::Done(done.clone()));
     done
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> RunConfig {
+        RunConfig {
+            engine: EngineArgs {
+                model: Some("m".into()),
+                device: "cpu".into(),
+                ..Default::default()
+            },
+            corpus: vec!["/no/such/corpus".into(), "/tmp".into()],
+            notes: Some("/no/such/notes".into()),
+            mcp: vec![],
+            servers: None,
+        }
+    }
+
+    /// The snapshot's JSON (what `GET /v1/runs/{id}` and a resumed run read)
+    /// keeps its fields and their order.
+    #[test]
+    fn the_snapshot_keeps_its_json_and_reads_back() {
+        let config = config();
+        assert_eq!(
+            serde_json::to_string(&config).unwrap(),
+            r#"{"engine":{"model":"m","device":"cpu","threads":null,"provider":"local","base_url":null,"api_key_env":null,"tool_format":null,"script":null,"research":null},"corpus":["/no/such/corpus","/tmp"],"notes":"/no/such/notes","mcp":[]}"#
+        );
+        let policies = Policies::from_snapshot(&Value::Null).unwrap();
+        let opts = RunOptions {
+            question: "why?".into(),
+            chat_id: None,
+            voice: true,
+            provider: "local:m".into(),
+            config,
+        };
+        let text = Snapshot::encode(&policies, &opts).unwrap();
+        let v: Value = serde_json::from_str(&text).unwrap();
+        let keys: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
+        assert_eq!(keys, ["policies", "config", "question", "voice", "provider"]);
+        assert_eq!(
+            (&v["question"], &v["provider"]),
+            (&Value::from("why?"), &Value::from("local:m"))
+        );
+        assert_eq!(v["policies"], policies.snapshot());
+        let back = Snapshot::decode(&text).unwrap();
+        assert!(back.voice);
+        assert_eq!(serde_json::to_value(&back.config).unwrap(), v["config"]);
+    }
+
+    /// What a snapshot lacks reads as the default: the command line's
+    /// engine options, no folders.
+    #[test]
+    fn a_sparse_snapshot_reads_as_the_defaults() {
+        let back = Snapshot::decode(r#"{"config": {"engine": {"model": "m"}}}"#).unwrap();
+        assert_eq!(back.config.engine.model.as_deref(), Some("m"));
+        assert_eq!(
+            (back.config.engine.device.as_str(), back.config.engine.provider.as_str()),
+            ("auto", "local")
+        );
+        assert!(back.config.corpus.is_empty() && back.config.notes.is_none() && !back.voice);
+        let back = Snapshot::decode("{}").unwrap();
+        assert_eq!(back.config.engine.provider, "local");
+        assert!(Snapshot::decode("not json").is_err());
+    }
 }

@@ -3,7 +3,8 @@
 
 use super::store::Store;
 use anyhow::{bail, Result};
-use serde_json::{json, Value};
+use serde::Serialize;
+use serde_json::Value;
 
 /// A setting's declaration.
 #[derive(Debug, Clone, Copy)]
@@ -51,38 +52,64 @@ pub(crate) const DEFS: &[Def] = &[
 ];
 
 /// Where a value came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
 pub(crate) enum Source {
     Default,
     Stored,
     Env,
 }
 
-impl Source {
-    fn as_str(self) -> &'static str {
-        match self {
-            Source::Default => "default",
-            Source::Stored => "stored",
-            Source::Env => "env",
-        }
-    }
-}
-
-/// A setting's value in force.
-#[derive(Debug, Clone, Copy)]
+/// A setting's value in force; its JSON (`GET /v1/settings`, docs/http.md)
+/// is [`Listing`].
+#[derive(Debug, Clone, Copy, Serialize)]
+#[serde(into = "Listing")]
 pub(crate) struct Effective {
     pub(crate) def: Def,
     pub(crate) value: i64,
     pub(crate) source: Source,
 }
 
+/// A setting as clients see it: its declaration's fields with the value
+/// and its source placed among them (`env` last) and the constant `type`,
+/// so a flattened [`Def`] would not keep the order.
+#[derive(Debug, Serialize)]
+struct Listing {
+    key: &'static str,
+    label: &'static str,
+    description: &'static str,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    default: i64,
+    min: i64,
+    max: i64,
+    value: i64,
+    source: Source,
+    env: &'static str,
+}
+
+impl From<Effective> for Listing {
+    fn from(e: Effective) -> Listing {
+        let Def { key, label, description, default, min, max, env } = e.def;
+        Listing {
+            key,
+            label,
+            description,
+            kind: "integer",
+            default,
+            min,
+            max,
+            value: e.value,
+            source: e.source,
+            env,
+        }
+    }
+}
+
 impl Effective {
     pub(crate) fn to_json(self) -> Value {
-        json!({
-            "key": self.def.key, "label": self.def.label, "description": self.def.description,
-            "type": "integer", "default": self.def.default, "min": self.def.min, "max": self.def.max,
-            "value": self.value, "source": self.source.as_str(), "env": self.def.env,
-        })
+        // Infallible: strings and integers under string keys.
+        serde_json::to_value(self).unwrap_or_default()
     }
 }
 
@@ -154,6 +181,7 @@ pub(crate) fn list(store: &Store) -> Result<Vec<Effective>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn bounds_are_enforced_and_nothing_is_stored_when_refused() {
@@ -170,5 +198,25 @@ mod tests {
         assert_eq!(get(&s, k).unwrap().source, Source::Stored);
         assert_eq!(reset(&s, k).unwrap().value, 12);
         assert!(def("nope").is_err());
+    }
+
+    /// The listing's JSON, field for field and in order.
+    #[test]
+    fn a_setting_lists_as_its_pinned_json() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Store::open_at(dir.path().join("s.db")).unwrap();
+        let got: Vec<String> = DEFS
+            .iter()
+            .map(|d| Effective { def: *d, value: d.default, source: Source::Default })
+            .map(|e| e.to_json().to_string())
+            .collect();
+        let want = [
+            r#"{"key":"chat.max_tool_iters","label":"Tool research rounds","description":"Model turns that call tools before the reserved final answer (not individual calls)","type":"integer","default":12,"min":1,"max":64,"value":12,"source":"default","env":"AGENTD_CHAT_MAX_TOOL_ITERS"}"#,
+            r#"{"key":"chat.run_deadline_secs","label":"Run deadline (seconds)","description":"Wall time a reply may take; research stops at its share so the answer still fits","type":"integer","default":1800,"min":30,"max":86400,"value":1800,"source":"default","env":"AGENTD_CHAT_RUN_DEADLINE_SECS"}"#,
+            r#"{"key":"tools.max_searches","label":"Searches per reply","description":"search_sources calls one reply may make; reading stays available after","type":"integer","default":32,"min":1,"max":256,"value":32,"source":"default","env":"AGENTD_TOOLS_MAX_SEARCHES"}"#,
+        ];
+        assert_eq!(got, want);
+        let e = set(&s, "tools.max_searches", "5").unwrap().to_json();
+        assert_eq!((&e["value"], &e["source"]), (&json!(5), &json!("stored")));
     }
 }

@@ -10,7 +10,8 @@ use crate::events::{Outcome, Stop};
 use anyhow::{Context, Result};
 use rusqlite::types::{FromSql, FromSqlError, FromSqlResult, ToSql, ToSqlOutput, ValueRef};
 use rusqlite::{params, Connection, OptionalExtension};
-use serde_json::{json, Value};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -51,24 +52,9 @@ CREATE TABLE IF NOT EXISTS responses (
   id TEXT PRIMARY KEY, response TEXT NOT NULL, conversation TEXT NOT NULL, created TEXT NOT NULL);
 ";
 
-/// The current time as RFC 3339 UTC (seconds).
+/// The current time as RFC 3339 UTC (seconds), as every row keeps it.
 pub(crate) fn now() -> String {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
-        .unwrap_or(0);
-    let days = secs.div_euclid(86_400);
-    let rem = secs.rem_euclid(86_400);
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem / 60 % 60, rem % 60)
+    crate::clock::rfc3339(std::time::SystemTime::now())
 }
 
 /// A random id with a prefix (`run_3f9a…`).
@@ -162,8 +148,10 @@ status! {
     }
 }
 
-/// A call as an assistant message keeps it.
-#[derive(Debug, Clone, PartialEq)]
+/// A call as an assistant message keeps it: `{id, name, arguments}`, as
+/// the row and the chats route hold it (a field a row lacks reads as empty).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub(crate) struct StoredCall {
     pub(crate) id: String,
     pub(crate) name: String,
@@ -172,9 +160,10 @@ pub(crate) struct StoredCall {
 }
 
 impl StoredCall {
-    /// `{id, name, arguments}`, as the row and the chats route hold it.
+    /// The call's JSON.
     pub(crate) fn to_json(&self) -> Value {
-        json!({"id": self.id, "name": self.name, "arguments": self.arguments})
+        // Infallible: strings and a JSON value under string keys.
+        serde_json::to_value(self).unwrap_or_default()
     }
 }
 
@@ -324,19 +313,12 @@ fn run_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RunRow> {
 }
 
 fn encode_calls(calls: &[StoredCall]) -> String {
-    Value::Array(calls.iter().map(StoredCall::to_json).collect()).to_string()
+    // Infallible: see `StoredCall::to_json`.
+    serde_json::to_string(calls).unwrap_or_default()
 }
 
 fn decode_calls(text: &str) -> Vec<StoredCall> {
-    let calls: Vec<Value> = serde_json::from_str(text).unwrap_or_default();
-    calls
-        .iter()
-        .map(|c| StoredCall {
-            id: c["id"].as_str().unwrap_or_default().to_owned(),
-            name: c["name"].as_str().unwrap_or_default().to_owned(),
-            arguments: c["arguments"].clone(),
-        })
-        .collect()
+    serde_json::from_str(text).unwrap_or_default()
 }
 
 fn this_process() -> i64 {
@@ -818,6 +800,7 @@ fn pid_alive(pid: u32) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn settings_and_messages_round_trip() {
@@ -852,7 +835,10 @@ mod tests {
         assert_eq!(m[0].content, "partial text");
         assert_eq!(m[0].status, MessageStatus::Cancelled);
         assert_eq!(m[0].tool_calls, None);
-        assert_eq!(m[1].tool_calls, Some(vec![call]));
+        assert_eq!(m[1].tool_calls, Some(vec![call.clone()]));
+        assert_eq!(call.to_json().to_string(), r#"{"id":"c","name":"f","arguments":{"x":1}}"#);
+        let lax = decode_calls(r#"[{"name":"g"}]"#);
+        assert_eq!(lax, vec![StoredCall { name: "g".into(), ..Default::default() }]);
         assert!(s.chat_exists("c1").unwrap() && !s.chat_exists("c2").unwrap());
         assert!(now().ends_with('Z'));
         assert!(new_id("run").starts_with("run_"));

@@ -1,31 +1,24 @@
 //! What a tool call returns, typed: a search's hits and its coverage, a
 //! segment read, a saved note, what an MCP tool returned, or an error with its code. The research loop
 //! reads these fields; the JSON text the model, the events and the chat see
-//! (CONTRACTS.md "Built-in tools") is made here, at the edge (`to_json`),
-//! and read back only here, when a run is recovered from its stored
-//! messages (`from_stored`).
+//! (docs/tools.md) is these types' serde form, made at the edge
+//! (`to_json`), and read back only here, when a run is recovered from its
+//! stored messages (`from_stored`).
 
-use serde_json::{json, Value};
+use serde::{Deserialize, Serialize, Serializer};
+use serde_json::Value;
 
 /// Whether a search could list every source it found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub(crate) enum Coverage {
     Complete,
     /// Some sources could not be registered as handles and are left out.
     Partial,
 }
 
-impl Coverage {
-    pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            Coverage::Complete => "complete",
-            Coverage::Partial => "partial",
-        }
-    }
-}
-
 /// One search result: a registered source.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Hit {
     pub(crate) handle: String,
     pub(crate) title: String,
@@ -34,17 +27,19 @@ pub(crate) struct Hit {
     pub(crate) snippet: String,
 }
 
-/// What `search_sources` found.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// What `search_sources` found: `{results, coverage, note?}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Found {
+    #[serde(rename = "results")]
     pub(crate) hits: Vec<Hit>,
     pub(crate) coverage: Coverage,
     /// Why coverage is partial, for the model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) note: Option<String>,
 }
 
 /// What `read_source` read.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Passage {
     pub(crate) handle: String,
     pub(crate) title: String,
@@ -53,11 +48,12 @@ pub(crate) struct Passage {
     pub(crate) text: String,
     /// The heading of the section the segment continues (host use only:
     /// not in the tool's JSON, so empty when read back from a chat).
+    #[serde(skip)]
     pub(crate) heading: String,
 }
 
 /// What one section worker found.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Finding {
     /// 1-based section number.
     pub(crate) section: usize,
@@ -67,7 +63,7 @@ pub(crate) struct Finding {
 /// What `analyze_source` found: section workers' findings over a whole
 /// source; partial when the section limit (or a failed worker) left
 /// sections unanalyzed.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Analysis {
     pub(crate) handle: String,
     pub(crate) title: String,
@@ -75,14 +71,16 @@ pub(crate) struct Analysis {
     pub(crate) analyzed: usize,
     pub(crate) coverage: Coverage,
     pub(crate) findings: Vec<Finding>,
-    /// Section numbers that were not analyzed.
+    /// Section numbers that were not analyzed (left out when none).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub(crate) unanalyzed: Vec<usize>,
     /// Why coverage is partial, for the model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) note: Option<String>,
 }
 
 /// A failed call, as the model sees it: it never ends the loop.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub(crate) struct ToolError {
     /// `INVALID_SOURCE`, `TOOL_NOT_AVAILABLE`, …
     pub(crate) code: &'static str,
@@ -97,17 +95,47 @@ pub(crate) struct McpResult {
     pub(crate) structured: Option<Value>,
 }
 
-/// The result of one tool call.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// By hand, through [`McpWire`]: exactly one of the two fields goes out —
+/// `{"structured": …}` when there is structured content, else `{"text": …}`
+/// — which field attributes cannot say (one field's presence depends on
+/// the other's).
+impl Serialize for McpResult {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match &self.structured {
+            Some(v) => McpWire::Structured(v),
+            None => McpWire::Text(&self.text),
+        }
+        .serialize(s)
+    }
+}
+
+/// [`McpResult`]'s wire form.
+#[derive(Serialize)]
+#[serde(rename_all = "lowercase")]
+enum McpWire<'a> {
+    Structured(&'a Value),
+    Text(&'a str),
+}
+
+/// The result of one tool call, as its JSON result (docs/tools.md): a
+/// saved note `{"saved": FILE}` and an error `{"error": {code, message}}`
+/// under their names, the other results as their own objects (which tool
+/// answered tells them apart, never a tag).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
 pub(crate) enum ToolOutput {
-    Search(Found),
-    Read(Passage),
-    Analysis(Box<Analysis>),
     /// `save_note` wrote this file under the notes folder.
     Saved(String),
-    /// A tool of an MCP server answered.
-    Mcp(McpResult),
     Error(ToolError),
+    #[serde(untagged)]
+    Search(Found),
+    #[serde(untagged)]
+    Read(Passage),
+    #[serde(untagged)]
+    Analysis(Box<Analysis>),
+    /// A tool of an MCP server answered.
+    #[serde(untagged)]
+    Mcp(McpResult),
 }
 
 impl ToolOutput {
@@ -120,109 +148,19 @@ impl ToolOutput {
         !matches!(self, ToolOutput::Error(_))
     }
 
-    /// The JSON result (CONTRACTS.md "Built-in tools").
+    /// The JSON result (docs/tools.md).
     pub(crate) fn to_json(&self) -> Value {
-        match self {
-            ToolOutput::Search(f) => {
-                let results: Vec<Value> = f
-                    .hits
-                    .iter()
-                    .map(|h| json!({"handle": h.handle, "title": h.title, "path": h.path, "segment": h.segment, "snippet": h.snippet}))
-                    .collect();
-                let mut out = json!({"results": results, "coverage": f.coverage.as_str()});
-                if let Some(note) = &f.note {
-                    out["note"] = json!(note);
-                }
-                out
-            }
-            ToolOutput::Read(p) => {
-                json!({"handle": p.handle, "title": p.title, "segment": p.segment, "segments": p.segments, "text": p.text})
-            }
-            ToolOutput::Analysis(a) => {
-                let findings: Vec<Value> = a
-                    .findings
-                    .iter()
-                    .map(|f| json!({"section": f.section, "text": f.text}))
-                    .collect();
-                let mut out = json!({"handle": a.handle, "title": a.title, "sections": a.sections,
-                    "analyzed": a.analyzed, "coverage": a.coverage.as_str(), "findings": findings});
-                if !a.unanalyzed.is_empty() {
-                    out["unanalyzed"] = json!(a.unanalyzed);
-                }
-                if let Some(note) = &a.note {
-                    out["note"] = json!(note);
-                }
-                out
-            }
-            ToolOutput::Saved(name) => json!({"saved": name}),
-            ToolOutput::Mcp(r) => match &r.structured {
-                Some(s) => json!({"structured": s}),
-                None => json!({"text": r.text}),
-            },
-            ToolOutput::Error(e) => json!({"error": {"code": e.code, "message": e.message}}),
-        }
+        // Infallible: every map key of a result is a string.
+        serde_json::to_value(self).unwrap_or_default()
     }
 
     /// The successful search or read a stored tool message of `tool` holds
     /// (recovery: a run's earlier results, read back from the chat).
     pub(crate) fn from_stored(tool: &str, content: &str) -> Option<ToolOutput> {
-        let v: Value = serde_json::from_str(content).ok()?;
-        let s = |v: &Value, k: &str| v[k].as_str().unwrap_or_default().to_owned();
-        let n = |v: &Value, k: &str| v[k].as_u64().unwrap_or(0) as usize;
         match tool {
-            super::SEARCH => Some(ToolOutput::Search(Found {
-                hits: v["results"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .map(|r| Hit {
-                        handle: s(r, "handle"),
-                        title: s(r, "title"),
-                        path: s(r, "path"),
-                        segment: n(r, "segment"),
-                        snippet: s(r, "snippet"),
-                    })
-                    .collect(),
-                coverage: if v["coverage"] == "partial" {
-                    Coverage::Partial
-                } else {
-                    Coverage::Complete
-                },
-                note: v["note"].as_str().map(str::to_owned),
-            })),
-            super::READ => Some(ToolOutput::Read(Passage {
-                handle: s(&v, "handle"),
-                title: s(&v, "title"),
-                segment: n(&v, "segment"),
-                segments: n(&v, "segments"),
-                text: s(&v, "text"),
-                heading: String::new(),
-            })),
-            super::ANALYZE => Some(ToolOutput::Analysis(Box::new(Analysis {
-                handle: s(&v, "handle"),
-                title: s(&v, "title"),
-                sections: n(&v, "sections"),
-                analyzed: n(&v, "analyzed"),
-                coverage: if v["coverage"] == "partial" {
-                    Coverage::Partial
-                } else {
-                    Coverage::Complete
-                },
-                findings: v["findings"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .map(|f| Finding { section: n(f, "section"), text: s(f, "text") })
-                    .collect(),
-                unanalyzed: v["unanalyzed"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .filter_map(Value::as_u64)
-                    .map(|x| x as usize)
-                    .collect(),
-                note: v["note"].as_str().map(str::to_owned),
-            }))),
+            super::SEARCH => serde_json::from_str(content).ok().map(ToolOutput::Search),
+            super::READ => serde_json::from_str(content).ok().map(ToolOutput::Read),
+            super::ANALYZE => serde_json::from_str(content).ok().map(ToolOutput::Analysis),
             _ => None,
         }
     }
@@ -286,5 +224,95 @@ mod tests {
             e.to_json().to_string(),
             r#"{"error":{"code":"INVALID_SOURCE","message":"no"}}"#
         );
+    }
+
+    /// Each kind of result has the JSON docs/tools.md gives it, exactly.
+    #[test]
+    fn every_result_has_its_pinned_json() {
+        let hit = Hit {
+            handle: "S1".into(),
+            title: "Budget".into(),
+            path: "corpus/budget.md".into(),
+            segment: 1,
+            snippet: "two \"requests\"".into(),
+        };
+        let analysis = |sections, coverage, findings, unanalyzed, note| Analysis {
+            handle: "S3".into(),
+            title: "Long".into(),
+            sections,
+            analyzed: usize::min(sections, 2),
+            coverage,
+            findings,
+            unanalyzed,
+            note,
+        };
+        let cases = [
+            (
+                ToolOutput::Search(Found {
+                    hits: vec![hit],
+                    coverage: Coverage::Partial,
+                    note: Some("the handle registry is full".into()),
+                }),
+                r#"{"results":[{"handle":"S1","title":"Budget","path":"corpus/budget.md","segment":1,"snippet":"two \"requests\""}],"coverage":"partial","note":"the handle registry is full"}"#,
+            ),
+            (
+                ToolOutput::Search(Found {
+                    hits: vec![],
+                    coverage: Coverage::Complete,
+                    note: None,
+                }),
+                r#"{"results":[],"coverage":"complete"}"#,
+            ),
+            (
+                ToolOutput::Read(Passage {
+                    handle: "S2".into(),
+                    title: "T".into(),
+                    segment: 2,
+                    segments: 3,
+                    text: "x".into(),
+                    heading: "H".into(),
+                }),
+                r#"{"handle":"S2","title":"T","segment":2,"segments":3,"text":"x"}"#,
+            ),
+            (
+                ToolOutput::Analysis(Box::new(analysis(
+                    4,
+                    Coverage::Partial,
+                    vec![Finding { section: 2, text: "two [S3]".into() }],
+                    vec![3, 4],
+                    Some("the section-request limit".into()),
+                ))),
+                r#"{"handle":"S3","title":"Long","sections":4,"analyzed":2,"coverage":"partial","findings":[{"section":2,"text":"two [S3]"}],"unanalyzed":[3,4],"note":"the section-request limit"}"#,
+            ),
+            (
+                ToolOutput::Analysis(Box::new(analysis(
+                    1,
+                    Coverage::Complete,
+                    vec![],
+                    vec![],
+                    None,
+                ))),
+                r#"{"handle":"S3","title":"Long","sections":1,"analyzed":1,"coverage":"complete","findings":[]}"#,
+            ),
+            (ToolOutput::Saved("notes/a.md".into()), r#"{"saved":"notes/a.md"}"#),
+            (
+                ToolOutput::Mcp(McpResult { text: "hello".into(), structured: None }),
+                r#"{"text":"hello"}"#,
+            ),
+            (
+                ToolOutput::Mcp(McpResult {
+                    text: "hello".into(),
+                    structured: Some(serde_json::json!({"a": [1, 2]})),
+                }),
+                r#"{"structured":{"a":[1,2]}}"#,
+            ),
+            (
+                ToolOutput::error("INVALID_SOURCE", "no"),
+                r#"{"error":{"code":"INVALID_SOURCE","message":"no"}}"#,
+            ),
+        ];
+        for (out, want) in cases {
+            assert_eq!(out.to_json().to_string(), want);
+        }
     }
 }
