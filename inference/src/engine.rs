@@ -301,6 +301,8 @@ pub struct Output {
     pub text: String,
     /// Why it ended.
     pub finish: Finish,
+    /// Which of [`GenParams::stop_strings`] ended it (its index), if one did.
+    pub stop_string: Option<usize>,
     /// Prompt tokens.
     pub prompt_tokens: usize,
     /// Prompt tokens taken from the cache instead of computed.
@@ -604,6 +606,7 @@ impl Engine {
                 ids: Vec::new(),
                 text: String::new(),
                 finish: Finish::Stop,
+                stop_string: None,
                 prompt_tokens: prompt.len(),
                 reused_tokens: reuse,
                 prompt_time: Duration::ZERO,
@@ -617,6 +620,7 @@ impl Engine {
             free_from: 0,
             started: false,
             text: TextStream::new(params.stop_strings.clone()),
+            forced: Vec::new(),
             params: params.clone(),
             prompt: prompt.to_vec(),
             at: reuse,
@@ -681,6 +685,12 @@ impl Engine {
                 if let Some(guide) = g.guide.as_mut() {
                     run = guide.initial(room.min(MAX_FF));
                 }
+            }
+            // Tokens the caller forced (`Generation::force`): written, not
+            // sampled.
+            if run.is_empty() && !g.forced.is_empty() {
+                let n = g.forced.len().min(room);
+                run = g.forced.drain(..n).collect();
             }
             let governed = g.guide.as_ref().is_some_and(Guide::engaged);
             let mut grammar_done = false;
@@ -811,7 +821,9 @@ impl Engine {
     /// returns what it produced.
     pub fn end(&self, gen: Generation, on_text: &mut dyn FnMut(&str)) -> Output {
         let Generation { mut out, mut text, t1, .. } = gen;
-        text.finish(out.finish == Finish::Stop && text.stopped, on_text);
+        let stopped = out.finish == Finish::Stop && text.stopped;
+        text.finish(stopped, on_text);
+        out.stop_string = if stopped { text.stopped_by } else { None };
         out.text = text.delivered;
         out.gen_time = t1.elapsed();
         out
@@ -841,9 +853,22 @@ pub struct Generation {
     t0: Instant,
     t1: Instant,
     done: bool,
+    /// Tokens to write next instead of sampling them.
+    forced: Vec<u32>,
 }
 
 impl Generation {
+    /// Queues `ids` to be written next instead of sampled (the caller's
+    /// decision, e.g. closing a reasoning block whose budget is spent);
+    /// they reach the output and the text like sampled ones. While a
+    /// grammar governs nothing is forced: it decides every token there (a
+    /// lazy one that has not engaged does not see the forced tokens).
+    pub fn force(&mut self, ids: &[u32]) {
+        if !self.constrained() && !self.done {
+            self.forced.extend_from_slice(ids);
+        }
+    }
+
     /// Whether it has finished (stop, length or cancelled).
     pub fn is_done(&self) -> bool {
         self.done
@@ -897,6 +922,8 @@ struct TextStream {
     text: String,
     delivered: String,
     stopped: bool,
+    /// The stop string that ended the text (its index in `stops`).
+    stopped_by: Option<usize>,
 }
 
 impl TextStream {
@@ -907,6 +934,7 @@ impl TextStream {
             text: String::new(),
             delivered: String::new(),
             stopped: false,
+            stopped_by: None,
         }
     }
 
@@ -933,15 +961,20 @@ impl TextStream {
         let done = self.delivered.len();
         // A stop string may begin in held text (before `done` is not
         // possible: held text is never delivered).
-        let mut stop_at: Option<usize> = None;
-        for s in self.stops.iter().filter(|s| !s.is_empty()) {
+        // The stop string that begins first (the first listed of those
+        // that begin there).
+        let mut stop_at: Option<(usize, usize)> = None;
+        for (k, s) in self.stops.iter().enumerate().filter(|(_, s)| !s.is_empty()) {
             if let Some(i) = self.text[done..].find(s.as_str()) {
-                stop_at = Some(stop_at.map_or(done + i, |a| a.min(done + i)));
+                if stop_at.is_none_or(|(a, _)| done + i < a) {
+                    stop_at = Some((done + i, k));
+                }
             }
         }
-        if let Some(at) = stop_at {
+        if let Some((at, k)) = stop_at {
             self.emit(at, on_text);
             self.stopped = true;
+            self.stopped_by = Some(k);
             return true;
         }
         // Hold back the longest tail that could still grow into a stop string.
@@ -1024,5 +1057,18 @@ mod tests {
         let (out, stopped) = run(&[b"ab\xc3\xa9", b"t\xc3\xa9 z"], &["\u{e9}t\u{e9}"]);
         assert!(stopped);
         assert_eq!(out.concat(), "ab");
+    }
+
+    #[test]
+    fn the_stop_string_that_begins_first_is_the_one_named() {
+        let stops = ["END", "x E", "zz"].map(String::from).to_vec();
+        let mut ts = TextStream::new(stops);
+        assert!(!ts.push(b"ab x ", &mut |_| {}));
+        assert!(ts.push(b"END", &mut |_| {}));
+        // "x E" begins before "END": it is the one that stopped the text.
+        assert_eq!(ts.stopped_by, Some(1));
+        let mut ts = TextStream::new(["b", "ab"].map(String::from).to_vec());
+        assert!(ts.push(b"cab", &mut |_| {}));
+        assert_eq!(ts.stopped_by, Some(1));
     }
 }

@@ -79,6 +79,29 @@ const ALL: [Format; 16] = [
 ];
 
 impl Format {
+    /// The text that ends a reasoning block and starts the answer, for the
+    /// formats whose models reason in one: what a host writes for the
+    /// model when its reasoning budget is spent. `None`: the format has no
+    /// reasoning block.
+    pub fn reasoning_end(self) -> Option<&'static str> {
+        match self {
+            Format::Hermes
+            | Format::Qwen3Xml
+            | Format::DeepSeekV31
+            | Format::DeepSeekV32
+            | Format::DeepSeekV4
+            | Format::DeepSeekV41
+            | Format::Glm45
+            | Format::Glm47
+            | Format::KimiK2 => Some("</think>\n\n"),
+            Format::Mistral => Some("[/THINK]"),
+            Format::GptOss => Some("<|end|><|start|>assistant<|channel|>final<|message|>"),
+            Format::KimiK3 => Some("<|close|>think<|sep|>\n<|open|>response<|sep|>"),
+            Format::Gemma4 => Some("<channel|>"),
+            Format::Llama3Json | Format::Llama4Pythonic | Format::DeepSeekV3 => None,
+        }
+    }
+
     /// Every format name, as [`Format::name`] writes them.
     pub const NAMES: [&'static str; 16] = [
         "hermes",
@@ -251,6 +274,35 @@ impl fmt::Display for Format {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_reasoning_end_written_for_the_model_ends_its_reasoning() {
+        use crate::{Event, FinishReason, Options, Parser};
+        for &f in Format::all() {
+            let Some(end) = f.reasoning_end() else { continue };
+            // How each family's model opens its reasoning.
+            let open = match f {
+                Format::Mistral => "[THINK]",
+                Format::GptOss => "<|channel|>analysis<|message|>",
+                Format::KimiK3 => "<|open|>think<|sep|>",
+                Format::Gemma4 => "<|channel>thought\n",
+                _ => "<think>",
+            };
+            let mut p = Parser::new(f, Options::default());
+            let mut events = p.push(&format!("{open}weighing it{end}Paris."));
+            events.extend(p.finish(FinishReason::Stop));
+            let (mut reasoning, mut content) = (String::new(), String::new());
+            for e in events {
+                match e {
+                    Event::Reasoning(s) => reasoning.push_str(&s),
+                    Event::Content(s) => content.push_str(&s),
+                    _ => {}
+                }
+            }
+            assert_eq!(reasoning.trim(), "weighing it", "{f:?}");
+            assert_eq!(content.trim(), "Paris.", "{f:?}");
+        }
+    }
     use super::*;
 
     #[test]
