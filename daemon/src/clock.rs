@@ -29,8 +29,6 @@ pub(crate) fn rfc3339(t: SystemTime) -> String {
 
 /// `t` as `2024-05-01T12:00:00.250Z` (milliseconds, truncated), the form
 /// of the Ollama API's dates (`modified_at`, `created_at`, `expires_at`).
-// For `server/ollama.rs`, whose own copy of the date arithmetic it replaces.
-#[allow(dead_code)]
 pub(crate) fn rfc3339_millis(t: SystemTime) -> String {
     format(millis_since_epoch(t), true)
 }

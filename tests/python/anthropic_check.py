@@ -39,6 +39,20 @@ with client.messages.stream(**same) as s:
     final = s.get_final_message()
 assert text == streamed and final.content[0].text == text, (text, final)
 assert final.usage.output_tokens > 0 and final.stop_reason in ("end_turn", "max_tokens")
+# message_start carries the prompt's real size.
+start = events[0].message.usage.input_tokens
+assert start == r.usage.input_tokens > 0, (start, r.usage)
+
+# A reply that ends at one of the stop sequences says so, and which.
+first_word = r.content[0].text.split()[1] if len(r.content[0].text.split()) > 1 else None
+if first_word:
+    cut = dict(same, stop_sequences=["zzz-never", first_word])
+    s = client.messages.create(**cut)
+    assert s.stop_reason == "stop_sequence" and s.stop_sequence == first_word, (s.stop_reason, s.stop_sequence)
+    assert first_word not in s.content[0].text, s.content
+    ev = list(client.messages.create(**cut, stream=True))
+    delta = [e for e in ev if e.type == "message_delta"][0].delta
+    assert delta.stop_reason == "stop_sequence" and delta.stop_sequence == first_word, delta
 
 # Tools.
 schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}

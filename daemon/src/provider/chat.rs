@@ -56,6 +56,10 @@ pub(crate) struct ChatParams {
     /// A raw prompt sent as it is, without the chat template (control
     /// tokens written in it are parsed); the messages are then unused.
     pub(crate) raw: Option<String>,
+    /// Tokens the model may reason for before the end of its reasoning is
+    /// written for it (Anthropic's `thinking.budget_tokens`); `None`: as
+    /// long as the token limit allows.
+    pub(crate) reasoning_budget: Option<usize>,
 }
 
 /// What a chat turn produced, beside its events.
@@ -65,6 +69,9 @@ pub(crate) struct ChatOutput {
     pub(crate) prompt_tokens: usize,
     pub(crate) completion_tokens: usize,
     pub(crate) reused_tokens: usize,
+    /// Which of the request's own stop strings (`ChatParams::stop`, by
+    /// index) ended the reply, where one did and the backend knows.
+    pub(crate) stop: Option<usize>,
 }
 
 impl ChatOutput {
@@ -75,6 +82,7 @@ impl ChatOutput {
             prompt_tokens: 0,
             completion_tokens: 0,
             reused_tokens: 0,
+            stop: None,
         }
     }
 }
@@ -98,5 +106,6 @@ pub(crate) fn turn_params(sampling: &Sampling, req: &TurnRequest<'_>) -> ChatPar
         },
         lenient: true,
         raw: None,
+        reasoning_budget: None,
     }
 }

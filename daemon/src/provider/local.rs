@@ -133,6 +133,17 @@ pub(crate) struct ChatRun {
     session: Session,
     gen: Generation,
     parser: Parser,
+    /// The reasoning budget, while one is being spent.
+    budget: Option<Budget>,
+}
+
+/// A reply's reasoning budget (`ChatParams::reasoning_budget`): tokens of
+/// reasoning left, and what is written for the model to end its reasoning
+/// once they are spent.
+#[derive(Debug)]
+struct Budget {
+    left: usize,
+    end: Vec<u32>,
 }
 
 /// One turn's part in [`Local::step_chats`]: the turn, its cancel flag and
@@ -209,8 +220,19 @@ impl Local {
         };
         let slot = self.pick_session(&prompt);
         let (_, mut session) = self.sessions.swap_remove(slot);
+        // A budget needs a format whose reasoning has an end to write.
+        let budget = match (params.reasoning_budget, self.format.reasoning_end()) {
+            (Some(left), Some(end)) => {
+                let end = self
+                    .engine
+                    .tokenize(end, true)
+                    .map_err(|e| ProviderError::Failed(e.to_string()))?;
+                Some(Budget { left, end })
+            }
+            _ => None,
+        };
         match self.engine.begin(&mut session, &prompt, &gen) {
-            Ok(gen) => Ok(ChatRun { session, gen, parser }),
+            Ok(gen) => Ok(ChatRun { session, gen, parser, budget }),
             Err(e) => {
                 self.put_back(session);
                 Err(match e.kind() {
@@ -260,13 +282,21 @@ impl Local {
     /// Advances each turn that is not done by one token, in one batched
     /// pass; each turn's events go to its own sink.
     pub(crate) fn step_chats(&mut self, runs: &mut [ChatStep<'_>]) -> Result<(), ProviderError> {
+        // Per turn: whether this step's text was reasoning, and whether it
+        // was anything else (the reasoning is over).
+        let mut seen = vec![(false, false); runs.len()];
         let mut sinks: Vec<_> = Vec::with_capacity(runs.len());
         let mut parts = Vec::with_capacity(runs.len());
-        for (run, cancel, on) in runs.iter_mut() {
-            let ChatRun { session, gen, parser } = &mut **run;
+        for ((run, cancel, on), seen) in runs.iter_mut().zip(seen.iter_mut()) {
+            let ChatRun { session, gen, parser, .. } = &mut **run;
             parts.push((session, gen, *cancel));
             sinks.push(move |delta: &str| {
                 for e in parser.push(delta) {
+                    match e {
+                        Event::Reasoning(_) => seen.0 = true,
+                        Event::Content(ref t) if t.trim().is_empty() => {}
+                        _ => seen.1 = true,
+                    }
                     on(e);
                 }
             });
@@ -281,12 +311,30 @@ impl Local {
                 on_text: sink as &mut dyn FnMut(&str),
             })
             .collect();
-        self.engine.step(&mut steps).map_err(|e| ProviderError::Failed(e.to_string()))
+        let r = self.engine.step(&mut steps).map_err(|e| ProviderError::Failed(e.to_string()));
+        drop(steps);
+        drop(sinks);
+        // Reasoning budgets: a turn that spent its budget still reasoning
+        // has the end of its reasoning written for it, once.
+        for ((run, ..), (reasoned, other)) in runs.iter_mut().zip(seen) {
+            let run = &mut **run;
+            let Some(b) = run.budget.as_mut() else { continue };
+            if other {
+                run.budget = None;
+            } else if reasoned {
+                b.left = b.left.saturating_sub(1);
+                if b.left == 0 {
+                    run.gen.force(&b.end);
+                    run.budget = None;
+                }
+            }
+        }
+        r
     }
 
     /// Finishes a turn: flushes the parser, returns the session to the pool.
     pub(crate) fn end_chat(&mut self, run: ChatRun, on: &mut dyn FnMut(Event)) -> ChatOutput {
-        let ChatRun { session, gen, mut parser } = run;
+        let ChatRun { session, gen, mut parser, .. } = run;
         let out = self.engine.end(gen, &mut |delta| {
             for e in parser.push(delta) {
                 on(e);
@@ -307,6 +355,8 @@ impl Local {
             prompt_tokens: out.prompt_tokens,
             completion_tokens: out.ids.len(),
             reused_tokens: out.reused_tokens,
+            // The model's own stop strings come first in the list.
+            stop: out.stop_string.and_then(|k| k.checked_sub(self.stop_strings.len())),
         }
     }
 
@@ -496,6 +546,73 @@ mod tests {
         let ids = run.gen.ids().to_vec();
         l.end_chat(run, &mut |e| events.push(e));
         (ids, events)
+    }
+
+    /// A raw prompt that opens a reasoning block (`<think>`): the reply is
+    /// reasoning until the model (or the budget) ends it.
+    const THINKING: &str = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n<think>\n";
+
+    fn raw_params(budget: Option<usize>, stop: &[&str]) -> ChatParams {
+        ChatParams {
+            max_tokens: 40,
+            sampling: Sampling::default(),
+            stop: stop.iter().map(|s| s.to_string()).collect(),
+            mode: Mode::Tools,
+            constraint: Constraint::None,
+            lenient: false,
+            raw: Some(THINKING.into()),
+            reasoning_budget: budget,
+        }
+    }
+
+    fn reasoning_of(events: &[Event]) -> String {
+        events
+            .iter()
+            .filter_map(|e| if let Event::Reasoning(s) = e { Some(s.as_str()) } else { None })
+            .collect()
+    }
+
+    /// With a budget the end of the reasoning is written for the model
+    /// once the budget is spent, and no reasoning follows it; without one
+    /// the model reasons on.
+    #[test]
+    fn a_spent_reasoning_budget_ends_the_reasoning() {
+        let Some(mut l) = local() else { return };
+        let end = l.engine.tokenize(l.format.reasoning_end().unwrap(), true).unwrap();
+        let (free_ids, free) = turn(&mut l, &[], &[], &raw_params(None, &[]));
+        let (ids, events) = turn(&mut l, &[], &[], &raw_params(Some(4), &[]));
+        let text = l.engine.tokenizer().decode(&ids);
+        eprintln!("free: {:?}\nbudget 4: {text:?}", l.engine.tokenizer().decode(&free_ids));
+        let at = ids.windows(end.len()).position(|w| w == end.as_slice());
+        let at = at.unwrap_or_else(|| panic!("the reasoning end was not written: {text:?}"));
+        // Reasoning text held back by the parser is counted when it comes
+        // out, so the end may come a few tokens after the budget.
+        assert!((4..=8).contains(&at), "the end came after {at} tokens: {text:?}");
+        let reasoning = reasoning_of(&events);
+        assert!(!reasoning.is_empty(), "{text:?}");
+        assert!(reasoning_of(&free).len() > reasoning.len(), "{reasoning:?}");
+        assert!(!text[text.find("</think>").unwrap()..].contains("<think>"), "{text:?}");
+    }
+
+    /// A reply ended by one of the request's stop strings says which (its
+    /// index among the request's, after the model's own).
+    #[test]
+    fn the_stop_string_that_ended_a_reply_is_named() {
+        let Some(mut l) = local() else { return };
+        let cancel = AtomicBool::new(false);
+        let p = raw_params(None, &["zzzz-never", " "]);
+        let mut run = l.begin_chat(&[], &[], &p).unwrap();
+        while !run.is_done() {
+            l.step_chats(&mut [(&mut run, &cancel, &mut |_| {})]).unwrap();
+        }
+        let out = l.end_chat(run, &mut |_| {});
+        assert_eq!(out.stop, Some(1), "{out:?}");
+        let p = raw_params(None, &["zzzz-never"]);
+        let mut run = l.begin_chat(&[], &[], &p).unwrap();
+        while !run.is_done() {
+            l.step_chats(&mut [(&mut run, &cancel, &mut |_| {})]).unwrap();
+        }
+        assert_eq!(l.end_chat(run, &mut |_| {}).stop, None);
     }
 
     /// Prompts that get the free model to write call markup: a system

@@ -334,6 +334,7 @@ fn out(prompt_tokens: usize, chunks: usize, completion: Option<usize>) -> ChatOu
         prompt_tokens,
         completion_tokens: completion.unwrap_or(chunks),
         reused_tokens: 0,
+        stop: None,
     }
 }
 
@@ -377,6 +378,7 @@ mod tests {
             constraint: super::super::constrain::Constraint::None,
             lenient: false,
             raw: None,
+            reasoning_budget: None,
         };
         let msgs = [Message::new("user", "hi")];
         let plain = up.chat_body(&msgs, &[], &params(Sampling::default()));

@@ -13,13 +13,14 @@
 
 use super::json::{error, reshape, Shape};
 use super::shared::{constant_eq, State};
+use super::wire::openai::{ModelCard, ModelList};
 use super::{anthropic, chat, ollama, page, records, responses, runs};
 use axum::extract::{Request, State as AxState};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
-use serde_json::json;
+use serde::Serialize;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -347,41 +348,91 @@ pub(crate) async fn serve(st: State, l: Listeners) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `GET /health`: the daemon's state; `degraded` when a loaded model's
+/// engine failed for good or the upstream cannot be reached.
+#[derive(Debug, Serialize)]
+struct Health {
+    status: &'static str,
+    model: String,
+    context: usize,
+    queue_depth: usize,
+    queue_capacity: usize,
+    uptime_s: u64,
+    version: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    loaded: Option<Vec<LoadedHealth>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    upstream: Option<UpstreamHealth>,
+}
+
+#[derive(Debug, Serialize)]
+struct LoadedHealth {
+    model: String,
+    ok: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+struct UpstreamHealth {
+    base_url: String,
+    reachable: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    models: Option<Vec<String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<String>,
+}
+
 async fn health(AxState(st): AxState<State>) -> Response {
-    let mut v = json!({"status": "ok", "model": st.model, "context": st.context,
-        "queue_depth": st.queue_depth(), "queue_capacity": st.worker.capacity,
-        "uptime_s": st.started.elapsed().as_secs(), "version": env!("CARGO_PKG_VERSION")});
+    let mut h = Health {
+        status: "ok",
+        model: st.model.clone(),
+        context: st.context,
+        queue_depth: st.queue_depth(),
+        queue_capacity: st.worker.capacity,
+        uptime_s: st.started.elapsed().as_secs(),
+        version: env!("CARGO_PKG_VERSION"),
+        loaded: None,
+        upstream: None,
+    };
     if let Some(m) = &st.models {
         // Each loaded model, and why one's engine failed for good.
-        let loaded: Vec<serde_json::Value> = m
+        let loaded: Vec<LoadedHealth> = m
             .loaded()
             .iter()
-            .map(|s| match s.failed.lock().ok().and_then(|f| f.clone()) {
-                Some(why) => json!({"model": s.name, "ok": false, "error": why}),
-                None => json!({"model": s.name, "ok": true}),
+            .map(|s| {
+                let error = s.failed.lock().ok().and_then(|f| f.clone());
+                LoadedHealth { model: s.name.clone(), ok: error.is_none(), error }
             })
             .collect();
-        if loaded.iter().any(|l| l["ok"] == false) {
-            v["status"] = json!("degraded");
+        if loaded.iter().any(|l| !l.ok) {
+            h.status = "degraded";
         }
-        v["loaded"] = json!(loaded);
+        h.loaded = Some(loaded);
     }
     if let Some(up) = st.upstream.clone() {
-        let base = up.provider.base_url().to_owned();
+        let base_url = up.provider.base_url().to_owned();
         let probe = tokio::task::spawn_blocking(move || {
             up.provider.probe(std::time::Duration::from_secs(2))
         })
         .await
         .unwrap_or_else(|_| Err("the probe failed".into()));
-        v["upstream"] = match probe {
-            Ok(p) => json!({"base_url": base, "reachable": true, "models": p.models}),
-            Err(e) => {
-                v["status"] = json!("degraded");
-                json!({"base_url": base, "reachable": false, "error": e})
+        h.upstream = Some(match probe {
+            Ok(p) => {
+                UpstreamHealth { base_url, reachable: true, models: Some(p.models), error: None }
             }
-        };
+            Err(e) => {
+                h.status = "degraded";
+                UpstreamHealth {
+                    base_url,
+                    reachable: false,
+                    models: None,
+                    error: Some(e.to_string()),
+                }
+            }
+        });
     }
-    axum::Json(v).into_response()
+    axum::Json(h).into_response()
 }
 
 async fn metrics(AxState(st): AxState<State>) -> Response {
@@ -410,24 +461,24 @@ async fn metrics(AxState(st): AxState<State>) -> Response {
 async fn models(AxState(st): AxState<State>) -> Response {
     if let Some(up) = &st.upstream {
         // The upstream's model, under the name agentd serves it by.
-        let data = json!([{"id": st.model, "object": "model", "created": 0, "owned_by": "agentd",
-            "upstream": up.provider.base_url(), "upstream_models": up.models}]);
-        return axum::Json(json!({"object": "list", "data": data})).into_response();
+        let mut card = ModelCard::new(st.model.clone());
+        card.upstream = Some(up.provider.base_url().to_owned());
+        card.upstream_models = Some(up.models.clone());
+        return axum::Json(ModelList::of(vec![card])).into_response();
     }
     let Some(m) = &st.models else {
-        let data = json!([{"id": st.model, "object": "model", "created": 0, "owned_by": "agentd"}]);
-        return axum::Json(json!({"object": "list", "data": data})).into_response();
+        return axum::Json(ModelList::of(vec![ModelCard::new(st.model.clone())])).into_response();
     };
     let loaded: Vec<String> = m.loaded().iter().map(|s| s.name.clone()).collect();
-    let data: Vec<serde_json::Value> = m
+    let data = m
         .available()
         .iter()
-        .map(|a| {
-            json!({"id": a.name, "object": "model", "created": 0, "owned_by": "agentd",
-            "loaded": loaded.contains(&a.name)})
+        .map(|a| ModelCard {
+            loaded: Some(loaded.contains(&a.name)),
+            ..ModelCard::new(a.name.clone())
         })
         .collect();
-    axum::Json(json!({"object": "list", "data": data})).into_response()
+    axum::Json(ModelList::of(data)).into_response()
 }
 
 #[cfg(test)]

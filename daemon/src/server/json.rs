@@ -3,15 +3,55 @@
 //! "message"}}` response every failure becomes, the busy one included —
 //! and the same errors reshaped for the routes of other APIs (`reshape`).
 
+use super::wire::{anthropic, ollama, openai, Started};
+use crate::provider::ProviderError;
 use axum::extract::Request;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use serde_json::{json, Value};
+use serde::Serialize;
+use serde_json::Value;
 
-/// A JSON error response.
+/// A JSON response of `status` with `body`.
+fn with(status: StatusCode, body: &impl Serialize) -> Response {
+    let text = serde_json::to_string(body).unwrap_or_default();
+    (status, [(header::CONTENT_TYPE, "application/json")], text).into_response()
+}
+
+/// A JSON error response (OpenAI's shape, `{"error": {"code", "message",
+/// "type"}}`; the other APIs' routes reshape it).
 pub(crate) fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
-    let body = json!({"error": {"code": code, "message": message.into(), "type": code}});
-    (status, [(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
+    with(status, &openai::ErrorBody::new(code, message))
+}
+
+/// A 400 for a request this route cannot take.
+pub(crate) fn bad(msg: impl Into<String>) -> Response {
+    error(StatusCode::BAD_REQUEST, "invalid_request", msg)
+}
+
+pub(crate) fn provider_error(e: &ProviderError) -> Response {
+    match e {
+        ProviderError::Invalid(m) => error(StatusCode::BAD_REQUEST, "invalid_request_error", m.clone()),
+        ProviderError::Context { need, limit } => error(
+            StatusCode::BAD_REQUEST,
+            "context_length_exceeded",
+            format!("the prompt needs {need} tokens but the model's context holds {limit}; shorten the messages"),
+        ),
+        // An upstream's failures keep their classification; the status
+        // says whose they are.
+        ProviderError::Quota(_) => error(StatusCode::TOO_MANY_REQUESTS, e.code().1, e.to_string()),
+        ProviderError::Transient(_) | ProviderError::Unavailable(_) => {
+            error(StatusCode::BAD_GATEWAY, e.code().1, e.to_string())
+        }
+        other => error(StatusCode::INTERNAL_SERVER_ERROR, other.code().1, other.to_string()),
+    }
+}
+
+/// The response to a reply that did not start.
+pub(crate) fn not_started(s: Started) -> Response {
+    match s {
+        Started::Busy => busy(),
+        Started::Failed(e) => provider_error(&e),
+    }
 }
 
 pub(crate) fn busy() -> Response {
@@ -87,22 +127,17 @@ pub(crate) async fn reshape(r: Response, shape: Shape) -> Response {
         message
     };
     let body = match shape {
-        Shape::Ollama => json!({"error": message}),
-        Shape::Anthropic => {
-            let kind = match parts.status.as_u16() {
-                400 | 405 | 422 => "invalid_request_error",
-                401 => "authentication_error",
-                403 => "permission_error",
-                404 => "not_found_error",
-                413 => "request_too_large",
-                429 => "rate_limit_error",
-                503 | 529 => "overloaded_error",
-                _ => "api_error",
-            };
-            json!({"type": "error", "error": {"type": kind, "message": message}})
-        }
-    };
+        Shape::Ollama => serde_json::to_string(&ollama::ErrorBody { error: message }),
+        Shape::Anthropic => serde_json::to_string(&anthropic::ErrorBody {
+            kind: "error",
+            error: anthropic::ErrorDetail {
+                kind: anthropic::error_kind(parts.status.as_u16()),
+                message,
+            },
+        }),
+    }
+    .unwrap_or_default();
     parts.headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
     parts.headers.remove(header::CONTENT_LENGTH);
-    Response::from_parts(parts, axum::body::Body::from(body.to_string()))
+    Response::from_parts(parts, axum::body::Body::from(body))
 }

@@ -33,6 +33,7 @@ mod records;
 mod responses;
 mod runs;
 mod shared;
+mod wire;
 mod worker;
 
 use crate::provider::build::EngineArgs;

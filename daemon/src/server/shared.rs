@@ -115,6 +115,17 @@ impl State {
         }
     }
 
+    /// A request's JSON body (within the body limit) and the state and
+    /// lease of the model it names ([`State::for_body`]).
+    pub(crate) async fn read(
+        &self,
+        req: axum::extract::Request,
+    ) -> Result<(serde_json::Value, State, Option<Lease>), Response> {
+        let body = super::json::json_body(self.body_limit, req).await?;
+        let (st, lease) = self.for_body(&body).await?;
+        Ok((body, st, lease))
+    }
+
     /// The name, card and context of the model a body's `model` names,
     /// without loading it (`/api/show`, listings).
     pub(crate) async fn describe(

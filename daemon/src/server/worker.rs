@@ -590,6 +590,7 @@ fn spawn_chat(
             prompt_tokens,
             completion_tokens,
             reused_tokens: 0,
+            stop: None,
         })));
     });
     if let Err(e) = spawned {
