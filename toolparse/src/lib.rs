@@ -36,11 +36,16 @@
 
 mod cx;
 mod formats;
+mod grammar;
 mod json;
 mod registry;
 mod scan;
 mod schema;
 
+pub use crate::grammar::{
+    alternatives, args_json, bounded, call_object_json, lit, rehome, CallGrammar, GrammarTool,
+    Special, MAX_WS,
+};
 pub use crate::json::JsonType;
 pub use crate::registry::{Format, UnknownFormat};
 pub use crate::schema::{ParamSpec, ToolSpec, Tools};

@@ -347,3 +347,13 @@ fn attributes(tag: &str) -> Option<Vec<(&str, &str)>> {
 fn attr<'a>(attrs: &[(&str, &'a str)], key: &str) -> Option<&'a str> {
     attrs.iter().find(|(k, _)| *k == key).map(|(_, v)| *v)
 }
+
+/// The grammar of calls in this format (see `grammar.rs`): not written
+/// yet.
+pub(crate) fn grammar(
+    _format: crate::Format,
+    _tools: &[crate::grammar::GrammarTool<'_>],
+    _special: crate::grammar::Special<'_>,
+) -> Option<crate::grammar::CallGrammar> {
+    None
+}

@@ -447,6 +447,16 @@ impl Machine for Glm {
     }
 }
 
+/// The grammar of calls in this format (see `grammar.rs`): not written
+/// yet.
+pub(crate) fn grammar(
+    _format: crate::Format,
+    _tools: &[crate::grammar::GrammarTool<'_>],
+    _special: crate::grammar::Special<'_>,
+) -> Option<crate::grammar::CallGrammar> {
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use crate::{Format, JsonType, Options, ToolSpec, Tools};

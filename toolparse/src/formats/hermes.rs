@@ -200,3 +200,20 @@ fn unfinished(input: &str, end: Option<FinishReason>, cx: &mut Cx) {
         cx.malformed(&format!("{OPEN}{input}"));
     }
 }
+
+/// Calls as Hermes writes them: `<tool_call>` + `{"name", "arguments"}`
+/// + `</tool_call>`, newline-separated.
+pub(crate) fn grammar(
+    tools: &[crate::grammar::GrammarTool<'_>],
+    _special: crate::grammar::Special<'_>,
+) -> Option<crate::grammar::CallGrammar> {
+    use crate::grammar::{alternatives, call_object_json, lit};
+    let mut rules = alternatives(tools, |_, t| call_object_json(t, "arguments"));
+    let (open, close) = (lit(OPEN), lit(CLOSE));
+    rules.push_str("NL: /[ \\n]{1,2}/\n");
+    rules.push_str(&format!("call: {open} NL? fn NL? {close}\n"));
+    rules.push_str("one: call\n");
+    rules.push_str("calls: call (NL? call)*\n");
+    rules.push_str(&format!("body: NL? fn NL? {close} (NL? call)*\n"));
+    Some(crate::grammar::CallGrammar { rules, opener: OPEN.to_owned() })
+}

@@ -508,6 +508,15 @@ fn close_open_call(state: State, cx: &mut Cx) -> State {
     }
 }
 
+/// The grammar of calls in this format (see `grammar.rs`): not written
+/// yet.
+pub(crate) fn grammar(
+    _tools: &[crate::grammar::GrammarTool<'_>],
+    _special: crate::grammar::Special<'_>,
+) -> Option<crate::grammar::CallGrammar> {
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use crate::{Accumulator, FinishReason, Format, Options};

@@ -474,6 +474,20 @@ fn kwargs(raw: &str, tool: &str, tools: &Tools) -> Option<String> {
     Some(json::to_text(&map))
 }
 
+/// Calls as Llama 3 writes them: `{"name", "parameters"}` objects (after
+/// `<|python_tag|>` when the model starts one), `; `-separated.
+pub(crate) fn grammar(
+    tools: &[crate::grammar::GrammarTool<'_>],
+    _special: crate::grammar::Special<'_>,
+) -> Option<crate::grammar::CallGrammar> {
+    use crate::grammar::{alternatives, call_object_json};
+    let mut rules = alternatives(tools, |_, t| call_object_json(t, "parameters"));
+    rules.push_str("one: fn\n");
+    rules.push_str("calls: fn (\"; \" fn)*\n");
+    rules.push_str("body: calls\n");
+    Some(crate::grammar::CallGrammar { rules, opener: PYTHON_TAG.to_owned() })
+}
+
 #[cfg(test)]
 mod tests {
     use crate::{Accumulator, FinishReason, Format, Options};

@@ -332,6 +332,15 @@ fn header(s: &str) -> Head {
     }
 }
 
+/// The grammar of calls in this format (see `grammar.rs`): not written
+/// yet.
+pub(crate) fn grammar(
+    _tools: &[crate::grammar::GrammarTool<'_>],
+    _special: crate::grammar::Special<'_>,
+) -> Option<crate::grammar::CallGrammar> {
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use crate::{Accumulator, FinishReason, Format, Options, Parser};

@@ -423,6 +423,29 @@ impl Machine for Mistral {
     }
 }
 
+/// Calls as Mistral writes them: v11 and later `[TOOL_CALLS]NAME[ARGS]{…}`
+/// per call, or v3's `[TOOL_CALLS] [{"name", "arguments"}, …]`.
+pub(crate) fn grammar(
+    tools: &[crate::grammar::GrammarTool<'_>],
+    special: crate::grammar::Special<'_>,
+) -> Option<crate::grammar::CallGrammar> {
+    use crate::grammar::{alternatives, args_json, call_object_json, lit};
+    let mut rules = alternatives(tools, |_, t| call_object_json(t, "arguments"));
+    let (m, args) = (special(TOOL_CALLS), special(ARGS));
+    // v11: one rule per tool, its name then its arguments.
+    let mut v11 = Vec::new();
+    for (i, t) in tools.iter().enumerate() {
+        rules.push_str(&format!("named{i}: {} {args} {}\n", lit(t.name), args_json(t)));
+        v11.push(format!("named{i}"));
+    }
+    rules.push_str(&format!("named: {}\n", v11.join(" | ")));
+    rules.push_str("list: \" \"? \"[\" fn (\", \" fn)* \"]\"\n");
+    rules.push_str(&format!("one: {m} \" \"? \"[\" fn \"]\" | {m} named\n"));
+    rules.push_str(&format!("calls: {m} list | {m} named ({m} named)*\n"));
+    rules.push_str(&format!("body: list | named ({m} named)*\n"));
+    Some(crate::grammar::CallGrammar { rules, opener: TOOL_CALLS.to_owned() })
+}
+
 #[cfg(test)]
 mod tests {
     use crate::{Accumulator, FinishReason, Format, Options, Parser};

@@ -60,6 +60,7 @@ mod qwen3_xml;
 mod testing;
 
 use crate::cx::Cx;
+use crate::grammar::{CallGrammar, GrammarTool, Special};
 use crate::registry::Format;
 use crate::scan::{find_first, Find};
 use crate::{FinishReason, Options};
@@ -147,6 +148,34 @@ pub(crate) fn machine_for(format: Format, opts: &Options) -> Box<dyn crate::Driv
         Format::KimiK2 => Driver::boxed(kimi_k2::KimiK2::new(opts), opts),
         Format::KimiK3 => Driver::boxed(kimi_k3::KimiK3::new(opts), opts),
         Format::Gemma4 => Driver::boxed(gemma4::Gemma4::new(opts), opts),
+    }
+}
+
+/// The grammar of calls to `tools` in `format` ([`Format::call_grammar`]);
+/// each format's file writes its own.
+pub(crate) fn call_grammar(
+    format: Format,
+    tools: &[GrammarTool<'_>],
+    special: Special<'_>,
+) -> Option<CallGrammar> {
+    if tools.is_empty() {
+        return None;
+    }
+    match format {
+        Format::Hermes => hermes::grammar(tools, special),
+        Format::Qwen3Xml => qwen3_xml::grammar(tools, special),
+        Format::Llama3Json => llama3_json::grammar(tools, special),
+        Format::Llama4Pythonic => llama4_pythonic::grammar(tools, special),
+        Format::Mistral => mistral::grammar(tools, special),
+        Format::DeepSeekV3 | Format::DeepSeekV31 => deepseek::grammar(format, tools, special),
+        Format::DeepSeekV32 | Format::DeepSeekV4 | Format::DeepSeekV41 => {
+            deepseek_dsml::grammar(format, tools, special)
+        }
+        Format::GptOss => gpt_oss::grammar(tools, special),
+        Format::Glm45 | Format::Glm47 => glm::grammar(format, tools, special),
+        Format::KimiK2 => kimi_k2::grammar(tools, special),
+        Format::KimiK3 => kimi_k3::grammar(tools, special),
+        Format::Gemma4 => gemma4::grammar(tools, special),
     }
 }
 

@@ -503,6 +503,15 @@ impl Machine for Qwen3Xml {
     }
 }
 
+/// The grammar of calls in this format (see `grammar.rs`): not written
+/// yet.
+pub(crate) fn grammar(
+    _tools: &[crate::grammar::GrammarTool<'_>],
+    _special: crate::grammar::Special<'_>,
+) -> Option<crate::grammar::CallGrammar> {
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use crate::{Accumulator, FinishReason, Format, JsonType, Options, Parser, ToolSpec, Tools};
