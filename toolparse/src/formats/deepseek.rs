@@ -494,14 +494,37 @@ impl Machine for DeepSeek {
         self.state = State::Content;
     }
 }
-/// The grammar of calls in this format (see `grammar.rs`): not written
-/// yet.
+/// The grammar of calls in this format (see `grammar.rs`): a block of
+/// calls as the chat template writes it, `<｜tool▁calls▁begin｜>` … `<｜tool▁calls▁end｜>`
+/// (the lazy trigger is the block opener). V3 / R1: each call is the type
+/// `function`, the name and the arguments in a ```` ```json ```` fence,
+/// calls separated by a newline; V3.1: the name, then the bare arguments.
 pub(crate) fn grammar(
-    _format: crate::Format,
-    _tools: &[crate::grammar::GrammarTool<'_>],
-    _special: crate::grammar::Special<'_>,
+    format: Format,
+    tools: &[crate::grammar::GrammarTool<'_>],
+    special: crate::grammar::Special<'_>,
 ) -> Option<crate::grammar::CallGrammar> {
-    None
+    use crate::grammar::{alternatives, args_json, lit};
+    let (begin, sep, end) = (special(CALL_BEGIN), special("<｜tool▁sep｜>"), special(CALL_END));
+    let mut rules = if format == Format::DeepSeekV3 {
+        let (open, close) = (lit("\n```json\n"), lit("\n```"));
+        let function = lit("function");
+        alternatives(tools, |_, t| {
+            format!(
+                "{begin} {function} {sep} {} {open} {} {close} {end}",
+                lit(t.name),
+                args_json(t)
+            )
+        })
+    } else {
+        alternatives(tools, |_, t| format!("{begin} {} {sep} {} {end}", lit(t.name), args_json(t)))
+    };
+    let (open, close) = (special(v3::CALLS_BEGIN), special(CALLS_END));
+    rules.push_str("NL: /[ \\n]{1,2}/\n");
+    rules.push_str(&format!("one: {open} fn {close}\n"));
+    rules.push_str(&format!("calls: {open} body\n"));
+    rules.push_str(&format!("body: fn (NL? fn)* {close}\n"));
+    Some(crate::grammar::CallGrammar { rules, opener: v3::CALLS_BEGIN.to_owned() })
 }
 
 #[cfg(test)]

@@ -490,13 +490,46 @@ fn call_step(
     }
 }
 
-/// The grammar of calls in this format (see `grammar.rs`): not written
-/// yet.
+/// The grammar of calls in this format (see `grammar.rs`): a call is a
+/// commentary message to `functions.NAME` whose body is the JSON
+/// arguments, with the recipient in the role part (` to=functions.NAME`
+/// then `<|channel|>commentary`) or in the channel part
+/// (`<|channel|>commentary to=functions.NAME`), the content type
+/// `<|constrain|>json`, ` json` or none; more calls are more messages, each
+/// after `<|call|><|start|>assistant`. The lazy trigger is
+/// ` to=functions.`, which both headers contain: what follows it is the
+/// name, then the rest of either header.
 pub(crate) fn grammar(
-    _tools: &[crate::grammar::GrammarTool<'_>],
-    _special: crate::grammar::Special<'_>,
+    tools: &[crate::grammar::GrammarTool<'_>],
+    special: crate::grammar::Special<'_>,
 ) -> Option<crate::grammar::CallGrammar> {
-    None
+    use crate::grammar::{args_json, lit};
+    let (channel, message) = (special(CHANNEL), special(MESSAGE));
+    // After the recipient: the name, the rest of the header, then that
+    // tool's arguments.
+    let mut rules = String::new();
+    let (mut role, mut chan) = (Vec::new(), Vec::new());
+    for (i, t) in tools.iter().enumerate() {
+        rules.push_str(&format!("args{i}: {}\n", args_json(t)));
+        let name = lit(t.name);
+        role.push(format!("{name} role_tail args{i}"));
+        chan.push(format!("{name} chan_tail args{i}"));
+    }
+    let recipient = lit(" to=functions.");
+    let content_type = format!("(\" \" {} \"json\" | \" json\")", special(CONSTRAIN));
+    rules.push_str(&format!("role_tail: {channel} \"commentary\" {content_type}? {message}\n"));
+    rules.push_str(&format!("chan_tail: {content_type}? {message}\n"));
+    rules.push_str(&format!("in_role: {}\n", role.join(" | ")));
+    rules.push_str(&format!("in_channel: {}\n", chan.join(" | ")));
+    rules.push_str(&format!(
+        "call: {recipient} in_role | {channel} \"commentary\" {recipient} in_channel\n"
+    ));
+    let next = format!("{} {} \"assistant\" call", special(CALL), special(START));
+    let call_end = special(CALL);
+    rules.push_str(&format!("one: call {call_end}?\n"));
+    rules.push_str(&format!("calls: call ({next})* {call_end}?\n"));
+    rules.push_str(&format!("body: (in_role | in_channel) ({next})* {call_end}?\n"));
+    Some(crate::grammar::CallGrammar { rules, opener: " to=functions.".to_owned() })
 }
 
 #[cfg(test)]
@@ -532,5 +565,36 @@ mod tests {
         }
         acc.extend(p.finish(FinishReason::Stop));
         assert_eq!(acc.calls.len(), 1);
+    }
+
+    #[test]
+    fn every_header_the_call_grammar_writes_reads_back_as_its_call() {
+        // Both recipient placements, each content type, one call or two
+        // messages of calls after `<|call|><|start|>assistant`.
+        let headers = |name: &str| {
+            ["<|constrain|>json", "json", ""].map(|ct| {
+                let ct = if ct.is_empty() { String::new() } else { format!(" {ct}") };
+                [
+                    format!(" to=functions.{name}<|channel|>commentary{ct}<|message|>"),
+                    format!("<|channel|>commentary to=functions.{name}{ct}<|message|>"),
+                ]
+            })
+        };
+        for first in headers("w").iter().flatten() {
+            for second in headers("t").iter().flatten() {
+                let one = format!("{first}{{\"c\": \"x\"}}");
+                let calls = run(&one, FinishReason::Stop).calls;
+                assert_eq!(calls.len(), 1, "{one}");
+                assert_eq!(
+                    (calls[0].name.as_str(), calls[0].arguments.as_str()),
+                    ("w", "{\"c\": \"x\"}")
+                );
+                let two = format!("{one}<|call|><|start|>assistant{second}{{}}<|call|>");
+                let calls = run(&two, FinishReason::Stop).calls;
+                let got: Vec<_> =
+                    calls.iter().map(|c| (c.name.as_str(), c.arguments.as_str())).collect();
+                assert_eq!(got, [("w", "{\"c\": \"x\"}"), ("t", "{}")], "{two}");
+            }
+        }
     }
 }
