@@ -600,13 +600,273 @@ impl Parsed {
     }
 }
 
-/// The grammar of calls in this format (see `grammar.rs`): not written
-/// yet.
+/// Writes the Lark rules of Gemma's value notation for JSON Schemas.
+struct Notate<'a> {
+    rules: String,
+    /// The tool's arguments schema (what local `$ref`s point into).
+    root: &'a Value,
+    /// Rules already written for `$ref` targets, by reference.
+    refs: Vec<(String, String)>,
+    /// How many rules were named.
+    n: usize,
+    /// `<|"|>` as the vocabulary writes it.
+    quote: String,
+    /// `<|"|>` is text there (not one token).
+    quote_is_text: bool,
+}
+
+impl Notate<'_> {
+    fn fresh(&mut self) -> String {
+        self.n += 1;
+        format!("g{}", self.n)
+    }
+
+    /// A string written out between quotes.
+    fn quoted(&self, s: &str) -> String {
+        use crate::grammar::lit;
+        if self.quote_is_text {
+            lit(&format!("{QUOTE}{s}{QUOTE}"))
+        } else {
+            let q = &self.quote;
+            if s.is_empty() {
+                format!("{q} {q}")
+            } else {
+                format!("{q} {} {q}", lit(s))
+            }
+        }
+    }
+
+    /// A JSON value in the notation (the template's rendering, keys sorted).
+    fn literal(&self, v: &Value) -> String {
+        use crate::grammar::lit;
+        match v {
+            Value::String(s) => self.quoted(s),
+            Value::Array(a) => {
+                if a.is_empty() {
+                    return lit("[]");
+                }
+                let items: Vec<String> = a.iter().map(|x| self.literal(x)).collect();
+                format!("\"[\" {} \"]\"", items.join(" \",\" "))
+            }
+            Value::Object(o) if o.is_empty() => lit("{}"),
+            Value::Object(o) => {
+                let mut keys: Vec<&String> = o.keys().collect();
+                keys.sort();
+                let m: Vec<String> = keys
+                    .iter()
+                    .map(|k| format!("{} {}", self.key(k), self.literal(&o[*k])))
+                    .collect();
+                format!("\"{{\" {} \"}}\"", m.join(" \",\" "))
+            }
+            other => lit(&other.to_string()),
+        }
+    }
+
+    /// A key and its colon: bare where the parser reads it back bare.
+    fn key(&self, k: &str) -> String {
+        use crate::grammar::lit;
+        let bare = !k.is_empty()
+            && k.trim() == k
+            && !k.contains(QUOTE)
+            && !k.contains([':', ',', '{', '}', '[', ']']);
+        if bare {
+            lit(&format!("{k}:"))
+        } else {
+            format!("{} \":\"", self.quoted(k))
+        }
+    }
+
+    /// The rules every schema may use: strings, numbers, any value.
+    fn base(&mut self) {
+        use super::qwen3_xml::{rx, TEXT_MAX};
+        let q = rx(QUOTE);
+        if self.quote_is_text {
+            self.rules.push_str(&format!(
+                "GSTR: /{q}(?s:.*){q}/ & ~/{q}(?s:.*){q}(?s:.+)/\ngstr[max_tokens={TEXT_MAX}]: GSTR\n"
+            ));
+        } else {
+            self.rules.push_str(&format!(
+                "GSTRC: /(?s:.+)/ & ~/(?s:.*){q}(?s:.*)/\ngstrc[max_tokens={TEXT_MAX}]: GSTRC\n"
+            ));
+            self.rules.push_str(&format!("gstr: {0} gstrc? {0}\n", self.quote));
+        }
+        self.rules.push_str("GINT: /-?(0|[1-9][0-9]{0,15})/\n");
+        self.rules
+            .push_str("GNUM: /-?(0|[1-9][0-9]{0,15})(\\.[0-9]{1,16})?([eE][+-]?[0-9]{1,3})?/\n");
+        self.rules.push_str("GKEY: /[A-Za-z_][A-Za-z0-9_]{0,63}/\n");
+        self.rules.push_str(
+            "gany: gstr | GNUM | \"true\" | \"false\" | \"null\" | gobj | garr\n\
+             gobj: \"{\" (GKEY \":\" gany (\",\" GKEY \":\" gany)*)? \"}\"\n\
+             garr: \"[\" (gany (\",\" gany)*)? \"]\"\n",
+        );
+    }
+
+    /// The expression of a value valid against `schema`.
+    fn value(&mut self, schema: &Value) -> String {
+        let Some(o) = schema.as_object() else { return "gany".into() };
+        if let Some(r) = o.get("$ref").and_then(Value::as_str) {
+            return self.reference(r);
+        }
+        if let Some(c) = o.get("const") {
+            return self.literal(c);
+        }
+        if let Some(e) = o.get("enum").and_then(Value::as_array) {
+            let alts: Vec<String> = e.iter().map(|v| self.literal(v)).collect();
+            return format!("({})", alts.join(" | "));
+        }
+        for key in ["anyOf", "oneOf"] {
+            if let Some(alts) = o.get(key).and_then(Value::as_array) {
+                let alts: Vec<String> = alts.iter().map(|s| self.value(s)).collect();
+                return format!("({})", alts.join(" | "));
+            }
+        }
+        if let Some([one]) = o.get("allOf").and_then(Value::as_array).map(Vec::as_slice) {
+            return self.value(one);
+        }
+        let types: Vec<&str> = match o.get("type") {
+            Some(Value::String(t)) => vec![t.as_str()],
+            Some(Value::Array(a)) => a.iter().filter_map(Value::as_str).collect(),
+            _ if o.contains_key("properties") => vec!["object"],
+            _ if o.contains_key("items") => vec!["array"],
+            _ => return "gany".into(),
+        };
+        let mut alts = Vec::new();
+        for t in types {
+            alts.push(match t {
+                "string" => "gstr".to_owned(),
+                "integer" => "GINT".to_owned(),
+                "number" => "GNUM".to_owned(),
+                "boolean" => "(\"true\" | \"false\")".to_owned(),
+                "null" => "\"null\"".to_owned(),
+                "object" => self.object(schema, false),
+                "array" => {
+                    let item = match o.get("items") {
+                        Some(items) => self.value(items),
+                        None => "gany".to_owned(),
+                    };
+                    format!("\"[\" ({item} (\",\" {item})*)? \"]\"")
+                }
+                _ => "gany".to_owned(),
+            });
+        }
+        if alts.is_empty() {
+            return "gany".into();
+        }
+        format!("({})", alts.join(" | "))
+    }
+
+    /// A rule for the local reference `r` (written once).
+    fn reference(&mut self, r: &str) -> String {
+        if let Some((_, name)) = self.refs.iter().find(|(x, _)| x == r) {
+            return name.clone();
+        }
+        let name = self.fresh();
+        self.refs.push((r.to_owned(), name.clone()));
+        let target = r.strip_prefix('#').and_then(|p| self.root.pointer(p)).cloned();
+        let body = match target {
+            Some(t) => self.value(&t),
+            None => "gany".to_owned(),
+        };
+        self.rules.push_str(&format!("{name}: {body}\n"));
+        name
+    }
+
+    /// An object: its declared properties in key order, the required ones
+    /// always, the others optionally; any members where it declares none
+    /// (none at the top level: a tool without properties takes none).
+    fn object(&mut self, schema: &Value, top: bool) -> String {
+        let props = schema.get("properties").and_then(Value::as_object);
+        let Some(props) = props.filter(|p| !p.is_empty()) else {
+            return if top { "\"{}\"".into() } else { "gobj".into() };
+        };
+        let required: Vec<&str> = schema
+            .get("required")
+            .and_then(Value::as_array)
+            .map(|a| a.iter().filter_map(Value::as_str).collect())
+            .unwrap_or_default();
+        let mut keys: Vec<&String> = props.keys().collect();
+        keys.sort();
+        let members: Vec<(bool, String)> = keys
+            .iter()
+            .map(|k| {
+                (
+                    required.contains(&k.as_str()),
+                    format!("{} {}", self.key(k), self.value(&props[*k])),
+                )
+            })
+            .collect();
+        // m(i, c): the members from i on, after a member (c) or not.
+        let id = self.fresh();
+        let name = |i: usize, c: bool| format!("{id}_{i}{}", if c { "c" } else { "" });
+        let empty_from = |i: usize| members[i..].iter().all(|(req, _)| !req);
+        for i in (0..members.len()).rev() {
+            for c in [false, true] {
+                let (req, m) = &members[i];
+                let sep = if c { "\",\" " } else { "" };
+                let next = if i + 1 == members.len() {
+                    String::new()
+                } else if empty_from(i + 1) {
+                    format!(" {}?", name(i + 1, true))
+                } else {
+                    format!(" {}", name(i + 1, true))
+                };
+                let with = format!("{sep}{m}{next}");
+                // Each m(i, c) writes at least one member; an optional
+                // member may be left out for the ones after it.
+                let body = if *req || i + 1 == members.len() {
+                    with
+                } else {
+                    format!("{with} | {}", name(i + 1, c))
+                };
+                self.rules.push_str(&format!("{}: {body}\n", name(i, c)));
+            }
+        }
+        let first = if empty_from(0) { format!("{}?", name(0, false)) } else { name(0, false) };
+        format!("\"{{\" {first} \"}}\"")
+    }
+}
+
+/// Calls as Gemma 4 writes them: `<|tool_call>call:NAME{…}<tool_call|>`,
+/// one after another. The arguments are in Gemma's notation: keys bare (in
+/// sorted order, as the template writes them; optional properties
+/// optional, a tool without properties takes none), strings between
+/// `<|"|>` (any text without `<|"|>`), numbers, `true`, `false`, `null`,
+/// objects and arrays as the schema says (`enum`, `const`, `anyOf`,
+/// `oneOf`, local `$ref`s, `items`; string and number bounds, `minItems`
+/// and the like are not enforced; an object without declared properties
+/// takes any members).
 pub(crate) fn grammar(
-    _tools: &[crate::grammar::GrammarTool<'_>],
-    _special: crate::grammar::Special<'_>,
+    tools: &[crate::grammar::GrammarTool<'_>],
+    special: crate::grammar::Special<'_>,
 ) -> Option<crate::grammar::CallGrammar> {
-    None
+    use crate::grammar::lit;
+    let quote = special(QUOTE);
+    let mut g = Notate {
+        rules: String::new(),
+        root: &Value::Null,
+        refs: Vec::new(),
+        n: 0,
+        quote_is_text: quote == lit(QUOTE),
+        quote,
+    };
+    g.base();
+    let mut fns = Vec::new();
+    for (i, t) in tools.iter().enumerate() {
+        g.root = t.parameters;
+        g.refs.clear();
+        let args = g.object(t.parameters, true);
+        g.rules.push_str(&format!("fn{i}: {} {args}\n", lit(&format!("call:{}", t.name))));
+        fns.push(format!("fn{i}"));
+    }
+    let mut rules = g.rules;
+    let (open, close) = (special(OPEN), special(CLOSE));
+    rules.push_str(&format!("fn: {}\n", fns.join(" | ")));
+    rules.push_str("NL: /\\n{1,2}/\n");
+    rules.push_str(&format!("call: {open} fn {close}\n"));
+    rules.push_str("one: call\n");
+    rules.push_str("calls: call (NL? call)*\n");
+    rules.push_str(&format!("body: fn {close} (NL? call)*\n"));
+    Some(crate::grammar::CallGrammar { rules, opener: OPEN.to_owned() })
 }
 
 #[cfg(test)]

@@ -447,14 +447,85 @@ impl Machine for Glm {
     }
 }
 
-/// The grammar of calls in this format (see `grammar.rs`): not written
-/// yet.
+/// Calls as GLM writes them: `<tool_call>NAME`, then each parameter as
+/// `<arg_key>KEY</arg_key><arg_value>VALUE</arg_value>` (the properties in
+/// schema order, optional ones optional; a tool without properties takes
+/// none), then `</tool_call>`; GLM-4.5 puts a newline after the name and
+/// after each tag pair, GLM-4.7 nothing. A string value is raw text without
+/// `</arg_value>` (nor `</tool_call>` before another tag); other values are
+/// JSON (strings inside them are not checked for those tags).
+///
+/// The last value of the last call may also end at `</tool_call>` itself
+/// (the missing `</arg_value>` the parser recovers, sound there because
+/// the text ends after it); `body`, which text may follow, has no such end.
 pub(crate) fn grammar(
-    _format: crate::Format,
-    _tools: &[crate::grammar::GrammarTool<'_>],
+    format: crate::Format,
+    tools: &[crate::grammar::GrammarTool<'_>],
     _special: crate::grammar::Special<'_>,
 ) -> Option<crate::grammar::CallGrammar> {
-    None
+    use super::qwen3_xml::{in_order, props, value_expr};
+    use crate::grammar::lit;
+    let sep = if format == Format::Glm45 { "\n" } else { "" };
+    let forbidden = ["<\\/arg_value>(?s:.)", "<\\/tool_call>\\s*<"];
+    let mut rules = String::new();
+    let (mut fns, mut open_fns) = (Vec::new(), Vec::new());
+    for (i, t) in tools.iter().enumerate() {
+        let props = props(t.parameters);
+        let (mut p, mut last) = (Vec::new(), Vec::new());
+        for (k, prop) in props.iter().enumerate() {
+            let key = lit(&format!("<arg_key>{}</arg_key>{sep}", prop.key));
+            let v = value_expr(
+                &format!("{i}_{k}"),
+                t.parameters,
+                prop,
+                true,
+                VAL,
+                VAL_END,
+                &forbidden,
+                &mut rules,
+            );
+            p.push(format!("{key} {v} {}", lit(sep)).replace(" \"\"", ""));
+            let x = value_expr(
+                &format!("{i}_{k}_x"),
+                t.parameters,
+                prop,
+                true,
+                VAL,
+                CLOSE,
+                &forbidden,
+                &mut rules,
+            );
+            last.push(format!("{key} {x}"));
+        }
+        let name = lit(&format!("{}{sep}", t.name));
+        rules.push_str(&format!("fn{i}: {name} {} {}\n", in_order(&props, &p), lit(CLOSE)));
+        fns.push(format!("fn{i}"));
+        // Ending at parameter k (written without its `</arg_value>`): the
+        // ones after it are all optional.
+        let mut alts = Vec::new();
+        for k in 0..props.len() {
+            if props[k + 1..].iter().all(|p| !p.required) {
+                alts.push(format!("{} {}", in_order(&props[..k], &p[..k]), last[k]));
+            }
+        }
+        if !alts.is_empty() {
+            rules.push_str(&format!("open{i}: {name} ({})\n", alts.join(" | ")));
+            open_fns.push(format!("open{i}"));
+        }
+    }
+    rules.push_str(&format!("fn: {}\n", fns.join(" | ")));
+    let open = lit(OPEN);
+    rules.push_str("NL: /\\n{1,2}/\n");
+    rules.push_str(&format!("call: {open} fn\n"));
+    if open_fns.is_empty() {
+        rules.push_str("last: call\n");
+    } else {
+        rules.push_str(&format!("last: call | {open} ({})\n", open_fns.join(" | ")));
+    }
+    rules.push_str("one: last\n");
+    rules.push_str("calls: (call NL?)* last\n");
+    rules.push_str("body: fn (NL? call)*\n");
+    Some(crate::grammar::CallGrammar { rules, opener: OPEN.to_owned() })
 }
 
 #[cfg(test)]

@@ -50,6 +50,7 @@ use crate::cx::Cx;
 use crate::json::{self, Scan, ValueEnd};
 use crate::scan::{find_first, follow, lead_any, starts_with, ws_len, Find, Follow, Lead, Prefix};
 use crate::{DropReason, FinishReason, Options};
+use serde_json::Value;
 
 const OPEN: &str = "<tool_call>";
 const CLOSE: &str = "</tool_call>";
@@ -503,13 +504,236 @@ impl Machine for Qwen3Xml {
     }
 }
 
-/// The grammar of calls in this format (see `grammar.rs`): not written
-/// yet.
+/// The most tokens a grammar lets a model write in one text value (with
+/// the markup around it in the same lexeme).
+pub(crate) const TEXT_MAX: usize = 8192;
+
+/// How a format that writes values as bare text (the XML-style formats)
+/// writes one parameter, so that [`json::coerce`] (with the types the
+/// parser reads from the same schema) gives a value the schema allows.
+#[derive(Debug, Clone)]
+pub(crate) enum ValueForm {
+    /// One of these texts (a string enum or const).
+    Choice(Vec<String>),
+    /// Free text (a string, or a type list with `string`: any text reads
+    /// back as one of the types). Length bounds are not enforced.
+    Text,
+    /// JSON text valid against this schema (`%json`), or one of the
+    /// Python literals the parser reads too (`True`, `False`, `None`).
+    Json(Value, Vec<&'static str>),
+}
+
+/// Whether a parameter schema constrains nothing (only annotations).
+fn unconstrained(prop: &Value) -> bool {
+    prop.as_object().is_some_and(|o| {
+        o.keys().all(|k| {
+            matches!(k.as_str(), "description" | "title" | "default" | "examples" | "$comment")
+        })
+    })
+}
+
+/// The form of parameter `key` (schema `prop`) of a tool whose arguments
+/// schema is `params`. `undeclared_any`: the parser reads a value whose
+/// types the schema does not declare as any JSON (else only a JSON object
+/// or array is read as JSON, other text stays a string).
+pub(crate) fn value_form(
+    params: &Value,
+    key: &str,
+    prop: &Value,
+    undeclared_any: bool,
+) -> ValueForm {
+    use crate::json::JsonType;
+    let spec = crate::ToolSpec::from_json_schema("", params);
+    let types = spec.types_of(key);
+    let strings = |v: &Value| -> Option<Vec<String>> {
+        v.as_array()?.iter().map(|x| x.as_str().map(str::to_owned)).collect()
+    };
+    if types == [JsonType::String] {
+        if let Some(c) = prop.get("const").and_then(Value::as_str) {
+            return ValueForm::Choice(vec![c.to_owned()]);
+        }
+        if let Some(e) = prop.get("enum").and_then(strings) {
+            return ValueForm::Choice(e);
+        }
+    }
+    if types.contains(&JsonType::String) || (types.is_empty() && unconstrained(prop)) {
+        return ValueForm::Text;
+    }
+    // The Python literals `json::coerce` reads for a plain declared type.
+    let mut python = Vec::new();
+    if prop.get("enum").is_none() && prop.get("const").is_none() {
+        if types.contains(&JsonType::Boolean) {
+            python.extend(["True", "False"]);
+        }
+        if types.contains(&JsonType::Null) {
+            python.push("None");
+        }
+    }
+    // JSON: the property's schema, with the tool's definitions it may refer to.
+    let mut schema = prop.clone();
+    if let (Value::Object(o), Some(p)) = (&mut schema, params.as_object()) {
+        for defs in ["$defs", "definitions"] {
+            if let (Some(d), false) = (p.get(defs), o.contains_key(defs)) {
+                o.insert(defs.to_owned(), d.clone());
+            }
+        }
+    }
+    if types.is_empty() && !undeclared_any {
+        schema = serde_json::json!({"allOf": [schema], "type": ["object", "array"]});
+    }
+    ValueForm::Json(schema, python)
+}
+
+/// `s` as literal text inside a Lark `/regex/`.
+pub(crate) fn rx(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if "\\.+*?()|[]{}^$#&-~/".contains(c) {
+            out.push('\\');
+        }
+        match c {
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            _ => out.push(c),
+        }
+    }
+    out
+}
+
+/// A Lark terminal body for `open` + free text + `close`, where the whole lexeme holds no match of any of the regexes
+/// `forbidden` (what the parser would take for the end of the value).
+pub(crate) fn text_terminal(open: &str, close: &str, forbidden: &[&str]) -> String {
+    format!("/{}(?s:.*){}/ & ~/(?s:.*)({})(?s:.*)/", rx(open), rx(close), forbidden.join("|"))
+}
+
+/// One declared parameter of a tool.
+pub(crate) struct Prop<'a> {
+    pub(crate) key: &'a str,
+    pub(crate) required: bool,
+    pub(crate) schema: &'a Value,
+}
+
+/// The declared parameters of a tool (its schema's `properties`, in
+/// order; none when it has none).
+pub(crate) fn props(params: &Value) -> Vec<Prop<'_>> {
+    let required: Vec<&str> = params
+        .get("required")
+        .and_then(Value::as_array)
+        .map(|a| a.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    params
+        .get("properties")
+        .and_then(Value::as_object)
+        .map(|o| {
+            o.iter()
+                .map(|(key, schema)| Prop {
+                    key,
+                    required: required.contains(&key.as_str()),
+                    schema,
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The Lark expression for one value of `prop` (of a tool whose arguments
+/// schema is `params`) written between `open` and `close`, its terminal or
+/// rules (named after `id`) added to `rules`. A text value, with `open` and
+/// `close`, holds no match of any of the regexes `forbidden` (what the
+/// parser would take for the end of the value).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn value_expr(
+    id: &str,
+    params: &Value,
+    prop: &Prop<'_>,
+    undeclared_any: bool,
+    open: &str,
+    close: &str,
+    forbidden: &[&str],
+    rules: &mut String,
+) -> String {
+    use crate::grammar::{bounded, lit};
+    match value_form(params, prop.key, prop.schema, undeclared_any) {
+        ValueForm::Choice(c) => {
+            let alts: Vec<String> = c.iter().map(|c| lit(&format!("{open}{c}{close}"))).collect();
+            format!("({})", alts.join(" | "))
+        }
+        ValueForm::Text => {
+            let t = text_terminal(open, close, forbidden);
+            let up = id.to_uppercase();
+            rules.push_str(&format!("V{up}: {t}\n"));
+            rules.push_str(&format!("v{id}[max_tokens={TEXT_MAX}]: V{up}\n"));
+            format!("v{id}")
+        }
+        ValueForm::Json(schema, python) => {
+            rules.push_str(&format!("j{id}: %json {}\n", bounded(schema)));
+            let mut alts = vec![format!("j{id}")];
+            alts.extend(python.iter().map(|p| lit(p)));
+            format!("{} ({}) {}", lit(open), alts.join(" | "), lit(close))
+        }
+    }
+}
+
+/// The properties' parameters in schema order, required ones always,
+/// optional ones optionally (`p[k]` is the expression of parameter `k`).
+pub(crate) fn in_order(props: &[Prop<'_>], p: &[String]) -> String {
+    let seq: Vec<String> = props
+        .iter()
+        .zip(p)
+        .map(|(prop, p)| if prop.required { p.clone() } else { format!("({p})?") })
+        .collect();
+    seq.join(" ")
+}
+
+/// Calls as Qwen3-Coder writes them: `<tool_call>\n<function=NAME>\n`,
+/// each parameter as `<parameter=KEY>\nVALUE\n</parameter>\n` (the
+/// properties in schema order, optional ones optional; a tool without
+/// properties takes none), then `</function>\n</tool_call>`. A string
+/// value is raw text that holds nothing the parser would take for its end
+/// (a closing tag followed by a tag, `<parameter=` at a line start); other
+/// values are JSON (strings inside them are not checked for those tags).
 pub(crate) fn grammar(
-    _tools: &[crate::grammar::GrammarTool<'_>],
+    tools: &[crate::grammar::GrammarTool<'_>],
     _special: crate::grammar::Special<'_>,
 ) -> Option<crate::grammar::CallGrammar> {
-    None
+    use crate::grammar::{alternatives, lit};
+    // What would end a value early (the value's own `</parameter>` is
+    // last in its lexeme, followed by nothing there).
+    let forbidden =
+        ["<\\/parameter>\\s*<", "<\\/function>\\s*<", "<\\/tool_call>\\s*<", "\\n<parameter="];
+    let mut rules = String::new();
+    let mut params = Vec::new();
+    for (i, t) in tools.iter().enumerate() {
+        let props = props(t.parameters);
+        let mut p = Vec::new();
+        for (k, prop) in props.iter().enumerate() {
+            let id = format!("{i}_{k}");
+            let v = value_expr(
+                &id,
+                t.parameters,
+                prop,
+                false,
+                "\n",
+                "\n</parameter>\n",
+                &forbidden,
+                &mut rules,
+            );
+            p.push(format!("{} {v}", lit(&format!("<parameter={}>", prop.key))));
+        }
+        params.push(in_order(&props, &p));
+    }
+    rules.push_str(&alternatives(tools, |i, t| {
+        let name = lit(&format!("<function={}>\n", t.name));
+        format!("{name} {} {}", params[i], lit("</function>\n"))
+    }));
+    let (open, close) = (lit(OPEN), lit(CLOSE));
+    rules.push_str("NL: /\\n{1,2}/\n");
+    rules.push_str(&format!("call: {open} \"\\n\" fn {close}\n"));
+    rules.push_str("one: call\n");
+    rules.push_str("calls: call (NL? call)*\n");
+    rules.push_str(&format!("body: \"\\n\" fn {close} (NL? call)*\n"));
+    Some(crate::grammar::CallGrammar { rules, opener: OPEN.to_owned() })
 }
 
 #[cfg(test)]
