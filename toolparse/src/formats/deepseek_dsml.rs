@@ -348,12 +348,65 @@ fn attr<'a>(attrs: &[(&str, &'a str)], key: &str) -> Option<&'a str> {
     attrs.iter().find(|(k, _)| *k == key).map(|(_, v)| *v)
 }
 
-/// The grammar of calls in this format (see `grammar.rs`): not written
-/// yet.
+/// Calls as the DSML templates write them: the block (`function_calls`,
+/// `tool_calls` or ` calls`, by sub-format) with one invoke per line, each
+/// parameter on its line as `<｜DSML｜parameter name="KEY"
+/// string="true">TEXT</｜DSML｜parameter>` for a string (raw text without
+/// the close tag) or `string="false">JSON` for other values (the
+/// properties in schema order, optional ones optional); an invoke without
+/// parameters may close itself. Strings inside JSON values are not
+/// checked for the close tag.
 pub(crate) fn grammar(
-    _format: crate::Format,
-    _tools: &[crate::grammar::GrammarTool<'_>],
+    format: crate::Format,
+    tools: &[crate::grammar::GrammarTool<'_>],
     _special: crate::grammar::Special<'_>,
 ) -> Option<crate::grammar::CallGrammar> {
-    None
+    use super::qwen3_xml::{in_order, props, rx, value_expr, value_form, ValueForm};
+    use crate::grammar::lit;
+    use crate::Format;
+    let (open, close, style) = match format {
+        Format::DeepSeekV32 => (OPENS[0], CLOSES[0], PLAIN),
+        Format::DeepSeekV4 => (OPENS[1], CLOSES[1], PLAIN),
+        Format::DeepSeekV41 => (OPENS[2], CLOSES[2], SPACED),
+        _ => return None,
+    };
+    let forbidden = [format!("{}(?s:.)", rx(style.param_close))];
+    let forbidden: Vec<&str> = forbidden.iter().map(String::as_str).collect();
+    let mut rules = String::new();
+    let mut fns = Vec::new();
+    for (i, t) in tools.iter().enumerate() {
+        let props = props(t.parameters);
+        let mut p = Vec::new();
+        for (k, prop) in props.iter().enumerate() {
+            let string = !matches!(
+                value_form(t.parameters, prop.key, prop.schema, true),
+                ValueForm::Json(..)
+            );
+            let tag = format!("{} name=\"{}\" string=\"{string}\">", style.param, prop.key);
+            let v = value_expr(
+                &format!("{i}_{k}"),
+                t.parameters,
+                prop,
+                true,
+                "",
+                style.param_close,
+                &forbidden,
+                &mut rules,
+            );
+            p.push(format!("{} {v} NL", lit(&tag)));
+        }
+        let head = lit(&format!("{} name=\"{}\"", style.invoke, t.name));
+        let full = format!("\">\" NL {} {}", in_order(&props, &p), lit(style.invoke_close));
+        let body =
+            if props.iter().any(|p| p.required) { full } else { format!("\" \"? \"/>\" | {full}") };
+        rules.push_str(&format!("fn{i}: {head} ({body})\n"));
+        fns.push(format!("fn{i}"));
+    }
+    rules.push_str(&format!("fn: {}\n", fns.join(" | ")));
+    rules.push_str("NL: /\\n{1,2}/\n");
+    rules.push_str(&format!("invokes: NL (fn NL)+ {}\n", lit(close)));
+    rules.push_str(&format!("one: {} NL fn NL {}\n", lit(open), lit(close)));
+    rules.push_str(&format!("calls: {} invokes\n", lit(open)));
+    rules.push_str("body: invokes\n");
+    Some(crate::grammar::CallGrammar { rules, opener: open.to_owned() })
 }
