@@ -356,6 +356,44 @@ fn the_grammar_keeps_response_formats_and_tool_choices() {
     );
 }
 
+/// Every tool-call format on the default model (`serve --tool-format
+/// NAME`), through the openai SDK: `required` and a named function give a
+/// call valid against its schema on a prompt that asks not to call;
+/// `none` gives no call and no opener text on a prompt that asks for one.
+#[test]
+fn every_format_enforces_tool_choice_on_the_default_model() {
+    let test = "every_format_enforces_tool_choice_on_the_default_model";
+    let (Some(_), Some(python)) = (model(), agentd_tests::python(test)) else {
+        return;
+    };
+    let mut failed = Vec::new();
+    for name in toolparse::Format::NAMES {
+        let format = toolparse::Format::from_name(name).unwrap();
+        let h = Home::new();
+        let token = h.write("token", "test-token-0123456789abcdef");
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let listen = format!("127.0.0.1:{port}");
+        let d = start(
+            &h,
+            &["--listen", &listen, "--token-file", token.to_str().unwrap(), "--tool-format", name],
+        );
+        let (_, b) = http(&d.socket, "GET", "/health", b"");
+        let model_id = json_of(&b)["model"].as_str().unwrap().to_owned();
+        let openers = serde_json::to_string(format.call_openers()).unwrap();
+        let out = std::process::Command::new(&python)
+            .arg(agentd_tests::workspace_root().join("tests/python/formats_check.py"))
+            .args([&format!("http://{listen}/v1"), "test-token-0123456789abcdef", &model_id])
+            .args([name, openers.as_str()])
+            .output()
+            .unwrap();
+        eprint!("{}", String::from_utf8_lossy(&out.stdout));
+        if !out.status.success() {
+            failed.push(String::from_utf8_lossy(&out.stderr).into_owned());
+        }
+    }
+    assert!(failed.is_empty(), "{}", failed.join("\n"));
+}
+
 #[test]
 fn a_client_that_disconnects_cancels_its_generation() {
     if model().is_none() {

@@ -9,24 +9,20 @@
 //! refused with [`Refusal`] (HTTP 400 naming the keyword), never turned
 //! into unconstrained output.
 //!
-//! Whitespace between JSON tokens is bounded: at most [`MAX_WS`]
-//! characters at any place where JSON allows it.
+//! Whitespace between JSON tokens is bounded: at most
+//! `toolparse::MAX_WS` characters at any place where JSON allows it.
 //!
-//! Call formats with a grammar: Hermes (`<tool_call>\n{"name", "arguments"}\n</tool_call>`,
-//! SmolLM2, Qwen), Llama 3 JSON (`{"name", "parameters"}`, after
-//! `<|python_tag|>` when the model starts one itself) and Mistral v3
-//! (`[TOOL_CALLS] [{"name", "arguments"}]`). Other formats refuse
-//! `required` and named choices; under `auto` they stay unconstrained and
-//! their final turn still masks the call-start token.
+//! What a format writes is toolparse's (`Format::call_grammar`, the Lark
+//! text of its calls in its native markup; `Format::call_openers`, the
+//! texts that open a call): this module picks the rule a choice starts
+//! with and hands the text to the engine. A format without a grammar
+//! refuses `required` and named choices; under `auto` it stays
+//! unconstrained; every format's final turn masks every call opener.
 
-use super::local::call_token;
 use inference::{Constraint as Engine, Grammars};
 use prompts::ToolDef;
-use serde_json::{json, Map, Value};
-use toolparse::Format;
-
-/// Most whitespace characters in one run between JSON tokens.
-pub(crate) const MAX_WS: usize = 20;
+use serde_json::{json, Value};
+use toolparse::{Format, GrammarTool};
 
 /// What a turn's output must follow. The tools are the turn's own
 /// (`tools` of the request), already narrowed by the front.
@@ -216,114 +212,8 @@ pub(crate) fn check_schema(schema: &Value, at: &str) -> Result<(), Refusal> {
 }
 
 /// The whitespace option llguidance reads at a schema's top level.
-fn bounded(mut schema: Value) -> Value {
-    let ws = json!({"whitespace_pattern": format!("[\\x20\\x0A\\x0D\\x09]{{1,{MAX_WS}}}")});
-    match &mut schema {
-        Value::Object(o) => {
-            o.insert("x-guidance".into(), ws);
-            schema
-        }
-        other => json!({"allOf": [other.clone()], "x-guidance": ws}),
-    }
-}
-
-/// Rewrites the local references of a schema placed at `#/$defs/{name}`.
-fn rehome(v: &mut Value, name: &str) {
-    match v {
-        Value::Object(o) => {
-            for (k, x) in o.iter_mut() {
-                if k == "$ref" {
-                    if let Some(r) = x.as_str().and_then(|r| r.strip_prefix('#')) {
-                        *x = Value::from(format!("#/$defs/{name}{r}"));
-                    }
-                } else {
-                    rehome(x, name);
-                }
-            }
-        }
-        Value::Array(a) => a.iter_mut().for_each(|x| rehome(x, name)),
-        _ => {}
-    }
-}
-
-/// The JSON Schema of one call object: `{"name": NAME, ARGS: parameters}`.
-fn call_schema(tool: &ToolDef, args_key: &str) -> Value {
-    let mut params = tool.parameters.clone();
-    rehome(&mut params, "args");
-    let mut props = Map::new();
-    props.insert("name".into(), json!({"const": tool.name}));
-    props.insert(args_key.into(), json!({"$ref": "#/$defs/args"}));
-    bounded(json!({
-        "type": "object",
-        "properties": props,
-        "required": ["name", args_key],
-        "additionalProperties": false,
-        "$defs": {"args": params},
-    }))
-}
-
-/// A JSON string literal for Lark.
-fn lit(s: &str) -> String {
-    Value::from(s).to_string()
-}
-
-/// The call grammar of `format`: (rules, the rule of one call body that
-/// follows the marker, the marker text and its Lark form).
-struct Calls {
-    rules: String,
-    /// One complete call, marker included.
-    call: &'static str,
-    /// What follows the marker up to the end of one call (lazy mode).
-    body: &'static str,
-    marker: String,
-    /// How calls are separated in `required`.
-    sep: &'static str,
-}
-
-fn calls(
-    format: Format,
-    tools: &[&ToolDef],
-    vocab: &dyn Fn(&str) -> Option<u32>,
-) -> Result<Calls, Refusal> {
-    let args_key = match format {
-        Format::Llama3Json => "parameters",
-        _ => "arguments",
-    };
-    let mut alts = Vec::new();
-    let mut rules = String::new();
-    for (i, t) in tools.iter().enumerate() {
-        check_schema(&t.parameters, &format!("tools[{i}].function.parameters ({})", t.name))?;
-        rules.push_str(&format!("fn{i}: %json {}\n", call_schema(t, args_key)));
-        alts.push(format!("fn{i}"));
-    }
-    rules.push_str(&format!("one: {}\n", alts.join(" | ")));
-    let special =
-        |text: &str| vocab(text).map(|id| format!("<[{id}]>")).unwrap_or_else(|| lit(text));
-    Ok(match format {
-        Format::Hermes => {
-            rules.push_str("NL: /[ \\n]{1,2}/\n");
-            rules.push_str(&format!("body: NL? one NL? {}\n", lit("</tool_call>")));
-            rules.push_str(&format!("call: {} body\n", lit("<tool_call>")));
-            Calls { rules, call: "call", body: "body", marker: "<tool_call>".into(), sep: "NL?" }
-        }
-        Format::Llama3Json => {
-            rules.push_str("body: one (\"; \" one)*\n");
-            rules.push_str("call: one\n");
-            Calls { rules, call: "call", body: "body", marker: "<|python_tag|>".into(), sep: "\"; \"" }
-        }
-        Format::Mistral => {
-            let m = special("[TOOL_CALLS]");
-            rules.push_str("body: \" \"? \"[\" one (\", \" one)* \"]\"\n");
-            rules.push_str(&format!("call: {m} body\n"));
-            Calls { rules, call: "call", body: "body", marker: "[TOOL_CALLS]".into(), sep: "" }
-        }
-        other => {
-            return Err(refuse(None, format!(
-                "the `{}` call format has no grammar here, so `tool_choice` cannot be enforced for this model; use `auto`",
-                other.name()
-            )))
-        }
-    })
+fn bounded(schema: Value) -> Value {
+    toolparse::bounded(schema)
 }
 
 /// A Lark grammar whose only sentences are `texts` (string literals in
@@ -375,22 +265,37 @@ pub(crate) fn compile(
                     _ => Err(refuse(None, "`tool_choice` needs at least one tool in `tools`")),
                 };
             }
-            let g = match calls(format, &chosen, vocab) {
-                Ok(g) => g,
-                Err(_) if *choice == ToolChoice::Auto && !has_grammar(format) => return Ok(None),
-                Err(e) => return Err(e),
+            for (i, t) in chosen.iter().enumerate() {
+                check_schema(
+                    &t.parameters,
+                    &format!("tools[{i}].function.parameters ({})", t.name),
+                )?;
+            }
+            let gt: Vec<GrammarTool<'_>> = chosen
+                .iter()
+                .map(|t| GrammarTool { name: &t.name, parameters: &t.parameters })
+                .collect();
+            let special = |text: &str| {
+                vocab(text).map(|id| format!("<[{id}]>")).unwrap_or_else(|| toolparse::lit(text))
+            };
+            let Some(g) = format.call_grammar(&gt, &special) else {
+                return match choice {
+                    ToolChoice::Auto => Ok(None),
+                    _ => Err(refuse(None, format!(
+                        "the `{}` call format has no grammar here, so `tool_choice` cannot be enforced for this model; use `auto`",
+                        format.name()
+                    ))),
+                };
             };
             let start = match choice {
-                ToolChoice::Auto => format!("start: {}\n", g.body),
-                ToolChoice::Required => {
-                    format!("start: {c} ({sep} {c})*\n", c = g.call, sep = g.sep)
-                }
-                ToolChoice::Named(_) => format!("start: {}\n", g.call),
+                ToolChoice::Auto => "body",
+                ToolChoice::Required => "calls",
+                ToolChoice::Named(_) => "one",
             };
-            let grammar = build(&format!("{start}{}", g.rules))?;
+            let grammar = build(&format!("start: {start}\n{}", g.rules))?;
             Ok(Some(match choice {
                 ToolChoice::Auto => Engine::Lazy {
-                    marker: grammars.marker(&g.marker).map_err(|e| refuse(None, e.to_string()))?,
+                    marker: grammars.marker(&g.opener).map_err(|e| refuse(None, e.to_string()))?,
                     grammar,
                 },
                 _ => Engine::Grammar(grammar),
@@ -399,18 +304,9 @@ pub(crate) fn compile(
     }
 }
 
-fn has_grammar(f: Format) -> bool {
-    matches!(f, Format::Hermes | Format::Llama3Json | Format::Mistral)
-}
-
 /// The texts that start a call in `format` (what the final turn masks).
 pub(crate) fn call_markers(format: Format) -> Vec<&'static str> {
-    let t = call_token(format);
-    if t.is_empty() {
-        Vec::new()
-    } else {
-        vec![t]
-    }
+    format.call_openers().to_vec()
 }
 
 /// A refusal from llguidance's message, naming the keyword it names.
@@ -460,7 +356,7 @@ mod tests {
     #[test]
     fn references_follow_a_schema_to_its_new_home() {
         let mut v = json!({"properties": {"a": {"$ref": "#/$defs/A"}, "b": {"$ref": "#"}}});
-        rehome(&mut v, "args");
+        toolparse::rehome(&mut v, "args");
         assert_eq!(v["properties"]["a"]["$ref"], "#/$defs/args/$defs/A");
         assert_eq!(v["properties"]["b"]["$ref"], "#/$defs/args");
     }

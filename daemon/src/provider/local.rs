@@ -203,9 +203,10 @@ impl Local {
         );
         let mut forbid = Vec::new();
         if params.mode == Mode::Suppress {
-            if let Some(id) = self.engine.tokenizer().id_of(call_token(self.format)) {
-                forbid.push(id);
-            }
+            // Every opener that is one token here (longer ones are the
+            // parser's to strip).
+            let tok = self.engine.tokenizer();
+            forbid.extend(self.format.call_openers().iter().filter_map(|o| tok.id_of(o)));
         }
         let mut stop = self.stop_strings.clone();
         stop.extend(params.stop.iter().cloned());
@@ -479,19 +480,6 @@ impl Provider for Local {
     }
 }
 
-/// The token (when the vocabulary has it as one) that opens a call.
-pub(crate) fn call_token(f: Format) -> &'static str {
-    match f {
-        Format::Hermes | Format::Qwen3Xml => "<tool_call>",
-        Format::Mistral => "[TOOL_CALLS]",
-        Format::Llama3Json => "<|python_tag|>",
-        Format::Gemma4 => "<|tool_call>",
-        Format::KimiK2 => "<|tool_calls_section_begin|>",
-        Format::DeepSeekV3 | Format::DeepSeekV31 => "<｜tool▁calls▁begin｜>",
-        _ => "",
-    }
-}
-
 #[cfg(test)]
 mod tests {
     //! The research loop's turns on the real default model (set
@@ -701,7 +689,7 @@ mod tests {
         // readily; the mask is the same either way.
         l.sampling.repeat_penalty = 1.0;
         let call = "<tool_call>{\"name\": \"search_sources\", \"arguments\": {\"query\": \"paris\"}}</tool_call>";
-        let marker = l.engine.grammars().unwrap().marker(call_token(l.format)).unwrap();
+        let marker = l.engine.grammars().unwrap().marker(l.format.call_openers()[0]).unwrap();
         let mut shown = 0;
         // As the loop's final turn sees it: a round of calls and results.
         let mut asked = Message::new("assistant", "");

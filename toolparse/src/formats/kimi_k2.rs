@@ -440,17 +440,13 @@ fn fenced_step(
     }
 }
 
-/// The grammar of calls in this format (see `grammar.rs`): none offered
-/// yet. `section_grammar` is written and accepts every model-written
-/// fixture, but not the parser's noise regressions (stray words in a
-/// section or a header, text after the arguments, fenced arguments), which
-/// no grammar of the native markup should generate; it is offered once the
-/// grammar test stops holding grammars to those.
+/// The grammar of calls in this format (see `grammar.rs`): a section of
+/// calls (`section_grammar`).
 pub(crate) fn grammar(
-    _tools: &[crate::grammar::GrammarTool<'_>],
-    _special: crate::grammar::Special<'_>,
+    tools: &[crate::grammar::GrammarTool<'_>],
+    special: crate::grammar::Special<'_>,
 ) -> Option<crate::grammar::CallGrammar> {
-    None
+    Some(section_grammar(tools, special))
 }
 
 /// The grammar of calls in this format: a section of calls, each
@@ -458,7 +454,6 @@ pub(crate) fn grammar(
 /// JSON arguments and `<|tool_call_end|>`, then the section's end (the
 /// lazy trigger is the section opener). Short runs of whitespace between
 /// the markers are allowed (models write them; the parser drops them).
-#[allow(dead_code)]
 fn section_grammar(
     tools: &[crate::grammar::GrammarTool<'_>],
     special: crate::grammar::Special<'_>,
