@@ -508,18 +508,134 @@ fn close_open_call(state: State, cx: &mut Cx) -> State {
     }
 }
 
-/// The grammar of calls in this format (see `grammar.rs`): not written
-/// yet.
+/// An attribute value as the template writes it (XML entities for `&`,
+/// `"` and `<`, which `parse_tag` decodes).
+fn escape_attr(s: &str) -> String {
+    s.replace('&', "&amp;").replace('"', "&quot;").replace('<', "&lt;")
+}
+
+/// The `type` attribute names a JSON value of these types may carry: any
+/// known name but `string` reads the body as strict JSON, so the names of
+/// the declared types (an integer may be called a number, a number an
+/// integer), or all of them where none is declared.
+fn json_type_names(types: &[crate::JsonType]) -> Vec<&'static str> {
+    use crate::JsonType::*;
+    const ALL: [&str; 6] = ["integer", "number", "boolean", "null", "object", "array"];
+    let mut names: Vec<&'static str> = Vec::new();
+    for t in types {
+        let more: &[&str] = match t {
+            Integer | Number => &["integer", "number"],
+            Boolean => &["boolean"],
+            Null => &["null"],
+            Object => &["object"],
+            Array => &["array"],
+            String => &[],
+        };
+        for n in more {
+            if !names.contains(n) {
+                names.push(n);
+            }
+        }
+    }
+    if names.is_empty() {
+        names.extend(ALL);
+    }
+    names
+}
+
+/// Calls as Kimi K3 writes them: `<|open|>tools<|sep|>`, each call
+/// `<|open|>call tool="NAME" index="N"<|sep|>`, its arguments
+/// `<|open|>argument key="KEY" type="TYPE"<|sep|>VALUE<|close|>argument<|sep|>`
+/// (the schema's properties in order, required ones always, optional ones
+/// optionally; a tool without properties takes none) and
+/// `<|close|>call<|sep|>`, then `<|close|>tools<|sep|>`. A value the
+/// schema lets be a string is written `type="string"`, raw text that holds
+/// no `<|close|>argument<|sep|>` followed by `<` (what the parser could
+/// take for its end); other values are JSON under the name of one of their
+/// declared types (strings inside JSON are not checked for that close).
+/// No whitespace between the elements, as the template writes them.
 pub(crate) fn grammar(
-    _tools: &[crate::grammar::GrammarTool<'_>],
-    _special: crate::grammar::Special<'_>,
+    tools: &[crate::grammar::GrammarTool<'_>],
+    special: crate::grammar::Special<'_>,
 ) -> Option<crate::grammar::CallGrammar> {
-    None
+    use super::qwen3_xml::{in_order, props, rx, value_form, ValueForm, TEXT_MAX};
+    use crate::grammar::{alternatives, bounded, lit};
+    let (open, close, sep) = (special(OPEN), special(CLOSE), special(SEP));
+    // The text of the argument close up to its first control token: a text
+    // value's lexeme ends with it (it is empty where `<|close|>` is one
+    // token, which no text lexeme can take).
+    let tail = if close != lit(CLOSE) {
+        String::new()
+    } else if sep != lit(SEP) {
+        format!("{CLOSE}argument")
+    } else {
+        CLOSE_ARG.to_owned()
+    };
+    let rest: Vec<&str> = if tail.is_empty() {
+        vec![close.as_str(), "\"argument\"", sep.as_str()]
+    } else if tail.len() < CLOSE_ARG.len() {
+        vec![sep.as_str()]
+    } else {
+        Vec::new()
+    };
+    let forbidden = format!("~/(?s:.*)({}\\s*<)(?s:.*)/", rx(CLOSE_ARG));
+    let mut rules = String::new();
+    if tail.is_empty() {
+        rules.push_str(&format!("KTEXT: /(?s:.+)/ & {forbidden}\n"));
+        rules.push_str(&format!("ktext[max_tokens={TEXT_MAX}]: KTEXT\n"));
+        rules.push_str(&format!("text: ktext? {}\n", rest.join(" ")));
+    } else {
+        rules.push_str(&format!("KTEXT: /(?s:.*){}/ & {forbidden}\n", rx(&tail)));
+        rules.push_str(&format!("ktext[max_tokens={TEXT_MAX}]: KTEXT\n"));
+        rules.push_str(&format!("text: ktext {}\n", rest.join(" ")));
+    }
+    let end_arg = format!("{close} \"argument\" {sep}");
+    let mut args = Vec::new();
+    for (i, t) in tools.iter().enumerate() {
+        let spec = crate::ToolSpec::from_json_schema(t.name, t.parameters);
+        let props = props(t.parameters);
+        let mut p = Vec::new();
+        for (k, prop) in props.iter().enumerate() {
+            let key = escape_attr(prop.key);
+            let tag = |ty: &str| {
+                format!("{open} {} {sep}", lit(&format!("argument key=\"{key}\" type=\"{ty}\"")))
+            };
+            p.push(match value_form(t.parameters, prop.key, prop.schema, true) {
+                ValueForm::Choice(c) => {
+                    let alts: Vec<String> = c.iter().map(|c| lit(c)).collect();
+                    format!("{} ({}) {end_arg}", tag("string"), alts.join(" | "))
+                }
+                ValueForm::Text => format!("{} text", tag("string")),
+                ValueForm::Json(schema, _) => {
+                    let id = format!("j{i}_{k}");
+                    rules.push_str(&format!("{id}: %json {}\n", bounded(schema)));
+                    let names: Vec<String> = json_type_names(spec.types_of(prop.key))
+                        .iter()
+                        .map(|n| lit(&format!("argument key=\"{key}\" type=\"{n}\"")))
+                        .collect();
+                    format!("{open} ({}) {sep} {id} {end_arg}", names.join(" | "))
+                }
+            });
+        }
+        args.push(in_order(&props, &p));
+    }
+    rules.push_str(&alternatives(tools, |i, t| {
+        let head = lit(&format!("call tool=\"{}\" index=\"", escape_attr(t.name)));
+        format!("{open} {head} IDX \"\\\"\" {sep} {} {close} \"call\" {sep}", args[i])
+    }));
+    rules.push_str("IDX: /[0-9]{1,4}/\n");
+    let (begin, end) = (format!("{open} \"tools\" {sep}"), format!("{close} \"tools\" {sep}"));
+    rules.push_str(&format!("one: {begin} fn {end}\n"));
+    rules.push_str(&format!("calls: {begin} body\n"));
+    rules.push_str(&format!("body: fn+ {end}\n"));
+    Some(crate::grammar::CallGrammar { rules, opener: format!("{OPEN}tools{SEP}") })
 }
 
 #[cfg(test)]
 mod tests {
+    use super::{CLOSE, OPEN, SEP};
     use crate::{Accumulator, FinishReason, Format, Options};
+    use serde_json::Value;
 
     fn opts(gen: Option<&str>) -> Options {
         Options { generation_prompt: gen.map(str::to_owned), ..Options::default() }
@@ -533,6 +649,98 @@ mod tests {
 
     fn k3(text: &str, reason: FinishReason) -> Accumulator {
         run_with(Format::KimiK3, opts(Some(K3_GEN)), text, reason)
+    }
+
+    /// Whether `toks` is a whole sentence of `start: calls` of `lark`,
+    /// compiled over a one-byte vocabulary.
+    fn sentence(lark: &str, toks: &[u32]) -> bool {
+        use llguidance::api::TopLevelGrammar;
+        use llguidance::toktrie::{ApproximateTokEnv, InferenceCapabilities};
+        let env = ApproximateTokEnv::single_byte_env();
+        let caps = InferenceCapabilities::default();
+        let slices = llguidance::earley::SlicedBiasComputer::general_slices();
+        let mut f = llguidance::ParserFactory::new(&env, caps, &slices).expect("factory");
+        f.quiet();
+        let g = TopLevelGrammar::from_lark(format!("start: calls\n{lark}"));
+        let mut m = llguidance::Matcher::new(Ok(f.create_parser(g).expect("compiles")));
+        toks.iter().all(|&t| m.consume_token(t).is_ok()) && m.is_accepting().unwrap_or(false)
+    }
+
+    /// The grammar's verdicts on texts where `{O}`, `{C}`, `{S}` are the
+    /// control tokens, written as text and as tokens of their own, and the
+    /// parser's calls (name, arguments) for each accepted one.
+    #[test]
+    fn grammar_holds_values_to_what_the_parser_reads() {
+        use crate::grammar::{lit, GrammarTool};
+        use serde_json::json;
+        let f = json!({"type": "object", "properties": {
+            "s": {"type": "string"}, "n": {"type": ["integer", "null"]},
+            "e": {"enum": ["a", "b"], "type": "string"}}, "required": ["s"]});
+        let tools = [GrammarTool { name: "f", parameters: &f }];
+        let marks = [(OPEN, 250u32, "{O}"), (CLOSE, 251, "{C}"), (SEP, 252, "{S}")];
+        let as_token = |t: &str| {
+            marks.iter().find(|m| m.0 == t).map_or_else(|| lit(t), |m| format!("<[{}]>", m.1))
+        };
+        let text_g = super::grammar(&tools, &|t: &str| lit(t)).expect("a grammar").rules;
+        let tok_g = super::grammar(&tools, &as_token).expect("a grammar").rules;
+        let head = "{O}tools{S}{O}call tool=\"f\" index=\"1\"{S}";
+        let tail = "{C}call{S}{C}tools{S}";
+        let arg = |k: &str, ty: &str, v: &str| {
+            format!("{{O}}argument key=\"{k}\" type=\"{ty}\"{{S}}{v}{{C}}argument{{S}}")
+        };
+        let cases: Vec<(String, Option<Value>)> = vec![
+            (arg("s", "string", "x"), Some(json!({"s": "x"}))),
+            (arg("s", "string", ""), Some(json!({"s": ""}))),
+            (
+                arg("s", "string", "a<|close|>argument<|sep|> b"),
+                Some(json!({"s": "a<|close|>argument<|sep|> b"})),
+            ),
+            (arg("s", "string", "a") + &arg("n", "number", "3"), Some(json!({"s": "a", "n": 3}))),
+            (
+                arg("s", "string", "a") + &arg("n", "null", "null"),
+                Some(json!({"s": "a", "n": null})),
+            ),
+            (arg("s", "string", "a") + &arg("e", "string", "b"), Some(json!({"s": "a", "e": "b"}))),
+            // What the parser would end early, or reads otherwise.
+            (arg("s", "string", "a<|close|>argument<|sep|><|close|>call<|sep|>"), None),
+            (arg("s", "string", "a<|close|>argument<|sep|> \n<|open|>argument"), None),
+            (arg("s", "string", "a") + &arg("n", "string", "3"), None),
+            (arg("s", "string", "a") + &arg("n", "boolean", "true"), None),
+            (arg("s", "string", "a") + &arg("n", "number", "\"3\""), None),
+            (arg("s", "string", "a") + &arg("e", "string", "c"), None),
+            (arg("n", "number", "3"), None),
+            (arg("n", "number", "3") + &arg("s", "string", "a"), None),
+        ];
+        for (args, want) in cases {
+            let text = format!("{head}{args}{tail}");
+            let plain = marks.iter().fold(text.clone(), |t, m| t.replace(m.2, m.0));
+            assert_eq!(
+                sentence(&text_g, &plain.bytes().map(u32::from).collect::<Vec<_>>()),
+                want.is_some(),
+                "{plain:?}"
+            );
+            let mut toks = Vec::new();
+            let mut rest = text.as_str();
+            while !rest.is_empty() {
+                match marks.iter().find(|m| rest.starts_with(m.2)) {
+                    Some(m) => {
+                        toks.push(m.1);
+                        rest = &rest[m.2.len()..];
+                    }
+                    None => {
+                        toks.push(u32::from(rest.as_bytes()[0]));
+                        rest = &rest[1..];
+                    }
+                }
+            }
+            assert_eq!(sentence(&tok_g, &toks), want.is_some(), "tokens: {plain:?}");
+            if let Some(want) = want {
+                let got = k3(&format!("<|close|>think<|sep|>{plain}"), FinishReason::Stop);
+                assert_eq!(got.calls.len(), 1, "{plain:?}");
+                let args: Value = serde_json::from_str(&got.calls[0].arguments).expect("json");
+                assert_eq!(args, want, "{plain:?}");
+            }
+        }
     }
 
     #[test]
