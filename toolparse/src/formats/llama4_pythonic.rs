@@ -24,16 +24,19 @@
 use super::python::{ident_len, parse_call, py_ws, Bad, PyEnd, PyScan};
 use super::{Machine, Step};
 use crate::cx::Cx;
+use crate::grammar::lit;
 use crate::scan::{find_first, Find};
 use crate::{FinishReason, Options};
+use serde_json::Value;
 
 const PY_START: &str = "<|python_start|>";
+const PY_END: &str = "<|python_end|>";
 
 /// Markers stripped from content; `[` may open a call list.
 const CONTENT_MARKERS: [&str; 14] = [
     "[",
     PY_START,
-    "<|python_end|>",
+    PY_END,
     "<|eot|>",
     "<|eom|>",
     "<|header_start|>",
@@ -332,13 +335,287 @@ fn header(s: &str) -> Head {
     }
 }
 
-/// The grammar of calls in this format (see `grammar.rs`): not written
-/// yet.
+/// Whether `s` is a (dotted) name the parser reads whole: identifiers
+/// joined by `.`.
+fn dotted_name(s: &str) -> bool {
+    s.len() < HEADER_MAX && s.split('.').all(|p| !p.is_empty() && ident_len(p) == p.len())
+}
+
+/// `s` as a Python string literal between `q` quotes.
+fn py_str(s: &str, q: char) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push(q);
+    for c in s.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if c == q => {
+                out.push('\\');
+                out.push(c);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push(q);
+    out
+}
+
+/// Writes the Lark rules of Python literals for JSON Schemas.
+struct Pyn<'a> {
+    rules: String,
+    /// The tool's arguments schema (what local `$ref`s point into).
+    root: &'a Value,
+    /// Rules already written for `$ref` targets, by reference.
+    refs: Vec<(String, String)>,
+    /// How many rules were named.
+    n: usize,
+}
+
+impl Pyn<'_> {
+    fn fresh(&mut self) -> String {
+        self.n += 1;
+        format!("p{}", self.n)
+    }
+
+    /// A string literal in either quote.
+    fn quoted(s: &str) -> String {
+        format!("({} | {})", lit(&py_str(s, '"')), lit(&py_str(s, '\'')))
+    }
+
+    /// A JSON value as a Python literal.
+    fn literal(v: &Value) -> String {
+        match v {
+            Value::String(s) => Pyn::quoted(s),
+            Value::Bool(true) => lit("True"),
+            Value::Bool(false) => lit("False"),
+            Value::Null => lit("None"),
+            Value::Number(n) => lit(&n.to_string()),
+            Value::Array(a) => {
+                let items: Vec<String> = a.iter().map(Pyn::literal).collect();
+                format!("\"[\" {} \"]\"", items.join(" COMMA "))
+            }
+            Value::Object(o) => {
+                let m: Vec<String> = o
+                    .iter()
+                    .map(|(k, v)| format!("{} COLON {}", Pyn::quoted(k), Pyn::literal(v)))
+                    .collect();
+                format!("\"{{\" {} \"}}\"", m.join(" COMMA "))
+            }
+        }
+    }
+
+    /// The rules every schema may use: strings, numbers, any value.
+    fn base(&mut self) {
+        self.rules.push_str(
+            "PSTR: /\"([^\"\\\\\\n]|\\\\[\"'\\\\ntr])*\"/ | /'([^'\\\\\\n]|\\\\[\"'\\\\ntr])*'/\n",
+        );
+        self.rules.push_str("PINT: /-?(0|[1-9][0-9]{0,15})/\n");
+        self.rules
+            .push_str("PNUM: /-?(0|[1-9][0-9]{0,15})(\\.[0-9]{1,16})?([eE][+-]?[0-9]{1,2})?/\n");
+        self.rules.push_str("COMMA: /, ?/\nCOLON: /: ?/\n");
+        self.rules.push_str(
+            "pany: PSTR | PNUM | \"True\" | \"False\" | \"None\" | pdict | plist\n\
+             pdict: \"{\" (PSTR COLON pany (COMMA PSTR COLON pany)*)? \"}\"\n\
+             plist: \"[\" (pany (COMMA pany)*)? \"]\"\n",
+        );
+    }
+
+    /// The expression of a value valid against `schema`.
+    fn value(&mut self, schema: &Value) -> String {
+        let Some(o) = schema.as_object() else { return "pany".into() };
+        if let Some(r) = o.get("$ref").and_then(Value::as_str) {
+            return self.reference(r);
+        }
+        if let Some(c) = o.get("const") {
+            return Pyn::literal(c);
+        }
+        if let Some(e) = o.get("enum").and_then(Value::as_array) {
+            let alts: Vec<String> = e.iter().map(Pyn::literal).collect();
+            return format!("({})", alts.join(" | "));
+        }
+        for key in ["anyOf", "oneOf"] {
+            if let Some(alts) = o.get(key).and_then(Value::as_array) {
+                let alts: Vec<String> = alts.iter().map(|s| self.value(s)).collect();
+                return format!("({})", alts.join(" | "));
+            }
+        }
+        if let Some([one]) = o.get("allOf").and_then(Value::as_array).map(Vec::as_slice) {
+            return self.value(one);
+        }
+        let types: Vec<&str> = match o.get("type") {
+            Some(Value::String(t)) => vec![t.as_str()],
+            Some(Value::Array(a)) => a.iter().filter_map(Value::as_str).collect(),
+            _ if o.contains_key("properties") => vec!["object"],
+            _ if o.contains_key("items") => vec!["array"],
+            _ => return "pany".into(),
+        };
+        let mut alts = Vec::new();
+        for t in types {
+            alts.push(match t {
+                "string" => "PSTR".to_owned(),
+                "integer" => "PINT".to_owned(),
+                "number" => "PNUM".to_owned(),
+                "boolean" => "(\"True\" | \"False\")".to_owned(),
+                "null" => "\"None\"".to_owned(),
+                "object" => self.dict(schema),
+                "array" => {
+                    let item = match o.get("items") {
+                        Some(items) => self.value(items),
+                        None => "pany".to_owned(),
+                    };
+                    format!("\"[\" ({item} (COMMA {item})*)? \"]\"")
+                }
+                _ => "pany".to_owned(),
+            });
+        }
+        if alts.is_empty() {
+            return "pany".into();
+        }
+        format!("({})", alts.join(" | "))
+    }
+
+    /// A rule for the local reference `r` (written once).
+    fn reference(&mut self, r: &str) -> String {
+        if let Some((_, name)) = self.refs.iter().find(|(x, _)| x == r) {
+            return name.clone();
+        }
+        let name = self.fresh();
+        self.refs.push((r.to_owned(), name.clone()));
+        let target = r.strip_prefix('#').and_then(|p| self.root.pointer(p)).cloned();
+        let body = match target {
+            Some(t) => self.value(&t),
+            None => "pany".to_owned(),
+        };
+        self.rules.push_str(&format!("{name}: {body}\n"));
+        name
+    }
+
+    /// A dict: its declared properties in schema order, the required ones
+    /// always, the others optionally; any members where it declares none.
+    fn dict(&mut self, schema: &Value) -> String {
+        let props = schema.get("properties").and_then(Value::as_object);
+        let Some(props) = props.filter(|p| !p.is_empty()) else { return "pdict".into() };
+        let required = required(schema);
+        let members: Vec<(bool, String)> = props
+            .iter()
+            .map(|(k, v)| {
+                (
+                    required.contains(&k.as_str()),
+                    format!("{} COLON {}", Pyn::quoted(k), self.value(v)),
+                )
+            })
+            .collect();
+        let seq = self.members(&members);
+        format!("\"{{\" {seq} \"}}\"")
+    }
+
+    /// Members in order, separated by commas, the required ones always,
+    /// the others optionally.
+    fn members(&mut self, members: &[(bool, String)]) -> String {
+        // m(i, c): the members from i on, after a member (c) or not.
+        let id = self.fresh();
+        let name = |i: usize, c: bool| format!("{id}_{i}{}", if c { "c" } else { "" });
+        let empty_from = |i: usize| members[i..].iter().all(|(req, _)| !req);
+        for i in (0..members.len()).rev() {
+            for c in [false, true] {
+                let (req, m) = &members[i];
+                let sep = if c { "COMMA " } else { "" };
+                let next = if i + 1 == members.len() {
+                    String::new()
+                } else if empty_from(i + 1) {
+                    format!(" {}?", name(i + 1, true))
+                } else {
+                    format!(" {}", name(i + 1, true))
+                };
+                let with = format!("{sep}{m}{next}");
+                // Each m(i, c) writes at least one member; an optional
+                // member may be left out for the ones after it.
+                let body = if *req || i + 1 == members.len() {
+                    with
+                } else {
+                    format!("{with} | {}", name(i + 1, c))
+                };
+                self.rules.push_str(&format!("{}: {body}\n", name(i, c)));
+            }
+        }
+        if empty_from(0) {
+            format!("{}?", name(0, false))
+        } else {
+            name(0, false)
+        }
+    }
+}
+
+/// The names an object schema requires.
+fn required(schema: &Value) -> Vec<&str> {
+    schema
+        .get("required")
+        .and_then(Value::as_array)
+        .map(|a| a.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default()
+}
+
+/// Calls as Llama 4 writes them: a Python list `[NAME(KEY=VALUE, …), …]`,
+/// after `<|python_start|>` (then optionally closed by `<|python_end|>`)
+/// or bare. The keyword arguments are the schema's properties in order,
+/// the required ones always, the others optionally (a tool without
+/// properties takes none); values are Python literals as the schema says
+/// (strings in either quote with `\\ \' \" \n \t \r` escapes, integers,
+/// numbers, `True`, `False`, `None`, lists and dicts; `enum`, `const`,
+/// `anyOf`, `oneOf`, local `$ref`s, `items`, nested `properties`; string
+/// and number bounds, `minItems` and the like are not enforced; a dict
+/// without declared properties takes any members). A tool whose name is
+/// no dotted Python name, or that requires a property whose name is no
+/// identifier, cannot be written: it is left out (no grammar when none is
+/// left), as are optional properties without identifier names.
 pub(crate) fn grammar(
-    _tools: &[crate::grammar::GrammarTool<'_>],
-    _special: crate::grammar::Special<'_>,
+    tools: &[crate::grammar::GrammarTool<'_>],
+    special: crate::grammar::Special<'_>,
 ) -> Option<crate::grammar::CallGrammar> {
-    None
+    let mut g = Pyn { rules: String::new(), root: &Value::Null, refs: Vec::new(), n: 0 };
+    g.base();
+    let mut fns = Vec::new();
+    for (i, t) in tools.iter().enumerate() {
+        if !dotted_name(t.name) {
+            continue;
+        }
+        let props = t.parameters.get("properties").and_then(Value::as_object);
+        let required = required(t.parameters);
+        let keyword = |k: &str| ident_len(k) == k.len() && !k.is_empty();
+        if required.iter().any(|k| !keyword(k) && props.is_some_and(|p| p.contains_key(*k))) {
+            continue;
+        }
+        g.root = t.parameters;
+        g.refs.clear();
+        let members: Vec<(bool, String)> = props
+            .into_iter()
+            .flatten()
+            .filter(|(k, _)| keyword(k))
+            .map(|(k, v)| {
+                (
+                    required.contains(&k.as_str()),
+                    format!("{} {}", lit(&format!("{k}=")), g.value(v)),
+                )
+            })
+            .collect();
+        let args = if members.is_empty() { String::new() } else { g.members(&members) };
+        g.rules.push_str(&format!("fn{i}: {} {args} \")\"\n", lit(&format!("{}(", t.name))));
+        fns.push(format!("fn{i}"));
+    }
+    if fns.is_empty() {
+        return None;
+    }
+    let mut rules = g.rules;
+    let (start, end) = (special(PY_START), special(PY_END));
+    rules.push_str(&format!("fn: {}\n", fns.join(" | ")));
+    rules.push_str("WS: /[ \\n]{1,3}/\n");
+    rules.push_str(&format!("one: {start} WS? \"[\" fn \"]\" (WS? {end})? | \"[\" fn \"]\"\n"));
+    rules.push_str("list: \"[\" fn (COMMA fn)* \"]\"\n");
+    rules.push_str(&format!("calls: {start} body | list\n"));
+    rules.push_str(&format!("body: WS? list (WS? {end})?\n"));
+    Some(crate::grammar::CallGrammar { rules, opener: PY_START.to_owned() })
 }
 
 #[cfg(test)]
@@ -349,6 +626,131 @@ mod tests {
 
     fn opts() -> Options {
         Options { generation_prompt: Some(GEN.to_owned()), ..Options::default() }
+    }
+
+    /// Whether `toks` is a whole sentence of `start: calls` of `lark`,
+    /// compiled over a one-byte vocabulary.
+    fn sentence(lark: &str, toks: &[u32]) -> bool {
+        use llguidance::api::TopLevelGrammar;
+        use llguidance::toktrie::{ApproximateTokEnv, InferenceCapabilities};
+        let env = ApproximateTokEnv::single_byte_env();
+        let caps = InferenceCapabilities::default();
+        let slices = llguidance::earley::SlicedBiasComputer::general_slices();
+        let mut f = llguidance::ParserFactory::new(&env, caps, &slices).expect("factory");
+        f.quiet();
+        let g = TopLevelGrammar::from_lark(format!("start: calls\n{lark}"));
+        let mut m = llguidance::Matcher::new(Ok(f.create_parser(g).expect("compiles")));
+        toks.iter().all(|&t| m.consume_token(t).is_ok()) && m.is_accepting().unwrap_or(false)
+    }
+
+    /// The grammar's verdicts on call lists (with `<|python_start|>` and
+    /// `<|python_end|>` as text and as tokens of their own), and the
+    /// parser's calls (name, arguments) for each accepted one.
+    #[test]
+    fn grammar_holds_literals_to_the_schema_and_the_parser() {
+        use crate::grammar::{lit, GrammarTool};
+        use serde_json::{json, Value};
+        let f = json!({"type": "object", "properties": {
+            "s": {"type": "string"}, "n": {"type": ["integer", "null"]},
+            "x": {"type": "number"}, "b": {"type": "boolean"},
+            "e": {"enum": ["a", "b'c"]},
+            "l": {"type": "array", "items": {"$ref": "#/$defs/p"}},
+            "d": {"type": "object"},
+            "q&a": {"type": "string"}}, "required": ["s"],
+            "$defs": {"p": {"type": "object", "properties": {"k": {"type": "string"},
+                "v": {"type": "integer"}}, "required": ["v"]}}});
+        let none = json!({"type": "object", "properties": {}});
+        let odd = json!({"type": "object", "properties": {"q&a": {"type": "string"}},
+            "required": ["q&a"]});
+        let tools = [
+            GrammarTool { name: "f", parameters: &f },
+            GrammarTool { name: "ns.get_time", parameters: &none },
+            GrammarTool { name: "odd", parameters: &odd },
+            GrammarTool { name: "get-x", parameters: &none },
+        ];
+        let marks = [(super::PY_START, 250u32, "{B}"), (super::PY_END, 251, "{E}")];
+        let as_token = |t: &str| {
+            marks.iter().find(|m| m.0 == t).map_or_else(|| lit(t), |m| format!("<[{}]>", m.1))
+        };
+        let text_g = super::grammar(&tools, &|t: &str| lit(t)).expect("a grammar").rules;
+        let tok_g = super::grammar(&tools, &as_token).expect("a grammar").rules;
+        let cases: Vec<(&str, Option<Value>)> = vec![
+            ("[f(s='x')]", Some(json!([["f", {"s": "x"}]]))),
+            ("{B}[f(s=\"\")]{E}", Some(json!([["f", {"s": ""}]]))),
+            (
+                "{B}\n[f(s='a', n=None), ns.get_time()]\n{E}",
+                Some(json!([["f", {"s": "a", "n": null}], ["ns.get_time", {}]])),
+            ),
+            (
+                "{B}[ns.get_time(),ns.get_time()]",
+                Some(json!([["ns.get_time", {}], ["ns.get_time", {}]])),
+            ),
+            (
+                r#"[f(s="q\"'\\\n\t]) <|python_end|>", n=-3, x=1.5e-3, b=True, e='b\'c')]"#,
+                Some(
+                    json!([["f", {"s": "q\"'\\\n\t]) <|python_end|>", "n": -3, "x": 0.0015, "b": true, "e": "b'c"}]]),
+                ),
+            ),
+            (
+                r#"[f(s='', l=[{"k": 'z', "v": 0}, {'v': 2}], d={"a": [1, None, "c"], 'b': {}})]"#,
+                Some(
+                    json!([["f", {"s": "", "l": [{"k": "z", "v": 0}, {"v": 2}], "d": {"a": [1, null, "c"], "b": {}}}]]),
+                ),
+            ),
+            // What the schema or the parser does not allow.
+            ("[f()]", None),
+            ("[f(n=1, s='a')]", None),
+            ("[f(s='a', n=1.5)]", None),
+            ("[f(s='a', x=1e999)]", None),
+            ("[f(s='a', b=true)]", None),
+            ("[f(s='a', e='c')]", None),
+            ("[f(s=1)]", None),
+            ("[f(s='a\nb')]", None),
+            ("[f(s='a', l=[{'k': 'z'}])]", None),
+            ("[f(s='a', z=1)]", None),
+            ("[g()]", None),
+            ("[odd()]", None),
+            ("[get-x()]", None),
+            ("[ns.get_time()]{E}", None),
+            ("{B}[]{E}", None),
+        ];
+        for (text, want) in cases {
+            let plain = marks.iter().fold(text.to_owned(), |t, m| t.replace(m.2, m.0));
+            let bytes: Vec<u32> = plain.bytes().map(u32::from).collect();
+            assert_eq!(sentence(&text_g, &bytes), want.is_some(), "{plain:?}");
+            let mut toks = Vec::new();
+            let mut rest = text;
+            while !rest.is_empty() {
+                match marks.iter().find(|m| rest.starts_with(m.2)) {
+                    Some(m) => {
+                        toks.push(m.1);
+                        rest = &rest[m.2.len()..];
+                    }
+                    None => {
+                        toks.push(u32::from(rest.as_bytes()[0]));
+                        rest = &rest[1..];
+                    }
+                }
+            }
+            assert_eq!(sentence(&tok_g, &toks), want.is_some(), "tokens: {plain:?}");
+            if let Some(want) = want {
+                let got = crate::formats::testing::whole_and_by_char(
+                    Format::Llama4Pythonic,
+                    &opts(),
+                    &plain,
+                    FinishReason::Stop,
+                );
+                let got: Vec<Value> = got
+                    .calls
+                    .iter()
+                    .map(|c| {
+                        let args: Value = serde_json::from_str(&c.arguments).expect("json");
+                        json!([c.name, args])
+                    })
+                    .collect();
+                assert_eq!(Value::from(got), want, "{plain:?}");
+            }
+        }
     }
 
     #[test]
