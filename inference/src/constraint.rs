@@ -230,6 +230,11 @@ impl Grammars {
         )
         .map_err(|e| grammar_err(format!("cannot build the grammar vocabulary: {e}")))?;
         factory.quiet();
+        // A bounded free-text value that must not hold its closing tag (the
+        // XML-style call formats) builds many lexer states on a real
+        // vocabulary the first time a mask meets them: 10x llguidance's
+        // default per-mask fuel (about 140 ms at worst, once per state).
+        factory.limits_mut().step_lexer_fuel = 2_000_000;
         Ok(Grammars {
             factory,
             closing: Arc::new(closing(&pieces, stops)),

@@ -28,6 +28,22 @@ pub struct GrammarTool<'a> {
     pub name: &'a str,
     /// The arguments' JSON Schema (an object schema).
     pub parameters: &'a Value,
+    /// The most bytes one free-text value may take (the raw-text values
+    /// of XML-style and Gemma's formats), so that a call a grammar forces
+    /// ends within the reply's budget; `None`: unbounded.
+    pub text_bytes: Option<usize>,
+}
+
+impl GrammarTool<'_> {
+    /// The regex of a free-text value's content: any text, at most
+    /// `text_bytes` bytes of it (at least `min` characters).
+    pub fn text_body(&self, min: usize) -> String {
+        match self.text_bytes {
+            Some(n) => format!("(?s:.{{{min},{}}})", n.max(min)),
+            None if min == 0 => "(?s:.*)".to_owned(),
+            None => format!("(?s:.{{{min},}})"),
+        }
+    }
 }
 
 /// A format's call grammar for a set of tools: Lark rules defining `one`,
@@ -84,15 +100,40 @@ pub fn rehome(v: &mut Value, name: &str) {
     }
 }
 
+/// `schema` with every object that declares `properties` and says
+/// nothing of others held to them (`additionalProperties: false`, as
+/// OpenAI's strict mode reads a tool's parameters): a forced call names
+/// the keys the tool declares, where an open object would let a small
+/// model invent keys until its token limit.
+pub fn closed(mut schema: Value) -> Value {
+    fn walk(v: &mut Value) {
+        match v {
+            Value::Object(o) => {
+                if o.contains_key("properties")
+                    && !o.contains_key("additionalProperties")
+                    && !o.contains_key("patternProperties")
+                {
+                    o.insert("additionalProperties".into(), Value::Bool(false));
+                }
+                o.values_mut().for_each(walk);
+            }
+            Value::Array(a) => a.iter_mut().for_each(walk),
+            _ => {}
+        }
+    }
+    walk(&mut schema);
+    schema
+}
+
 /// A `%json` rule body for the arguments of `tool` alone.
 pub fn args_json(tool: &GrammarTool<'_>) -> String {
-    format!("%json {}", bounded(tool.parameters.clone()))
+    format!("%json {}", bounded(closed(tool.parameters.clone())))
 }
 
 /// A `%json` rule body for one call object `{"name": NAME, ARGS_KEY:
 /// arguments}` (the JSON-object formats: Hermes, Llama 3, Mistral v3).
 pub fn call_object_json(tool: &GrammarTool<'_>, args_key: &str) -> String {
-    let mut params = tool.parameters.clone();
+    let mut params = closed(tool.parameters.clone());
     rehome(&mut params, "args");
     let mut props = Map::new();
     props.insert("name".into(), json!({"const": tool.name}));

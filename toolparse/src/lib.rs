@@ -43,8 +43,8 @@ mod scan;
 mod schema;
 
 pub use crate::grammar::{
-    alternatives, args_json, bounded, call_object_json, lit, rehome, CallGrammar, GrammarTool,
-    Special, MAX_WS,
+    alternatives, args_json, bounded, call_object_json, closed, lit, rehome, CallGrammar,
+    GrammarTool, Special, MAX_WS,
 };
 pub use crate::json::JsonType;
 pub use crate::registry::{Format, UnknownFormat};

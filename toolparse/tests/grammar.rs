@@ -113,8 +113,10 @@ fn every_fixture_call_is_a_sentence_of_its_format_grammar_and_refused_markup_is_
             continue;
         }
         let owned = tools(&fx);
-        let gt: Vec<GrammarTool<'_>> =
-            owned.iter().map(|(name, parameters)| GrammarTool { name, parameters }).collect();
+        let gt: Vec<GrammarTool<'_>> = owned
+            .iter()
+            .map(|(name, parameters)| GrammarTool { name, parameters, text_bytes: Some(4096) })
+            .collect();
         if gt.is_empty() {
             continue;
         }

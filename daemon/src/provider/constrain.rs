@@ -24,6 +24,9 @@ use prompts::ToolDef;
 use serde_json::{json, Value};
 use toolparse::{Format, GrammarTool};
 
+/// The bounds of a forced call's free-text value, in bytes.
+const TEXT_BYTES: (usize, usize) = (32, 8192);
+
 /// What a turn's output must follow. The tools are the turn's own
 /// (`tools` of the request), already narrowed by the front.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -225,13 +228,16 @@ pub(crate) fn one_of(texts: &[String]) -> String {
 }
 
 /// Translates `c` for the engine of `grammars` with the turn's `tools` in
-/// `format`; `vocab` names single tokens. `Ok(None)`: nothing to enforce.
+/// `format`; `vocab` names single tokens; `max_tokens` is the turn's
+/// budget (a forced call's free-text values are bounded by it, so the call
+/// can end within it). `Ok(None)`: nothing to enforce.
 pub(crate) fn compile(
     c: &Constraint,
     tools: &[ToolDef],
     format: Format,
     grammars: &Grammars,
     vocab: &dyn Fn(&str) -> Option<u32>,
+    max_tokens: usize,
 ) -> Result<Option<Engine>, Refusal> {
     let build = |lark: &str| grammars.compile(lark).map_err(|e| llg_refusal(&e.to_string()));
     match c {
@@ -273,7 +279,16 @@ pub(crate) fn compile(
             }
             let gt: Vec<GrammarTool<'_>> = chosen
                 .iter()
-                .map(|t| GrammarTool { name: &t.name, parameters: &t.parameters })
+                .map(|t| GrammarTool {
+                    name: &t.name,
+                    parameters: &t.parameters,
+                    // A forced call's raw-text values take at most half the
+                    // budget in bytes (a token has one byte at the least),
+                    // so the call can end within it; a call the model
+                    // starts itself writes what it needs.
+                    text_bytes: (*choice != ToolChoice::Auto)
+                        .then(|| (max_tokens / 2).clamp(TEXT_BYTES.0, TEXT_BYTES.1)),
+                })
                 .collect();
             let special = |text: &str| {
                 vocab(text).map(|id| format!("<[{id}]>")).unwrap_or_else(|| toolparse::lit(text))

@@ -210,7 +210,8 @@ impl Local {
         }
         let mut stop = self.stop_strings.clone();
         stop.extend(params.stop.iter().cloned());
-        let constraint = self.constraint(&params.constraint, tools, params.lenient)?;
+        let constraint =
+            self.constraint(&params.constraint, tools, params.lenient, params.max_tokens)?;
         let gen = GenParams {
             max_tokens: params.max_tokens.min(limit - prompt.len() - 1),
             sampling: params.sampling.clone(),
@@ -252,6 +253,7 @@ impl Local {
         c: &Constraint,
         tools: &[ToolDef],
         lenient: bool,
+        max_tokens: usize,
     ) -> Result<Option<inference::Constraint>, ProviderError> {
         if *c == Constraint::None {
             return Ok(None);
@@ -259,7 +261,7 @@ impl Local {
         let grammars = self.engine.grammars().map_err(|e| ProviderError::Failed(e.to_string()))?;
         let tok = self.engine.tokenizer();
         let vocab = |t: &str| tok.id_of(t);
-        match constrain::compile(c, tools, self.format, &grammars, &vocab) {
+        match constrain::compile(c, tools, self.format, &grammars, &vocab, max_tokens) {
             Ok(c) => Ok(c),
             Err(_) if lenient => {
                 // Each tool's arguments held to their schema where it can
@@ -274,7 +276,9 @@ impl Local {
                         t
                     })
                     .collect();
-                Ok(constrain::compile(c, &loose, self.format, &grammars, &vocab).ok().flatten())
+                Ok(constrain::compile(c, &loose, self.format, &grammars, &vocab, max_tokens)
+                    .ok()
+                    .flatten())
             }
             Err(r) => Err(ProviderError::Invalid(r.message)),
         }
@@ -601,6 +605,65 @@ mod tests {
             l.step_chats(&mut [(&mut run, &cancel, &mut |_| {})]).unwrap();
         }
         assert_eq!(l.end_chat(run, &mut |_| {}).stop, None);
+    }
+
+    /// Every format's forced call on the real model: under `required` the
+    /// model writes its native markup and the parser reads back one call
+    /// whose arguments hold the tool's schema.
+    #[test]
+    fn every_format_forced_call_reads_back() {
+        let Some(path) = std::env::var_os("AGENTD_TEST_MODEL") else { return };
+        let tool = ToolDef {
+            name: "get_weather".into(),
+            description: "Current weather for a city".into(),
+            parameters: json!({"type": "object", "properties": {"city": {"type": "string"},
+                "unit": {"type": "string", "enum": ["c", "f"]}}, "required": ["city"]}),
+        };
+        let msgs = [Message::new("user", "Do not use any tool. Just say hello in one word.")];
+        let mut failed = Vec::new();
+        let only = std::env::var("AGENTD_TEST_FORMAT").ok();
+        for name in Format::NAMES.iter().filter(|n| only.as_deref().is_none_or(|o| o == **n)) {
+            let args = EngineArgs {
+                model: Some(path.to_string_lossy().into_owned()),
+                device: "cpu".into(),
+                threads: Some(2),
+                provider: "local".into(),
+                ..EngineArgs::default()
+            };
+            let mut l = Local::load(&args, Some(name), None).expect("the model loads");
+            let p = ChatParams {
+                max_tokens: 160,
+                sampling: Sampling::default(),
+                stop: Vec::new(),
+                mode: Mode::Tools,
+                constraint: Constraint::ToolCalls(ToolChoice::Required),
+                lenient: false,
+                raw: None,
+                reasoning_budget: None,
+            };
+            let (ids, events) = turn(&mut l, &msgs, std::slice::from_ref(&tool), &p);
+            let text = l.engine.tokenizer().decode(&ids);
+            let calls: Vec<_> = events
+                .iter()
+                .filter_map(|e| {
+                    if let Event::CallEnd { call, .. } = e {
+                        Some(call.clone())
+                    } else {
+                        None
+                    }
+                })
+                .collect();
+            let ok = !calls.is_empty()
+                && calls.iter().all(|c| {
+                    let a: Value = serde_json::from_str(&c.arguments).unwrap_or(Value::Null);
+                    c.name == "get_weather" && a["city"].is_string()
+                });
+            eprintln!("{name}: {} call(s) {text:?}", calls.len());
+            if !ok {
+                failed.push(format!("{name}: {text:?} -> {calls:?}"));
+            }
+        }
+        assert!(failed.is_empty(), "{}", failed.join("\n"));
     }
 
     /// Prompts that get the free model to write call markup: a system

@@ -385,6 +385,7 @@ pub(crate) fn grammar(
             let tag = format!("{} name=\"{}\" string=\"{string}\">", style.param, prop.key);
             let v = value_expr(
                 &format!("{i}_{k}"),
+                t,
                 t.parameters,
                 prop,
                 true,

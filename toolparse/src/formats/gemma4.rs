@@ -613,6 +613,9 @@ struct Notate<'a> {
     quote: String,
     /// `<|"|>` is text there (not one token).
     quote_is_text: bool,
+    /// A string's content regex, with no minimum and with one character at
+    /// least (`GrammarTool::text_body`).
+    text: (String, String),
 }
 
 impl Notate<'_> {
@@ -682,11 +685,13 @@ impl Notate<'_> {
         let q = rx(QUOTE);
         if self.quote_is_text {
             self.rules.push_str(&format!(
-                "GSTR: /{q}(?s:.*){q}/ & ~/{q}(?s:.*){q}(?s:.+)/\ngstr[max_tokens={TEXT_MAX}]: GSTR\n"
+                "GSTR: /{q}{}{q}/ & ~/{q}(?s:.*){q}(?s:.+)/\ngstr[max_tokens={TEXT_MAX}]: GSTR\n",
+                self.text.0
             ));
         } else {
             self.rules.push_str(&format!(
-                "GSTRC: /(?s:.+)/ & ~/(?s:.*){q}(?s:.*)/\ngstrc[max_tokens={TEXT_MAX}]: GSTRC\n"
+                "GSTRC: /{}/ & ~/(?s:.*){q}(?s:.*)/\ngstrc[max_tokens={TEXT_MAX}]: GSTRC\n",
+                self.text.1
             ));
             self.rules.push_str(&format!("gstr: {0} gstrc? {0}\n", self.quote));
         }
@@ -848,6 +853,10 @@ pub(crate) fn grammar(
         n: 0,
         quote_is_text: quote == lit(QUOTE),
         quote,
+        text: tools.first().map_or_else(
+            || ("(?s:.*)".into(), "(?s:.+)".into()),
+            |t| (t.text_body(0), t.text_body(1)),
+        ),
     };
     g.base();
     let mut fns = Vec::new();

@@ -476,6 +476,7 @@ pub(crate) fn grammar(
             let key = lit(&format!("<arg_key>{}</arg_key>{sep}", prop.key));
             let v = value_expr(
                 &format!("{i}_{k}"),
+                t,
                 t.parameters,
                 prop,
                 true,
@@ -487,6 +488,7 @@ pub(crate) fn grammar(
             p.push(format!("{key} {v} {}", lit(sep)).replace(" \"\"", ""));
             let x = value_expr(
                 &format!("{i}_{k}_x"),
+                t,
                 t.parameters,
                 prop,
                 true,

@@ -579,13 +579,16 @@ pub(crate) fn grammar(
         Vec::new()
     };
     let forbidden = format!("~/(?s:.*)({}\\s*<)(?s:.*)/", rx(CLOSE_ARG));
+    let (body0, body1) = tools
+        .first()
+        .map_or_else(|| ("(?s:.*)".into(), "(?s:.+)".into()), |t| (t.text_body(0), t.text_body(1)));
     let mut rules = String::new();
     if tail.is_empty() {
-        rules.push_str(&format!("KTEXT: /(?s:.+)/ & {forbidden}\n"));
+        rules.push_str(&format!("KTEXT: /{body1}/ & {forbidden}\n"));
         rules.push_str(&format!("ktext[max_tokens={TEXT_MAX}]: KTEXT\n"));
         rules.push_str(&format!("text: ktext? {}\n", rest.join(" ")));
     } else {
-        rules.push_str(&format!("KTEXT: /(?s:.*){}/ & {forbidden}\n", rx(&tail)));
+        rules.push_str(&format!("KTEXT: /{body0}{}/ & {forbidden}\n", rx(&tail)));
         rules.push_str(&format!("ktext[max_tokens={TEXT_MAX}]: KTEXT\n"));
         rules.push_str(&format!("text: ktext {}\n", rest.join(" ")));
     }
@@ -676,7 +679,7 @@ mod tests {
         let f = json!({"type": "object", "properties": {
             "s": {"type": "string"}, "n": {"type": ["integer", "null"]},
             "e": {"enum": ["a", "b"], "type": "string"}}, "required": ["s"]});
-        let tools = [GrammarTool { name: "f", parameters: &f }];
+        let tools = [GrammarTool { name: "f", parameters: &f, text_bytes: None }];
         let marks = [(OPEN, 250u32, "{O}"), (CLOSE, 251, "{C}"), (SEP, 252, "{S}")];
         let as_token = |t: &str| {
             marks.iter().find(|m| m.0 == t).map_or_else(|| lit(t), |m| format!("<[{}]>", m.1))

@@ -663,10 +663,10 @@ mod tests {
         let odd = json!({"type": "object", "properties": {"q&a": {"type": "string"}},
             "required": ["q&a"]});
         let tools = [
-            GrammarTool { name: "f", parameters: &f },
-            GrammarTool { name: "ns.get_time", parameters: &none },
-            GrammarTool { name: "odd", parameters: &odd },
-            GrammarTool { name: "get-x", parameters: &none },
+            GrammarTool { name: "f", parameters: &f, text_bytes: None },
+            GrammarTool { name: "ns.get_time", parameters: &none, text_bytes: None },
+            GrammarTool { name: "odd", parameters: &odd, text_bytes: None },
+            GrammarTool { name: "get-x", parameters: &none, text_bytes: None },
         ];
         let marks = [(super::PY_START, 250u32, "{B}"), (super::PY_END, 251, "{E}")];
         let as_token = |t: &str| {

@@ -603,8 +603,8 @@ pub(crate) fn rx(s: &str) -> String {
 
 /// A Lark terminal body for `open` + free text + `close`, where the whole lexeme holds no match of any of the regexes
 /// `forbidden` (what the parser would take for the end of the value).
-pub(crate) fn text_terminal(open: &str, close: &str, forbidden: &[&str]) -> String {
-    format!("/{}(?s:.*){}/ & ~/(?s:.*)({})(?s:.*)/", rx(open), rx(close), forbidden.join("|"))
+pub(crate) fn text_terminal(open: &str, body: &str, close: &str, forbidden: &[&str]) -> String {
+    format!("/{}{body}{}/ & ~/(?s:.*)({})(?s:.*)/", rx(open), rx(close), forbidden.join("|"))
 }
 
 /// One declared parameter of a tool.
@@ -645,6 +645,7 @@ pub(crate) fn props(params: &Value) -> Vec<Prop<'_>> {
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn value_expr(
     id: &str,
+    tool: &crate::grammar::GrammarTool<'_>,
     params: &Value,
     prop: &Prop<'_>,
     undeclared_any: bool,
@@ -660,14 +661,14 @@ pub(crate) fn value_expr(
             format!("({})", alts.join(" | "))
         }
         ValueForm::Text => {
-            let t = text_terminal(open, close, forbidden);
+            let t = text_terminal(open, &tool.text_body(0), close, forbidden);
             let up = id.to_uppercase();
             rules.push_str(&format!("V{up}: {t}\n"));
             rules.push_str(&format!("v{id}[max_tokens={TEXT_MAX}]: V{up}\n"));
             format!("v{id}")
         }
         ValueForm::Json(schema, python) => {
-            rules.push_str(&format!("j{id}: %json {}\n", bounded(schema)));
+            rules.push_str(&format!("j{id}: %json {}\n", bounded(crate::grammar::closed(schema))));
             let mut alts = vec![format!("j{id}")];
             alts.extend(python.iter().map(|p| lit(p)));
             format!("{} ({}) {}", lit(open), alts.join(" | "), lit(close))
@@ -711,6 +712,7 @@ pub(crate) fn grammar(
             let id = format!("{i}_{k}");
             let v = value_expr(
                 &id,
+                t,
                 t.parameters,
                 prop,
                 false,
