@@ -19,10 +19,15 @@
 //! (`<|start|>assistant to=functions.x<|channel|>commentary json`) or in the
 //! channel part (`<|channel|>commentary to=functions.x <|constrain|>json`);
 //! the content type (`<|constrain|>json`, a bare ` json`, or none) is
-//! ignored. A message with a recipient is a call, named by the recipient
-//! (`functions.` dropped): a function (`to=functions.get_weather`) or a
-//! built-in tool (`to=python`, `to=browser.search`, `to=browser.open`,
-//! `to=container.exec`), on any channel. Its body is one JSON object found
+//! ignored. A message to an offered tool is a call, named by the recipient
+//! (`functions.` dropped), on any channel: a function
+//! (`to=functions.get_weather`) or a built-in tool (`to=python`,
+//! `to=browser.search`, `to=browser.open`, `to=container.exec`) offered
+//! under that very name; when no tools were given, every recipient is
+//! offered. A message to any other recipient (a built-in the caller never
+//! offered, a function name outside the offered tools) is no call: its
+//! body is text of its channel, as if it had no recipient (`analysis` is
+//! reasoning, other channels content). A call's body is one JSON object found
 //! by scanning JSON, so marker text inside an argument string does not end
 //! it; a built-in tool's body that is no JSON object (`to=python code`
 //! writes Python) is its input text, up to the message's end, and the
@@ -47,6 +52,7 @@ use crate::json::{self, Scan, ValueEnd};
 use crate::scan::{
     find_first, follow_within, push_capped, starts_with, ws_len, Find, Follow, Prefix,
 };
+use crate::schema::Tools;
 use crate::{DropReason, FinishReason, Options};
 
 const START: &str = "<|start|>";
@@ -103,13 +109,13 @@ pub(crate) struct GptOss {
 
 impl GptOss {
     pub(crate) fn new(opts: &Options) -> GptOss {
-        GptOss { state: initial(opts.generation_prompt.as_deref()) }
+        GptOss { state: initial(opts.generation_prompt.as_deref(), &opts.tools) }
     }
 }
 
 /// The start state from the end of the prompt: inside a header after
 /// `<|start|>assistant`, inside a body after a prefilled `<|message|>`.
-fn initial(gen: Option<&str>) -> State {
+fn initial(gen: Option<&str>, tools: &Tools) -> State {
     let Some(gen) = gen else { return State::Free };
     let Some(p) = gen.rfind(START) else { return State::Free };
     let tail = &gen[p + START.len()..];
@@ -122,10 +128,11 @@ fn initial(gen: Option<&str>) -> State {
             Header { recipient: None, channel } => State::Text(channel_kind(channel.as_deref())),
             // The prompt opened a call's body (a forced tool choice): the
             // text is its body.
-            Header { recipient: Some(r), .. } => {
-                let (name, builtin) = call_name(&r);
-                State::Prefilled { name: name.to_owned(), builtin }
-            }
+            Header { recipient: Some(r), channel } => match call_name(&r, tools) {
+                Some((name, builtin)) => State::Prefilled { name: name.to_owned(), builtin },
+                // A recipient that was not offered: the body is text.
+                None => State::Text(channel_kind(channel.as_deref())),
+            },
         },
     }
 }
@@ -172,12 +179,17 @@ fn channel_kind(channel: Option<&str>) -> Kind {
 }
 
 /// The call name of a recipient (`functions.NAME` → `NAME`; a built-in
-/// tool keeps its name) and whether it is a built-in tool.
-fn call_name(recipient: &str) -> (&str, bool) {
-    match recipient.strip_prefix("functions.") {
+/// tool keeps its name) and whether it is a built-in tool; `None` when the
+/// recipient was not offered, so its message is no call: when tools were
+/// given, only a name among them is a call (a caller that offers no
+/// `python` runs none, whatever the model was trained to call); when none
+/// were given, every recipient is.
+fn call_name<'a>(recipient: &'a str, tools: &Tools) -> Option<(&'a str, bool)> {
+    let (name, builtin) = match recipient.strip_prefix("functions.") {
         Some(name) => (name, false),
         None => (recipient, true),
-    }
+    };
+    (tools.0.is_empty() || tools.get(name).is_some()).then_some((name, builtin))
 }
 
 /// A header's visible text when it turns out not to be a header.
@@ -243,12 +255,13 @@ impl Machine for GptOss {
                 match m {
                     MESSAGE => {
                         let h = parse_header(header);
-                        self.state = match h.recipient {
-                            Some(r) => {
-                                let (name, builtin) = call_name(&r);
+                        let call = h.recipient.as_deref().and_then(|r| call_name(r, cx.tools()));
+                        self.state = match call {
+                            Some((name, builtin)) => {
                                 cx.start_call(None, name);
                                 State::Call { scan: ValueEnd::default(), builtin }
                             }
+                            // No recipient, or one that was not offered.
                             None => State::Text(channel_kind(h.channel.as_deref())),
                         };
                     }
