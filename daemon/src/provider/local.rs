@@ -800,4 +800,61 @@ mod tests {
         }
         assert!(shown > 0, "no prompt got the free model to write call markup");
     }
+
+    /// The final turn masks every call opener of every format: with the
+    /// model asked to copy a line that holds one (which it does when free),
+    /// the final turn writes none of them.
+    #[test]
+    fn the_final_turn_masks_every_formats_openers() {
+        let Some(path) = std::env::var_os("AGENTD_TEST_MODEL") else { return };
+        let mut unshown = Vec::new();
+        for name in Format::NAMES {
+            let args = EngineArgs {
+                model: Some(path.to_string_lossy().into_owned()),
+                device: "cpu".into(),
+                threads: Some(2),
+                provider: "local".into(),
+                ..EngineArgs::default()
+            };
+            let mut l = Local::load(&args, Some(name), None).expect("the model loads");
+            l.sampling.repeat_penalty = 1.0;
+            let openers = l.format.call_openers();
+            let mut shown = false;
+            'prompts: for opener in openers {
+                let line = format!("{opener}get_weather(city=\"Paris\")");
+                for msgs in markup_prompts(&line) {
+                    let req = TurnRequest {
+                        messages: &msgs,
+                        tools: &[],
+                        phase: Phase::Final,
+                        max_tokens: 40,
+                        choices: &[],
+                    };
+                    let fin = turn_params(&l.sampling, &req);
+                    let free = ChatParams { constraint: Constraint::None, ..fin.clone() };
+                    let (ids, _) = turn(&mut l, &msgs, &[], &free);
+                    let text = l.engine.tokenizer().decode(&ids);
+                    if !openers.iter().any(|o| text.contains(o.trim())) {
+                        continue;
+                    }
+                    shown = true;
+                    let (ids, _) = turn(&mut l, &msgs, &[], &fin);
+                    let text = l.engine.tokenizer().decode(&ids);
+                    eprintln!("{name}: free copied an opener; final turn: {text:?}");
+                    for o in openers {
+                        assert!(!text.contains(o), "{name}: the final turn wrote {o:?}: {text:?}");
+                    }
+                    break 'prompts;
+                }
+            }
+            if !shown {
+                unshown.push(name.to_string());
+            }
+        }
+        // A format whose openers the free model never copies is reported,
+        // not failed (nothing to mask there); greedy decoding copies them
+        // in 8 of the 16 formats today, and at least 6 must be shown.
+        eprintln!("never copied by the free model: {unshown:?}");
+        assert!(Format::NAMES.len() - unshown.len() >= 6, "{unshown:?}");
+    }
 }
