@@ -25,7 +25,7 @@ use serde_json::{json, Value};
 use toolparse::{Format, GrammarTool};
 
 /// The bounds of a forced call's free-text value, in bytes.
-const TEXT_BYTES: (usize, usize) = (32, 8192);
+const TEXT_BYTES: (usize, usize) = (32, 256);
 
 /// What a turn's output must follow. The tools are the turn's own
 /// (`tools` of the request), already narrowed by the front.
@@ -282,12 +282,15 @@ pub(crate) fn compile(
                 .map(|t| GrammarTool {
                     name: &t.name,
                     parameters: &t.parameters,
-                    // A forced call's raw-text values take at most half the
-                    // budget in bytes (a token has one byte at the least),
-                    // so the call can end within it; a call the model
-                    // starts itself writes what it needs.
-                    text_bytes: (*choice != ToolChoice::Auto)
-                        .then(|| (max_tokens / 2).clamp(TEXT_BYTES.0, TEXT_BYTES.1)),
+                    // A forced call's raw-text values take at most half a
+                    // small budget in bytes (a token has one byte at the
+                    // least), so the call can end within it; a larger
+                    // budget, or a call the model starts itself, is not
+                    // bounded (llguidance's bounded lexemes that must not
+                    // hold their closing tag grow costly past a few hundred
+                    // bytes).
+                    text_bytes: (*choice != ToolChoice::Auto && max_tokens / 2 <= TEXT_BYTES.1)
+                        .then(|| (max_tokens / 2).max(TEXT_BYTES.0)),
                 })
                 .collect();
             let special = |text: &str| {
