@@ -233,8 +233,10 @@ impl Grammars {
         // A bounded free-text value that must not hold its closing tag (the
         // XML-style call formats) builds many lexer states on a real
         // vocabulary the first time a mask meets them: 10x llguidance's
-        // default per-mask fuel (about 140 ms at worst, once per state).
+        // default fuel per mask and for building the lexer (about 140 ms
+        // and 200 ms at worst, once per state and per grammar).
         factory.limits_mut().step_lexer_fuel = 2_000_000;
+        factory.limits_mut().initial_lexer_fuel = 10_000_000;
         Ok(Grammars {
             factory,
             closing: Arc::new(closing(&pieces, stops)),
