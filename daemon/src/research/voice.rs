@@ -110,9 +110,17 @@ fn sentence_end(s: &str) -> Option<usize> {
         // Held text is cut at a char boundary (a script without spaces,
         // such as Chinese, has none of its own).
         let hold = (0..=HOLD_MAX).rev().find(|&k| s.is_char_boundary(k)).unwrap_or(0);
-        let cut = s[..hold].rfind(char::is_whitespace).unwrap_or(hold);
-        let cut = (cut..=s.len()).find(|&k| s.is_char_boundary(k)).unwrap_or(s.len());
-        return Some(cut.max(1));
+        // At the last whitespace that leaves something before it, else at
+        // the hold; never inside a character (a leading ideographic space
+        // is three bytes).
+        let cut = s[..hold]
+            .char_indices()
+            .filter(|&(k, c)| k > 0 && c.is_whitespace())
+            .map(|(k, _)| k)
+            .last()
+            .unwrap_or(hold);
+        let cut = if cut == 0 { s.chars().next().map_or(s.len(), char::len_utf8) } else { cut };
+        return Some(cut);
     }
     None
 }
@@ -274,5 +282,19 @@ mod tests {
             plain("<tool_call>{\"a\": 1}</tool_call> [link](http://x.y) - item"),
             "{\"a\": 1} link item"
         );
+    }
+
+    proptest::proptest! {
+        /// Any text: a sentence end is a char boundary inside the text and
+        /// past its start (a long run of a script without spaces, a leading
+        /// ideographic space: the cut never splits a character).
+        #[test]
+        fn a_sentence_end_is_always_a_char_boundary(s in "\\PC{0,40}", n in 0usize..300) {
+            for text in [s.repeat(n / s.len().max(1) + 1), format!("\u{3000}{}", "天".repeat(n + 140)), "天".repeat(n + 140)] {
+                if let Some(end) = sentence_end(&text) {
+                    proptest::prop_assert!(end > 0 && end <= text.len() && text.is_char_boundary(end));
+                }
+            }
+        }
     }
 }
