@@ -248,6 +248,26 @@ impl Knobs {
     }
 }
 
+/// The most stop strings a request may give, and the longest one (bytes):
+/// each is searched for in the text held back at every token.
+pub(crate) const STOPS: (usize, usize) = (16, 256);
+
+/// A request's stop strings within [`STOPS`].
+fn check_stops(stop: &[String]) -> Result<(), String> {
+    let (most, longest) = STOPS;
+    if stop.len() > most {
+        return Err(format!("at most {most} stop strings are taken, not {}", stop.len()));
+    }
+    match stop.iter().find(|s| s.len() > longest) {
+        Some(s) => Err(format!(
+            "a stop string is at most {longest} bytes; one has {} ({:?}…)",
+            s.len(),
+            s.chars().take(24).collect::<String>()
+        )),
+        None => Ok(()),
+    }
+}
+
 /// Tokens a reply may write when the request does not say.
 pub(crate) const DEFAULT_MAX_TOKENS: usize = 1024;
 
@@ -342,6 +362,9 @@ impl ChatRequest {
             }
             Some(n) => n,
         };
+        // An empty stop string stops nothing.
+        let stop: Vec<String> = stop.into_iter().filter(|s| !s.is_empty()).collect();
+        check_stops(&stop)?;
         let sampling = knobs.sampling(&st.card.sampling, st.limits)?;
         if st.upstream.is_some() && sampling.no_repeat_ngram > 0 {
             return Err("`no_repeat_ngram` is not supported in front of an upstream engine".into());
@@ -638,6 +661,16 @@ mod tests {
         ] {
             of(body.clone(), &none).unwrap_or_else(|e| panic!("{body}: {e}"));
         }
+    }
+
+    #[test]
+    fn stop_strings_are_bounded_in_number_and_length() {
+        let ok: Vec<String> = (0..16).map(|i| format!("s{i}")).collect();
+        check_stops(&ok).unwrap();
+        check_stops(&["x".repeat(256)]).unwrap();
+        let many: Vec<String> = (0..17).map(|i| format!("s{i}")).collect();
+        assert!(check_stops(&many).unwrap_err().contains("at most 16"));
+        assert!(check_stops(&["x".repeat(257)]).unwrap_err().contains("at most 256 bytes"));
     }
 
     #[test]
