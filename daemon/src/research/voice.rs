@@ -115,10 +115,9 @@ fn sentence_end(s: &str) -> Option<usize> {
         // is three bytes).
         let cut = s[..hold]
             .char_indices()
-            .filter(|&(k, c)| k > 0 && c.is_whitespace())
-            .map(|(k, _)| k)
-            .last()
-            .unwrap_or(hold);
+            .rev()
+            .find(|&(k, c)| k > 0 && c.is_whitespace())
+            .map_or(hold, |(k, _)| k);
         let cut = if cut == 0 { s.chars().next().map_or(s.len(), char::len_utf8) } else { cut };
         return Some(cut);
     }
