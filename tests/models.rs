@@ -281,8 +281,15 @@ fn loading_and_unloading_a_model_thirty_times_does_not_grow_the_daemon() {
     let cycle = || {
         let body = r#"{"model": "smol-b", "prompt": "hi", "keep_alive": 0, "stream": false, "options": {"num_predict": 2}}"#;
         assert_eq!(post(port, "/api/generate", body), 200);
-        // The unload happens right after the reply.
-        std::thread::sleep(std::time::Duration::from_millis(200));
+        // The unload happens right after the reply: wait until /api/ps no
+        // longer lists the model (a loaded machine takes longer).
+        let t = std::time::Instant::now();
+        while request(port, "GET", "/api/ps", "").1.contains("smol-b")
+            && t.elapsed() < std::time::Duration::from_secs(20)
+        {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
     };
     cycle();
     let first = rss_kb(daemon.0.id());
