@@ -26,19 +26,64 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
+/// The routes `/metrics` counts by name; a path of none of them is
+/// counted as `other` (a label per unknown path would let any client grow
+/// the series without bound).
+const ROUTES: [&str; 23] = [
+    "/",
+    "/health",
+    "/metrics",
+    "/favicon.ico",
+    "/favicon.svg",
+    "/v1/models",
+    "/v1/chat/completions",
+    "/v1/messages",
+    "/v1/messages/count_tokens",
+    "/v1/responses",
+    "/v1/responses/input_tokens",
+    "/v1/research",
+    "/v1/chats",
+    "/v1/settings",
+    "/api/version",
+    "/api/tags",
+    "/api/show",
+    "/api/ps",
+    "/api/chat",
+    "/api/generate",
+    "/api/pull",
+    "/api/embed",
+    "/api/embeddings",
+];
+
+/// A request path as `/metrics` labels it: a route's own path, a route
+/// with an id by its template, else `other`.
+fn route_label(path: &str) -> &'static str {
+    let path = path.strip_suffix('/').filter(|p| !p.is_empty()).unwrap_or(path);
+    if let Some(r) = ROUTES.iter().find(|r| **r == path) {
+        return r;
+    }
+    let templated = [
+        ("/v1/runs/", "/v1/runs/{id}"),
+        ("/v1/chats/", "/v1/chats/{id}"),
+        ("/v1/settings/", "/v1/settings/{key}"),
+        ("/v1/responses/", "/v1/responses/{id}"),
+    ];
+    for (prefix, label) in templated {
+        if path.starts_with(prefix) {
+            return match path.rsplit('/').next() {
+                Some("cancel") if prefix == "/v1/runs/" => "/v1/runs/{id}/cancel",
+                Some("resume") if prefix == "/v1/runs/" => "/v1/runs/{id}/resume",
+                _ => label,
+            };
+        }
+    }
+    "other"
+}
+
 async fn counted(st: AxState<State>, req: Request, next: axum::middleware::Next) -> Response {
-    let route = req.uri().path().to_owned();
-    let route = if route.starts_with("/v1/runs/") {
-        "/v1/runs/{id}".to_owned()
-    } else if route.starts_with("/v1/chats/") {
-        "/v1/chats/{id}".to_owned()
-    } else if route.starts_with("/v1/settings/") {
-        "/v1/settings/{key}".to_owned()
-    } else {
-        route
-    };
+    let route = route_label(req.uri().path());
     let r = next.run(req).await;
-    st.metrics.request(&route, r.status().as_u16());
+    st.metrics.request(route, r.status().as_u16());
     r
 }
 
@@ -441,6 +486,7 @@ async fn metrics(AxState(st): AxState<State>) -> Response {
         let loaded = m.loaded();
         text.push_str("# HELP agentd_model_loads_total Times each model was loaded.\n# TYPE agentd_model_loads_total counter\n");
         for (name, n) in m.loads() {
+            let name = super::metrics::label(&name);
             text.push_str(&format!("agentd_model_loads_total{{model=\"{name}\"}} {n}\n"));
         }
         text.push_str(
@@ -451,7 +497,8 @@ async fn metrics(AxState(st): AxState<State>) -> Response {
         for s in &loaded {
             text.push_str(&format!(
                 "agentd_model_bytes{{model=\"{}\"}} {}\n",
-                s.name, s.card.weight_bytes
+                super::metrics::label(&s.name),
+                s.card.weight_bytes
             ));
         }
     }
@@ -483,6 +530,18 @@ async fn models(AxState(st): AxState<State>) -> Response {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn metrics_label_routes_by_name_and_everything_else_other() {
+        assert_eq!(super::route_label("/v1/chat/completions"), "/v1/chat/completions");
+        assert_eq!(super::route_label("/v1/runs/run_abc"), "/v1/runs/{id}");
+        assert_eq!(super::route_label("/v1/runs/run_abc/cancel"), "/v1/runs/{id}/cancel");
+        assert_eq!(super::route_label("/v1/settings/chat.max_tool_iters"), "/v1/settings/{key}");
+        assert_eq!(super::route_label("/api/tags/"), "/api/tags");
+        for unknown in ["/x", "/a\"b", "/v1/nothing", "/api/../etc", "/v2/chat/completions"] {
+            assert_eq!(super::route_label(unknown), "other", "{unknown}");
+        }
+    }
     #[test]
     fn only_loopback_names_and_addresses_pass_the_host_check() {
         for h in [

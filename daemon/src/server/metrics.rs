@@ -21,6 +21,12 @@ pub(crate) struct Metrics {
     upstream: std::sync::OnceLock<(std::sync::Arc<std::sync::atomic::AtomicUsize>, usize)>,
 }
 
+/// A label value in Prometheus' text format: `\\`, `"` and newlines
+/// escaped.
+pub(crate) fn label(v: &str) -> String {
+    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}
+
 impl Metrics {
     pub(crate) fn request(&self, route: &str, status: u16) {
         if let Ok(mut m) = self.requests.lock() {
@@ -75,6 +81,7 @@ impl Metrics {
         s.push_str("# HELP agentd_http_requests_total HTTP requests by route and status.\n# TYPE agentd_http_requests_total counter\n");
         if let Ok(m) = self.requests.lock() {
             for ((route, status), n) in m.iter() {
+                let route = label(route);
                 s.push_str(&format!(
                     "agentd_http_requests_total{{route=\"{route}\",status=\"{status}\"}} {n}\n"
                 ));
@@ -122,5 +129,14 @@ impl Metrics {
             }
         }
         s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn label_values_are_escaped() {
+        assert_eq!(super::label(r#"a"b\c"#), r#"a\"b\\c"#);
+        assert_eq!(super::label("x\ny"), "x\\ny");
     }
 }
