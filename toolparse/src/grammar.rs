@@ -197,3 +197,16 @@ impl Format {
         crate::formats::call_grammar(self, tools, special)
     }
 }
+
+impl Format {
+    /// The text a model of this format writes for `calls` (name, arguments
+    /// as a JSON object), in order: what its parser reads back as exactly
+    /// those calls, and a sentence of its [`Format::call_grammar`]'s
+    /// `calls` rule. Where a template cannot show tool calls, the history
+    /// (and the instructions telling a model how to call) use it. It is
+    /// the text that follows the format's generation prompt (for gpt-oss,
+    /// after `<|start|>assistant`).
+    pub fn write_calls(self, calls: &[(&str, &serde_json::Value)]) -> String {
+        crate::formats::write_calls(self, calls)
+    }
+}

@@ -527,6 +527,27 @@ pub(crate) fn grammar(
     Some(crate::grammar::CallGrammar { rules, opener: v3::CALLS_BEGIN.to_owned() })
 }
 
+/// Calls as DeepSeek V3 / R1 and V3.1 write them (what [`grammar`]
+/// generates): `<｜tool▁calls▁begin｜>`, each call, `<｜tool▁calls▁end｜>`.
+/// V3: `<｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\n```json\nARGS\n```<｜tool▁call▁end｜>`,
+/// the calls separated by a newline; V3.1:
+/// `<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>ARGS<｜tool▁call▁end｜>`, one after
+/// the other.
+pub(crate) fn write(format: Format, calls: &[(&str, &serde_json::Value)]) -> String {
+    let v3 = format == Format::DeepSeekV3;
+    let calls: Vec<String> = calls
+        .iter()
+        .map(|(name, args)| {
+            if v3 {
+                format!("{CALL_BEGIN}function<｜tool▁sep｜>{name}\n```json\n{args}\n```{CALL_END}")
+            } else {
+                format!("{CALL_BEGIN}{name}<｜tool▁sep｜>{args}{CALL_END}")
+            }
+        })
+        .collect();
+    format!("{}{}{CALLS_END}", v3::CALLS_BEGIN, calls.join(if v3 { "\n" } else { "" }))
+}
+
 #[cfg(test)]
 mod tests {
     use crate::{Accumulator, FinishReason, Format, Options, Parser};

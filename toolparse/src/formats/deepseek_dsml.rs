@@ -411,3 +411,35 @@ pub(crate) fn grammar(
     rules.push_str("body: invokes\n");
     Some(crate::grammar::CallGrammar { rules, opener: open.to_owned() })
 }
+
+/// Calls as DeepSeek V3.2, V4 and V4.1 write them (what [`grammar`]
+/// generates): the block's open tag, a newline, each call as
+/// `<｜DSML｜invoke name="NAME">\n` with one
+/// `<｜DSML｜parameter name="KEY" string="true|false">VALUE</｜DSML｜parameter>\n`
+/// per argument (a string raw with `string="true"`, other values as JSON)
+/// and `</｜DSML｜invoke>\n`, then the block's close tag (V4.1 with its
+/// spaced spellings).
+pub(crate) fn write(format: crate::Format, calls: &[(&str, &Value)]) -> String {
+    use crate::Format;
+    let (open, close, style) = match format {
+        Format::DeepSeekV32 => (OPENS[0], CLOSES[0], PLAIN),
+        Format::DeepSeekV4 => (OPENS[1], CLOSES[1], PLAIN),
+        _ => (OPENS[2], CLOSES[2], SPACED),
+    };
+    let mut out = format!("{open}\n");
+    for (name, args) in calls {
+        out.push_str(&format!("{} name=\"{name}\">\n", style.invoke));
+        for (k, v) in args.as_object().into_iter().flatten() {
+            let string = v.is_string();
+            let v = super::qwen3_xml::raw_or_json(v);
+            out.push_str(&format!(
+                "{} name=\"{k}\" string=\"{string}\">{v}{}\n",
+                style.param, style.param_close
+            ));
+        }
+        out.push_str(style.invoke_close);
+        out.push('\n');
+    }
+    out.push_str(close);
+    out
+}

@@ -878,6 +878,71 @@ pub(crate) fn grammar(
     Some(crate::grammar::CallGrammar { rules, opener: OPEN.to_owned() })
 }
 
+/// A JSON value in Gemma's notation, as its template renders it: strings
+/// between `<|"|>` (verbatim), keys sorted and bare where the parser reads
+/// them back bare, numbers, booleans and `null` bare.
+fn notate(v: &Value, out: &mut String) {
+    match v {
+        Value::String(s) => {
+            out.push_str(QUOTE);
+            out.push_str(s);
+            out.push_str(QUOTE);
+        }
+        Value::Array(a) => {
+            out.push('[');
+            for (i, x) in a.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                notate(x, out);
+            }
+            out.push(']');
+        }
+        Value::Object(o) => {
+            let mut keys: Vec<&String> = o.keys().collect();
+            keys.sort();
+            out.push('{');
+            for (i, k) in keys.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                let bare = !k.is_empty()
+                    && k.trim() == k
+                    && !k.contains(QUOTE)
+                    && !k.contains([':', ',', '{', '}', '[', ']']);
+                if bare {
+                    out.push_str(k);
+                } else {
+                    out.push_str(QUOTE);
+                    out.push_str(k);
+                    out.push_str(QUOTE);
+                }
+                out.push(':');
+                notate(&o[k], out);
+            }
+            out.push('}');
+        }
+        other => out.push_str(&other.to_string()),
+    }
+}
+
+/// Calls as Gemma 4 writes them (what [`grammar`] generates):
+/// `<|tool_call>call:NAME{…}<tool_call|>` each, the arguments in its
+/// notation, one after the other. A string holding `<|"|>` cannot be
+/// written.
+pub(crate) fn write(calls: &[(&str, &Value)]) -> String {
+    let mut out = String::new();
+    for (name, args) in calls {
+        out.push_str(&format!("{OPEN}call:{name}"));
+        match args {
+            Value::Object(_) => notate(args, &mut out),
+            _ => out.push_str("{}"),
+        }
+        out.push_str(CLOSE);
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use crate::{Accumulator, FinishReason, Format, Options, Parser};

@@ -530,6 +530,29 @@ pub(crate) fn grammar(
     Some(crate::grammar::CallGrammar { rules, opener: OPEN.to_owned() })
 }
 
+/// Calls as GLM writes them (what [`grammar`] generates):
+/// `<tool_call>NAME`, each argument as
+/// `<arg_key>KEY</arg_key><arg_value>VALUE</arg_value>` (a string raw,
+/// other values as JSON), then `</tool_call>`. GLM-4.5/4.6 put a newline
+/// after the name, each key and each value, and between calls; GLM-4.7
+/// writes them without.
+pub(crate) fn write(format: Format, calls: &[(&str, &Value)]) -> String {
+    let sep = if format == Format::Glm45 { "\n" } else { "" };
+    let calls: Vec<String> = calls
+        .iter()
+        .map(|(name, args)| {
+            let mut s = format!("{OPEN}{name}{sep}");
+            for (k, v) in args.as_object().into_iter().flatten() {
+                let v = super::qwen3_xml::raw_or_json(v);
+                s.push_str(&format!("<arg_key>{k}</arg_key>{sep}{VAL}{v}{VAL_END}{sep}"));
+            }
+            s.push_str(CLOSE);
+            s
+        })
+        .collect();
+    calls.join(sep)
+}
+
 #[cfg(test)]
 mod tests {
     use crate::{Format, JsonType, Options, ToolSpec, Tools};

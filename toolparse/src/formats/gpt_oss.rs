@@ -545,6 +545,26 @@ pub(crate) fn grammar(
     Some(crate::grammar::CallGrammar { rules, opener: " to=functions.".to_owned() })
 }
 
+/// Calls as gpt-oss writes them after the generation prompt's
+/// `<|start|>assistant` (what [`grammar`] generates): one commentary
+/// message per call,
+/// `<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>ARGS<|call|>`,
+/// each after the first opened by `<|start|>assistant` (a history writes
+/// that role header before the first one too).
+pub(crate) fn write(calls: &[(&str, &serde_json::Value)]) -> String {
+    let mut out = String::new();
+    for (i, (name, args)) in calls.iter().enumerate() {
+        if i > 0 {
+            out.push_str(START);
+            out.push_str("assistant");
+        }
+        out.push_str(&format!(
+            "{CHANNEL}commentary to=functions.{name} {CONSTRAIN}json{MESSAGE}{args}{CALL}"
+        ));
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use crate::{Accumulator, FinishReason, Format, Options, Parser};

@@ -217,3 +217,18 @@ pub(crate) fn grammar(
     rules.push_str(&format!("body: NL? fn NL? {close} (NL? call)*\n"));
     Some(crate::grammar::CallGrammar { rules, opener: OPEN.to_owned() })
 }
+
+/// Calls as the model writes them (and as a template that cannot show
+/// them writes them into the history): `<tool_call>\n{"name": NAME,
+/// "arguments": ARGS}\n</tool_call>` each, the object as `serde_json`
+/// writes it, the calls separated by a newline.
+pub(crate) fn write(calls: &[(&str, &Value)]) -> String {
+    let calls: Vec<String> = calls
+        .iter()
+        .map(|(name, args)| {
+            let call = serde_json::json!({"name": name, "arguments": args});
+            format!("{OPEN}\n{call}\n{CLOSE}")
+        })
+        .collect();
+    calls.join("\n")
+}

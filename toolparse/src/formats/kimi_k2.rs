@@ -473,6 +473,19 @@ fn section_grammar(
     crate::grammar::CallGrammar { rules, opener: SECTION_BEGIN.to_owned() }
 }
 
+/// Calls as Kimi K2 writes them (what [`grammar`] generates): a section
+/// `<|tool_calls_section_begin|>` … `<|tool_calls_section_end|>` holding
+/// `<|tool_call_begin|>functions.NAME:IDX<|tool_call_argument_begin|>ARGS<|tool_call_end|>`
+/// per call, IDX counting from 0.
+pub(crate) fn write(calls: &[(&str, &serde_json::Value)]) -> String {
+    let mut out = SECTION_BEGIN.to_owned();
+    for (i, (name, args)) in calls.iter().enumerate() {
+        out.push_str(&format!("{CALL_BEGIN}functions.{name}:{i}{ARG_BEGIN}{args}{CALL_END}"));
+    }
+    out.push_str(SECTION_END);
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use crate::{Accumulator, FinishReason, Format, Options, Parser};

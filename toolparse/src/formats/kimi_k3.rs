@@ -634,6 +634,37 @@ pub(crate) fn grammar(
     Some(crate::grammar::CallGrammar { rules, opener: format!("{OPEN}tools{SEP}") })
 }
 
+/// Calls as Kimi K3 writes them (what [`grammar`] generates): the `tools`
+/// element holding `<|open|>call tool="NAME" index="IDX"<|sep|>` (IDX
+/// counting from 1), one
+/// `<|open|>argument key="KEY" type="TYPE"<|sep|>VALUE<|close|>argument<|sep|>`
+/// per argument (a string raw with type `string`, other values as JSON
+/// with their JSON type), then `<|close|>call<|sep|>`.
+pub(crate) fn write(calls: &[(&str, &Value)]) -> String {
+    let mut out = format!("{OPEN}tools{SEP}");
+    for (i, (name, args)) in calls.iter().enumerate() {
+        let name = escape_attr(name);
+        out.push_str(&format!("{OPEN}call tool=\"{name}\" index=\"{}\"{SEP}", i + 1));
+        for (k, v) in args.as_object().into_iter().flatten() {
+            let ty = match v {
+                Value::String(_) => "string",
+                Value::Number(n) if n.is_f64() => "number",
+                Value::Number(_) => "integer",
+                Value::Bool(_) => "boolean",
+                Value::Null => "null",
+                Value::Object(_) => "object",
+                Value::Array(_) => "array",
+            };
+            let key = escape_attr(k);
+            let v = super::qwen3_xml::raw_or_json(v);
+            out.push_str(&format!("{OPEN}argument key=\"{key}\" type=\"{ty}\"{SEP}{v}{CLOSE_ARG}"));
+        }
+        out.push_str(&format!("{CLOSE}call{SEP}"));
+    }
+    out.push_str(&format!("{CLOSE}tools{SEP}"));
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::{CLOSE, OPEN, SEP};

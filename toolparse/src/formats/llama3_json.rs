@@ -488,6 +488,17 @@ pub(crate) fn grammar(
     Some(crate::grammar::CallGrammar { rules, opener: PYTHON_TAG.to_owned() })
 }
 
+/// Calls as Llama 3 writes them (what [`grammar`] generates): each a JSON
+/// object `{"name": NAME, "parameters": ARGS}`, separated by `; `, without
+/// `<|python_tag|>` (the template writes bare objects).
+pub(crate) fn write(calls: &[(&str, &Value)]) -> String {
+    let calls: Vec<String> = calls
+        .iter()
+        .map(|(name, args)| serde_json::json!({"name": name, "parameters": args}).to_string())
+        .collect();
+    calls.join("; ")
+}
+
 #[cfg(test)]
 mod tests {
     use crate::{Accumulator, FinishReason, Format, Options};

@@ -618,6 +618,68 @@ pub(crate) fn grammar(
     Some(crate::grammar::CallGrammar { rules, opener: PY_START.to_owned() })
 }
 
+/// A JSON value as a Python literal: strings double-quoted (escaping
+/// backslashes, quotes and line breaks), `True`, `False`, `None`, lists
+/// and dicts.
+fn py_literal(v: &Value, out: &mut String) {
+    match v {
+        Value::String(s) => out.push_str(&py_str(s, '"')),
+        Value::Bool(true) => out.push_str("True"),
+        Value::Bool(false) => out.push_str("False"),
+        Value::Null => out.push_str("None"),
+        Value::Number(n) => out.push_str(&n.to_string()),
+        Value::Array(a) => {
+            out.push('[');
+            for (i, x) in a.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(", ");
+                }
+                py_literal(x, out);
+            }
+            out.push(']');
+        }
+        Value::Object(o) => {
+            out.push('{');
+            for (i, (k, x)) in o.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(", ");
+                }
+                out.push_str(&py_str(k, '"'));
+                out.push_str(": ");
+                py_literal(x, out);
+            }
+            out.push('}');
+        }
+    }
+}
+
+/// Calls as Llama 4 writes them (what [`grammar`] generates):
+/// `<|python_start|>[NAME(KEY=VALUE, …), …]<|python_end|>`, the values
+/// Python literals, the keywords in the order of the object (a key that
+/// is no Python identifier cannot be a keyword: it is not read back).
+pub(crate) fn write(calls: &[(&str, &Value)]) -> String {
+    let mut out = format!("{PY_START}[");
+    for (i, (name, args)) in calls.iter().enumerate() {
+        if i > 0 {
+            out.push_str(", ");
+        }
+        out.push_str(name);
+        out.push('(');
+        for (j, (k, v)) in args.as_object().into_iter().flatten().enumerate() {
+            if j > 0 {
+                out.push_str(", ");
+            }
+            out.push_str(k);
+            out.push('=');
+            py_literal(v, &mut out);
+        }
+        out.push(')');
+    }
+    out.push(']');
+    out.push_str(PY_END);
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use crate::{Accumulator, FinishReason, Format, Options, Parser};

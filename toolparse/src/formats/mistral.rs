@@ -446,6 +446,13 @@ pub(crate) fn grammar(
     Some(crate::grammar::CallGrammar { rules, opener: TOOL_CALLS.to_owned() })
 }
 
+/// Calls as Mistral's v11+ tokenizers write them (what [`grammar`]
+/// generates): `[TOOL_CALLS]NAME[ARGS]{json}` for each call, one after the
+/// other.
+pub(crate) fn write(calls: &[(&str, &Value)]) -> String {
+    calls.iter().map(|(name, args)| format!("{TOOL_CALLS}{name}{ARGS}{args}")).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use crate::{Accumulator, FinishReason, Format, Options, Parser};

@@ -179,6 +179,27 @@ pub(crate) fn call_grammar(
     }
 }
 
+/// The text a model of `format` writes for `calls`
+/// ([`Format::write_calls`]); each format's file writes its own markup.
+pub(crate) fn write_calls(format: Format, calls: &[(&str, &serde_json::Value)]) -> String {
+    match format {
+        Format::Hermes => hermes::write(calls),
+        Format::Qwen3Xml => qwen3_xml::write(calls),
+        Format::Llama3Json => llama3_json::write(calls),
+        Format::Llama4Pythonic => llama4_pythonic::write(calls),
+        Format::Mistral => mistral::write(calls),
+        Format::DeepSeekV3 | Format::DeepSeekV31 => deepseek::write(format, calls),
+        Format::DeepSeekV32 | Format::DeepSeekV4 | Format::DeepSeekV41 => {
+            deepseek_dsml::write(format, calls)
+        }
+        Format::GptOss => gpt_oss::write(calls),
+        Format::Glm45 | Format::Glm47 => glm::write(format, calls),
+        Format::KimiK2 => kimi_k2::write(calls),
+        Format::KimiK3 => kimi_k3::write(calls),
+        Format::Gemma4 => gemma4::write(calls),
+    }
+}
+
 /// Visible text up to the first of `markers`: the text before it goes to
 /// `emit`. `Ok((at, idx))` is marker number `idx` at byte `at`; `Err(step)`,
 /// when no marker was found, is the step for the text emitted (the safe

@@ -738,6 +738,37 @@ pub(crate) fn grammar(
     Some(crate::grammar::CallGrammar { rules, opener: OPEN.to_owned() })
 }
 
+/// A parameter value as the XML-style formats write it: a string raw,
+/// any other value as JSON (the schema types it back).
+pub(crate) fn raw_or_json(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// Calls as Qwen3-Coder writes them (what [`grammar`] generates):
+/// `<tool_call>\n<function=NAME>\n`, each argument as
+/// `<parameter=KEY>\nVALUE\n</parameter>\n` in the order of the object
+/// (a string raw, other values as JSON), then `</function>\n</tool_call>`;
+/// the calls separated by a newline. A string holding what would end its
+/// value early (a closing tag followed by a tag) is not read back whole.
+pub(crate) fn write(calls: &[(&str, &Value)]) -> String {
+    let calls: Vec<String> = calls
+        .iter()
+        .map(|(name, args)| {
+            let mut s = format!("{OPEN}\n<function={name}>\n");
+            for (k, v) in args.as_object().into_iter().flatten() {
+                s.push_str(&format!("<parameter={k}>\n{}\n</parameter>\n", raw_or_json(v)));
+            }
+            s.push_str("</function>\n");
+            s.push_str(CLOSE);
+            s
+        })
+        .collect();
+    calls.join("\n")
+}
+
 #[cfg(test)]
 mod tests {
     use crate::{Accumulator, FinishReason, Format, JsonType, Options, Parser, ToolSpec, Tools};
