@@ -394,6 +394,23 @@ fn every_format_enforces_tool_choice_on_the_default_model() {
     assert!(failed.is_empty(), "{}", failed.join("\n"));
 }
 
+/// `serve --socket PATH` where PATH is a regular file: refused, and the
+/// file is left as it was (only a stale socket is replaced).
+#[test]
+fn serve_does_not_delete_a_file_at_the_socket_path() {
+    let Some(m) = model() else { return };
+    let h = Home::new();
+    let file = h.write("notes.txt", "keep me");
+    let out = h
+        .cmd(&["serve", "--model", m.to_str().unwrap(), "--socket", file.to_str().unwrap()])
+        .output()
+        .expect("serve runs");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("is not a socket"), "{err}");
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "keep me");
+}
+
 #[test]
 fn a_client_that_disconnects_cancels_its_generation() {
     if model().is_none() {

@@ -96,8 +96,16 @@ pub(crate) fn run(a: ServeArgs) -> Result<()> {
         ),
     }
     let socket = a.socket.clone().unwrap_or_else(crate::state::home::default_socket);
-    // A live daemon on the socket: refuse. A stale file: replace it.
-    if socket.exists() {
+    // A live daemon on the socket: refuse. A stale socket: replace it.
+    // Anything else at that path (a file, a folder) is not ours to delete.
+    if let Ok(meta) = std::fs::symlink_metadata(&socket) {
+        use std::os::unix::fs::FileTypeExt;
+        if !meta.file_type().is_socket() {
+            bail!(
+                "{} exists and is not a socket; agentd serve will not replace it: remove it yourself or pass --socket PATH",
+                socket.display()
+            );
+        }
         if std::os::unix::net::UnixStream::connect(&socket).is_ok() {
             bail!("another agentd serve is already listening on {}; stop it first or pass --socket PATH", socket.display());
         }
