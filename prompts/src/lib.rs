@@ -19,5 +19,5 @@ mod template;
 pub mod texts;
 
 pub use template::{
-    ChatTemplate, FunctionCall, Message, TemplateError, ToolCallMsg, ToolDef, ToolStyle,
+    CallWriter, ChatTemplate, FunctionCall, Message, TemplateError, ToolCallMsg, ToolDef, ToolStyle,
 };

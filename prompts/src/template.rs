@@ -90,11 +90,34 @@ impl ToolDef {
 
 /// How a model family is told about tools when its template cannot show
 /// them, and how its calls and results are written back into the history.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Clone)]
 pub enum ToolStyle {
     /// NousResearch Hermes: signatures in `<tools></tools>`, calls as
     /// `<tool_call>{json}</tool_call>`, results in `<tool_response>`.
     Hermes,
+    /// Another native call format: signatures in `<tools></tools>` as for
+    /// Hermes, calls as the model writes them (`write`: the caller's writer
+    /// of the format, given each call's name and arguments; `example`: one
+    /// call in that markup, for the instructions), results in
+    /// `<tool_response>`.
+    Native {
+        /// Writes an assistant message's calls in the model's markup.
+        write: CallWriter,
+        /// One call in the model's markup.
+        example: String,
+    },
+}
+
+/// Writes calls (name, arguments) as a model writes them.
+pub type CallWriter = std::sync::Arc<dyn Fn(&[(&str, &serde_json::Value)]) -> String + Send + Sync>;
+
+impl fmt::Debug for ToolStyle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ToolStyle::Hermes => f.write_str("Hermes"),
+            ToolStyle::Native { example, .. } => write!(f, "Native({example:?})"),
+        }
+    }
 }
 
 /// Why a template could not be used.
@@ -265,7 +288,7 @@ impl ChatTemplate {
         for m in &messages[skip..] {
             let mut m = m.clone();
             if !self.shows_calls {
-                match (m.role.as_str(), self.style) {
+                match (m.role.as_str(), &self.style) {
                     ("assistant", ToolStyle::Hermes) if !m.tool_calls.is_empty() => {
                         let mut text = m.content.trim_end().to_owned();
                         for c in std::mem::take(&mut m.tool_calls) {
@@ -277,7 +300,20 @@ impl ChatTemplate {
                         }
                         m.content = text;
                     }
-                    ("tool", ToolStyle::Hermes) => {
+                    ("assistant", ToolStyle::Native { write, .. }) if !m.tool_calls.is_empty() => {
+                        let calls = std::mem::take(&mut m.tool_calls);
+                        let list: Vec<(&str, &serde_json::Value)> = calls
+                            .iter()
+                            .map(|c| (c.function.name.as_str(), &c.function.arguments))
+                            .collect();
+                        let mut text = m.content.trim_end().to_owned();
+                        if !text.is_empty() {
+                            text.push('\n');
+                        }
+                        text.push_str(&write(&list));
+                        m.content = text;
+                    }
+                    ("tool", ToolStyle::Hermes | ToolStyle::Native { .. }) => {
                         m.content = format!("<tool_response>\n{}\n</tool_response>", m.content);
                     }
                     _ => {}
@@ -290,7 +326,7 @@ impl ChatTemplate {
 
     /// The family's instructions listing `tools`.
     pub fn tool_instructions(&self, tools: &[ToolDef]) -> String {
-        match self.style {
+        match &self.style {
             ToolStyle::Hermes => {
                 let sigs: Vec<String> = tools.iter().map(|t| t.openai().to_string()).collect();
                 format!(
@@ -299,6 +335,16 @@ You may call one or more functions to assist with the user query. Don't make ass
 Here are the available tools: <tools>\n{}\n</tools>\n\
 For each function call return a json object with function name and arguments within <tool_call></tool_call> XML tags as follows:\n\
 <tool_call>\n{{\"name\": <function-name>, \"arguments\": <args-dict>}}\n</tool_call>",
+                    sigs.join("\n")
+                )
+            }
+            ToolStyle::Native { example, .. } => {
+                let sigs: Vec<String> = tools.iter().map(|t| t.openai().to_string()).collect();
+                format!(
+                    "You are a function calling AI model. You are provided with function signatures within <tools></tools> XML tags. \
+You may call one or more functions to assist with the user query. Don't make assumptions about what values to plug into functions. \
+Here are the available tools: <tools>\n{}\n</tools>\n\
+Write each function call exactly in this form, with the function's name and its arguments:\n{example}",
                     sigs.join("\n")
                 )
             }

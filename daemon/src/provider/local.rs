@@ -72,14 +72,18 @@ impl Local {
                 PLAIN_TEMPLATE.to_owned()
             }),
         };
-        let template =
-            ChatTemplate::new(&source, info.bos.as_deref(), info.eos.as_deref(), ToolStyle::Hermes)
-                .with_context(|| format!("the chat template of {}", resolved.path.display()))?;
         let format =
             match tool_format.or(resolved.entry.as_ref().and_then(|e| e.tool_format.as_deref())) {
                 Some(f) => Format::from_name(f)?,
                 None => Format::Hermes,
             };
+        let template = ChatTemplate::new(
+            &source,
+            info.bos.as_deref(),
+            info.eos.as_deref(),
+            tool_style(format),
+        )
+        .with_context(|| format!("the chat template of {}", resolved.path.display()))?;
         let mut stop_strings = resolved.entry.as_ref().map(|e| e.stop.clone()).unwrap_or_default();
         if source == PLAIN_TEMPLATE {
             // The plain turns: the answer ends where the next turn would.
@@ -151,6 +155,20 @@ impl Local {
         }
         ids.extend(self.engine.tokenize(&text[at..], true).map_err(fail)?);
         Ok((text, ids))
+    }
+}
+
+/// How a template that cannot show tools is told about them in `format`:
+/// Hermes' own style, or the format's markup (toolparse writes it) for the
+/// calls in the history and the instructions' example.
+fn tool_style(format: Format) -> ToolStyle {
+    if format == Format::Hermes {
+        return ToolStyle::Hermes;
+    }
+    let args = serde_json::json!({"<argument>": "<value>"});
+    ToolStyle::Native {
+        write: std::sync::Arc::new(move |calls| format.write_calls(calls)),
+        example: format.write_calls(&[("<function-name>", &args)]),
     }
 }
 
@@ -1013,5 +1031,53 @@ mod tests {
         if tried == 0 {
             eprintln!("SKIP: AGENTD_TEST_MODEL is not set");
         }
+    }
+
+    /// A template that cannot show tools (SmolLM2's) is told about them,
+    /// and shown earlier calls, in the format's own markup: Hermes as
+    /// before; Qwen3-XML's `<function=…>` with `--tool-format qwen3-xml`.
+    #[test]
+    fn a_template_without_tools_hears_of_them_in_the_formats_markup() {
+        let Some(path) = std::env::var_os("AGENTD_TEST_MODEL") else { return };
+        let tool = ToolDef {
+            name: "get_weather".into(),
+            description: "Weather".into(),
+            parameters: json!({"type": "object", "properties": {"city": {"type": "string"}}}),
+        };
+        let mut call = Message::new("assistant", "");
+        call.tool_calls.push(prompts::ToolCallMsg::new(
+            "c1",
+            "get_weather",
+            "{\"city\": \"Oslo\"}",
+        ));
+        let mut result = Message::new("tool", "5C");
+        result.tool_call_id = Some("c1".into());
+        let msgs = [Message::new("user", "Weather in Oslo?"), call, result];
+        let mut seen = Vec::new();
+        for name in ["hermes", "qwen3-xml", "mistral"] {
+            let args = EngineArgs {
+                model: Some(path.to_string_lossy().into_owned()),
+                device: "cpu".into(),
+                threads: Some(2),
+                provider: "local".into(),
+                ..EngineArgs::default()
+            };
+            let l = Local::load(&args, Some(name), None).expect("the model loads");
+            let (text, _) = l.prompt(&msgs, std::slice::from_ref(&tool)).unwrap();
+            seen.push(text);
+        }
+        assert!(seen[0].contains("<tool_call>\n{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Oslo\"}}\n</tool_call>"), "{}", seen[0]);
+        assert!(
+            seen[1].contains("<function=get_weather>\n<parameter=city>\nOslo\n</parameter>"),
+            "{}",
+            seen[1]
+        );
+        assert!(seen[1].contains("<function=<function-name>>"), "the example: {}", seen[1]);
+        assert!(
+            seen[2].contains("[TOOL_CALLS]get_weather[ARGS]{\"city\":\"Oslo\"}"),
+            "{}",
+            seen[2]
+        );
+        assert!(!seen[1].contains("<tool_call>\n{"), "{}", seen[1]);
     }
 }
