@@ -69,6 +69,32 @@ fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
+/// A stdio server gets PATH, HOME, LANG and its entry's `env`, never the
+/// rest of the daemon's environment (an API key set for the daemon).
+#[test]
+fn a_stdio_server_does_not_inherit_the_daemons_secrets() {
+    let Some(py) = python("a_stdio_server_does_not_inherit_the_daemons_secrets") else { return };
+    let h = Home::new();
+    let dump = h.path().join("env.txt");
+    let cfg = h.write(
+        "mcp.json",
+        &json!({"mcpServers": {"t": {"command": py, "args": [server_py()],
+                                     "env": {"MCP_TEST_ENV_DUMP": dump}}}})
+        .to_string(),
+    );
+    let out = h
+        .cmd(&["mcp", "list", "--mcp", cfg.to_str().unwrap()])
+        .env("AGENTD_TEST_SECRET_API_KEY", "sk-do-not-leak")
+        .output()
+        .expect("agentd runs");
+    assert!(out.status.success(), "{}", stderr(&out));
+    let names = std::fs::read_to_string(&dump).expect("the server wrote its environment");
+    let names: Vec<&str> = names.lines().collect();
+    assert!(names.contains(&"PATH") && names.contains(&"MCP_TEST_ENV_DUMP"), "{names:?}");
+    assert!(!names.contains(&"AGENTD_TEST_SECRET_API_KEY"), "{names:?}");
+    assert!(!names.contains(&"AGENTD_HOME"), "{names:?}");
+}
+
 #[test]
 fn a_fastmcp_stdio_server_under_the_loop_budgets_and_ledger() {
     let Some(py) = python("a_fastmcp_stdio_server_under_the_loop_budgets_and_ledger") else {

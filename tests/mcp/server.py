@@ -6,7 +6,8 @@ its own server and one that never answers.
     python server.py http PORT       Streamable HTTP on 127.0.0.1:PORT/mcp
 
 `record` appends to the file named by MCP_TEST_LOG, so a test can count
-the writes that really ran. Each start writes a line to stderr, which
+the writes that really ran; with MCP_TEST_ENV_DUMP set, the server writes
+the names of its environment variables there when it starts. Each start writes a line to stderr, which
 agentd must send to its log, never into a reply.
 """
 
@@ -52,4 +53,8 @@ async def hang() -> str:
 
 if __name__ == "__main__":
     print("mcp-test-server: SERVER-STDERR-MARKER started", file=sys.stderr, flush=True)
+    # What the server was given to run with: the names of its environment.
+    if "MCP_TEST_ENV_DUMP" in os.environ:
+        with open(os.environ["MCP_TEST_ENV_DUMP"], "w", encoding="utf-8") as f:
+            f.write("\n".join(sorted(os.environ)))
     server.run(transport="streamable-http" if http else "stdio")

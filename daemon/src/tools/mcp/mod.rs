@@ -317,13 +317,25 @@ fn exposed_name(server: &str, tool: &str) -> String {
     s
 }
 
+/// What a stdio server inherits of the daemon's environment (besides what
+/// its `mcp.json` entry sets).
+const INHERITED_ENV: [&str; 3] = ["PATH", "HOME", "LANG"];
+
 /// Starts (or connects to) one server and lists its tools.
 async fn connect(spec: ServerSpec, timeout: Duration) -> State {
     let down = |why: String| State::Down { why, crashed: false, tools: vec![] };
     let started = tokio::time::timeout(timeout, async move {
         let service = match &spec.transport {
             Transport::Stdio { command, args, env, cwd } => {
+                // A server gets PATH, HOME and LANG, and what its entry
+                // names: never the daemon's whole environment (API keys).
                 let mut cmd = tokio::process::Command::new(command);
+                cmd.env_clear();
+                for k in INHERITED_ENV {
+                    if let Some(v) = std::env::var_os(k) {
+                        cmd.env(k, v);
+                    }
+                }
                 cmd.args(args).envs(env).kill_on_drop(true);
                 if let Some(d) = cwd {
                     cmd.current_dir(d);
