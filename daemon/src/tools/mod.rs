@@ -488,13 +488,23 @@ impl Host {
         if let Err(e) = std::fs::create_dir_all(dir) {
             return error("WRITE_FAILED", format!("cannot create {}: {e}", dir.display()));
         }
+        // A new file, created exclusively (O_EXCL): never an existing one,
+        // and never through a link someone left in the folder (a dangling
+        // one would lead the write out of it).
         let mut name = format!("{slug}.md");
         let mut n = 2;
-        while dir.join(&name).exists() {
-            name = format!("{slug}-{n}.md");
-            n += 1;
-        }
-        match std::fs::write(dir.join(&name), format!("# {title}\n\n{text}\n")) {
+        let file = loop {
+            match std::fs::OpenOptions::new().write(true).create_new(true).open(dir.join(&name)) {
+                Ok(f) => break f,
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && n < 10_000 => {
+                    name = format!("{slug}-{n}.md");
+                    n += 1;
+                }
+                Err(e) => return error("WRITE_FAILED", format!("cannot create {name}: {e}")),
+            }
+        };
+        let mut file = file;
+        match std::io::Write::write_all(&mut file, format!("# {title}\n\n{text}\n").as_bytes()) {
             Ok(()) => ToolOutput::Saved(name),
             Err(e) => error("WRITE_FAILED", format!("cannot write {name}: {e}")),
         }

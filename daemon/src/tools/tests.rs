@@ -78,6 +78,24 @@ fn a_long_unicode_title_is_cut_at_a_char_boundary() {
     assert!(text.starts_with(&format!("# {title}\n")));
 }
 
+/// A link in the notes folder where the note would go (a dangling one
+/// pointing out of the folder): the note is written beside it, under a new
+/// name, and nothing is written where the link points.
+#[test]
+fn a_note_never_follows_a_link_out_of_the_notes_folder() {
+    let notes = tempfile::tempdir().unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    let target = outside.path().join("pwned.md");
+    std::os::unix::fs::symlink(&target, notes.path().join("budget.md")).unwrap();
+    let mut h = Host::new(None, Some(notes.path().to_owned()), limits());
+    let out = call(&mut h, NOTE, &json!({"title": "Budget", "text": "two"}).to_string());
+    let ToolOutput::Saved(name) = out else { panic!("not saved: {:?}", out.to_json()) };
+    assert_eq!(name, "budget-2.md");
+    assert!(!target.exists(), "the note followed the link");
+    let text = std::fs::read_to_string(notes.path().join(&name)).unwrap();
+    assert!(text.starts_with("# Budget\n"));
+}
+
 #[test]
 fn the_slug_cut_never_splits_a_character() {
     for s in ["", "a", "é", "日本語", "🎉🎉", "aé"] {
