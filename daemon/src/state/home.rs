@@ -16,6 +16,14 @@ pub(crate) fn home() -> PathBuf {
     base.join(".local/share/agentd")
 }
 
+/// Creates `dir` and the folders above it that are missing, each readable
+/// by this user only (0700): the state folder holds chats, runs, notes'
+/// ledger and tokens. A folder that exists is left as it is.
+pub(crate) fn create_private(dir: &std::path::Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)
+}
+
 /// Downloaded models.
 pub(crate) fn models_dir() -> PathBuf {
     home().join("models")

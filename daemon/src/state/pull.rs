@@ -28,7 +28,8 @@ pub(crate) fn ensure(entry: &Entry) -> Result<PathBuf> {
 /// Downloads the model (hub first, then mirrors) and returns its path.
 pub(crate) fn pull(entry: &Entry) -> Result<PathBuf> {
     let dir = super::home::models_dir();
-    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    super::home::create_private(&dir)
+        .with_context(|| format!("cannot create {}", dir.display()))?;
     let path = entry.local_path();
     if path.is_file() && verified(&path, &entry.sha256)? {
         eprintln!("agentd: {} is present and verified ({})", entry.name, path.display());
@@ -178,7 +179,8 @@ impl HubFile {
 /// file stored with LFS has it as its `x-linked-etag`).
 pub(crate) fn pull_hub_file(h: &HubFile) -> Result<PathBuf> {
     let dir = super::home::models_dir();
-    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    super::home::create_private(&dir)
+        .with_context(|| format!("cannot create {}", dir.display()))?;
     let path = h.local_path();
     if path.is_file() {
         eprintln!(

@@ -329,7 +329,7 @@ impl Store {
     /// Opens (and creates) the store under the state folder.
     pub(crate) fn open() -> Result<Store> {
         let home = super::home::home();
-        std::fs::create_dir_all(&home)
+        super::home::create_private(&home)
             .with_context(|| format!("cannot create {}", home.display()))?;
         Store::open_at(home.join("agentd.db"))
     }
@@ -337,6 +337,15 @@ impl Store {
     pub(crate) fn open_at(path: PathBuf) -> Result<Store> {
         let conn =
             Connection::open(&path).with_context(|| format!("cannot open {}", path.display()))?;
+        // The database (and the WAL files SQLite gives its mode) for this
+        // user only.
+        {
+            use std::os::unix::fs::PermissionsExt;
+            if let Err(e) = std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
+            {
+                tracing::warn!(path = %path.display(), error = %e, "cannot make the store private");
+            }
+        }
         conn.busy_timeout(std::time::Duration::from_secs(10))?;
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(None, "synchronous", "NORMAL")?;
@@ -799,6 +808,29 @@ fn pid_alive(pid: u32) -> bool {
 
 #[cfg(test)]
 mod tests {
+    /// The state folder and the database are this user's only (0700,
+    /// 0600), the WAL files too; a folder that existed keeps its mode.
+    #[test]
+    fn the_state_is_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let home = dir.path().join("a/b/agentd");
+        crate::state::home::create_private(&home).unwrap();
+        let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&home), 0o700);
+        assert_eq!(mode(&dir.path().join("a")), 0o700);
+        let db = home.join("agentd.db");
+        let s = Store::open_at(db.clone()).unwrap();
+        s.set_setting("chat.max_tool_iters", "7").ok();
+        assert_eq!(mode(&db), 0o600);
+        for wal in ["agentd.db-wal", "agentd.db-shm"] {
+            let p = home.join(wal);
+            if p.exists() {
+                assert_eq!(mode(&p), 0o600, "{wal}");
+            }
+        }
+    }
+
     use super::*;
     use serde_json::json;
 
