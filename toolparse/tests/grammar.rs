@@ -9,35 +9,16 @@
 
 mod common;
 
-use common::{load_fixtures, Fixture};
+use common::{grammar_factory as factory, load_fixtures, Fixture};
 use llguidance::api::TopLevelGrammar;
-use llguidance::toktrie::{ApproximateTokEnv, InferenceCapabilities};
 use llguidance::{Matcher, ParserFactory};
 use serde_json::Value;
 use std::collections::BTreeMap;
 use toolparse::{lit, Format, GrammarTool};
 
-/// The bound on a free-text value the grammars are compiled with (the
-/// daemon's largest, `provider/constrain.rs`).
+/// The daemon's largest bound on a forced call's free-text value
+/// (`provider/constrain.rs`; above it values are unbounded).
 const TEXT_BYTES: usize = 256;
-
-fn factory() -> ParserFactory {
-    let env = ApproximateTokEnv::single_byte_env();
-    let caps = InferenceCapabilities {
-        ff_tokens: true,
-        conditional_ff_tokens: false,
-        backtrack: false,
-        fork: false,
-    };
-    let mut f =
-        ParserFactory::new(&env, caps, &llguidance::earley::SlicedBiasComputer::general_slices())
-            .expect("the factory builds");
-    f.quiet();
-    // As the daemon's engine sets them (`inference/src/constraint.rs`).
-    f.limits_mut().step_lexer_fuel = 2_000_000;
-    f.limits_mut().initial_lexer_fuel = 10_000_000;
-    f
-}
 
 /// The longest prefix of `text` that is a whole sentence of `lark` (its
 /// length), if one is.

@@ -6,30 +6,15 @@
 //! format's own call grammar, compiled by llguidance as `tests/grammar.rs`
 //! does.
 
+mod common;
+
+use common::{grammar_factory as factory, same_json};
 use llguidance::api::TopLevelGrammar;
-use llguidance::toktrie::{ApproximateTokEnv, InferenceCapabilities};
 use llguidance::{Matcher, ParserFactory};
 use serde_json::{json, Map, Value};
 use toolparse::{
     lit, Accumulator, FinishReason, Format, GrammarTool, Options, Parser, ToolSpec, Tools,
 };
-
-fn factory() -> ParserFactory {
-    let env = ApproximateTokEnv::single_byte_env();
-    let caps = InferenceCapabilities {
-        ff_tokens: true,
-        conditional_ff_tokens: false,
-        backtrack: false,
-        fork: false,
-    };
-    let mut f =
-        ParserFactory::new(&env, caps, &llguidance::earley::SlicedBiasComputer::general_slices())
-            .expect("the factory builds");
-    f.quiet();
-    f.limits_mut().step_lexer_fuel = 2_000_000;
-    f.limits_mut().initial_lexer_fuel = 10_000_000;
-    f
-}
 
 /// Whether `text`, whole, is a sentence of `lark` (over one byte per token).
 fn sentence(f: &ParserFactory, lark: &str, text: &str) -> Result<bool, String> {
@@ -235,20 +220,6 @@ fn misread(acc: &Accumulator, calls: &[(&str, Value)]) -> Option<String> {
     let same = got.len() == want.len()
         && got.iter().zip(&want).all(|((n1, a1), (n2, a2))| n1 == n2 && same_json(a1, a2));
     (!same).then(|| format!("calls {got:?}, want {want:?}"))
-}
-
-/// JSON equality where 3 and 3.0 are the same number.
-fn same_json(a: &Value, b: &Value) -> bool {
-    match (a, b) {
-        (Value::Number(x), Value::Number(y)) => x.as_f64() == y.as_f64(),
-        (Value::Array(x), Value::Array(y)) => {
-            x.len() == y.len() && x.iter().zip(y).all(|(p, q)| same_json(p, q))
-        }
-        (Value::Object(x), Value::Object(y)) => {
-            x.len() == y.len() && x.iter().all(|(k, v)| y.get(k).is_some_and(|w| same_json(v, w)))
-        }
-        _ => a == b,
-    }
 }
 
 #[test]

@@ -685,21 +685,6 @@ mod tests {
         run_with(Format::KimiK3, opts(Some(K3_GEN)), text, reason)
     }
 
-    /// Whether `toks` is a whole sentence of `start: calls` of `lark`,
-    /// compiled over a one-byte vocabulary.
-    fn sentence(lark: &str, toks: &[u32]) -> bool {
-        use llguidance::api::TopLevelGrammar;
-        use llguidance::toktrie::{ApproximateTokEnv, InferenceCapabilities};
-        let env = ApproximateTokEnv::single_byte_env();
-        let caps = InferenceCapabilities::default();
-        let slices = llguidance::earley::SlicedBiasComputer::general_slices();
-        let mut f = llguidance::ParserFactory::new(&env, caps, &slices).expect("factory");
-        f.quiet();
-        let g = TopLevelGrammar::from_lark(format!("start: calls\n{lark}"));
-        let mut m = llguidance::Matcher::new(Ok(f.create_parser(g).expect("compiles")));
-        toks.iter().all(|&t| m.consume_token(t).is_ok()) && m.is_accepting().unwrap_or(false)
-    }
-
     /// The grammar's verdicts on texts where `{O}`, `{C}`, `{S}` are the
     /// control tokens, written as text and as tokens of their own, and the
     /// parser's calls (name, arguments) for each accepted one.
@@ -749,7 +734,10 @@ mod tests {
             let text = format!("{head}{args}{tail}");
             let plain = marks.iter().fold(text.clone(), |t, m| t.replace(m.2, m.0));
             assert_eq!(
-                sentence(&text_g, &plain.bytes().map(u32::from).collect::<Vec<_>>()),
+                crate::formats::testing::sentence(
+                    &text_g,
+                    &plain.bytes().map(u32::from).collect::<Vec<_>>()
+                ),
                 want.is_some(),
                 "{plain:?}"
             );
@@ -767,7 +755,11 @@ mod tests {
                     }
                 }
             }
-            assert_eq!(sentence(&tok_g, &toks), want.is_some(), "tokens: {plain:?}");
+            assert_eq!(
+                crate::formats::testing::sentence(&tok_g, &toks),
+                want.is_some(),
+                "tokens: {plain:?}"
+            );
             if let Some(want) = want {
                 let got = k3(&format!("<|close|>think<|sep|>{plain}"), FinishReason::Stop);
                 assert_eq!(got.calls.len(), 1, "{plain:?}");

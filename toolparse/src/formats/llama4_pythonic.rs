@@ -690,21 +690,6 @@ mod tests {
         Options { generation_prompt: Some(GEN.to_owned()), ..Options::default() }
     }
 
-    /// Whether `toks` is a whole sentence of `start: calls` of `lark`,
-    /// compiled over a one-byte vocabulary.
-    fn sentence(lark: &str, toks: &[u32]) -> bool {
-        use llguidance::api::TopLevelGrammar;
-        use llguidance::toktrie::{ApproximateTokEnv, InferenceCapabilities};
-        let env = ApproximateTokEnv::single_byte_env();
-        let caps = InferenceCapabilities::default();
-        let slices = llguidance::earley::SlicedBiasComputer::general_slices();
-        let mut f = llguidance::ParserFactory::new(&env, caps, &slices).expect("factory");
-        f.quiet();
-        let g = TopLevelGrammar::from_lark(format!("start: calls\n{lark}"));
-        let mut m = llguidance::Matcher::new(Ok(f.create_parser(g).expect("compiles")));
-        toks.iter().all(|&t| m.consume_token(t).is_ok()) && m.is_accepting().unwrap_or(false)
-    }
-
     /// The grammar's verdicts on call lists (with `<|python_start|>` and
     /// `<|python_end|>` as text and as tokens of their own), and the
     /// parser's calls (name, arguments) for each accepted one.
@@ -779,7 +764,11 @@ mod tests {
         for (text, want) in cases {
             let plain = marks.iter().fold(text.to_owned(), |t, m| t.replace(m.2, m.0));
             let bytes: Vec<u32> = plain.bytes().map(u32::from).collect();
-            assert_eq!(sentence(&text_g, &bytes), want.is_some(), "{plain:?}");
+            assert_eq!(
+                crate::formats::testing::sentence(&text_g, &bytes),
+                want.is_some(),
+                "{plain:?}"
+            );
             let mut toks = Vec::new();
             let mut rest = text;
             while !rest.is_empty() {
@@ -794,7 +783,11 @@ mod tests {
                     }
                 }
             }
-            assert_eq!(sentence(&tok_g, &toks), want.is_some(), "tokens: {plain:?}");
+            assert_eq!(
+                crate::formats::testing::sentence(&tok_g, &toks),
+                want.is_some(),
+                "tokens: {plain:?}"
+            );
             if let Some(want) = want {
                 let got = crate::formats::testing::whole_and_by_char(
                     Format::Llama4Pythonic,

@@ -70,3 +70,18 @@ pub(crate) fn random_markup(
         }
     }
 }
+
+/// Whether `toks` is a whole sentence of `start: calls` of `lark`, compiled
+/// by llguidance over a one-byte vocabulary (a format's grammar tests).
+pub(crate) fn sentence(lark: &str, toks: &[u32]) -> bool {
+    use llguidance::api::TopLevelGrammar;
+    use llguidance::toktrie::{ApproximateTokEnv, InferenceCapabilities};
+    let env = ApproximateTokEnv::single_byte_env();
+    let caps = InferenceCapabilities::default();
+    let slices = llguidance::earley::SlicedBiasComputer::general_slices();
+    let mut f = llguidance::ParserFactory::new(&env, caps, &slices).expect("factory");
+    f.quiet();
+    let g = TopLevelGrammar::from_lark(format!("start: calls\n{lark}"));
+    let mut m = llguidance::Matcher::new(Ok(f.create_parser(g).expect("compiles")));
+    toks.iter().all(|&t| m.consume_token(t).is_ok()) && m.is_accepting().unwrap_or(false)
+}

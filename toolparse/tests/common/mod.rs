@@ -183,7 +183,7 @@ fn same_calls(a: &[(String, Value)], b: &[(String, Value)]) -> bool {
 }
 
 /// JSON equality where 3 and 3.0 are the same number.
-fn same_json(a: &Value, b: &Value) -> bool {
+pub fn same_json(a: &Value, b: &Value) -> bool {
     match (a, b) {
         (Value::Number(x), Value::Number(y)) => x.as_f64() == y.as_f64(),
         (Value::Array(x), Value::Array(y)) => {
@@ -253,4 +253,28 @@ fn units_of(text: &str, markers: &[String], chars: bool) -> Vec<(String, bool)> 
         rest = &rest[c.len_utf8()..];
     }
     units
+}
+
+/// llguidance over a one-byte-per-token vocabulary, with the lexer limits
+/// the daemon's engine sets (`inference/src/constraint.rs`): what the
+/// grammar tests compile each format's grammar with.
+pub fn grammar_factory() -> llguidance::ParserFactory {
+    use llguidance::toktrie::{ApproximateTokEnv, InferenceCapabilities};
+    let env = ApproximateTokEnv::single_byte_env();
+    let caps = InferenceCapabilities {
+        ff_tokens: true,
+        conditional_ff_tokens: false,
+        backtrack: false,
+        fork: false,
+    };
+    let mut f = llguidance::ParserFactory::new(
+        &env,
+        caps,
+        &llguidance::earley::SlicedBiasComputer::general_slices(),
+    )
+    .expect("the factory builds");
+    f.quiet();
+    f.limits_mut().step_lexer_fuel = 2_000_000;
+    f.limits_mut().initial_lexer_fuel = 10_000_000;
+    f
 }
