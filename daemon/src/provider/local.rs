@@ -615,6 +615,11 @@ mod tests {
             eprintln!("SKIP: AGENTD_TEST_MODEL is not set");
             return None;
         };
+        Some(load(&path, None))
+    }
+
+    /// The model at `path` on 2 CPU threads, in `format` (else its own).
+    fn load(path: &std::ffi::OsStr, format: Option<&str>) -> Local {
         let args = EngineArgs {
             model: Some(path.to_string_lossy().into_owned()),
             device: "cpu".into(),
@@ -622,7 +627,7 @@ mod tests {
             provider: "local".into(),
             ..EngineArgs::default()
         };
-        Some(Local::load(&args, None, None).expect("the model loads"))
+        Local::load(&args, format, None).expect("the model loads")
     }
 
     fn search_tool() -> ToolDef {
@@ -736,14 +741,7 @@ mod tests {
         let mut failed = Vec::new();
         let only = std::env::var("AGENTD_TEST_FORMAT").ok();
         for name in Format::NAMES.iter().filter(|n| only.as_deref().is_none_or(|o| o == **n)) {
-            let args = EngineArgs {
-                model: Some(path.to_string_lossy().into_owned()),
-                device: "cpu".into(),
-                threads: Some(2),
-                provider: "local".into(),
-                ..EngineArgs::default()
-            };
-            let mut l = Local::load(&args, Some(name), None).expect("the model loads");
+            let mut l = load(&path, Some(name));
             let p = ChatParams {
                 max_tokens: 160,
                 sampling: Sampling::default(),
@@ -922,14 +920,7 @@ mod tests {
         let Some(path) = std::env::var_os("AGENTD_TEST_MODEL") else { return };
         let mut unshown = Vec::new();
         for name in Format::NAMES {
-            let args = EngineArgs {
-                model: Some(path.to_string_lossy().into_owned()),
-                device: "cpu".into(),
-                threads: Some(2),
-                provider: "local".into(),
-                ..EngineArgs::default()
-            };
-            let mut l = Local::load(&args, Some(name), None).expect("the model loads");
+            let mut l = load(&path, Some(name));
             l.sampling.repeat_penalty = 1.0;
             let openers = l.format.call_openers();
             let mut shown = false;
@@ -980,14 +971,7 @@ mod tests {
         let mut tried = 0;
         for var in ["AGENTD_TEST_MODEL", "AGENTD_TEST_GEMMA"] {
             let Some(path) = std::env::var_os(var) else { continue };
-            let args = EngineArgs {
-                model: Some(path.to_string_lossy().into_owned()),
-                device: "cpu".into(),
-                threads: Some(2),
-                provider: "local".into(),
-                ..EngineArgs::default()
-            };
-            let l = Local::load(&args, None, None).expect("the model loads");
+            let l = load(&path, None);
             let tok = l.engine.tokenizer();
             let controls = |ids: &[u32]| ids.iter().filter(|&&id| tok.is_control(id)).count();
             // The template's own control tokens spelled out as text (a
@@ -1055,14 +1039,7 @@ mod tests {
         let msgs = [Message::new("user", "Weather in Oslo?"), call, result];
         let mut seen = Vec::new();
         for name in ["hermes", "qwen3-xml", "mistral"] {
-            let args = EngineArgs {
-                model: Some(path.to_string_lossy().into_owned()),
-                device: "cpu".into(),
-                threads: Some(2),
-                provider: "local".into(),
-                ..EngineArgs::default()
-            };
-            let l = Local::load(&args, Some(name), None).expect("the model loads");
+            let l = load(&path, Some(name));
             let (text, _) = l.prompt(&msgs, std::slice::from_ref(&tool)).unwrap();
             seen.push(text);
         }
