@@ -214,11 +214,6 @@ pub(crate) fn check_schema(schema: &Value, at: &str) -> Result<(), Refusal> {
     Ok(())
 }
 
-/// The whitespace option llguidance reads at a schema's top level.
-fn bounded(schema: Value) -> Value {
-    toolparse::bounded(schema)
-}
-
 /// A Lark grammar whose only sentences are `texts` (string literals in
 /// JSON's escaping, which llguidance's Lark reads).
 pub(crate) fn one_of(texts: &[String]) -> String {
@@ -243,19 +238,19 @@ pub(crate) fn compile(
     match c {
         Constraint::None => Ok(None),
         Constraint::JsonObject => {
-            let s = bounded(json!({"type": "object"}));
+            let s = toolparse::bounded(json!({"type": "object"}));
             Ok(Some(Engine::Grammar(build(&format!("start: %json {s}\n"))?)))
         }
         Constraint::JsonSchema(schema) => {
             check_schema(schema, "response_format.json_schema.schema")?;
-            let s = bounded(schema.clone());
+            let s = toolparse::bounded(schema.clone());
             Ok(Some(Engine::Grammar(build(&format!("start: %json {s}\n"))?)))
         }
         Constraint::OneOf(texts) if texts.is_empty() => Ok(None),
         Constraint::OneOf(texts) => Ok(Some(Engine::Grammar(build(&one_of(texts))?))),
         Constraint::NoCalls => {
             let mut markers = Vec::new();
-            for m in call_markers(format) {
+            for m in format.call_openers() {
                 markers.push(grammars.marker(m).map_err(|e| refuse(None, e.to_string()))?);
             }
             Ok(if markers.is_empty() { None } else { Some(Engine::Forbid(markers)) })
@@ -320,11 +315,6 @@ pub(crate) fn compile(
             }))
         }
     }
-}
-
-/// The texts that start a call in `format` (what the final turn masks).
-pub(crate) fn call_markers(format: Format) -> Vec<&'static str> {
-    format.call_openers().to_vec()
 }
 
 /// A refusal from llguidance's message, naming the keyword it names.
