@@ -25,7 +25,7 @@
 //! Turn and stop tokens (`<turn|>`, `<|tool_response>`, `<eos>`, …) are
 //! stripped; a stray `<|"|>` outside a call is dropped.
 
-use super::{prompt_opens, text_until, Machine, Step};
+use super::{prompt_opens, text_step, AtMarker, Machine, Shown, Step};
 use crate::cx::Cx;
 use crate::json::{self, JsonType};
 use crate::scan::{ceil_boundary, find_first, starts_with, ws_len, Find, Prefix};
@@ -134,17 +134,14 @@ impl Machine for Gemma4 {
         let eof = end.is_some();
         match &mut self.state {
             State::Content => {
-                let (at, idx) = match text_until(input, &CONTENT_MARKERS, eof, |t| cx.content(t)) {
-                    Ok(found) => found,
-                    Err(step) => return step,
-                };
-                let m = CONTENT_MARKERS[idx];
-                match m {
-                    OPEN => self.state = State::Call(Body::default()),
-                    CH_OPEN => self.state = State::Label,
-                    _ => {}
-                }
-                Step::took(at + m.len())
+                text_step(input, &CONTENT_MARKERS, eof, cx, Shown::Content, |m, _| {
+                    match m {
+                        OPEN => self.state = State::Call(Body::default()),
+                        CH_OPEN => self.state = State::Label,
+                        _ => {}
+                    }
+                    AtMarker::Markup
+                })
             }
             State::Label => match starts_with(input, LABEL, eof) {
                 Prefix::NeedMore => Step::Wait,
@@ -166,18 +163,14 @@ impl Machine for Gemma4 {
                 }
             },
             State::Reasoning => {
-                let (at, idx) = match text_until(input, &CONTENT_MARKERS, eof, |t| cx.reasoning(t))
-                {
-                    Ok(found) => found,
-                    Err(step) => return step,
-                };
-                let m = CONTENT_MARKERS[idx];
-                match m {
-                    CH_CLOSE => self.state = State::Content,
-                    OPEN => self.state = State::Call(Body::default()),
-                    _ => {}
-                }
-                Step::took(at + m.len())
+                text_step(input, &CONTENT_MARKERS, eof, cx, Shown::Reasoning, |m, _| {
+                    match m {
+                        CH_CLOSE => self.state = State::Content,
+                        OPEN => self.state = State::Call(Body::default()),
+                        _ => {}
+                    }
+                    AtMarker::Markup
+                })
             }
             State::Call(body) => match call_step(body, input, end, cx) {
                 None => Step::Wait,

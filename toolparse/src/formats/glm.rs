@@ -38,7 +38,7 @@
 //! reasoning. Turn tokens (`<|user|>`, `<|observation|>`, …) are stripped.
 
 use super::keyed::KeyedCall;
-use super::{prompt_opens, text_until, Machine, Step};
+use super::{prompt_opens, text_step, AtMarker, Machine, Shown, Step};
 use crate::cx::Cx;
 use crate::json;
 use crate::registry::Format;
@@ -392,36 +392,28 @@ impl Machine for Glm {
         let eof = end.is_some();
         match &mut self.state {
             State::Reasoning => {
-                let (at, idx) =
-                    match text_until(input, &REASONING_MARKERS, eof, |t| cx.reasoning(t)) {
-                        Ok(found) => found,
-                        Err(step) => return step,
-                    };
-                let tag = REASONING_MARKERS[idx];
-                let used = at + tag.len();
-                match tag {
-                    OPEN => match call_ahead(&input[used..], eof) {
-                        Prefix::Yes => self.state = State::Call(Call::new(true)),
-                        Prefix::NeedMore => return Step::up_to(at),
-                        Prefix::No => cx.reasoning(OPEN),
-                    },
-                    UNTHINK => self.state = State::Content,
-                    _ => {}
-                }
-                Step::took(used)
+                text_step(input, &REASONING_MARKERS, eof, cx, Shown::Reasoning, |tag, after| {
+                    match tag {
+                        OPEN => match call_ahead(after, eof) {
+                            Prefix::Yes => self.state = State::Call(Call::new(true)),
+                            Prefix::NeedMore => return AtMarker::Wait,
+                            Prefix::No => return AtMarker::Text,
+                        },
+                        UNTHINK => self.state = State::Content,
+                        _ => {}
+                    }
+                    AtMarker::Markup
+                })
             }
             State::Content => {
-                let (at, idx) = match text_until(input, &CONTENT_MARKERS, eof, |t| cx.content(t)) {
-                    Ok(found) => found,
-                    Err(step) => return step,
-                };
-                let tag = CONTENT_MARKERS[idx];
-                match tag {
-                    OPEN => self.state = State::Call(Call::new(false)),
-                    THINK => self.state = State::Reasoning,
-                    _ => {}
-                }
-                Step::took(at + tag.len())
+                text_step(input, &CONTENT_MARKERS, eof, cx, Shown::Content, |tag, _| {
+                    match tag {
+                        OPEN => self.state = State::Call(Call::new(false)),
+                        THINK => self.state = State::Reasoning,
+                        _ => {}
+                    }
+                    AtMarker::Markup
+                })
             }
             State::Call(call) => {
                 let (used, done) = call.run(input, end, cx);

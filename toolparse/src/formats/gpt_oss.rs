@@ -46,7 +46,7 @@
 //! off by the end of the text is dropped; text outside any message is
 //! content.
 
-use super::{text_until, Machine, Step};
+use super::{text_step, AtMarker, Machine, Shown, Step};
 use crate::cx::Cx;
 use crate::json::{self, Scan, ValueEnd};
 use crate::scan::{
@@ -77,12 +77,6 @@ const HEADER_CAP: usize = 1024;
 /// while deciding what follows; a longer run decides on its own.
 const WS_HOLD: usize = 4096;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Kind {
-    Reasoning,
-    Content,
-}
-
 #[derive(Debug)]
 pub(crate) enum State {
     /// Outside any message: stray text is content.
@@ -90,7 +84,7 @@ pub(crate) enum State {
     /// Inside a header (after `<|start|>`): its text so far.
     Header(String),
     /// In a message body shown as reasoning or content.
-    Text(Kind),
+    Text(Shown),
     /// In a call's body: the input starts with its JSON. `builtin`: the
     /// recipient is a built-in tool, whose body may be text instead.
     Call { scan: ValueEnd, builtin: bool },
@@ -125,13 +119,13 @@ fn initial(gen: Option<&str>, tools: &Tools) -> State {
     match tail.find(MESSAGE) {
         None => State::Header(tail.to_owned()),
         Some(m) => match parse_header(&tail[..m]) {
-            Header { recipient: None, channel } => State::Text(channel_kind(channel.as_deref())),
+            Header { recipient: None, channel } => State::Text(channel_shown(channel.as_deref())),
             // The prompt opened a call's body (a forced tool choice): the
             // text is its body.
             Header { recipient: Some(r), channel } => match call_name(&r, tools) {
                 Some((name, builtin)) => State::Prefilled { name: name.to_owned(), builtin },
                 // A recipient that was not offered: the body is text.
-                None => State::Text(channel_kind(channel.as_deref())),
+                None => State::Text(channel_shown(channel.as_deref())),
             },
         },
     }
@@ -171,10 +165,10 @@ fn parse_header(h: &str) -> Header {
     Header { channel, recipient }
 }
 
-fn channel_kind(channel: Option<&str>) -> Kind {
+fn channel_shown(channel: Option<&str>) -> Shown {
     match channel {
-        Some("analysis") => Kind::Reasoning,
-        _ => Kind::Content,
+        Some("analysis") => Shown::Reasoning,
+        _ => Shown::Content,
     }
 }
 
@@ -201,13 +195,6 @@ fn strip_markers(s: &str) -> String {
     out
 }
 
-fn emit(cx: &mut Cx, kind: Kind, s: &str) {
-    match kind {
-        Kind::Reasoning => cx.reasoning(s),
-        Kind::Content => cx.content(s),
-    }
-}
-
 impl Machine for GptOss {
     type State = State;
 
@@ -218,20 +205,15 @@ impl Machine for GptOss {
     fn step(&mut self, input: &str, end: Option<FinishReason>, cx: &mut Cx) -> Step {
         let eof = end.is_some();
         match &mut self.state {
-            State::Free => {
-                let (at, idx) = match text_until(input, &FREE_MARKERS, eof, |t| cx.content(t)) {
-                    Ok(found) => found,
-                    Err(step) => return step,
-                };
-                let m = FREE_MARKERS[idx];
+            State::Free => text_step(input, &FREE_MARKERS, eof, cx, Shown::Content, |m, _| {
                 match m {
                     START => self.state = State::Header(String::new()),
                     CHANNEL => self.state = State::Header(CHANNEL.to_owned()),
-                    MESSAGE => self.state = State::Text(Kind::Content),
+                    MESSAGE => self.state = State::Text(Shown::Content),
                     _ => {}
                 }
-                Step::took(at + m.len())
-            }
+                AtMarker::Markup
+            }),
             State::Header(header) => {
                 let (text, marker) = match find_first(input, &HEADER_MARKERS, eof) {
                     Find::Found { at, idx } => (&input[..at], Some(HEADER_MARKERS[idx])),
@@ -262,7 +244,7 @@ impl Machine for GptOss {
                                 State::Call { scan: ValueEnd::default(), builtin }
                             }
                             // No recipient, or one that was not offered.
-                            None => State::Text(channel_kind(h.channel.as_deref())),
+                            None => State::Text(channel_shown(h.channel.as_deref())),
                         };
                     }
                     START => self.state = State::Header(String::new()),
@@ -273,29 +255,20 @@ impl Machine for GptOss {
                 }
                 Step::took(text.len() + m.len())
             }
-            State::Text(kind) => {
-                let kind = *kind;
-                match find_first(input, &BODY_ENDS, eof) {
-                    Find::Found { at, idx } => {
-                        emit(cx, kind, &input[..at]);
-                        let m = BODY_ENDS[idx];
-                        let Some(ends) = body_ends(m, &input[at + m.len()..], eof) else {
-                            // Wait: the end of text or a header may follow.
-                            return Step::up_to(at);
-                        };
-                        if ends {
+            State::Text(shown) => {
+                let shown = *shown;
+                text_step(input, &BODY_ENDS, eof, cx, shown, |m, after| {
+                    match body_ends(m, after, eof) {
+                        // The end of text or a header may follow.
+                        None => AtMarker::Wait,
+                        Some(true) => {
                             self.state = State::Free;
-                        } else {
-                            // Marker text inside the body (e.g. reasoning about `<|call|>`).
-                            emit(cx, kind, m);
+                            AtMarker::Markup
                         }
-                        Step::took(at + m.len())
+                        // Marker text inside the body (e.g. reasoning about `<|call|>`).
+                        Some(false) => AtMarker::Text,
                     }
-                    Find::Clear { safe } => {
-                        emit(cx, kind, &input[..safe]);
-                        Step::up_to(safe)
-                    }
-                }
+                })
             }
             State::Call { scan, builtin } => {
                 let builtin = *builtin;
@@ -359,11 +332,11 @@ impl Machine for GptOss {
     fn overflow(&mut self, text: &str, cx: &mut Cx) {
         match self.state {
             // Marker text and whitespace in a body: body text.
-            State::Text(kind) => emit(cx, kind, text),
+            State::Text(shown) => shown.emit(cx, text),
             // A call body: the rest of the body follows as content.
             State::Call { .. } | State::Code { .. } | State::Prefilled { .. } => {
                 cx.malformed(text);
-                self.state = State::Text(Kind::Content);
+                self.state = State::Text(Shown::Content);
             }
             State::Free | State::Header(_) => {
                 cx.malformed(text);
@@ -410,7 +383,7 @@ fn call_step(
                 Err(_) if builtin => return Some((0, State::Code { searched: 0 })),
                 Err(_) => {
                     cx.malformed(body);
-                    return Some((body_end, State::Text(Kind::Content)));
+                    return Some((body_end, State::Text(Shown::Content)));
                 }
             };
             let after = &input[body_end..];
@@ -460,7 +433,7 @@ fn call_step(
                 return Some((0, State::Code { searched: 0 }));
             }
             cx.malformed(body);
-            Some((body_end, State::Text(Kind::Content)))
+            Some((body_end, State::Text(Shown::Content)))
         }
         Scan::Partial => {
             if !eof {
@@ -498,7 +471,7 @@ fn call_step(
             }
             // Not JSON: the body is content.
             cx.malformed("");
-            Some((0, State::Text(Kind::Content)))
+            Some((0, State::Text(Shown::Content)))
         }
     }
 }

@@ -22,7 +22,7 @@
 //! falls back to content. A prompt that ends inside `<think>` starts the
 //! parser in reasoning.
 
-use super::{prompt_opens, text_until, Machine, Step};
+use super::{prompt_opens, text_step, AtMarker, Machine, Shown, Step};
 use crate::cx::Cx;
 use crate::json::{self, Scan, ValueEnd};
 use crate::scan::{find_first, starts_with, ws_len, Find, Prefix};
@@ -94,25 +94,19 @@ impl Machine for Hermes {
     fn step(&mut self, input: &str, end: Option<FinishReason>, cx: &mut Cx) -> Step {
         let eof = end.is_some();
         match &mut self.state {
-            State::Reasoning => {
-                let (at, _) = match text_until(input, &[UNTHINK], eof, |t| cx.reasoning(t)) {
-                    Ok(found) => found,
-                    Err(step) => return step,
-                };
+            State::Reasoning => text_step(input, &[UNTHINK], eof, cx, Shown::Reasoning, |_, _| {
                 self.state = State::Content;
-                Step::took(at + UNTHINK.len())
-            }
+                AtMarker::Markup
+            }),
             State::Content => {
-                let (at, idx) = match text_until(input, &CONTENT_MARKERS, eof, |t| cx.content(t)) {
-                    Ok(found) => found,
-                    Err(step) => return step,
-                };
-                match CONTENT_MARKERS[idx] {
-                    OPEN => self.state = State::Call(ValueEnd::default()),
-                    THINK => self.state = State::Reasoning,
-                    _ => {}
-                }
-                Step::took(at + CONTENT_MARKERS[idx].len())
+                text_step(input, &CONTENT_MARKERS, eof, cx, Shown::Content, |m, _| {
+                    match m {
+                        OPEN => self.state = State::Call(ValueEnd::default()),
+                        THINK => self.state = State::Reasoning,
+                        _ => {}
+                    }
+                    AtMarker::Markup
+                })
             }
             State::Call(scan) => {
                 let n = match scan.scan(input) {

@@ -18,7 +18,7 @@
 //! text around a section is content, verbatim. Reasoning ends at `</think>`
 //! or where the tool section begins; a leading `<think>` is consumed.
 
-use super::{prompt_opens, text_until, Machine, Step};
+use super::{prompt_opens, text_step, AtMarker, Machine, Shown, Step};
 use crate::cx::Cx;
 use crate::json::{self, Scan, ValueEnd};
 use crate::scan::{find_first, lead_any, push_capped, starts_with, ws_len, Find, Lead, Prefix};
@@ -141,45 +141,29 @@ impl Machine for KimiK2 {
         let eof = end.is_some();
         match &mut self.state {
             State::Reasoning => {
-                let (at, idx) =
-                    match text_until(input, &REASONING_MARKERS, eof, |t| cx.reasoning(t)) {
-                        Ok(found) => found,
-                        Err(step) => return step,
-                    };
-                let m = REASONING_MARKERS[idx];
-                match m {
-                    UNTHINK => self.state = State::Content,
-                    SECTION_BEGIN | SECTION_BEGIN_1 => self.state = State::Section,
-                    _ => {}
-                }
-                Step::took(at + m.len())
+                text_step(input, &REASONING_MARKERS, eof, cx, Shown::Reasoning, |m, _| {
+                    match m {
+                        UNTHINK => self.state = State::Content,
+                        SECTION_BEGIN | SECTION_BEGIN_1 => self.state = State::Section,
+                        _ => {}
+                    }
+                    AtMarker::Markup
+                })
             }
             State::Content | State::Section => {
                 let section = matches!(self.state, State::Section);
-                match find_first(input, &CONTENT_MARKERS, eof) {
-                    Find::Found { at, idx } => {
-                        if !section {
-                            cx.content(&input[..at]);
-                        }
-                        let m = CONTENT_MARKERS[idx];
-                        match m {
-                            CALL_BEGIN => {
-                                self.state = State::Header { header: String::new(), section }
-                            }
-                            SECTION_BEGIN | SECTION_BEGIN_1 => self.state = State::Section,
-                            SECTION_END | SECTION_END_1 => self.state = State::Content,
-                            THINK if !section => self.state = State::Reasoning,
-                            _ => {}
-                        }
-                        Step::took(at + m.len())
+                // Text inside a section is markup: dropped.
+                let shown = if section { Shown::Dropped } else { Shown::Content };
+                text_step(input, &CONTENT_MARKERS, eof, cx, shown, |m, _| {
+                    match m {
+                        CALL_BEGIN => self.state = State::Header { header: String::new(), section },
+                        SECTION_BEGIN | SECTION_BEGIN_1 => self.state = State::Section,
+                        SECTION_END | SECTION_END_1 => self.state = State::Content,
+                        THINK if !section => self.state = State::Reasoning,
+                        _ => {}
                     }
-                    Find::Clear { safe } => {
-                        if !section {
-                            cx.content(&input[..safe]);
-                        }
-                        Step::up_to(safe)
-                    }
-                }
+                    AtMarker::Markup
+                })
             }
             State::Header { header, section } => {
                 let section = *section;

@@ -27,7 +27,7 @@
 //! is returned.
 
 use crate::cx::Cx;
-use crate::formats::{text_until, Machine, Step};
+use crate::formats::{text_step, AtMarker, Machine, Shown, Step};
 use crate::json::{self, Scan, ValueEnd};
 use crate::scan::{floor_boundary, starts_with, ws_len, Prefix};
 use crate::schema::Tools;
@@ -136,11 +136,10 @@ fn looks_like_call(text: &str) -> bool {
     t.starts_with("\"name\"") || t.starts_with("\"type\"")
 }
 
-/// Whether a `{` or `[` at the start of `s` opens a value that may be a
-/// call: `{"…` or `[{…`. `None`: not known yet.
-fn opens_candidate(s: &str, eof: bool) -> Option<bool> {
-    let (open, want) = if s.starts_with('{') { ('{', '"') } else { ('[', '{') };
-    let rest = &s[open.len_utf8()..];
+/// Whether `open` (`{` or `[`), followed by `rest`, opens a value that may
+/// be a call: `{"…` or `[{…`. `None`: not known yet.
+fn opens_candidate(open: &str, rest: &str, eof: bool) -> Option<bool> {
+    let want = if open == "{" { '"' } else { '{' };
     match rest[ws_len(rest)..].chars().next() {
         Some(c) => Some(c == want),
         None if eof => Some(false),
@@ -159,29 +158,22 @@ impl Machine for Llama3Json {
         let eof = end.is_some();
         match &mut self.state {
             State::Content => {
-                let (at, idx) = match text_until(input, &CONTENT_MARKERS, eof, |t| cx.content(t)) {
-                    Ok(found) => found,
-                    Err(step) => return step,
-                };
-                let marker = CONTENT_MARKERS[idx];
-                if marker == "{" || marker == "[" {
-                    return match opens_candidate(&input[at..], eof) {
-                        None => Step::up_to(at),
-                        Some(false) => {
-                            cx.content(marker);
-                            Step::took(at + 1)
-                        }
+                text_step(input, &CONTENT_MARKERS, eof, cx, Shown::Content, |m, after| match m {
+                    "{" | "[" => match opens_candidate(m, after, eof) {
+                        None => AtMarker::Wait,
+                        Some(false) => AtMarker::Text,
                         Some(true) => {
                             self.state =
                                 State::Candidate { scan: ValueEnd::default(), expected: false };
-                            Step::moved(at)
+                            AtMarker::Reread
                         }
-                    };
-                }
-                if marker == PYTHON_TAG {
-                    self.state = State::AfterTag;
-                }
-                Step::took(at + marker.len())
+                    },
+                    PYTHON_TAG => {
+                        self.state = State::AfterTag;
+                        AtMarker::Markup
+                    }
+                    _ => AtMarker::Markup,
+                })
             }
             State::AfterTag => {
                 // Only the first HEAD_CAP bytes decide, whatever the

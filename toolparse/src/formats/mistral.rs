@@ -34,10 +34,10 @@
 //! reasoning is reasoning (only the close tag ends it). Turn tokens (`</s>`,
 //! `[INST]`, `[/INST]`, `[TOOL_RESULTS]`, …) that are not calls are stripped.
 
-use super::{prompt_opens, text_until, Machine, Step};
+use super::{prompt_opens, text_step, AtMarker, Machine, Shown, Step};
 use crate::cx::Cx;
 use crate::json::{self, Scan, ValueEnd};
-use crate::scan::{find_first, starts_with, ws_len, Find, Prefix};
+use crate::scan::{starts_with, ws_len, Prefix};
 use crate::{DropReason, FinishReason, Options};
 use serde_json::Value;
 
@@ -270,34 +270,25 @@ impl Machine for Mistral {
         let eof = end.is_some();
         match &mut self.state {
             State::Content => {
-                let (at, idx) = match text_until(input, &CONTENT_MARKERS, eof, |t| cx.content(t)) {
-                    Ok(found) => found,
-                    Err(step) => return step,
-                };
-                let marker = CONTENT_MARKERS[idx];
-                match marker {
-                    TOOL_CALLS => self.state = State::Head,
-                    THINK => self.state = State::Reasoning(UNTHINK),
-                    TEXT_THINK => self.state = State::Reasoning(TEXT_UNTHINK),
-                    _ => {}
-                }
-                Step::took(at + marker.len())
+                text_step(input, &CONTENT_MARKERS, eof, cx, Shown::Content, |m, _| {
+                    match m {
+                        TOOL_CALLS => self.state = State::Head,
+                        THINK => self.state = State::Reasoning(UNTHINK),
+                        TEXT_THINK => self.state = State::Reasoning(TEXT_UNTHINK),
+                        _ => {}
+                    }
+                    AtMarker::Markup
+                })
             }
             State::Reasoning(close) => {
-                let markers = [*close, EOS];
-                match find_first(input, &markers, eof) {
-                    Find::Found { at, idx } => {
-                        cx.reasoning(&input[..at]);
-                        if idx == 0 {
-                            self.state = State::Content;
-                        }
-                        Step::took(at + markers[idx].len())
+                // Only the close tag ends reasoning; `</s>` is stripped.
+                let close = *close;
+                text_step(input, &[close, EOS], eof, cx, Shown::Reasoning, |m, _| {
+                    if m == close {
+                        self.state = State::Content;
                     }
-                    Find::Clear { safe } => {
-                        cx.reasoning(&input[..safe]);
-                        Step::up_to(safe)
-                    }
-                }
+                    AtMarker::Markup
+                })
             }
             State::Head => match parse_head(input, eof) {
                 Head::Wait => Step::Wait,

@@ -200,24 +200,76 @@ pub(crate) fn write_calls(format: Format, calls: &[(&str, &serde_json::Value)]) 
     }
 }
 
-/// Visible text up to the first of `markers`: the text before it goes to
-/// `emit`. `Ok((at, idx))` is marker number `idx` at byte `at`; `Err(step)`,
-/// when no marker was found, is the step for the text emitted (the safe
-/// part), or a wait.
-pub(crate) fn text_until(
+/// What a marker met in running text (content or reasoning) turns out to
+/// be; [`text_step`] consumes by it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AtMarker {
+    /// Markup: the step consumes through it, and none of it shows.
+    Markup,
+    /// Text after all: it is emitted like the text before it, and the step
+    /// consumes through it.
+    Text,
+    /// Undecided until more text arrives: the step consumes only the text
+    /// before it.
+    Wait,
+    /// The state the machine moved to reads it: the step consumes only the
+    /// text before it.
+    Reread,
+}
+
+/// What running text between markup is shown as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Shown {
+    Content,
+    Reasoning,
+    /// Nothing: text between markers that is itself markup (inside a Kimi
+    /// K2 tool section).
+    Dropped,
+}
+
+impl Shown {
+    /// Reports `text` as what it is shown as.
+    pub(crate) fn emit(self, cx: &mut Cx, text: &str) {
+        match self {
+            Shown::Content => cx.content(text),
+            Shown::Reasoning => cx.reasoning(text),
+            Shown::Dropped => {}
+        }
+    }
+}
+
+/// One step through running text that stops at the first of `markers`, the
+/// loop every machine runs outside its calls: the text before the marker is
+/// emitted as `shown`, and `at_marker`, given the marker and the text after
+/// it, says what the marker is (moving the machine where it leads). With no
+/// marker in sight the step emits and consumes the text that is safe,
+/// holding back what may be the start of a marker.
+pub(crate) fn text_step<'m>(
     input: &str,
-    markers: &[&str],
+    markers: &[&'m str],
     eof: bool,
-    emit: impl FnOnce(&str),
-) -> Result<(usize, usize), Step> {
+    cx: &mut Cx,
+    shown: Shown,
+    at_marker: impl FnOnce(&'m str, &str) -> AtMarker,
+) -> Step {
     match find_first(input, markers, eof) {
         Find::Found { at, idx } => {
-            emit(&input[..at]);
-            Ok((at, idx))
+            let marker = markers[idx];
+            shown.emit(cx, &input[..at]);
+            let past = at + marker.len();
+            match at_marker(marker, &input[past..]) {
+                AtMarker::Markup => Step::took(past),
+                AtMarker::Text => {
+                    shown.emit(cx, marker);
+                    Step::took(past)
+                }
+                AtMarker::Wait => Step::up_to(at),
+                AtMarker::Reread => Step::moved(at),
+            }
         }
         Find::Clear { safe } => {
-            emit(&input[..safe]);
-            Err(Step::up_to(safe))
+            shown.emit(cx, &input[..safe]);
+            Step::up_to(safe)
         }
     }
 }

@@ -45,7 +45,7 @@
 
 use super::hermes::call_from_object;
 use super::keyed::KeyedCall;
-use super::{prompt_opens, text_until, Machine, Step};
+use super::{prompt_opens, text_step, AtMarker, Machine, Shown, Step};
 use crate::cx::Cx;
 use crate::json::{self, Scan, ValueEnd};
 use crate::scan::{find_first, follow, lead_any, starts_with, ws_len, Find, Follow, Lead, Prefix};
@@ -440,41 +440,30 @@ impl Machine for Qwen3Xml {
         let eof = end.is_some();
         match &mut self.state {
             State::Reasoning => {
-                let (at, idx) =
-                    match text_until(input, &REASONING_MARKERS, eof, |t| cx.reasoning(t)) {
-                        Ok(found) => found,
-                        Err(step) => return step,
-                    };
-                let tag = REASONING_MARKERS[idx];
-                let used = at + tag.len();
-                match tag {
-                    OPEN => {
-                        let after = &input[used..];
-                        match starts_with(&after[ws_len(after)..], FUNC, eof) {
+                text_step(input, &REASONING_MARKERS, eof, cx, Shown::Reasoning, |tag, after| {
+                    match tag {
+                        OPEN => match starts_with(&after[ws_len(after)..], FUNC, eof) {
                             Prefix::Yes => self.state = State::Call(Call::new(true, true, OPEN)),
-                            Prefix::NeedMore => return Step::up_to(at),
-                            Prefix::No => cx.reasoning(OPEN),
-                        }
+                            Prefix::NeedMore => return AtMarker::Wait,
+                            Prefix::No => return AtMarker::Text,
+                        },
+                        UNTHINK => self.state = State::Content,
+                        _ => {}
                     }
-                    UNTHINK => self.state = State::Content,
-                    _ => {}
-                }
-                Step::took(used)
+                    AtMarker::Markup
+                })
             }
             State::Content => {
-                let (at, idx) = match text_until(input, &CONTENT_MARKERS, eof, |t| cx.content(t)) {
-                    Ok(found) => found,
-                    Err(step) => return step,
-                };
-                let tag = CONTENT_MARKERS[idx];
-                match tag {
-                    OPEN => self.state = State::Call(Call::new(false, true, OPEN)),
-                    // Not markup until the call is confirmed.
-                    FUNC => self.state = State::Call(Call::new(false, false, FUNC)),
-                    THINK => self.state = State::Reasoning,
-                    _ => {}
-                }
-                Step::took(at + tag.len())
+                text_step(input, &CONTENT_MARKERS, eof, cx, Shown::Content, |tag, _| {
+                    match tag {
+                        OPEN => self.state = State::Call(Call::new(false, true, OPEN)),
+                        // Not markup until the call is confirmed.
+                        FUNC => self.state = State::Call(Call::new(false, false, FUNC)),
+                        THINK => self.state = State::Reasoning,
+                        _ => {}
+                    }
+                    AtMarker::Markup
+                })
             }
             State::Call(call) => {
                 let (used, done) = call.run(input, end, cx);
