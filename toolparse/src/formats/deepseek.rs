@@ -22,15 +22,13 @@
 use super::deepseek_dsml::{self as dsml, Style, PLAIN, SPACED};
 use super::deepseek_v3::{self as v3, CALLS_END, CALL_BEGIN, CALL_END};
 use super::keyed::KeyedCall;
-use super::{prompt_opens, Machine, Step};
+use super::{prompt_thinks, Machine, Step, THINK, UNTHINK};
 use crate::cx::Cx;
 use crate::json::{self, Scan, ValueEnd};
 use crate::registry::Format;
 use crate::scan::{find_first, lead_any, starts_with, ws_len, Find, Lead, Prefix};
 use crate::{DropReason, FinishReason, Options};
 
-const THINK: &str = "<think>";
-const UNTHINK: &str = "</think>";
 pub(super) const EOS: &str = "<｜end▁of▁sentence｜>";
 
 /// Turn tokens of the chat template: never shown.
@@ -189,9 +187,7 @@ impl DeepSeek {
         reasoning.extend(stray.iter().copied());
         reasoning.extend(turn.iter().copied());
 
-        let gen = opts.generation_prompt.as_deref();
-        let state =
-            if prompt_opens(gen, THINK, UNTHINK) { State::Reasoning } else { State::Content };
+        let state = if prompt_thinks(opts) { State::Reasoning } else { State::Content };
         DeepSeek {
             state,
             content_markers: Markers::new(content),

@@ -38,7 +38,7 @@
 //! reasoning. Turn tokens (`<|user|>`, `<|observation|>`, …) are stripped.
 
 use super::keyed::KeyedCall;
-use super::{prompt_opens, text_step, AtMarker, Machine, Shown, Step};
+use super::{prompt_thinks, text_step, AtMarker, Machine, Shown, Step, THINK, UNTHINK};
 use crate::cx::Cx;
 use crate::json;
 use crate::registry::Format;
@@ -52,8 +52,6 @@ const KEY: &str = "<arg_key>";
 const KEY_END: &str = "</arg_key>";
 const VAL: &str = "<arg_value>";
 const VAL_END: &str = "</arg_value>";
-const THINK: &str = "<think>";
-const UNTHINK: &str = "</think>";
 
 /// Turn tokens a model should not write; stripped wherever they show.
 const STRAY: [&str; 7] = [
@@ -374,9 +372,7 @@ impl Glm {
     /// Both variants ([`Format::Glm45`], [`Format::Glm47`]) parse alike; the
     /// generation prompt says whether the text starts inside `<think>`.
     pub(crate) fn new(_format: Format, opts: &Options) -> Glm {
-        let gen = opts.generation_prompt.as_deref();
-        let state =
-            if prompt_opens(gen, THINK, UNTHINK) { State::Reasoning } else { State::Content };
+        let state = if prompt_thinks(opts) { State::Reasoning } else { State::Content };
         Glm { state }
     }
 }
@@ -394,15 +390,15 @@ impl Machine for Glm {
             State::Reasoning => {
                 text_step(input, &REASONING_MARKERS, eof, cx, Shown::Reasoning, |tag, after| {
                     match tag {
-                        OPEN => match call_ahead(after, eof) {
-                            Prefix::Yes => self.state = State::Call(Call::new(true)),
-                            Prefix::NeedMore => return AtMarker::Wait,
-                            Prefix::No => return AtMarker::Text,
-                        },
-                        UNTHINK => self.state = State::Content,
-                        _ => {}
+                        OPEN => AtMarker::opener_in_reasoning(call_ahead(after, eof), || {
+                            self.state = State::Call(Call::new(true));
+                        }),
+                        UNTHINK => {
+                            self.state = State::Content;
+                            AtMarker::Markup
+                        }
+                        _ => AtMarker::Markup,
                     }
-                    AtMarker::Markup
                 })
             }
             State::Content => {

@@ -22,7 +22,7 @@
 //! falls back to content. A prompt that ends inside `<think>` starts the
 //! parser in reasoning.
 
-use super::{prompt_opens, text_step, AtMarker, Machine, Shown, Step};
+use super::{prompt_thinks, text_step, AtMarker, Machine, Shown, Step, THINK, UNTHINK};
 use crate::cx::Cx;
 use crate::json::{self, Scan, ValueEnd};
 use crate::scan::{find_first, starts_with, ws_len, Find, Prefix};
@@ -31,8 +31,6 @@ use serde_json::Value;
 
 const OPEN: &str = "<tool_call>";
 const CLOSE: &str = "</tool_call>";
-const THINK: &str = "<think>";
-const UNTHINK: &str = "</think>";
 
 /// Markers recognised in content. Turn tokens a model should not write are
 /// stripped so they never show.
@@ -54,9 +52,7 @@ pub(crate) struct Hermes {
 
 impl Hermes {
     pub(crate) fn new(opts: &Options) -> Hermes {
-        let gen = opts.generation_prompt.as_deref();
-        let state =
-            if prompt_opens(gen, THINK, UNTHINK) { State::Reasoning } else { State::Content };
+        let state = if prompt_thinks(opts) { State::Reasoning } else { State::Content };
         Hermes { state }
     }
 }

@@ -18,7 +18,7 @@
 //! text around a section is content, verbatim. Reasoning ends at `</think>`
 //! or where the tool section begins; a leading `<think>` is consumed.
 
-use super::{prompt_opens, text_step, AtMarker, Machine, Shown, Step};
+use super::{prompt_thinks, text_step, AtMarker, Machine, Shown, Step, THINK, UNTHINK};
 use crate::cx::Cx;
 use crate::json::{self, Scan, ValueEnd};
 use crate::scan::{find_first, lead_any, push_capped, starts_with, ws_len, Find, Lead, Prefix};
@@ -31,8 +31,6 @@ const SECTION_END_1: &str = "<|tool_call_section_end|>";
 const CALL_BEGIN: &str = "<|tool_call_begin|>";
 const ARG_BEGIN: &str = "<|tool_call_argument_begin|>";
 const CALL_END: &str = "<|tool_call_end|>";
-const THINK: &str = "<think>";
-const UNTHINK: &str = "</think>";
 const FENCE: &str = "```";
 
 /// Turn tokens a model should not write; stripped.
@@ -114,9 +112,8 @@ pub(crate) struct KimiK2 {
 
 impl KimiK2 {
     pub(crate) fn new(opts: &Options) -> KimiK2 {
-        let gen = opts.generation_prompt.as_deref();
-        let reasoning =
-            prompt_opens(gen, THINK, UNTHINK) || (gen.is_none() && opts.thinking == Some(true));
+        let reasoning = prompt_thinks(opts)
+            || (opts.generation_prompt.is_none() && opts.thinking == Some(true));
         KimiK2 { state: if reasoning { State::Reasoning } else { State::Content } }
     }
 

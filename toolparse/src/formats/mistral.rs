@@ -34,7 +34,8 @@
 //! reasoning is reasoning (only the close tag ends it). Turn tokens (`</s>`,
 //! `[INST]`, `[/INST]`, `[TOOL_RESULTS]`, …) that are not calls are stripped.
 
-use super::{prompt_opens, text_step, AtMarker, Machine, Shown, Step};
+use super::{prompt_opens, prompt_thinks, text_step, AtMarker, Machine, Shown, Step};
+use super::{THINK as TEXT_THINK, UNTHINK as TEXT_UNTHINK};
 use crate::cx::Cx;
 use crate::json::{self, Scan, ValueEnd};
 use crate::scan::{starts_with, ws_len, Prefix};
@@ -46,8 +47,6 @@ const ARGS: &str = "[ARGS]";
 const CALL_ID: &str = "[CALL_ID]";
 const THINK: &str = "[THINK]";
 const UNTHINK: &str = "[/THINK]";
-const TEXT_THINK: &str = "<think>";
-const TEXT_UNTHINK: &str = "</think>";
 const EOS: &str = "</s>";
 
 /// Markers recognised in content. All but the call and reasoning openers
@@ -108,7 +107,7 @@ impl Mistral {
         let gen = opts.generation_prompt.as_deref();
         let state = if prompt_opens(gen, THINK, UNTHINK) {
             State::Reasoning(UNTHINK)
-        } else if prompt_opens(gen, TEXT_THINK, TEXT_UNTHINK) {
+        } else if prompt_thinks(opts) {
             State::Reasoning(TEXT_UNTHINK)
         } else {
             State::Content

@@ -62,7 +62,7 @@ mod testing;
 use crate::cx::Cx;
 use crate::grammar::{CallGrammar, GrammarTool, Special};
 use crate::registry::Format;
-use crate::scan::{find_first, Find};
+use crate::scan::{find_first, Find, Prefix};
 use crate::{FinishReason, Options};
 use std::num::NonZeroUsize;
 
@@ -238,6 +238,23 @@ impl Shown {
     }
 }
 
+impl AtMarker {
+    /// A call opener met inside reasoning, which opens a call only when the
+    /// call's markup follows it (`ahead` says whether it does): then `open`
+    /// enters the call and the opener is markup; with no call it is
+    /// reasoning text; undecided, it waits.
+    pub(crate) fn opener_in_reasoning(ahead: Prefix, open: impl FnOnce()) -> AtMarker {
+        match ahead {
+            Prefix::Yes => {
+                open();
+                AtMarker::Markup
+            }
+            Prefix::No => AtMarker::Text,
+            Prefix::NeedMore => AtMarker::Wait,
+        }
+    }
+}
+
 /// One step through running text that stops at the first of `markers`, the
 /// loop every machine runs outside its calls: the text before the marker is
 /// emitted as `shown`, and `at_marker`, given the marker and the text after
@@ -272,6 +289,18 @@ pub(crate) fn text_step<'m>(
             Step::up_to(safe)
         }
     }
+}
+
+/// Opens the plain-text reasoning block of Hermes, Qwen3, GLM, Kimi K2,
+/// DeepSeek and Magistral: `<think>` … `</think>`.
+pub(crate) const THINK: &str = "<think>";
+/// Closes the plain-text reasoning block.
+pub(crate) const UNTHINK: &str = "</think>";
+
+/// Whether the text starts inside a `<think>` block: the generation prompt
+/// ends inside one.
+pub(crate) fn prompt_thinks(opts: &Options) -> bool {
+    prompt_opens(opts.generation_prompt.as_deref(), THINK, UNTHINK)
 }
 
 /// Whether a generation prompt leaves the model inside a reasoning block:

@@ -45,10 +45,10 @@
 
 use super::hermes::call_from_object;
 use super::keyed::KeyedCall;
-use super::{prompt_opens, text_step, AtMarker, Machine, Shown, Step};
+use super::{prompt_thinks, text_step, AtMarker, Machine, Shown, Step, THINK, UNTHINK};
 use crate::cx::Cx;
 use crate::json::{self, Scan, ValueEnd};
-use crate::scan::{find_first, follow, lead_any, starts_with, ws_len, Find, Follow, Lead, Prefix};
+use crate::scan::{find_first, follow, lead_any, starts_with, ws_len, Find, Follow, Lead};
 use crate::{DropReason, FinishReason, Options};
 use serde_json::Value;
 
@@ -58,8 +58,6 @@ const FUNC: &str = "<function=";
 const FUNC_END: &str = "</function>";
 const PARAM: &str = "<parameter=";
 const PARAM_END: &str = "</parameter>";
-const THINK: &str = "<think>";
-const UNTHINK: &str = "</think>";
 
 /// Markers recognised in content. A stray `</tool_call>` and turn tokens a
 /// model should not write are stripped so they never show.
@@ -422,9 +420,7 @@ pub(crate) struct Qwen3Xml {
 
 impl Qwen3Xml {
     pub(crate) fn new(opts: &Options) -> Qwen3Xml {
-        let gen = opts.generation_prompt.as_deref();
-        let state =
-            if prompt_opens(gen, THINK, UNTHINK) { State::Reasoning } else { State::Content };
+        let state = if prompt_thinks(opts) { State::Reasoning } else { State::Content };
         Qwen3Xml { state }
     }
 }
@@ -442,15 +438,18 @@ impl Machine for Qwen3Xml {
             State::Reasoning => {
                 text_step(input, &REASONING_MARKERS, eof, cx, Shown::Reasoning, |tag, after| {
                     match tag {
-                        OPEN => match starts_with(&after[ws_len(after)..], FUNC, eof) {
-                            Prefix::Yes => self.state = State::Call(Call::new(true, true, OPEN)),
-                            Prefix::NeedMore => return AtMarker::Wait,
-                            Prefix::No => return AtMarker::Text,
-                        },
-                        UNTHINK => self.state = State::Content,
-                        _ => {}
+                        OPEN => {
+                            let ahead = starts_with(&after[ws_len(after)..], FUNC, eof);
+                            AtMarker::opener_in_reasoning(ahead, || {
+                                self.state = State::Call(Call::new(true, true, OPEN));
+                            })
+                        }
+                        UNTHINK => {
+                            self.state = State::Content;
+                            AtMarker::Markup
+                        }
+                        _ => AtMarker::Markup,
                     }
-                    AtMarker::Markup
                 })
             }
             State::Content => {
