@@ -25,6 +25,7 @@
 //! Turn and stop tokens (`<turn|>`, `<|tool_response>`, `<eos>`, …) are
 //! stripped; a stray `<|"|>` outside a call is dropped.
 
+use super::cursor::Cursor;
 use super::{prompt_opens, text_step, AtMarker, Machine, Shown, Step};
 use crate::cx::Cx;
 use crate::json::{self, JsonType};
@@ -376,10 +377,10 @@ fn unfinished(input: &str, end: Option<FinishReason>, cx: &mut Cx) {
 
 /// Parses a call body (`{…}`) into strict JSON object text.
 fn parse_args(text: &str, name: &str, cx: &Cx) -> Option<String> {
-    let mut p = Notation { s: text, i: 0 };
+    let mut p = Notation { c: Cursor::new(text, ws_len) };
     let map = p.object(0).ok()?;
-    p.ws();
-    if p.i != text.len() {
+    p.c.ws();
+    if !p.c.done() {
         return None;
     }
     let mut out = Map::new();
@@ -447,39 +448,18 @@ fn literal(t: &str) -> Value {
 
 /// A parser for Gemma's object notation over a complete body.
 struct Notation<'a> {
-    s: &'a str,
-    i: usize,
+    c: Cursor<'a>,
 }
 
 impl Notation<'_> {
-    fn rest(&self) -> &str {
-        &self.s[self.i..]
-    }
-
-    fn ws(&mut self) {
-        self.i += ws_len(self.rest());
-    }
-
-    fn eat(&mut self, lit: &str) -> bool {
-        if self.rest().starts_with(lit) {
-            self.i += lit.len();
-            true
-        } else {
-            false
-        }
-    }
-
     /// `<|"|>…<|"|>`, after the opening delimiter was eaten.
     fn string_tail(&mut self) -> Result<String, ()> {
-        let at = self.rest().find(QUOTE).ok_or(())?;
-        let s = self.rest()[..at].to_owned();
-        self.i += at + QUOTE.len();
-        Ok(s)
+        self.c.until(QUOTE).map(str::to_owned).ok_or(())
     }
 
     /// Bare text up to one of `stops` (or a string delimiter), trimmed.
     fn bare(&mut self, stops: &[char]) -> Result<String, ()> {
-        let rest = self.rest();
+        let rest = self.c.rest();
         let n = rest.find(|c| stops.contains(&c)).unwrap_or(rest.len());
         let t = &rest[..n];
         if t.contains(QUOTE) {
@@ -490,12 +470,12 @@ impl Notation<'_> {
             return Err(());
         }
         let t = t.to_owned();
-        self.i += n;
+        self.c.skip(n);
         Ok(t)
     }
 
     fn key(&mut self) -> Result<String, ()> {
-        if self.eat(QUOTE) {
+        if self.c.eat(QUOTE) {
             return self.string_tail();
         }
         self.bare(&[':', ',', '{', '}', '[', ']'])
@@ -503,34 +483,34 @@ impl Notation<'_> {
 
     /// An object (at `{`), its values not yet typed.
     fn object(&mut self, depth: usize) -> Result<Vec<(String, Parsed)>, ()> {
-        if depth > MAX_DEPTH || !self.eat("{") {
+        if depth > MAX_DEPTH || !self.c.eat("{") {
             return Err(());
         }
         let mut out: Vec<(String, Parsed)> = Vec::new();
-        self.ws();
-        if self.eat("}") {
+        self.c.ws();
+        if self.c.eat("}") {
             return Ok(out);
         }
         loop {
-            self.ws();
+            self.c.ws();
             let key = self.key()?;
-            self.ws();
-            if !self.eat(":") {
+            self.c.ws();
+            if !self.c.eat(":") {
                 return Err(());
             }
-            self.ws();
+            self.c.ws();
             let v = self.value(depth + 1)?;
             if out.iter().any(|(k, _)| *k == key) {
                 return Err(());
             }
             out.push((key, v));
-            self.ws();
-            if self.eat(",") {
-                self.ws();
-                if self.eat("}") {
+            self.c.ws();
+            if self.c.eat(",") {
+                self.c.ws();
+                if self.c.eat("}") {
                     return Ok(out);
                 }
-            } else if self.eat("}") {
+            } else if self.c.eat("}") {
                 return Ok(out);
             } else {
                 return Err(());
@@ -539,24 +519,24 @@ impl Notation<'_> {
     }
 
     fn array(&mut self, depth: usize) -> Result<Vec<Value>, ()> {
-        if depth > MAX_DEPTH || !self.eat("[") {
+        if depth > MAX_DEPTH || !self.c.eat("[") {
             return Err(());
         }
         let mut out = Vec::new();
-        self.ws();
-        if self.eat("]") {
+        self.c.ws();
+        if self.c.eat("]") {
             return Ok(out);
         }
         loop {
-            self.ws();
+            self.c.ws();
             out.push(self.value(depth + 1)?.into_value());
-            self.ws();
-            if self.eat(",") {
-                self.ws();
-                if self.eat("]") {
+            self.c.ws();
+            if self.c.eat(",") {
+                self.c.ws();
+                if self.c.eat("]") {
                     return Ok(out);
                 }
-            } else if self.eat("]") {
+            } else if self.c.eat("]") {
                 return Ok(out);
             } else {
                 return Err(());
@@ -565,10 +545,10 @@ impl Notation<'_> {
     }
 
     fn value(&mut self, depth: usize) -> Result<Parsed, ()> {
-        if self.eat(QUOTE) {
+        if self.c.eat(QUOTE) {
             return self.string_tail().map(Parsed::Str);
         }
-        match self.rest().as_bytes().first() {
+        match self.c.peek() {
             Some(b'{') => {
                 let mut m = Map::new();
                 for (k, v) in self.object(depth)? {

@@ -41,6 +41,7 @@
 //! Machines therefore never check the cap themselves, and their buffers are
 //! bounded by what they have been shown: O(cap).
 
+mod cursor;
 mod deepseek;
 mod deepseek_dsml;
 mod deepseek_v3;

@@ -14,6 +14,7 @@
 //! that has no JSON value (bytes, complex, `1e999`, sets, f-strings) is a
 //! [`Bad::Value`]; text that is not this syntax is a [`Bad::Syntax`].
 
+use super::cursor::Cursor;
 use serde_json::{Map, Number, Value};
 
 /// Deepest nesting accepted in a value.
@@ -143,44 +144,34 @@ pub(crate) enum Bad {
 
 /// Parses one complete `name(key=value, …)` into a name and arguments text.
 pub(crate) fn parse_call(text: &str) -> Result<(String, String), Bad> {
-    let mut p = Py { s: text, i: 0 };
-    p.ws();
+    let mut p = Py { c: Cursor::new(text, py_ws) };
+    p.c.ws();
     let mut name = String::new();
     loop {
-        let n = ident_len(p.rest());
-        if n == 0 {
-            return Err(Bad::Syntax);
-        }
-        name.push_str(&p.rest()[..n]);
-        p.i += n;
-        if p.eat(".") {
+        name.push_str(p.c.word(ident_len).ok_or(Bad::Syntax)?);
+        if p.c.eat(".") {
             name.push('.');
             continue;
         }
         break;
     }
-    p.ws();
-    if !p.eat("(") {
+    p.c.ws();
+    if !p.c.eat("(") {
         return Err(Bad::Syntax);
     }
     let mut args = Map::new();
     let mut value_error = false;
     loop {
-        p.ws();
-        if p.eat(")") {
+        p.c.ws();
+        if p.c.eat(")") {
             break;
         }
-        let n = ident_len(p.rest());
-        if n == 0 {
+        let key = p.c.word(ident_len).ok_or(Bad::Syntax)?.to_owned();
+        p.c.ws();
+        if !p.c.eat("=") {
             return Err(Bad::Syntax);
         }
-        let key = p.rest()[..n].to_owned();
-        p.i += n;
-        p.ws();
-        if !p.eat("=") {
-            return Err(Bad::Syntax);
-        }
-        p.ws();
+        p.c.ws();
         match p.value(0) {
             Ok(v) => {
                 if args.insert(key, v).is_some() {
@@ -190,18 +181,18 @@ pub(crate) fn parse_call(text: &str) -> Result<(String, String), Bad> {
             Err(Bad::Value) => value_error = true,
             Err(Bad::Syntax) => return Err(Bad::Syntax),
         }
-        p.ws();
-        if p.eat(",") {
+        p.c.ws();
+        if p.c.eat(",") {
             continue;
         }
-        p.ws();
-        if p.eat(")") {
+        p.c.ws();
+        if p.c.eat(")") {
             break;
         }
         return Err(Bad::Syntax);
     }
-    p.ws();
-    if p.i != text.len() {
+    p.c.ws();
+    if !p.c.done() {
         return Err(Bad::Syntax);
     }
     if value_error {
@@ -212,45 +203,23 @@ pub(crate) fn parse_call(text: &str) -> Result<(String, String), Bad> {
 
 /// A parser for Python literals over complete text.
 struct Py<'a> {
-    s: &'a str,
-    i: usize,
+    c: Cursor<'a>,
 }
 
 impl Py<'_> {
-    fn rest(&self) -> &str {
-        &self.s[self.i..]
-    }
-
-    fn ws(&mut self) {
-        self.i += py_ws(self.rest());
-    }
-
-    fn eat(&mut self, lit: &str) -> bool {
-        if self.rest().starts_with(lit) {
-            self.i += lit.len();
-            true
-        } else {
-            false
-        }
-    }
-
-    fn peek(&self) -> Option<u8> {
-        self.rest().as_bytes().first().copied()
-    }
-
     /// A literal. A value error is reported only once the literal's syntax
     /// is known to be whole, so the caller can go on.
     fn value(&mut self, depth: usize) -> Result<Value, Bad> {
         if depth > MAX_DEPTH {
             return Err(Bad::Syntax);
         }
-        match self.peek() {
+        match self.c.peek() {
             Some(b'[') => {
-                self.i += 1;
+                self.c.skip(1);
                 self.seq(b']', depth).map(|(v, _)| Value::Array(v))
             }
             Some(b'(') => {
-                self.i += 1;
+                self.c.skip(1);
                 let (mut v, tuple) = self.seq(b')', depth)?;
                 if !tuple && v.len() == 1 {
                     return Ok(v.remove(0));
@@ -258,14 +227,14 @@ impl Py<'_> {
                 Ok(Value::Array(v))
             }
             Some(b'{') => {
-                self.i += 1;
+                self.c.skip(1);
                 self.dict(depth)
             }
             Some(b'-' | b'+') => {
-                let neg = self.peek() == Some(b'-');
-                self.i += 1;
-                self.ws();
-                let v = match self.peek() {
+                let neg = self.c.peek() == Some(b'-');
+                self.c.skip(1);
+                self.c.ws();
+                let v = match self.c.peek() {
                     Some(b'0'..=b'9' | b'.') => self.number()?,
                     Some(b'-' | b'+') => self.value(depth + 1)?,
                     _ => return Err(Bad::Syntax),
@@ -278,12 +247,12 @@ impl Py<'_> {
             Some(b'0'..=b'9' | b'.') => self.number(),
             Some(b'\'' | b'"') => self.strings(),
             Some(_) => {
-                let n = ident_len(self.rest());
+                let n = ident_len(self.c.rest());
                 if n == 0 {
                     return Err(Bad::Syntax);
                 }
-                let word = &self.rest()[..n];
-                let after = self.rest().as_bytes().get(n).copied();
+                let word = &self.c.rest()[..n];
+                let after = self.c.rest().as_bytes().get(n).copied();
                 if matches!(after, Some(b'\'' | b'"')) && n <= 2 {
                     return self.strings();
                 }
@@ -293,7 +262,7 @@ impl Py<'_> {
                     "None" | "null" => Value::Null,
                     _ => return Err(Bad::Syntax),
                 };
-                self.i += n;
+                self.c.skip(n);
                 Ok(v)
             }
             None => Err(Bad::Syntax),
@@ -306,9 +275,9 @@ impl Py<'_> {
         let mut comma = false;
         let mut bad = false;
         loop {
-            self.ws();
-            if self.peek() == Some(close) {
-                self.i += 1;
+            self.c.ws();
+            if self.c.peek() == Some(close) {
+                self.c.skip(1);
                 break;
             }
             match self.value(depth + 1) {
@@ -316,13 +285,13 @@ impl Py<'_> {
                 Err(Bad::Value) => bad = true,
                 Err(e) => return Err(e),
             }
-            self.ws();
-            if self.eat(",") {
+            self.c.ws();
+            if self.c.eat(",") {
                 comma = true;
                 continue;
             }
-            if self.peek() == Some(close) {
-                self.i += 1;
+            if self.c.peek() == Some(close) {
+                self.c.skip(1);
                 break;
             }
             return Err(Bad::Syntax);
@@ -337,8 +306,8 @@ impl Py<'_> {
         let mut out = Map::new();
         let mut bad = false;
         loop {
-            self.ws();
-            if self.eat("}") {
+            self.c.ws();
+            if self.c.eat("}") {
                 break;
             }
             let key = match self.value(depth + 1) {
@@ -351,12 +320,12 @@ impl Py<'_> {
                 Err(Bad::Value) => None,
                 Err(e) => return Err(e),
             };
-            self.ws();
-            if !self.eat(":") {
+            self.c.ws();
+            if !self.c.eat(":") {
                 // A set, or not a literal at all.
                 return Err(Bad::Syntax);
             }
-            self.ws();
+            self.c.ws();
             match (key, self.value(depth + 1)) {
                 (Some(k), Ok(v)) => {
                     out.insert(k, v);
@@ -364,11 +333,11 @@ impl Py<'_> {
                 (_, Err(Bad::Syntax)) => return Err(Bad::Syntax),
                 _ => bad = true,
             }
-            self.ws();
-            if self.eat(",") {
+            self.c.ws();
+            if self.c.eat(",") {
                 continue;
             }
-            if self.eat("}") {
+            if self.c.eat("}") {
                 break;
             }
             return Err(Bad::Syntax);
@@ -389,14 +358,14 @@ impl Py<'_> {
                 Err(Bad::Value) => bad = true,
                 Err(e) => return Err(e),
             }
-            let save = self.i;
-            self.ws();
-            let n = ident_len(self.rest());
-            let next = self.rest().as_bytes().get(n).copied();
+            let save = self.c.pos();
+            self.c.ws();
+            let n = ident_len(self.c.rest());
+            let next = self.c.rest().as_bytes().get(n).copied();
             if n <= 2 && matches!(next, Some(b'\'' | b'"')) {
                 continue;
             }
-            self.i = save;
+            self.c.reset(save);
             break;
         }
         if bad {
@@ -407,26 +376,26 @@ impl Py<'_> {
 
     /// One string literal with its prefix.
     fn string(&mut self) -> Result<String, Bad> {
-        let n = ident_len(self.rest());
-        let prefix = self.rest()[..n].to_ascii_lowercase();
+        let n = ident_len(self.c.rest());
+        let prefix = self.c.rest()[..n].to_ascii_lowercase();
         if !matches!(prefix.as_str(), "" | "r" | "u" | "b" | "br" | "rb" | "f" | "fr" | "rf") {
             return Err(Bad::Syntax);
         }
-        self.i += n;
+        self.c.skip(n);
         let raw = prefix.contains('r');
-        let q = match self.peek() {
+        let q = match self.c.peek() {
             Some(q @ (b'\'' | b'"')) => q,
             _ => return Err(Bad::Syntax),
         };
         let q = q as char;
         let triple: String = [q, q, q].iter().collect();
-        let delim = if self.rest().starts_with(&triple) { triple } else { q.to_string() };
-        self.i += delim.len();
+        let delim = if self.c.rest().starts_with(&triple) { triple } else { q.to_string() };
+        self.c.skip(delim.len());
         let mut out = String::new();
-        let mut chars = self.rest().char_indices().peekable();
+        let mut chars = self.c.rest().char_indices().peekable();
         let close = loop {
             let Some((at, c)) = chars.next() else { return Err(Bad::Syntax) };
-            if self.rest()[at..].starts_with(&delim) {
+            if self.c.rest()[at..].starts_with(&delim) {
                 break at;
             }
             if c == '\n' && delim.len() == 1 {
@@ -497,7 +466,7 @@ impl Py<'_> {
                 }
             }
         };
-        self.i += close + delim.len();
+        self.c.skip(close + delim.len());
         if prefix.contains('b') || prefix.contains('f') {
             // Bytes have no JSON value; f-strings are no literals.
             return Err(Bad::Value);
@@ -506,7 +475,7 @@ impl Py<'_> {
     }
 
     fn number(&mut self) -> Result<Value, Bad> {
-        let rest = self.rest();
+        let rest = self.c.rest();
         let n = rest
             .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '.'))
             .unwrap_or(rest.len());
@@ -525,7 +494,7 @@ impl Py<'_> {
             n = m;
         }
         let v = number(&rest[..n]);
-        self.i += n;
+        self.c.skip(n);
         v
     }
 }
