@@ -105,7 +105,9 @@ pub(crate) struct Hit {
 
 /// The indexed corpus.
 pub(crate) struct Corpus {
-    roots: Vec<PathBuf>,
+    /// Each folder (canonical) with the name its sources' paths start with
+    /// (`names`): unique within the corpus.
+    roots: Vec<(String, PathBuf)>,
     index: Index,
     reader: IndexReader,
     f_title: Field,
@@ -144,7 +146,32 @@ fn wanted(p: &Path) -> bool {
     }
 }
 
-fn walk(root: &Path, dir: &Path, out: &mut Vec<FileStamp>) {
+/// The name of each folder, in order, that its sources' paths start with:
+/// its own name (`corpus` for one without, such as `/`), and when an
+/// earlier folder took that name, the name with the first free `-2`, `-3`
+/// … added — so `a/docs` and `b/docs` are `docs` and `docs-2`, every path
+/// leads back to one folder, and the names stay the same for the same
+/// `--corpus` list.
+fn names(roots: &[PathBuf]) -> Vec<String> {
+    let mut taken: Vec<String> = Vec::new();
+    for r in roots {
+        let base = r
+            .file_name()
+            .map(|n| n.to_string_lossy().replace(['/', '\\'], "_"))
+            .filter(|n| !n.is_empty())
+            .unwrap_or_else(|| "corpus".to_owned());
+        let mut name = base.clone();
+        let mut n = 2;
+        while taken.contains(&name) {
+            name = format!("{base}-{n}");
+            n += 1;
+        }
+        taken.push(name);
+    }
+    taken
+}
+
+fn walk(top: &str, root: &Path, dir: &Path, out: &mut Vec<FileStamp>) {
     let Ok(rd) = std::fs::read_dir(dir) else { return };
     let mut entries: Vec<_> = rd.filter_map(|e| e.ok()).collect();
     entries.sort_by_key(|e| e.file_name());
@@ -154,7 +181,7 @@ fn walk(root: &Path, dir: &Path, out: &mut Vec<FileStamp>) {
         if ft.is_dir() {
             let name = e.file_name().to_string_lossy().to_string();
             if !name.starts_with('.') && !SKIP_DIRS.contains(&name.as_str()) {
-                walk(root, &p, out);
+                walk(top, root, &p, out);
             }
         } else if ft.is_file() && wanted(&p) {
             if let Ok(m) = e.metadata() {
@@ -168,9 +195,7 @@ fn walk(root: &Path, dir: &Path, out: &mut Vec<FileStamp>) {
                     .map(|d| d.as_nanos())
                     .unwrap_or(0);
                 let rel = p.strip_prefix(root).unwrap_or(&p).to_string_lossy().replace('\\', "/");
-                let top =
-                    root.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
-                let rel = if top.is_empty() { rel } else { format!("{top}/{rel}") };
+                let rel = format!("{top}/{rel}");
                 out.push(FileStamp { rel, abs: p.clone(), size: m.len(), mtime });
             }
         }
@@ -312,14 +337,18 @@ impl Corpus {
             if !c.is_dir() {
                 anyhow::bail!("corpus {} is not a folder", r.display());
             }
-            canon.push(c);
+            // The same folder given twice is one folder.
+            if !canon.contains(&c) {
+                canon.push(c);
+            }
         }
+        let roots: Vec<(String, PathBuf)> = names(&canon).into_iter().zip(canon).collect();
         let mut files = Vec::new();
-        for r in &canon {
-            walk(r, r, &mut files);
+        for (top, r) in &roots {
+            walk(top, r, r, &mut files);
         }
         let mut h = Sha256::new();
-        for r in &canon {
+        for (_, r) in &roots {
             h.update(r.to_string_lossy().as_bytes());
             h.update([0]);
         }
@@ -381,7 +410,7 @@ impl Corpus {
         let reader = index.reader().context("cannot read the index")?;
         reader.reload().ok();
         Ok(Corpus {
-            roots: canon,
+            roots,
             index,
             reader,
             f_title,
@@ -473,10 +502,7 @@ impl Corpus {
 
     fn abs_path(&self, rel: &str) -> Option<PathBuf> {
         let (top, rest) = rel.split_once('/')?;
-        let root = self
-            .roots
-            .iter()
-            .find(|r| r.file_name().is_some_and(|n| n.to_string_lossy() == top))?;
+        let (_, root) = self.roots.iter().find(|(name, _)| name == top)?;
         let p = root.join(rest);
         // Never leave the corpus folder.
         let c = p.canonicalize().ok()?;
@@ -526,6 +552,14 @@ mod tests {
         assert_eq!(segs.concat(), text);
         let long = "x".repeat(1000);
         assert_eq!(split_segments(&long, 100).concat(), long);
+    }
+
+    #[test]
+    fn every_folder_gets_a_name_of_its_own() {
+        let roots: Vec<PathBuf> = ["/a/docs", "/b/docs", "/c/docs-2", "/d/docs", "/", "/e/notes"]
+            .map(PathBuf::from)
+            .into();
+        assert_eq!(names(&roots), ["docs", "docs-2", "docs-2-2", "docs-3", "corpus", "notes"]);
     }
 
     #[test]

@@ -96,6 +96,37 @@ fn a_note_never_follows_a_link_out_of_the_notes_folder() {
     assert!(text.starts_with("# Budget\n"));
 }
 
+/// Two `--corpus` folders with the same name (`a/docs`, `b/docs`), each
+/// holding a file of the same name: their sources get distinct paths, and
+/// reading the handle a search gave reads the file that search found — not
+/// the other folder's (issue 31, item 7).
+#[test]
+fn folders_of_the_same_name_keep_their_own_sources() {
+    world();
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (dir.path().join("a/docs"), dir.path().join("b/docs"));
+    for (root, word) in [(&a, "aardvark"), (&b, "bumblebee")] {
+        std::fs::create_dir_all(root).unwrap();
+        std::fs::write(root.join("guide.md"), format!("# Guide\n\nThe {word} lives here.\n"))
+            .unwrap();
+    }
+    let corpus = Corpus::open(&[a.clone(), b.clone()], 300).expect("the corpus");
+    let mut h = Host::new(Some(corpus), None, limits());
+    for (word, path) in [("aardvark", "docs/guide.md"), ("bumblebee", "docs-2/guide.md")] {
+        let found = call(&mut h, SEARCH, &json!({"query": word}).to_string()).to_json();
+        let hits = found["results"].as_array().expect("results");
+        assert_eq!(hits.len(), 1, "{found}");
+        assert_eq!(hits[0]["path"], path, "{found}");
+        let handle = hits[0]["handle"].as_str().unwrap();
+        let read = call(&mut h, READ, &json!({"handle": handle}).to_string()).to_json();
+        let text = read["text"].as_str().unwrap_or_default();
+        assert!(text.contains(word), "{handle} ({path}) read the other folder's file: {read}");
+    }
+    // The same folder given twice is one folder, not `docs` and `docs-2`.
+    let once = Corpus::open(&[a.clone(), a], 300).expect("the corpus");
+    assert_eq!(once.search("aardvark", 5).unwrap().len(), 1);
+}
+
 #[test]
 fn the_slug_cut_never_splits_a_character() {
     for s in ["", "a", "é", "日本語", "🎉🎉", "aé"] {
