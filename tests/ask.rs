@@ -1,10 +1,43 @@
-//! `agentd ask` as a person meets it (issue 31, item 7): `--corpus`
-//! folders that share a name — through the scripted provider.
+//! `agentd ask` as a person meets it (issue 31, item 7): what it prints
+//! of a model's text on a terminal, and `--corpus` folders that share a
+//! name — both through the scripted provider.
 
 use agentd_tests::{done, events, of, Home};
 
 fn script(h: &Home, lines: &[&str]) -> String {
     h.write("script.jsonl", &lines.join("\n")).display().to_string()
+}
+
+/// An answer holding escape sequences (an OSC that retitles the terminal,
+/// a CSI that clears it): the printed answer shows them, with the rest of
+/// the text, and sends none; `--events` keeps the answer as the model
+/// wrote it, JSON-escaped.
+#[test]
+fn a_models_escape_sequences_are_shown_not_sent() {
+    let h = Home::new();
+    let s = script(
+        &h,
+        &[
+            r#"{"content": "Two requests.\u001b]0;pwned\u0007 Then\u001b[2J gone\u009b31m.\r\n\tEnd"}"#,
+        ],
+    );
+    let out = h.run(&["ask", "--provider", "scripted", "--script", &s, "q"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let printed = String::from_utf8(out.stdout).expect("UTF-8");
+    assert!(
+        !printed.chars().any(|c| c.is_control() && c != '\n' && c != '\t'),
+        "a control character reached the terminal: {printed:?}"
+    );
+    assert_eq!(printed, "Two requests.␛]0;pwned␇ Then␛[2J gone\\u{9b}31m.␍\n\tEnd\n");
+
+    let out = h.run(&["ask", "--provider", "scripted", "--script", &s, "--events", "q"]);
+    let evs = events(&out);
+    assert_eq!(
+        done(&evs)["answer"],
+        "Two requests.\u{1b}]0;pwned\u{7} Then\u{1b}[2J gone\u{9b}31m.\r\n\tEnd"
+    );
+    let line = String::from_utf8(out.stdout).expect("UTF-8");
+    assert!(!line.contains('\u{1b}') && !line.contains('\u{7}'), "{line:?}");
 }
 
 /// Two `--corpus` folders named `docs` (`a/docs`, `b/docs`), each with a

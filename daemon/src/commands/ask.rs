@@ -1,10 +1,12 @@
 //! `agentd ask`: one research reply in this process, or through a running
 //! daemon with `--connect`. Without `--events` the answer streams to stdout
-//! and notices to stderr (`Printer`); with it, one JSON event per line.
+//! and notices to stderr (`Printer`), every control character but newline
+//! and tab shown, not sent (`visible`); with it, one JSON event per line.
 //! Exit status: 0 for an answer, an excerpt or a spoken fallback, 1 for an
 //! error, 130 when cancelled.
 
 use super::client;
+use super::visible::visible;
 use crate::events::{Done, Ev, Outcome};
 use crate::provider::build::EngineArgs;
 use crate::research::{self, RunConfig, RunOptions};
@@ -68,6 +70,9 @@ pub(crate) fn run(a: &AskArgs, cancel: &AtomicBool) -> Result<ExitCode> {
 }
 
 /// Prints events: text to stdout and notices to stderr, or JSON lines.
+/// Model text (the answer, a call's name and arguments, notices, errors)
+/// goes out through `visible`: a model's escape sequences never reach the
+/// terminal.
 #[derive(Debug)]
 pub(crate) struct Printer {
     events: bool,
@@ -90,14 +95,19 @@ impl Printer {
         }
         match e {
             Ev::Content(d) => {
-                let _ = o.write_all(d.as_bytes());
+                let _ = o.write_all(visible(d).as_bytes());
                 let _ = o.flush();
                 self.wrote = true;
             }
-            Ev::Notice { text, .. } => eprintln!("agentd: {text}"),
-            Ev::ToolCall { name, arguments, .. } => eprintln!("agentd: → {name} {arguments}"),
+            Ev::Notice { text, .. } => eprintln!("agentd: {}", visible(text)),
+            Ev::ToolCall { name, arguments, .. } => {
+                eprintln!("agentd: → {} {}", visible(name), visible(&arguments.to_string()))
+            }
             Ev::Discarded { name, .. } => {
-                eprintln!("agentd: discarded a call to {name} proposed in the final turn")
+                eprintln!(
+                    "agentd: discarded a call to {} proposed in the final turn",
+                    visible(name)
+                )
             }
             _ => {}
         }
@@ -119,7 +129,7 @@ impl Printer {
             }
             Outcome::Error => {
                 if let Some(e) = &done.error {
-                    eprintln!("agentd: {} ({}): {}", e.code, e.classification, e.message);
+                    eprintln!("agentd: {} ({}): {}", e.code, e.classification, visible(&e.message));
                 }
                 ExitCode::from(1)
             }
@@ -166,7 +176,7 @@ fn connected(a: &AskArgs, sock: &str, cancel: &AtomicBool) -> Result<ExitCode> {
         _ => {
             eprintln!(
                 "agentd: {}",
-                done["error"]["message"].as_str().unwrap_or("the reply failed")
+                visible(done["error"]["message"].as_str().unwrap_or("the reply failed"))
             );
             ExitCode::from(1)
         }

@@ -202,7 +202,8 @@ pub(crate) fn generate(a: GenerateArgs<'_>, cancel: &AtomicBool) -> Result<infer
     let out = engine.generate(&mut s, &prompt, &params, cancel, &mut |d| {
         if !json_out {
             let mut o = stdout.lock();
-            let _ = o.write_all(d.as_bytes());
+            // The model's text, its control characters shown, not sent.
+            let _ = o.write_all(super::visible::visible(d).as_bytes());
             let _ = o.flush();
         }
     })?;

@@ -3,7 +3,8 @@
 //! daemon) over the socket `client`, `runs` (`list`, `show`), `mcp`
 //! (`mcp list`: the MCP servers and their tools), the `engine`
 //! commands (`pull`, `models`, `tokenize`, `generate`, `bench`) and the
-//! tool-call `parse`r commands (`toolparse replay`, `toolparse parse`).
+//! tool-call `parse`r commands (`toolparse replay`, `toolparse parse`);
+//! `visible` makes model text safe to print for a person.
 
 pub(crate) mod ask;
 pub(crate) mod chat;
@@ -12,3 +13,4 @@ pub(crate) mod engine;
 pub(crate) mod mcp;
 pub(crate) mod parse;
 pub(crate) mod runs;
+pub(crate) mod visible;
