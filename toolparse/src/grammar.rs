@@ -163,6 +163,59 @@ pub fn alternatives(
     rules
 }
 
+/// The names an object schema requires.
+pub(crate) fn required(schema: &Value) -> Vec<&str> {
+    schema
+        .get("required")
+        .and_then(Value::as_array)
+        .map(|a| a.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default()
+}
+
+/// The members of an object written as a literal (Gemma's notation, a
+/// Python dict or keyword list): `members` in order, `(required, expression)`
+/// each, separated by `sep`, the required ones always and the others
+/// optionally. Writes the rules `{id}_{i}` (the members from `i` on) and
+/// `{id}_{i}c` (the same after a member, so with a separator) into `rules`;
+/// returns the expression of the whole sequence (optional when no member
+/// is required).
+pub(crate) fn member_chain(
+    rules: &mut String,
+    id: &str,
+    members: &[(bool, String)],
+    sep: &str,
+) -> String {
+    let name = |i: usize, c: bool| format!("{id}_{i}{}", if c { "c" } else { "" });
+    let empty_from = |i: usize| members[i..].iter().all(|(req, _)| !req);
+    for i in (0..members.len()).rev() {
+        for c in [false, true] {
+            let (req, m) = &members[i];
+            let sep = if c { sep } else { "" };
+            let next = if i + 1 == members.len() {
+                String::new()
+            } else if empty_from(i + 1) {
+                format!(" {}?", name(i + 1, true))
+            } else {
+                format!(" {}", name(i + 1, true))
+            };
+            let with = format!("{sep}{m}{next}");
+            // Each rule writes at least one member; an optional member may
+            // be left out for the ones after it.
+            let body = if *req || i + 1 == members.len() {
+                with
+            } else {
+                format!("{with} | {}", name(i + 1, c))
+            };
+            rules.push_str(&format!("{}: {body}\n", name(i, c)));
+        }
+    }
+    if empty_from(0) {
+        format!("{}?", name(0, false))
+    } else {
+        name(0, false)
+    }
+}
+
 impl Format {
     /// The texts that open a call in this format: a turn that may not call
     /// masks every token that would complete one; a lazy grammar engages

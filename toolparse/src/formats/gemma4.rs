@@ -757,11 +757,7 @@ impl Notate<'_> {
         let Some(props) = props.filter(|p| !p.is_empty()) else {
             return if top { "\"{}\"".into() } else { "gobj".into() };
         };
-        let required: Vec<&str> = schema
-            .get("required")
-            .and_then(Value::as_array)
-            .map(|a| a.iter().filter_map(Value::as_str).collect())
-            .unwrap_or_default();
+        let required = crate::grammar::required(schema);
         let mut keys: Vec<&String> = props.keys().collect();
         keys.sort();
         let members: Vec<(bool, String)> = keys
@@ -773,33 +769,8 @@ impl Notate<'_> {
                 )
             })
             .collect();
-        // m(i, c): the members from i on, after a member (c) or not.
         let id = self.fresh();
-        let name = |i: usize, c: bool| format!("{id}_{i}{}", if c { "c" } else { "" });
-        let empty_from = |i: usize| members[i..].iter().all(|(req, _)| !req);
-        for i in (0..members.len()).rev() {
-            for c in [false, true] {
-                let (req, m) = &members[i];
-                let sep = if c { "\",\" " } else { "" };
-                let next = if i + 1 == members.len() {
-                    String::new()
-                } else if empty_from(i + 1) {
-                    format!(" {}?", name(i + 1, true))
-                } else {
-                    format!(" {}", name(i + 1, true))
-                };
-                let with = format!("{sep}{m}{next}");
-                // Each m(i, c) writes at least one member; an optional
-                // member may be left out for the ones after it.
-                let body = if *req || i + 1 == members.len() {
-                    with
-                } else {
-                    format!("{with} | {}", name(i + 1, c))
-                };
-                self.rules.push_str(&format!("{}: {body}\n", name(i, c)));
-            }
-        }
-        let first = if empty_from(0) { format!("{}?", name(0, false)) } else { name(0, false) };
+        let first = crate::grammar::member_chain(&mut self.rules, &id, &members, "\",\" ");
         format!("\"{{\" {first} \"}}\"")
     }
 }

@@ -24,7 +24,7 @@
 use super::python::{ident_len, parse_call, py_ws, Bad, PyEnd, PyScan};
 use super::{Machine, Step};
 use crate::cx::Cx;
-use crate::grammar::lit;
+use crate::grammar::{lit, member_chain, required};
 use crate::scan::{find_first, Find};
 use crate::{FinishReason, Options};
 use serde_json::Value;
@@ -514,47 +514,9 @@ impl Pyn<'_> {
     /// Members in order, separated by commas, the required ones always,
     /// the others optionally.
     fn members(&mut self, members: &[(bool, String)]) -> String {
-        // m(i, c): the members from i on, after a member (c) or not.
         let id = self.fresh();
-        let name = |i: usize, c: bool| format!("{id}_{i}{}", if c { "c" } else { "" });
-        let empty_from = |i: usize| members[i..].iter().all(|(req, _)| !req);
-        for i in (0..members.len()).rev() {
-            for c in [false, true] {
-                let (req, m) = &members[i];
-                let sep = if c { "COMMA " } else { "" };
-                let next = if i + 1 == members.len() {
-                    String::new()
-                } else if empty_from(i + 1) {
-                    format!(" {}?", name(i + 1, true))
-                } else {
-                    format!(" {}", name(i + 1, true))
-                };
-                let with = format!("{sep}{m}{next}");
-                // Each m(i, c) writes at least one member; an optional
-                // member may be left out for the ones after it.
-                let body = if *req || i + 1 == members.len() {
-                    with
-                } else {
-                    format!("{with} | {}", name(i + 1, c))
-                };
-                self.rules.push_str(&format!("{}: {body}\n", name(i, c)));
-            }
-        }
-        if empty_from(0) {
-            format!("{}?", name(0, false))
-        } else {
-            name(0, false)
-        }
+        member_chain(&mut self.rules, &id, members, "COMMA ")
     }
-}
-
-/// The names an object schema requires.
-fn required(schema: &Value) -> Vec<&str> {
-    schema
-        .get("required")
-        .and_then(Value::as_array)
-        .map(|a| a.iter().filter_map(Value::as_str).collect())
-        .unwrap_or_default()
 }
 
 /// Calls as Llama 4 writes them: a Python list `[NAME(KEY=VALUE, …), …]`,
