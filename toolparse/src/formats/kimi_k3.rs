@@ -741,20 +741,7 @@ mod tests {
                 want.is_some(),
                 "{plain:?}"
             );
-            let mut toks = Vec::new();
-            let mut rest = text.as_str();
-            while !rest.is_empty() {
-                match marks.iter().find(|m| rest.starts_with(m.2)) {
-                    Some(m) => {
-                        toks.push(m.1);
-                        rest = &rest[m.2.len()..];
-                    }
-                    None => {
-                        toks.push(u32::from(rest.as_bytes()[0]));
-                        rest = &rest[1..];
-                    }
-                }
-            }
+            let toks = crate::formats::testing::tokens(&text, &marks);
             assert_eq!(
                 crate::formats::testing::sentence(&tok_g, &toks),
                 want.is_some(),

@@ -1,5 +1,6 @@
 //! What the format machines' own tests share (test builds only): parsing a
-//! text whole and one char per delta, and the random-markup property.
+//! text whole and one char per delta, the random-markup property, and
+//! checking texts against a format's grammar.
 
 use crate::{parse, Accumulator, FinishReason, Format, Mode, Options, Parser};
 
@@ -69,6 +70,27 @@ pub(crate) fn random_markup(
             }
         }
     }
+}
+
+/// The tokens of `text` over a one-byte vocabulary with control tokens:
+/// each `(token, id, placeholder)` of `marks` has its placeholder (`{B}`, …)
+/// stand for token `id`; every other byte is a token of its own.
+pub(crate) fn tokens(text: &str, marks: &[(&str, u32, &str)]) -> Vec<u32> {
+    let mut toks = Vec::new();
+    let mut rest = text;
+    while !rest.is_empty() {
+        match marks.iter().find(|m| rest.starts_with(m.2)) {
+            Some(m) => {
+                toks.push(m.1);
+                rest = &rest[m.2.len()..];
+            }
+            None => {
+                toks.push(u32::from(rest.as_bytes()[0]));
+                rest = &rest[1..];
+            }
+        }
+    }
+    toks
 }
 
 /// Whether `toks` is a whole sentence of `start: calls` of `lark`, compiled
