@@ -540,14 +540,11 @@ pub(crate) fn write(calls: &[(&str, &serde_json::Value)]) -> String {
 
 #[cfg(test)]
 mod tests {
-    use crate::{Accumulator, FinishReason, Format, Options, Parser};
-
-    fn opts(gen: Option<&str>) -> Options {
-        Options { generation_prompt: gen.map(str::to_owned), ..Options::default() }
-    }
+    use crate::formats::testing::prompted;
+    use crate::{Accumulator, FinishReason, Format, Parser};
 
     fn run(text: &str, reason: FinishReason) -> Accumulator {
-        let opts = opts(Some("<|start|>assistant"));
+        let opts = prompted(Some("<|start|>assistant"));
         crate::formats::testing::whole_and_by_char(Format::GptOss, &opts, text, reason)
     }
 
@@ -564,7 +561,7 @@ mod tests {
     fn long_call_is_linear_and_complete() {
         let big = "x".repeat(200_000);
         let t = format!("<|channel|>commentary to=functions.w json<|message|>{{\"s\": \"{big}\"}}");
-        let mut p = Parser::new(Format::GptOss, opts(Some("<|start|>assistant")));
+        let mut p = Parser::new(Format::GptOss, prompted(Some("<|start|>assistant")));
         let mut acc = Accumulator::default();
         for c in t.as_bytes().chunks(1) {
             acc.extend(p.push(std::str::from_utf8(c).unwrap()));

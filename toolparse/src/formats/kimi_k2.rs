@@ -469,15 +469,8 @@ pub(crate) fn write(calls: &[(&str, &serde_json::Value)]) -> String {
 
 #[cfg(test)]
 mod tests {
-    use crate::{Accumulator, FinishReason, Format, Options, Parser};
-
-    fn opts(gen: Option<&str>) -> Options {
-        Options { generation_prompt: gen.map(str::to_owned), ..Options::default() }
-    }
-
-    fn run_with(format: Format, o: Options, text: &str, reason: FinishReason) -> Accumulator {
-        crate::formats::testing::whole_and_by_char(format, &o, text, reason)
-    }
+    use crate::formats::testing::{prompted, whole_and_by_char};
+    use crate::{Accumulator, FinishReason, Format, Parser};
 
     #[test]
     fn long_whitespace_runs_decide_the_same_for_every_split() {
@@ -485,7 +478,10 @@ mod tests {
         let t = format!(
             "<|tool_call_begin|>functions.f:0<|tool_call_argument_begin|>{{}}{ws}<|tool_call_end|>"
         );
-        assert_eq!(run_with(Format::KimiK2, opts(None), &t, FinishReason::Stop).calls.len(), 1);
+        assert_eq!(
+            whole_and_by_char(Format::KimiK2, &prompted(None), &t, FinishReason::Stop).calls.len(),
+            1
+        );
     }
 
     #[test]
@@ -494,7 +490,7 @@ mod tests {
         let t = format!(
             "<|tool_call_begin|>functions.f:0<|tool_call_argument_begin|>{big}<|tool_call_end|>"
         );
-        let mut p = Parser::new(Format::KimiK2, opts(None));
+        let mut p = Parser::new(Format::KimiK2, prompted(None));
         let mut acc = Accumulator::default();
         for c in t.as_bytes().chunks(1) {
             acc.extend(p.push(std::str::from_utf8(c).unwrap()));

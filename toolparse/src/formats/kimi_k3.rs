@@ -668,21 +668,14 @@ pub(crate) fn write(calls: &[(&str, &Value)]) -> String {
 #[cfg(test)]
 mod tests {
     use super::{CLOSE, OPEN, SEP};
-    use crate::{Accumulator, FinishReason, Format, Options};
+    use crate::formats::testing::{prompted, whole_and_by_char};
+    use crate::{Accumulator, FinishReason, Format};
     use serde_json::Value;
-
-    fn opts(gen: Option<&str>) -> Options {
-        Options { generation_prompt: gen.map(str::to_owned), ..Options::default() }
-    }
-
-    fn run_with(format: Format, o: Options, text: &str, reason: FinishReason) -> Accumulator {
-        crate::formats::testing::whole_and_by_char(format, &o, text, reason)
-    }
 
     const K3_GEN: &str = "<|open|>message role=\"assistant\"<|sep|><|open|>think<|sep|>";
 
     fn k3(text: &str, reason: FinishReason) -> Accumulator {
-        run_with(Format::KimiK3, opts(Some(K3_GEN)), text, reason)
+        whole_and_by_char(Format::KimiK3, &prompted(Some(K3_GEN)), text, reason)
     }
 
     /// The grammar's verdicts on texts where `{O}`, `{C}`, `{S}` are the

@@ -4,6 +4,11 @@
 
 use crate::{parse, Accumulator, FinishReason, Format, Mode, Options, Parser};
 
+/// The default options with `gen` as the generation prompt.
+pub(crate) fn prompted(gen: Option<&str>) -> Options {
+    Options { generation_prompt: gen.map(str::to_owned), ..Options::default() }
+}
+
 /// Parses `text` whole and one char per delta; both must agree.
 pub(crate) fn whole_and_by_char(
     format: Format,
