@@ -244,6 +244,49 @@ fn a_fastmcp_stdio_server_under_the_loop_budgets_and_ledger() {
     assert!(results[1]["content"].as_str().unwrap().contains("not running"), "{}", results[1]);
 }
 
+/// A tool whose answer is over the 16 MiB limit on one MCP message (17 MiB
+/// of text): the call fails at once — not at the 60 s call timeout — with
+/// an error that names the limit, and the server answers the next call
+/// (issue 31, item 7).
+#[test]
+fn an_answer_over_the_message_limit_fails_its_call_at_once() {
+    let Some(py) = python("an_answer_over_the_message_limit_fails_its_call_at_once") else {
+        return;
+    };
+    let h = Home::new();
+    let cfg = h.write(
+        "mcp.json",
+        &json!({"mcpServers": {"t": {"command": py, "args": [server_py()]}}}).to_string(),
+    );
+    let started = std::time::Instant::now();
+    let (out, evs) = ask(
+        &h,
+        &cfg,
+        &[
+            call("t__huge", json!({})),
+            call("t__lookup", json!({"key": "c"})),
+            json!({"when": "research", "content": "It is 42."}),
+            answer("It is 42."),
+        ],
+        &[],
+        &[],
+    );
+    let took = started.elapsed();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(took < std::time::Duration::from_secs(20), "the run took {took:?}");
+    let results = of(&evs, "tool_result");
+    assert_eq!(results.len(), 2, "{evs:?}");
+    let huge = results[0]["content"].as_str().unwrap();
+    assert_eq!(results[0]["ok"], false, "{huge}");
+    assert!(huge.contains("MCP_ERROR") && huge.contains("16 MiB"), "{huge}");
+    assert!(!huge.contains("MCP_TIMEOUT"), "{huge}");
+    assert!(huge.len() < 2000, "the error is short: {} bytes", huge.len());
+    assert_eq!(results[1]["ok"], true, "{}", results[1]);
+    assert!(results[1]["content"].as_str().unwrap().contains("the value of c is 42"));
+    assert_eq!(done(&evs)["outcome"], "answered");
+    assert!(stderr(&out).contains("over the 16 MiB limit"), "{}", stderr(&out));
+}
+
 #[test]
 fn the_npm_reference_filesystem_server_lists_a_folder() {
     let test = "the_npm_reference_filesystem_server_lists_a_folder";

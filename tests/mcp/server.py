@@ -1,6 +1,7 @@
 """An MCP server for agentd's end-to-end tests, on the official Python SDK
 (FastMCP, `mcp<2`): a read-only tool, a write tool, a tool that kills
-its own server and one that never answers.
+its own server, one that never answers and one whose answer is over
+agentd's 16 MiB limit on one MCP message.
 
     python server.py                 stdio (agentd starts it as a child)
     python server.py http PORT       Streamable HTTP on 127.0.0.1:PORT/mcp
@@ -49,6 +50,12 @@ async def hang() -> str:
     """Never answers (tests a hung call)."""
     await anyio.sleep(3600)
     return "too late"
+
+
+@server.tool(annotations=ToolAnnotations(readOnlyHint=True))
+def huge() -> str:
+    """Returns 17 MiB of text (tests the limit on one MCP message)."""
+    return "x" * (17 * 1024 * 1024)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@
 //! and the run continues. A server that crashed is started again for the
 //! next run.
 
+mod bounded;
 mod config;
 
 pub(crate) use config::files;
@@ -340,13 +341,21 @@ async fn connect(spec: ServerSpec, timeout: Duration) -> State {
                 if let Some(d) = cwd {
                     cmd.current_dir(d);
                 }
-                let (transport, stderr) = rmcp::transport::TokioChildProcess::builder(cmd)
-                    .stderr(std::process::Stdio::piped())
+                // Its stdout is read through a bounded reader, so that an
+                // answer over the message limit fails its call at once
+                // (`bounded`).
+                use std::process::Stdio;
+                let mut child = cmd
+                    .stdin(Stdio::piped())
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped())
                     .spawn()
                     .map_err(|e| format!("cannot run {command:?}: {e}"))?;
-                if let Some(err) = stderr {
+                if let Some(err) = child.stderr.take() {
                     tokio::spawn(log_stderr(spec.name.clone(), err));
                 }
+                let transport = bounded::ChildTransport::new(child, &spec.name)
+                    .ok_or_else(|| format!("{command:?} started without its stdin and stdout"))?;
                 ().serve(transport).await.map_err(|e| format!("the MCP handshake failed: {e}"))?
             }
             Transport::Http { url, headers } => {
