@@ -12,7 +12,7 @@ use super::Ctx;
 use crate::events::{By, Ev};
 use crate::provider::{Call, Provider};
 use crate::state::store::{MessageStatus, NewToolCall, StoredCall, StoredMessage};
-use crate::tools::{self, Coverage, Host, Kind, ToolOutput};
+use crate::tools::{self, Coverage, Ended, Host, Kind, ToolOutput};
 use prompts::fallback::Evidence;
 use prompts::{Message, ToolCallMsg, ToolDef};
 use serde_json::Value;
@@ -201,41 +201,7 @@ pub(super) fn run_round(
             arguments: args.clone(),
             by,
         });
-        // The host's own calls are written to the run's ledger of tool
-        // calls before they run, and closed with how they ended (MCP calls
-        // are written by the host itself).
-        let host_entry = (by == By::Host)
-            .then(|| {
-                let kind = match cx.host.kind(&c.name) {
-                    Some(Kind::Read) => "read",
-                    _ => "write",
-                };
-                let call =
-                    NewToolCall { run_id: cx.run_id, round, call_id: &c.id, name: &c.name, kind };
-                cx.ledger.check(
-                    "a host tool call",
-                    cx.store.tool_call_open(&call, "sent", Some(HOST_ENTRY)),
-                )
-            })
-            .flatten();
-        let output = match authorize(cx, c, offered) {
-            Ok(()) if c.name == tools::ANALYZE => {
-                super::sections::analyze(cx, provider, &opts.question, &c.arguments)
-            }
-            Ok(()) => cx.host.call_in_run(cx.store, cx.run_id, round, &c.id, &c.name, &c.arguments),
-            Err(refusal) => {
-                cx.host.refused_in_run(cx.store, cx.run_id, round, &c.id, &c.name, &refusal);
-                refusal
-            }
-        };
-        if let Some(entry) = host_entry {
-            let (outcome, detail) = match &output {
-                ToolOutput::Error(e) => ("error", e.message.clone()),
-                _ => ("ok", HOST_ENTRY.to_owned()),
-            };
-            cx.ledger
-                .check("a host tool call", cx.store.tool_call_close(entry, outcome, Some(&detail)));
-        }
+        let output = call(cx, provider, opts, c, offered, round, by);
         if output.ok() {
             collect_evidence(&mut p.evidence, &output);
             if let ToolOutput::Search(f) = &output {
@@ -279,6 +245,73 @@ pub(super) fn run_round(
         outputs.push(output);
     }
     (batch, outputs)
+}
+
+/// Runs one call of round `round`, each in the run's ledger of tool calls:
+/// written `sent` before it runs (a call whose row cannot be written does
+/// not run, nor does any call after a failed write of the run), closed with
+/// how it ended; a call refused before running is written `refused`.
+fn call(
+    cx: &mut Ctx<'_>,
+    provider: &mut dyn Provider,
+    opts: &RunOptions,
+    c: &Call,
+    offered: &[ToolDef],
+    round: usize,
+    by: By,
+) -> ToolOutput {
+    let (ledger, store) = (cx.ledger, cx.store);
+    let row = NewToolCall {
+        run_id: cx.run_id,
+        round,
+        call_id: &c.id,
+        name: &c.name,
+        kind: cx.host.kind_label(&c.name),
+    };
+    let note = (by == By::Host).then_some(HOST_ENTRY);
+    let mut entry = None;
+    let mut record = || {
+        if ledger.fault().is_none() {
+            entry = ledger.check("a tool call", store.tool_call_open(&row, "sent", note));
+        }
+        entry.is_some()
+    };
+    let (output, ended) = match authorize(cx, c, offered) {
+        Err(refusal) => {
+            let why = match &refusal {
+                ToolOutput::Error(e) => e.message.clone(),
+                _ => String::new(),
+            };
+            (refusal, Ended::Refused(why))
+        }
+        Ok(()) if c.name == tools::ANALYZE => {
+            if record() {
+                let output = super::sections::analyze(cx, provider, &opts.question, &c.arguments);
+                let ended = Ended::ran(&output);
+                (output, ended)
+            } else {
+                (tools::unrecorded(&c.name), Ended::Unrecorded)
+            }
+        }
+        Ok(()) => cx.host.call_in_run(&c.name, &c.arguments, &mut record),
+    };
+    match ended {
+        Ended::Refused(why) => {
+            ledger.check("a tool call", store.tool_call_open(&row, "refused", Some(&why)));
+        }
+        Ended::Sent { ok, detail } => {
+            if let Some(e) = entry {
+                let outcome = if ok { "ok" } else { "error" };
+                let detail = match note {
+                    Some(n) => format!("{n}: {detail}"),
+                    None => detail,
+                };
+                ledger.check("a tool call", store.tool_call_close(e, outcome, Some(&detail)));
+            }
+        }
+        Ended::Unrecorded => {}
+    }
+    output
 }
 
 /// The host's authorization of an actual call, whatever the model was

@@ -18,7 +18,6 @@ pub(crate) use handles::Handles;
 pub(crate) use output::{Analysis, Coverage, Finding, Hit, ToolOutput};
 
 use crate::state::policy::{self, Policies};
-use crate::state::store::{NewToolCall, Store};
 use corpus::Corpus;
 use output::{Found, Passage};
 use prompts::ToolDef;
@@ -95,6 +94,36 @@ fn floor_char_boundary(s: &str, at: usize) -> usize {
 /// Why a tool is not offered (or a call is refused) right now.
 pub(crate) fn unavailable(name: &str, why: &str) -> ToolOutput {
     error("TOOL_NOT_AVAILABLE", format!("{name} cannot run now: {why}"))
+}
+
+/// A call that did not run because its row in the run's ledger of tool
+/// calls could not be written (the ledger fails closed).
+pub(crate) fn unrecorded(name: &str) -> ToolOutput {
+    error(
+        "LEDGER_WRITE_FAILED",
+        format!("{name} did not run: the run's ledger could not record it, so no tool call or model request goes out after it"),
+    )
+}
+
+/// How a call of a run ended, for the run's ledger of tool calls.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Ended {
+    /// It never ran (budget, server down, bad arguments); why.
+    Refused(String),
+    /// Its row could not be written, so it never ran.
+    Unrecorded,
+    /// It ran (or was sent); the detail says how it ended.
+    Sent { ok: bool, detail: String },
+}
+
+impl Ended {
+    /// A call that ran, ended with `output`.
+    pub(crate) fn ran(output: &ToolOutput) -> Ended {
+        match output {
+            ToolOutput::Error(e) => Ended::Sent { ok: false, detail: e.message.clone() },
+            _ => Ended::Sent { ok: true, detail: "ok".into() },
+        }
+    }
 }
 
 pub(crate) const SEARCH: &str = "search_sources";
@@ -216,78 +245,37 @@ impl Host {
         v
     }
 
-    /// Runs call `id` of round `round` of run `run_id`; a call to an MCP
-    /// server is written to the run's ledger of tool calls before it is
-    /// sent and closed with how it ended (a refused one is written
-    /// refused). Never fails: problems become error results.
+    /// Runs a call of a run. `record` writes the call's row to the run's
+    /// ledger of tool calls just before the call runs (after the checks
+    /// that refuse it without running it) and answers whether the row was
+    /// written: a call whose row could not be written never runs, built-in
+    /// or MCP, read or write. Never fails: problems become error results,
+    /// and the `Ended` says whether the call ran and how it ended.
     pub(crate) fn call_in_run(
         &mut self,
-        store: &Store,
-        run_id: &str,
-        round: usize,
-        id: &str,
         name: &str,
         arguments: &str,
-    ) -> ToolOutput {
-        let Some(m) = self.mcp.as_mut().filter(|m| m.owns(name)) else {
-            return self.call(name, arguments);
-        };
-        let kind = match m.kind(name) {
-            Some(Kind::Read) => "read",
-            _ => "write",
-        };
-        let args: Value = serde_json::from_str(arguments).unwrap_or(Value::Null);
-        let mut entry = None;
-        let (output, ended) = m.call(name, args, &mut || {
-            entry = store
-                .tool_call_open(
-                    &NewToolCall { run_id, round, call_id: id, name, kind },
-                    "sent",
-                    None,
-                )
-                .ok();
-        });
-        match ended {
-            mcp::Ended::Refused(detail) => {
-                let _ = store.tool_call_open(
-                    &NewToolCall { run_id, round, call_id: id, name, kind },
-                    "refused",
-                    Some(&detail),
-                );
-            }
-            mcp::Ended::Sent { ok, detail } => {
-                if let Some(e) = entry {
-                    let _ =
-                        store.tool_call_close(e, if ok { "ok" } else { "error" }, Some(&detail));
-                }
-            }
+        record: &mut dyn FnMut() -> bool,
+    ) -> (ToolOutput, Ended) {
+        if let Some(m) = self.mcp.as_mut().filter(|m| m.owns(name)) {
+            let args: Value = serde_json::from_str(arguments).unwrap_or(Value::Null);
+            return m.call(name, args, record);
         }
-        output
+        if !record() {
+            return (unrecorded(name), Ended::Unrecorded);
+        }
+        let output = self.call(name, arguments);
+        let ended = Ended::ran(&output);
+        (output, ended)
     }
 
-    /// Writes a call to an MCP server that the loop refused before it
-    /// reached the host (not offered, deadline, cancelled) to the run's
-    /// ledger of tool calls.
-    pub(crate) fn refused_in_run(
-        &self,
-        store: &Store,
-        run_id: &str,
-        round: usize,
-        id: &str,
-        name: &str,
-        refusal: &ToolOutput,
-    ) {
-        let Some(m) = self.mcp.as_ref().filter(|m| m.owns(name)) else { return };
-        let kind = if m.kind(name) == Some(Kind::Read) { "read" } else { "write" };
-        let detail = match refusal {
-            ToolOutput::Error(e) => e.message.clone(),
-            _ => String::new(),
-        };
-        let _ = store.tool_call_open(
-            &NewToolCall { run_id, round, call_id: id, name, kind },
-            "refused",
-            Some(&detail),
-        );
+    /// What the ledger of tool calls says of `name`: `read` for a tool
+    /// that only reads, `write` for any other (an unknown one included).
+    pub(crate) fn kind_label(&self, name: &str) -> &'static str {
+        match self.kind(name) {
+            Some(Kind::Read) => "read",
+            _ => "write",
+        }
     }
 
     /// Runs one call. Never fails: problems become error results.

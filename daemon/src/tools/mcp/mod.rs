@@ -24,7 +24,7 @@ mod config;
 
 pub(crate) use config::files;
 
-use super::{Kind, ToolOutput};
+use super::{Ended, Kind, ToolOutput};
 use crate::state::mcp_policy::{CALLS, CALL_TIMEOUT, RESULT_SIZE, START_TIMEOUT};
 use crate::state::policy::Policies;
 use anyhow::{Context, Result};
@@ -448,15 +448,6 @@ pub(crate) struct RunTools {
     limits: Limits,
 }
 
-/// How a call ended, for the ledger.
-#[derive(Debug)]
-pub(crate) enum Ended {
-    /// It was never sent (budget, server down, bad arguments).
-    Refused(String),
-    /// It was sent; the detail says how it ended.
-    Sent { ok: bool, detail: String },
-}
-
 impl RunTools {
     pub(crate) fn new(hub: Arc<Hub>, policies: &Policies) -> RunTools {
         hub.revive();
@@ -519,7 +510,7 @@ impl RunTools {
         &mut self,
         name: &str,
         arguments: Value,
-        sending: &mut dyn FnMut(),
+        record: &mut dyn FnMut() -> bool,
     ) -> (ToolOutput, Ended) {
         let refused = |o: ToolOutput| {
             let detail = match &o {
@@ -565,8 +556,10 @@ impl RunTools {
                 ))
             }
         };
+        if !record() {
+            return (super::unrecorded(name), Ended::Unrecorded);
+        }
         self.calls[s] += 1;
-        sending();
         let timeout = self.limits.timeout;
         let mut params = CallToolRequestParams::new(tool.name.clone());
         params.arguments = Some(args);
