@@ -648,3 +648,107 @@ fn the_readme_question_is_answered_from_docs_research_md_on_the_real_model() {
     assert!(research_md.iter().any(|h| answer.contains(h.as_str())), "{answer} {research_md:?}");
     assert!(answer.to_lowercase().contains("round limit"), "{answer}");
 }
+
+/// The run's record as `agentd runs show` prints it.
+fn show(h: &Home, run: &str) -> Value {
+    let out = h.run(&["runs", "show", run]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("runs show prints JSON")
+}
+
+/// A bug that panics inside a run (here the scripted provider's `panic`
+/// line) ends that run with an error `done` and a settled row — never a
+/// process that dies with 101 or a run left `running`.
+#[test]
+fn a_panic_inside_a_run_settles_it_as_an_error() {
+    let h = Home::new();
+    let s = script(&h, &[SEARCH, r#"{"when": "research", "panic": "a bug"}"#, ANSWER]);
+    let (out, evs) = ask(&h, &s, &[], "How many requests are reserved?");
+    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
+    let d = done(&evs);
+    assert_eq!(d["outcome"], "error", "{d}");
+    assert_eq!(d["error"]["code"], "INTERNAL_ERROR", "{d}");
+    assert!(d["error"]["message"].as_str().unwrap().contains("a bug"), "{d}");
+    let id = of(&evs, "run")[0]["run_id"].as_str().unwrap().to_owned();
+    let rec = show(&h, &id);
+    assert_eq!(rec["status"], "finished", "{rec}");
+    assert_eq!(rec["outcome"], "error", "{rec}");
+    // Nothing is left running.
+    let out = h.run(&["runs", "list"]);
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("running"));
+}
+
+/// The ledger fails closed at tool calls too: with the ledger of tool calls
+/// unwritable, no call runs — the note is not written — and no model
+/// request goes out after the failed write.
+#[test]
+fn no_tool_call_runs_when_its_ledger_row_cannot_be_written() {
+    let h = Home::new();
+    let notes = h.path().join("notes");
+    // A first run creates the store; then every insert into the ledger of
+    // tool calls fails, as a full or broken disk would make it.
+    let s = script(&h, &[ANSWER]);
+    let (out, _) = ask(&h, &s, &[], "q");
+    assert!(out.status.success());
+    let db = rusqlite::Connection::open(h.path().join("agentd.db")).unwrap();
+    db.execute_batch(
+        "CREATE TRIGGER broken BEFORE INSERT ON tool_calls BEGIN SELECT RAISE(ABORT, 'disk I/O error'); END;",
+    )
+    .unwrap();
+    let write = r#"{"when": "research", "tool_calls": [{"name": "save_note", "arguments": {"title": "Budget", "text": "two"}}, {"name": "search_sources", "arguments": {"query": "budget"}}]}"#;
+    let s = script(&h, &[write, SEARCH, ANSWER]);
+    let (out, evs) = ask(&h, &s, &["--notes", notes.to_str().unwrap()], "q");
+    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        !notes.exists() || std::fs::read_dir(&notes).unwrap().count() == 0,
+        "the note was written without its ledger row"
+    );
+    let results = of(&evs, "tool_result");
+    assert_eq!(results.len(), 2, "{results:?}");
+    for r in &results {
+        assert_eq!(r["ok"], false, "{r}");
+        assert!(r["content"].as_str().unwrap().contains("LEDGER_WRITE_FAILED"), "{r}");
+    }
+    let d = done(&evs);
+    assert_eq!(d["error"]["code"], "LEDGER_WRITE_FAILED", "{d}");
+    assert_eq!(d["model_requests"], 1, "no model request after the failed write: {d}");
+    let rec = show(&h, d["run_id"].as_str().unwrap());
+    assert_eq!(rec["ledger"].as_array().unwrap().len(), 1, "{rec}");
+    assert!(rec["tool_calls"].as_array().unwrap().is_empty(), "{rec}");
+}
+
+/// Every call of a run — built-in, read or write, by the model or the
+/// host — has its row in the ledger of tool calls, closed with its end.
+#[test]
+fn every_tool_call_of_a_run_is_in_its_ledger_of_tool_calls() {
+    let h = Home::new();
+    let notes = h.path().join("notes");
+    let write = r#"{"when": "research", "tool_calls": [{"name": "search_sources", "arguments": {"query": "budget"}}, {"name": "save_note", "arguments": {"title": "Budget", "text": "two"}}, {"name": "no_such_tool", "arguments": {}}]}"#;
+    let s = script(&h, &[write, ANSWER]);
+    let (out, evs) = ask(&h, &s, &["--notes", notes.to_str().unwrap()], "q");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let rec = show(&h, done(&evs)["run_id"].as_str().unwrap());
+    // The script's last line repeats each round: round 1 shows all three.
+    let rows: Vec<(&str, &str, &str)> = rec["tool_calls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["round"] == 1)
+        .map(|c| {
+            (
+                c["name"].as_str().unwrap(),
+                c["kind"].as_str().unwrap(),
+                c["outcome"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            ("search_sources", "read", "ok"),
+            ("save_note", "write", "ok"),
+            ("no_such_tool", "write", "error")
+        ],
+        "{rec}"
+    );
+}

@@ -8,6 +8,7 @@
 //! {"when": "final", …}                            used only for final/correction turns ("research": only research)
 //! {"when": "section", "content": "finding"}       used only for section workers (which take no other line)
 //! {"delay_ms": 50, …}                             pause before the turn and each streamed piece
+//! {"panic": "why"}                                the turn panics (a bug inside agentd, for tests)
 //! {"when": "final", "choose": 0}                  writes the request's first choice (a composed answer)
 //! ```
 //!
@@ -164,6 +165,9 @@ impl Scripted {
         // Errors named `transient` are retried `retries` times, like the
         // openai provider's.
         let retries = line.get("retries").and_then(Value::as_u64).unwrap_or(0) as u32;
+        if let Some(why) = line.get("panic").and_then(Value::as_str) {
+            panic!("scripted panic: {why}");
+        }
         let fail = |e| Err(Failure::Final(e));
         match line.get("error").and_then(Value::as_str) {
             Some("transient") if t.k <= retries => {

@@ -110,9 +110,10 @@ impl Ctx<'_> {
                     std::thread::sleep(std::time::Duration::from_millis(5));
                 }
             });
-            let r = span.in_scope(|| provider.turn(&req, &stop_turn, &mut attempt, &mut on));
-            turning.store(false, Ordering::Relaxed);
-            r
+            // Lowered however the turn ends — a panic too, or the scope
+            // would wait on the watcher for ever.
+            let _turned = Lower(&turning);
+            span.in_scope(|| provider.turn(&req, &stop_turn, &mut attempt, &mut on))
         });
         let junk = watch.as_ref().and_then(Monitor::verdict);
         let result = match result {
@@ -147,4 +148,13 @@ impl Ctx<'_> {
 /// JSON).
 pub(super) fn arguments_value(arguments: &str) -> Value {
     serde_json::from_str(arguments).unwrap_or_else(|_| serde_json::json!({}))
+}
+
+/// Lowers its flag when dropped.
+struct Lower<'a>(&'a AtomicBool);
+
+impl Drop for Lower<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Relaxed);
+    }
 }

@@ -86,8 +86,23 @@ pub(super) fn drive(
         chat_id: chat_id.clone(),
         max_tool_iters: cx.budget.rounds,
     });
-    let mut done = research(&mut cx, provider, opts, &history, progress);
-    grounding::ground(&mut cx, &mut done);
+    // A bug that panics inside the run ends the run, never the process or
+    // a thread that leaves it `running`: the run settles as an error.
+    let researched = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let mut done = research(&mut cx, provider, opts, &history, progress);
+        grounding::ground(&mut cx, &mut done);
+        done
+    }));
+    let mut done = researched.unwrap_or_else(|payload| {
+        let why = panic_message(payload.as_ref());
+        tracing::error!("the run failed inside agentd: {why}");
+        let e = RunError::new(
+            "INTERNAL_ERROR",
+            "internal",
+            format!("the run failed inside agentd ({why}); the daemon goes on — please report this with the run id"),
+        );
+        done(&cx, Outcome::Error, Stop::Error, 0, Some(e))
+    });
     done.run_id.clone_from(&run_id);
     done.chat_id.clone_from(&chat_id);
     // An upstream that went away mid-reply (unreachable, or a stream cut
@@ -126,6 +141,15 @@ pub(super) fn drive(
     );
     cx.emit(Ev::Done(done.clone()));
     done
+}
+
+/// What a panic said, as text.
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".into())
 }
 
 /// The `done` of the run as it stands.
