@@ -113,13 +113,21 @@ fn the_chat_page_in_headless_chromium() {
     std::thread::spawn(move || {
         for line in BufReader::new(stderr).lines().map_while(Result::ok) {
             eprintln!("[serve] {line}");
-            if let Some(link) = line.split_once("chat page: ").map(|(_, l)| l.to_owned()) {
-                let _ = tx.send(link);
+            // Not a terminal: the log names the file that holds the link
+            // (the token stays out of logs).
+            if let Some((_, file)) = line.split_once("(it holds the token) is in ") {
+                let _ = tx.send(std::path::PathBuf::from(file));
             }
         }
     });
-    let link = rx.recv_timeout(Duration::from_secs(120)).expect("serve prints the page's link");
+    let file = rx.recv_timeout(Duration::from_secs(120)).expect("serve says where the link is");
+    let link = std::fs::read_to_string(&file).unwrap().trim().to_owned();
     assert_eq!(link, format!("http://{addr}/?token={TOKEN}"));
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&file).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "the link file is the user's alone");
+    }
 
     // The sign-in over raw HTTP.
     let (st, _, body) = get(&addr, "/", "");

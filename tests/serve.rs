@@ -800,3 +800,80 @@ fn ollama_anthropic_and_voice_clients_on_the_real_model() {
     let (st, _) = http(&d.socket, "GET", "/health", b"");
     assert_eq!(st, 200);
 }
+
+/// Slow clients: 150 connections that send half a header — on the token
+/// listener and the tokenless `--ollama` one, under a 128-descriptor limit
+/// — do not starve the Unix socket, and the daemon drops each after
+/// `server/header-timeout`; a body trickled past `server/body-timeout` is
+/// a 408. (Before: `axum::serve` had no timer and no cap; all 150 were
+/// open after 45 s and `/health` on the socket went unanswered.) Runs on
+/// the scripted provider: no model needed.
+#[test]
+fn slow_clients_are_dropped_and_the_socket_keeps_answering() {
+    use std::net::TcpStream;
+    let h = Home::new();
+    h.write(
+        "policies.toml",
+        "[values]\n\"server/header-timeout\" = 3\n\"server/body-timeout\" = 3\n",
+    );
+    let script = h.write("s.jsonl", r#"{"content": "ok"}"#);
+    let token = h.write("token", "slow-token-0123456789abcdef");
+    let socket = h.path().join("d.sock");
+    let (port, oport) = (free_port(), free_port());
+    let serve = format!(
+        "ulimit -n 128 && exec '{}' serve --provider scripted --script '{}' --socket '{}' --listen 127.0.0.1:{port} --token-file '{}' --ollama 127.0.0.1:{oport}",
+        agentd_tests::agentd_bin().display(),
+        script.display(),
+        socket.display(),
+        token.display()
+    );
+    let mut sh = Command::new("sh");
+    sh.args(["-c", &serve]).env("AGENTD_HOME", h.path()).env("AGENTD_NO_HUB", "1");
+    let child = sh.stderr(Stdio::piped()).spawn().expect("serve starts");
+    let _d = Daemon { child, socket: socket.clone() };
+    let t = Instant::now();
+    while UnixStream::connect(&socket).is_err() {
+        assert!(t.elapsed() < Duration::from_secs(60), "the daemon did not come up");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let mut held: Vec<TcpStream> = (0..150)
+        .map(|i| {
+            let mut s = TcpStream::connect(("127.0.0.1", if i % 2 == 0 { port } else { oport }))
+                .expect("connect");
+            s.write_all(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ").unwrap();
+            s
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    let t = Instant::now();
+    let (status, body) = http(&socket, "GET", "/health", b"");
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    assert!(t.elapsed() < Duration::from_secs(2), "the socket answered late: {:?}", t.elapsed());
+
+    // A body that never arrives whole: 408 once the body timeout passes.
+    let mut s = UnixStream::connect(&socket).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    s.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"model\"").unwrap();
+    let mut answer = Vec::new();
+    let _ = s.read_to_end(&mut answer);
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("body_timeout"), "{answer}");
+
+    // Every half-header connection is closed by the daemon: those held
+    // first after 3 s, those waiting for a slot after theirs.
+    let deadline = Instant::now() + Duration::from_secs(40);
+    for (i, s) in held.iter_mut().enumerate() {
+        let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
+        s.set_read_timeout(Some(left)).unwrap();
+        let mut buf = [0u8; 256];
+        match s.read(&mut buf) {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+            Err(e) => panic!("connection {i} still open after {:?}: {e}", t.elapsed()),
+        }
+    }
+    eprintln!("all 150 slow connections closed after {:?}", t.elapsed());
+    let (status, _) = http(&socket, "GET", "/health", b"");
+    assert_eq!(status, 200);
+}

@@ -90,7 +90,7 @@ async fn read(
     req: Request,
     count: bool,
 ) -> Result<(State, Option<super::models::Lease>, Parsed, Shape), Response> {
-    let body = json_body(st.body_limit, req).await?;
+    let body = json_body(st.body, req).await?;
     let (chat, shape) =
         decode::<MessagesBody>(body.clone()).and_then(|r| r.into_chat(count)).map_err(bad)?;
     let (st, lease) = for_messages(st, &body).await?;

@@ -311,12 +311,15 @@ pub(crate) struct Listeners {
     /// The tokenless loopback listener (checked to be loopback).
     pub(crate) ollama: Option<std::net::SocketAddr>,
     pub(crate) allow_origin: Vec<String>,
+    /// How long a client may take to send a request's headers
+    /// (`server/header-timeout`).
+    pub(crate) header_timeout: std::time::Duration,
 }
 
 /// Serves on the Unix socket (and TCP when asked) until SIGTERM or SIGINT.
 pub(crate) async fn serve(st: State, l: Listeners) -> anyhow::Result<()> {
     use anyhow::Context;
-    let Listeners { socket, listen, token, ollama, allow_origin } = l;
+    let Listeners { socket, listen, token, ollama, allow_origin, header_timeout } = l;
     if let Some(dir) = socket.parent() {
         std::fs::create_dir_all(dir).ok();
     }
@@ -328,14 +331,12 @@ pub(crate) async fn serve(st: State, l: Listeners) -> anyhow::Result<()> {
     }
     eprintln!("agentd serve: {} ready on unix:{}", st.model, socket.display());
     let shutdown = Arc::new(tokio::sync::Notify::new());
+    let listeners = 1 + usize::from(listen.is_some()) + usize::from(ollama.is_some());
+    let cap = connection_cap(listeners);
+    tracing::info!(cap, header_timeout_s = header_timeout.as_secs(), "connections per listener");
+    let conn = Conn { cap, header_timeout, shutdown: Arc::clone(&shutdown) };
     let mut tasks = Vec::new();
-    {
-        let app = router(st.clone(), None);
-        let sd = Arc::clone(&shutdown);
-        tasks.push(tokio::spawn(async move {
-            axum::serve(unix, app).with_graceful_shutdown(async move { sd.notified().await }).await
-        }));
-    }
+    tasks.push(tokio::spawn(accept_loop(unix, router(st.clone(), None), conn.clone())));
     if let Some(addr) = listen {
         let addr = if addr.contains(':') { addr } else { format!("127.0.0.1:{addr}") };
         let tcp = tokio::net::TcpListener::bind(&addr)
@@ -343,13 +344,10 @@ pub(crate) async fn serve(st: State, l: Listeners) -> anyhow::Result<()> {
             .with_context(|| format!("cannot listen on {addr}"))?;
         eprintln!("agentd serve: also on http://{} (bearer token required)", tcp.local_addr()?);
         if let Some(t) = &token {
-            eprintln!("agentd serve: chat page: {}", page::link(tcp.local_addr()?, t));
+            say_link(&page::link(tcp.local_addr()?, t));
         }
         let app = router(st.clone(), token.map(Arc::new));
-        let sd = Arc::clone(&shutdown);
-        tasks.push(tokio::spawn(async move {
-            axum::serve(tcp, app).with_graceful_shutdown(async move { sd.notified().await }).await
-        }));
+        tasks.push(tokio::spawn(accept_loop(tcp, app, conn.clone())));
     }
     if let Some(addr) = ollama {
         let tcp = tokio::net::TcpListener::bind(addr)
@@ -360,10 +358,7 @@ pub(crate) async fn serve(st: State, l: Listeners) -> anyhow::Result<()> {
             tcp.local_addr()?
         );
         let app = ollama_router(st.clone(), allow_origin);
-        let sd = Arc::clone(&shutdown);
-        tasks.push(tokio::spawn(async move {
-            axum::serve(tcp, app).with_graceful_shutdown(async move { sd.notified().await }).await
-        }));
+        tasks.push(tokio::spawn(accept_loop(tcp, app, conn.clone())));
     }
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
@@ -393,6 +388,115 @@ pub(crate) async fn serve(st: State, l: Listeners) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Tells the user the chat page's sign-in link, which carries the token:
+/// printed when stderr is a terminal; otherwise (a log file, a journal,
+/// which would keep the secret) written to `page-link` in agentd's home,
+/// readable only by the user, and the log names the file.
+fn say_link(link: &str) {
+    if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        eprintln!("agentd serve: chat page: {link}");
+        return;
+    }
+    let file = crate::state::home::home().join("page-link");
+    match write_private(&file, link) {
+        Ok(()) => eprintln!(
+            "agentd serve: chat page: the sign-in link (it holds the token) is in {}",
+            file.display()
+        ),
+        Err(e) => eprintln!(
+            "agentd serve: chat page: cannot write the sign-in link to {} ({e}); open http://…/?token=<the token of --token-file>",
+            file.display()
+        ),
+    }
+}
+
+/// Replaces `file` with `text`, mode 0600 from its creation.
+fn write_private(file: &std::path::Path, text: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    if let Some(dir) = file.parent() {
+        crate::state::home::create_private(dir)?;
+    }
+    let _ = std::fs::remove_file(file);
+    let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(file)?;
+    writeln!(f, "{text}")
+}
+
+/// Descriptors kept free of connections for the daemon's own files: the
+/// model, the store, corpus indexes, MCP servers' pipes.
+const RESERVED_FDS: u64 = 48;
+
+/// The most connections one listener holds open at once, from the
+/// process's descriptor limit (raised to its hard limit first): what is
+/// left after the reserve, shared between the `listeners`, so that clients
+/// that hold connections on one listener (the TCP ones) never take the
+/// descriptors another (the Unix socket) needs. More clients wait in the
+/// kernel's backlog until a connection ends.
+fn connection_cap(listeners: usize) -> usize {
+    use rustix::process::{getrlimit, setrlimit, Resource};
+    let mut limit = getrlimit(Resource::Nofile);
+    if limit.current < limit.maximum {
+        let raised = rustix::process::Rlimit { current: limit.maximum, maximum: limit.maximum };
+        // Some systems refuse the hard limit itself (macOS: above
+        // OPEN_MAX); the soft one then stays.
+        if setrlimit(Resource::Nofile, raised).is_ok() {
+            limit = getrlimit(Resource::Nofile);
+        }
+    }
+    let soft = limit.current.unwrap_or(u64::MAX);
+    let free = soft.saturating_sub(RESERVED_FDS.max(soft / 4));
+    usize::try_from(free / listeners.max(1) as u64).unwrap_or(usize::MAX).clamp(4, 1024)
+}
+
+/// How each listener holds its connections.
+#[derive(Debug, Clone)]
+struct Conn {
+    /// The most connections open at once.
+    cap: usize,
+    /// How long a request's headers may take to arrive (and a kept-alive
+    /// connection may idle).
+    header_timeout: std::time::Duration,
+    shutdown: Arc<tokio::sync::Notify>,
+}
+
+/// Serves `app` on `listener` until shutdown: at most `conn.cap`
+/// connections at once, each an HTTP/1.1 connection with a timer, so that
+/// a client that sends half a header (or idles) is dropped after
+/// `conn.header_timeout`. `axum::serve` runs hyper without a timer, so its
+/// header timeout never fires, and it has no cap.
+async fn accept_loop<L>(mut listener: L, app: Router, conn: Conn)
+where
+    L: axum::serve::Listener,
+{
+    let Conn { cap, header_timeout, shutdown } = conn;
+    let slots = Arc::new(tokio::sync::Semaphore::new(cap));
+    loop {
+        let Ok(slot) = Arc::clone(&slots).acquire_owned().await else { return };
+        // `Listener::accept` waits out errors (a full descriptor table
+        // among them) itself.
+        let io = tokio::select! {
+            (io, _) = listener.accept() => io,
+            () = shutdown.notified() => return,
+        };
+        let service = hyper_util::service::TowerToHyperService::new(app.clone());
+        let sd = Arc::clone(&shutdown);
+        tokio::spawn(async move {
+            let _slot = slot;
+            let mut http = hyper::server::conn::http1::Builder::new();
+            http.timer(hyper_util::rt::TokioTimer::new()).header_read_timeout(header_timeout);
+            let conn = http.serve_connection(hyper_util::rt::TokioIo::new(io), service);
+            tokio::pin!(conn);
+            tokio::select! {
+                _ = conn.as_mut() => {}
+                () = sd.notified() => {
+                    conn.as_mut().graceful_shutdown();
+                    let _ = conn.await;
+                }
+            }
+        });
+    }
+}
+
 /// `GET /health`: the daemon's state; `degraded` when a loaded model's
 /// engine failed for good or the upstream cannot be reached.
 #[derive(Debug, Serialize)]
@@ -408,7 +512,13 @@ struct Health {
     loaded: Option<Vec<LoadedHealth>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     upstream: Option<UpstreamHealth>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<&'static str>,
 }
+
+/// Why `/health` is degraded when a queue's thread ended while its model
+/// was still listed as loaded.
+const STOPPED: &str = "the engine thread has stopped; restart agentd serve";
 
 #[derive(Debug, Serialize)]
 struct LoadedHealth {
@@ -439,6 +549,7 @@ async fn health(AxState(st): AxState<State>) -> Response {
         version: env!("CARGO_PKG_VERSION"),
         loaded: None,
         upstream: None,
+        error: None,
     };
     if let Some(m) = &st.models {
         // Each loaded model, and why one's engine failed for good.
@@ -446,7 +557,12 @@ async fn health(AxState(st): AxState<State>) -> Response {
             .loaded()
             .iter()
             .map(|s| {
-                let error = s.failed.lock().ok().and_then(|f| f.clone());
+                let error = s
+                    .failed
+                    .lock()
+                    .ok()
+                    .and_then(|f| f.clone())
+                    .or_else(|| (!s.worker.alive()).then(|| STOPPED.to_owned()));
                 LoadedHealth { model: s.name.clone(), ok: error.is_none(), error }
             })
             .collect();
@@ -454,6 +570,10 @@ async fn health(AxState(st): AxState<State>) -> Response {
             h.status = "degraded";
         }
         h.loaded = Some(loaded);
+    } else if !st.worker.alive() {
+        // The dispatcher in front of an upstream (or the scripted one).
+        h.status = "degraded";
+        h.error = Some(STOPPED);
     }
     if let Some(up) = st.upstream.clone() {
         let base_url = up.provider.base_url().to_owned();

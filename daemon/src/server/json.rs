@@ -64,9 +64,19 @@ pub(crate) fn busy() -> Response {
     r
 }
 
-/// The request body as JSON: 413 beyond the limit, 400 for invalid UTF-8
-/// or JSON.
-pub(crate) async fn json_body(limit: usize, req: Request) -> Result<Value, Response> {
+/// How big a request's body may be (`server/request-body-limit`) and how
+/// long a client may take to send all of it (`server/body-timeout`: a
+/// client that trickles a body holds a connection for nothing).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct BodyRules {
+    pub(crate) limit: usize,
+    pub(crate) timeout: std::time::Duration,
+}
+
+/// The request body as JSON: 413 beyond the limit, 408 when it does not
+/// arrive in time, 400 for invalid UTF-8 or JSON.
+pub(crate) async fn json_body(rules: BodyRules, req: Request) -> Result<Value, Response> {
+    let limit = rules.limit;
     if let Some(len) = req
         .headers()
         .get(header::CONTENT_LENGTH)
@@ -77,9 +87,20 @@ pub(crate) async fn json_body(limit: usize, req: Request) -> Result<Value, Respo
             return Err(too_large(limit));
         }
     }
-    let bytes = match axum::body::to_bytes(req.into_body(), limit).await {
-        Ok(b) => b,
-        Err(_) => return Err(too_large(limit)),
+    let read = tokio::time::timeout(rules.timeout, axum::body::to_bytes(req.into_body(), limit));
+    let bytes = match read.await {
+        Ok(Ok(b)) => b,
+        Ok(Err(_)) => return Err(too_large(limit)),
+        Err(_) => {
+            return Err(error(
+                StatusCode::REQUEST_TIMEOUT,
+                "body_timeout",
+                format!(
+                    "the request body did not arrive within {} s (server/body-timeout); send it whole, at once",
+                    rules.timeout.as_secs()
+                ),
+            ))
+        }
     };
     let text = std::str::from_utf8(&bytes).map_err(|e| {
         error(StatusCode::BAD_REQUEST, "invalid_request", format!("the body is not UTF-8: {e}"))

@@ -141,7 +141,12 @@ pub(crate) fn run(a: ServeArgs) -> Result<()> {
     drop(store);
     let metrics = Arc::new(metrics::Metrics::default());
     let capacity = policies.get(policy::QUEUE) as usize;
-    let body_limit = policies.get(policy::BODY_LIMIT) as usize;
+    let body = json::BodyRules {
+        limit: policies.get(policy::BODY_LIMIT) as usize,
+        timeout: std::time::Duration::from_secs(policies.get(policy::BODY_TIMEOUT).max(1) as u64),
+    };
+    let header_timeout =
+        std::time::Duration::from_secs(policies.get(policy::HEADER_TIMEOUT).max(1) as u64);
     let limits = policy::SamplingLimits::in_force(&policies);
     let state = if a.engine.provider == "scripted" {
         // Tests: research runs replay the script (each run from its start);
@@ -173,7 +178,7 @@ pub(crate) fn run(a: ServeArgs) -> Result<()> {
             "scripted".into(),
             shared::Card::default(),
             context,
-            body_limit,
+            body,
             limits,
         )
     } else if a.engine.provider == "openai" {
@@ -212,7 +217,7 @@ pub(crate) fn run(a: ServeArgs) -> Result<()> {
             model,
             shared::Card::default(),
             context,
-            body_limit,
+            body,
             limits,
         );
         st.upstream = Some(shared::Upstream { provider: upstream, models: probe.models });
@@ -249,15 +254,21 @@ pub(crate) fn run(a: ServeArgs) -> Result<()> {
             default.name.clone(),
             (*default.card).clone(),
             default.context,
-            body_limit,
+            body,
             limits,
         );
         st.models = Some(models);
         st
     };
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-    let listeners =
-        http::Listeners { socket, listen: a.listen, token, ollama, allow_origin: a.allow_origin };
+    let listeners = http::Listeners {
+        socket,
+        listen: a.listen,
+        token,
+        ollama,
+        allow_origin: a.allow_origin,
+        header_timeout,
+    };
     rt.block_on(http::serve(state, listeners))
 }
 

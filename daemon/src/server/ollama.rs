@@ -168,7 +168,7 @@ fn thinks(template: &str) -> bool {
 
 /// `POST /api/show`.
 pub(super) async fn show(AxState(st): AxState<State>, req: Request) -> Response {
-    let body = match json_body(st.body_limit, req).await {
+    let body = match json_body(st.body, req).await {
         Ok(b) if b.is_object() => b,
         Ok(_) => return bad("the body must be a JSON object"),
         Err(r) => return r,
@@ -425,7 +425,7 @@ pub(super) async fn generate(AxState(st): AxState<State>, req: Request) -> Respo
 /// `POST /api/pull`: a model of models.toml, fetched (or found present and
 /// verified), with Ollama's progress lines ending `{"status": "success"}`.
 pub(super) async fn pull(AxState(st): AxState<State>, req: Request) -> Response {
-    let body = match json_body(st.body_limit, req).await {
+    let body = match json_body(st.body, req).await {
         Ok(b) if b.is_object() => b,
         Ok(_) => return bad("the body must be a JSON object"),
         Err(r) => return r,

@@ -182,7 +182,8 @@ fn index(token: Option<&str>, q: &HashMap<String, String>, headers: &HeaderMap) 
         if !constant_eq(given.trim().as_bytes(), token.as_bytes()) {
             return sign_in(
                 "The token in this link is not the one this agentd uses. Open the link that \
-                 the running <code>agentd serve</code> printed when it started.",
+                 the running <code>agentd serve</code> printed when it started (or wrote to \
+                 <code>page-link</code> in agentd's home).",
             );
         }
         let set = format!(
@@ -201,7 +202,8 @@ fn index(token: Option<&str>, q: &HashMap<String, String>, headers: &HeaderMap) 
         Cookie::Valid => page(),
         _ => sign_in(
             "This browser is not signed in to this agentd. Open the link that <code>agentd \
-             serve</code> printed when it started (<code>http://HOST:PORT/?token=…</code>); \
+             serve</code> printed when it started, or wrote to <code>page-link</code> in \
+             agentd's home (<code>http://HOST:PORT/?token=…</code>); \
              it signs this browser in and brings you back here.",
         ),
     }

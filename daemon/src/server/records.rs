@@ -65,7 +65,7 @@ pub(super) async fn setting_put(
     Path(key): Path<String>,
     req: Request,
 ) -> Response {
-    let body = match json_body(st.body_limit, req).await {
+    let body = match json_body(st.body, req).await {
         Ok(b) => b,
         Err(r) => return r,
     };

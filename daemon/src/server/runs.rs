@@ -47,7 +47,7 @@ async fn events_response(
 }
 
 pub(super) async fn research(AxState(st): AxState<State>, req: Request) -> Response {
-    let body = match json_body(st.body_limit, req).await {
+    let body = match json_body(st.body, req).await {
         Ok(b) => b,
         Err(r) => return r,
     };
@@ -159,7 +159,7 @@ pub(super) async fn resume(
     Path(id): Path<String>,
     req: Request,
 ) -> Response {
-    let stream = match json_body(st.body_limit, req).await {
+    let stream = match json_body(st.body, req).await {
         Ok(b) => b.get("stream").and_then(Value::as_bool).unwrap_or(true),
         Err(_) => true,
     };

@@ -26,7 +26,8 @@ pub(crate) struct State {
     pub(crate) model: String,
     pub(crate) card: Arc<Card>,
     pub(crate) context: usize,
-    pub(crate) body_limit: usize,
+    /// How big a request's body may be, and how long it may take to arrive.
+    pub(crate) body: super::json::BodyRules,
     /// What a request's sampling knobs may ask for (the `sampling/…`
     /// policies in force).
     pub(crate) limits: SamplingLimits,
@@ -56,7 +57,7 @@ impl State {
         model: String,
         card: Card,
         context: usize,
-        body_limit: usize,
+        body: super::json::BodyRules,
         limits: SamplingLimits,
     ) -> State {
         State {
@@ -65,7 +66,7 @@ impl State {
             model,
             card: Arc::new(card),
             context,
-            body_limit,
+            body,
             limits,
             inflight: Arc::default(),
             started: Instant::now(),
@@ -121,7 +122,7 @@ impl State {
         &self,
         req: axum::extract::Request,
     ) -> Result<(serde_json::Value, State, Option<Lease>), Response> {
-        let body = super::json::json_body(self.body_limit, req).await?;
+        let body = super::json::json_body(self.body, req).await?;
         let (st, lease) = self.for_body(&body).await?;
         Ok((body, st, lease))
     }

@@ -150,6 +150,12 @@ impl Worker {
         Ok((worker, seen))
     }
 
+    /// Whether the thread behind the queue still takes jobs (it ends when
+    /// its model is unloaded, or if it died).
+    pub(crate) fn alive(&self) -> bool {
+        !self.tx.is_closed()
+    }
+
     /// A client's job: refused at once when the queue is full.
     pub(crate) fn submit(&self, job: Job) -> Result<(), Full> {
         if self.depth.fetch_add(1, Ordering::Relaxed) >= self.capacity {
@@ -740,5 +746,8 @@ mod tests {
         let got: Vec<bool> =
             std::iter::from_fn(|| rx.try_recv().ok()).map(|(_, external)| external).collect();
         assert_eq!(got, [true, true, false]);
+        assert!(w.alive());
+        drop(rx);
+        assert!(!w.alive(), "a queue whose thread ended is not alive");
     }
 }

@@ -108,6 +108,8 @@ pub(crate) const CONTEXT: &str = "prompts/context-budget";
 pub(crate) const TURN_TOKENS: &str = "prompts/turn-output-tokens";
 pub(crate) const QUEUE: &str = "server/request-queue-capacity";
 pub(crate) const BODY_LIMIT: &str = "server/request-body-limit";
+pub(crate) const HEADER_TIMEOUT: &str = "server/header-timeout";
+pub(crate) const BODY_TIMEOUT: &str = "server/body-timeout";
 pub(crate) const DECODE_BATCH: &str = "server/decode-batch";
 pub(crate) const UPSTREAM_CONCURRENCY: &str = "server/upstream-concurrency";
 pub(crate) const MAX_LOADED_MODELS: &str = "server/max-loaded-models";
@@ -203,6 +205,11 @@ fn server() -> Vec<Policy> {
     vec![
         p(QUEUE, o, v, Unit::Requests, 32, 4096, None),
         p(BODY_LIMIT, o, v, Unit::Bytes, 4 << 20, 256 << 20, None),
+        // How long a client may take to send a request's headers (and a
+        // kept-alive connection may idle), then its body: a client that
+        // sends half a request is dropped instead of holding a connection.
+        p(HEADER_TIMEOUT, o, v, Unit::Seconds, 20, 600, None),
+        p(BODY_TIMEOUT, o, v, Unit::Seconds, 30, 3600, None),
         // Chat completions decoding together (one batched pass per token).
         p(DECODE_BATCH, o, v, Unit::Requests, 8, 64, None),
         // Requests in flight to an upstream engine (`serve --provider
