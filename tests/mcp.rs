@@ -389,3 +389,48 @@ fn a_streamable_http_server_is_used_the_same_way() {
         rec["tool_calls"].as_array().unwrap().iter().map(|c| c["kind"].as_str().unwrap()).collect();
     assert_eq!(kinds, ["read", "write"], "{rec}");
 }
+
+/// The ledger fails closed for MCP calls too: with the run's ledger of
+/// tool calls unwritable, the server's write tool is never sent (its
+/// journal stays empty) and no model request follows.
+#[test]
+fn an_mcp_call_is_not_sent_when_its_ledger_row_cannot_be_written() {
+    let Some(py) = python("an_mcp_call_is_not_sent_when_its_ledger_row_cannot_be_written") else {
+        return;
+    };
+    let h = Home::new();
+    let journal = h.path().join("journal.txt");
+    let cfg = h.write(
+        "mcp.json",
+        &json!({"mcpServers": {"t": {"command": py, "args": [server_py()],
+                                     "env": {"MCP_TEST_LOG": journal}}}})
+        .to_string(),
+    );
+    // A first run creates the store; then every insert into the ledger of
+    // tool calls fails.
+    let (out, _) = ask(&h, &cfg, &[answer("Nothing to do.")], &[], &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let db = rusqlite::Connection::open(h.path().join("agentd.db")).unwrap();
+    db.execute_batch(
+        "CREATE TRIGGER broken BEFORE INSERT ON tool_calls BEGIN SELECT RAISE(ABORT, 'disk I/O error'); END;",
+    )
+    .unwrap();
+    let (out, evs) = ask(
+        &h,
+        &cfg,
+        &[call("t__record", json!({"entry": "must not be written"})), answer("Recorded.")],
+        &[],
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        std::fs::read_to_string(&journal).unwrap_or_default().is_empty(),
+        "the MCP write was sent without its ledger row"
+    );
+    let results = of(&evs, "tool_result");
+    assert_eq!(results.len(), 1, "{results:?}");
+    assert!(results[0]["content"].as_str().unwrap().contains("LEDGER_WRITE_FAILED"));
+    let d = done(&evs);
+    assert_eq!(d["error"]["code"], "LEDGER_WRITE_FAILED", "{d}");
+    assert_eq!(d["model_requests"], 1, "{d}");
+}

@@ -36,6 +36,8 @@ mod shared;
 mod wire;
 mod worker;
 
+pub(crate) use wire::fuzz_request;
+
 use crate::provider::build::EngineArgs;
 use crate::research::RunConfig;
 use crate::state::policy::{self, Policies};

@@ -11,6 +11,7 @@
 //! routes; this module owns no state and must not depend on them.
 
 pub(super) mod anthropic;
+mod fuzz;
 pub(super) mod ollama;
 pub(super) mod openai;
 pub(super) mod responses;
@@ -24,6 +25,7 @@ use crate::provider::engine::ChatJob;
 use crate::provider::ProviderError;
 use crate::state::policy::SamplingLimits;
 use crate::state::registry::SamplingKnobs;
+pub(crate) use fuzz::fuzz_request;
 use prompts::{Message, ToolDef};
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
@@ -297,6 +299,17 @@ pub(crate) struct Parsed {
     pub(crate) params: ChatParams,
 }
 
+/// What the shared checks read of the model a request goes to.
+#[derive(Debug, Clone, Copy)]
+struct Served<'a> {
+    /// The model's own sampling defaults.
+    sampling: &'a SamplingKnobs,
+    /// What a request's sampling knobs may ask for.
+    limits: SamplingLimits,
+    /// In front of an upstream engine (no `no_repeat_ngram` there).
+    upstream: bool,
+}
+
 impl ChatRequest {
     /// The checks every dialect shares: a conversation to answer, a tool
     /// choice that names an offered tool, a format and a forced call not
@@ -304,6 +317,15 @@ impl ChatRequest {
     /// tools becomes the enforcement (a system line and the decoder's
     /// constraint). The message of an `Err` is the 400's.
     pub(crate) fn check(self, st: &State) -> Result<Parsed, String> {
+        self.check_for(&Served {
+            sampling: &st.card.sampling,
+            limits: st.limits,
+            upstream: st.upstream.is_some(),
+        })
+    }
+
+    /// [`ChatRequest::check`] for the model `served` describes.
+    fn check_for(self, served: &Served<'_>) -> Result<Parsed, String> {
         let ChatRequest {
             mut messages,
             mut tools,
@@ -365,8 +387,8 @@ impl ChatRequest {
         // An empty stop string stops nothing.
         let stop: Vec<String> = stop.into_iter().filter(|s| !s.is_empty()).collect();
         check_stops(&stop)?;
-        let sampling = knobs.sampling(&st.card.sampling, st.limits)?;
-        if st.upstream.is_some() && sampling.no_repeat_ngram > 0 {
+        let sampling = knobs.sampling(served.sampling, served.limits)?;
+        if served.upstream && sampling.no_repeat_ngram > 0 {
             return Err("`no_repeat_ngram` is not supported in front of an upstream engine".into());
         }
         Ok(Parsed {
