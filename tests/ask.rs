@@ -1,6 +1,8 @@
 //! `agentd ask` as a person meets it (issue 31, item 7): what it prints
 //! of a model's text on a terminal, and `--corpus` folders that share a
-//! name — both through the scripted provider.
+//! name; and its corpus index (item 5): many processes at once on a
+//! changed corpus, an index that cannot be built — all through the
+//! scripted provider.
 
 use agentd_tests::{done, events, of, Home};
 
@@ -87,4 +89,92 @@ fn corpus_folders_of_the_same_name_are_read_apart() {
     assert_eq!(d["outcome"], "answered");
     assert_eq!(d["grounded"], true, "{d}");
     assert_eq!(d["invalid_citations"], serde_json::json!([]));
+}
+
+/// Twelve `agentd ask` processes started together on one home right after
+/// a corpus file changed (issue 31, item 5): the stale index is rebuilt
+/// once while the others wait for it, and every run searches, answers and
+/// ends with a `done` event and status 0 — none fails on the index lock.
+#[test]
+fn runs_started_together_share_one_rebuild_of_a_changed_corpus() {
+    let h = Home::new();
+    let corpus = h.corpus();
+    let s = script(
+        &h,
+        &[
+            r#"{"when": "research", "tool_calls": [{"name": "search_sources", "arguments": {"query": "socket mode"}}]}"#,
+            r#"{"when": "research", "content": "The socket is created with mode 0600 [S1]."}"#,
+            r#"{"when": "final", "content": "The socket is created with mode 0600 [S1]."}"#,
+        ],
+    );
+    let corpus = corpus.to_str().unwrap().to_owned();
+    let args =
+        ["ask", "--provider", "scripted", "--script", &s, "--corpus", &corpus, "--events", "q"];
+    // The index is built once, then goes stale.
+    let first = h.run(&args);
+    assert!(first.status.success(), "{}", String::from_utf8_lossy(&first.stderr));
+    h.write(
+        "corpus/sockets.md",
+        "# Sockets\n\nThe daemon listens on a Unix socket created with mode 0600, in its home.\n",
+    );
+    let children: Vec<_> = (0..12)
+        .map(|_| {
+            h.cmd(&args)
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .expect("agentd starts")
+        })
+        .collect();
+    for (i, c) in children.into_iter().enumerate() {
+        let out = c.wait_with_output().expect("agentd runs");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "run {i}: {:?}: {err}", out.status);
+        let evs = events(&out);
+        let d = done(&evs);
+        assert_eq!(d["outcome"], "answered", "run {i}: {d}");
+        let results = of(&evs, "tool_result");
+        let found = results.iter().find(|r| r["name"] == "search_sources").expect("a search");
+        let found: serde_json::Value =
+            serde_json::from_str(found["content"].as_str().unwrap()).unwrap();
+        assert_eq!(found["results"][0]["path"], "corpus/sockets.md", "run {i}: {found}");
+    }
+}
+
+/// A corpus whose index cannot be built (the place of the index folder in
+/// the home is taken by a file): the run does not stop at start — its
+/// search answers `SEARCH_FAILED` naming the cause, and it ends with a
+/// `done` event and status 0.
+#[test]
+fn an_index_that_cannot_be_built_fails_the_search_not_the_run() {
+    let h = Home::new();
+    let corpus = h.corpus();
+    h.write("index", "not a folder");
+    let s = script(
+        &h,
+        &[
+            r#"{"when": "research", "tool_calls": [{"name": "search_sources", "arguments": {"query": "socket mode"}}]}"#,
+            r#"{"when": "research", "content": "The sources could not be searched."}"#,
+            r#"{"when": "final", "content": "The sources could not be searched."}"#,
+        ],
+    );
+    let corpus = corpus.to_str().unwrap().to_owned();
+    let out = h.run(&[
+        "ask",
+        "--provider",
+        "scripted",
+        "--script",
+        &s,
+        "--corpus",
+        &corpus,
+        "--events",
+        "q",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let evs = events(&out);
+    done(&evs);
+    let results = of(&evs, "tool_result");
+    let found = results.iter().find(|r| r["name"] == "search_sources").expect("a search");
+    let found = found["content"].as_str().unwrap();
+    assert!(found.contains("SEARCH_FAILED") && found.contains("index"), "{found}");
 }

@@ -2,18 +2,25 @@
 //! files, split into segments and indexed with tantivy under
 //! `$AGENTD_HOME/index/`. The index is rebuilt when any file changes (size
 //! or modification time), when files come or go, or when the segment size
-//! changes.
+//! changes. Runs that open the same index at once — threads of one daemon,
+//! or several `agentd` processes on one home — take turns
+//! ([`IndexLock`]): the first to find it stale rebuilds it, the others wait
+//! and then open what it built.
 
 use anyhow::{Context, Result};
 use sha2::{Digest, Sha256};
+use std::collections::HashMap;
+use std::fs::{File, TryLockError};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::time::{Duration, Instant};
 use tantivy::collector::TopDocs;
 use tantivy::query::QueryParser;
 use tantivy::schema::{
     Field, IndexRecordOption, Schema, TextFieldIndexing, TextOptions, Value, STORED, STRING,
 };
 use tantivy::snippet::SnippetGenerator;
-use tantivy::{doc, Index, IndexReader, TantivyDocument};
+use tantivy::{doc, Index, IndexReader, ReloadPolicy, TantivyDocument};
 
 const EXTENSIONS: &[&str] = &[
     "md",
@@ -326,9 +333,14 @@ fn title_of(rel: &str, text: &str) -> String {
     rel.rsplit('/').next().unwrap_or(rel).to_owned()
 }
 
-impl Corpus {
-    /// Opens (building or refreshing as needed) the index of `roots`.
-    pub(crate) fn open(roots: &[PathBuf], segment_chars: usize) -> Result<Corpus> {
+/// The `--corpus` folders, checked: each exists and is a folder, given
+/// once, with the name its sources' paths start with ([`names`]).
+#[derive(Debug)]
+pub(crate) struct Folders(Vec<(String, PathBuf)>);
+
+impl Folders {
+    /// Checks `roots`, naming the first that is not a folder.
+    pub(crate) fn check(roots: &[PathBuf]) -> Result<Folders> {
         let mut canon = Vec::new();
         for r in roots {
             let c = r
@@ -342,11 +354,92 @@ impl Corpus {
                 canon.push(c);
             }
         }
-        let roots: Vec<(String, PathBuf)> = names(&canon).into_iter().zip(canon).collect();
-        let mut files = Vec::new();
-        for (top, r) in &roots {
-            walk(top, r, r, &mut files);
+        Ok(Folders(names(&canon).into_iter().zip(canon).collect()))
+    }
+}
+
+/// How long a run waits for another process's turn at an index (its
+/// rebuild) before it gives up with an error naming the lock file.
+const LOCK_WAIT: Duration = Duration::from_secs(600);
+
+/// A turn at one index folder: held while a run checks whether the index
+/// is fresh, rebuilds it if not, and opens its reader, so two runs never
+/// rebuild it together (tantivy allows one writer per folder; a second
+/// fails `LockBusy`) nor open it while it is being replaced. Inside this
+/// process a mutex per folder orders the threads; across processes an
+/// exclusive lock on `FOLDER.lock` beside the folder (released by the
+/// system when a process dies, so a crashed build never blocks the next).
+struct IndexLock<'a> {
+    _file: Option<File>,
+    _thread: MutexGuard<'a, ()>,
+}
+
+/// The mutex of each index folder this process has opened.
+fn folder_mutex(dir: &Path) -> Arc<Mutex<()>> {
+    static FOLDERS: OnceLock<Mutex<HashMap<PathBuf, Arc<Mutex<()>>>>> = OnceLock::new();
+    let mut all =
+        FOLDERS.get_or_init(Default::default).lock().unwrap_or_else(PoisonError::into_inner);
+    Arc::clone(all.entry(dir.to_owned()).or_default())
+}
+
+impl<'a> IndexLock<'a> {
+    /// Waits for the turn at `dir` (within `wait` for another process's).
+    fn take(dir: &Path, thread: &'a Mutex<()>, wait: Duration) -> Result<IndexLock<'a>> {
+        // A thread that panicked while holding it left nothing half-done
+        // that the next one does not check again.
+        let guard = thread.lock().unwrap_or_else(PoisonError::into_inner);
+        let path = dir.with_extension("lock");
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent)
+                .with_context(|| format!("cannot create {}", parent.display()))?;
         }
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .with_context(|| format!("cannot open the index lock {}", path.display()))?;
+        let start = Instant::now();
+        loop {
+            match file.try_lock() {
+                Ok(()) => return Ok(IndexLock { _file: Some(file), _thread: guard }),
+                Err(TryLockError::WouldBlock) if start.elapsed() < wait => {
+                    std::thread::sleep(Duration::from_millis(25));
+                }
+                Err(TryLockError::WouldBlock) => anyhow::bail!(
+                    "another agentd process has held the corpus index lock {} for over {} s (building the index of a large corpus?); wait for it to finish, or stop it, and ask again",
+                    path.display(),
+                    wait.as_secs()
+                ),
+                Err(TryLockError::Error(e)) if e.kind() == std::io::ErrorKind::Unsupported => {
+                    // A file system without locks: threads still take
+                    // turns; processes cannot be kept apart here.
+                    tracing::warn!(
+                        "the file system of {} has no file locks: agentd processes sharing this home may rebuild the corpus index together",
+                        path.display()
+                    );
+                    return Ok(IndexLock { _file: None, _thread: guard });
+                }
+                Err(TryLockError::Error(e)) => {
+                    return Err(e).with_context(|| {
+                        format!("cannot lock the corpus index lock {}", path.display())
+                    })
+                }
+            }
+        }
+    }
+}
+
+impl Corpus {
+    /// Opens (building or refreshing as needed) the index of `roots`.
+    #[cfg(test)]
+    pub(crate) fn open(roots: &[PathBuf], segment_chars: usize) -> Result<Corpus> {
+        Corpus::index(Folders::check(roots)?, segment_chars)
+    }
+
+    /// Opens (building or refreshing as needed) the index of `folders`.
+    pub(crate) fn index(folders: Folders, segment_chars: usize) -> Result<Corpus> {
+        let roots = folders.0;
         let mut h = Sha256::new();
         for (_, r) in &roots {
             h.update(r.to_string_lossy().as_bytes());
@@ -354,6 +447,14 @@ impl Corpus {
         }
         let key: String = h.finalize().iter().take(8).map(|b| format!("{b:02x}")).collect();
         let dir = crate::state::home::home().join("index").join(key);
+        // Whether the index is fresh is decided, and a stale one rebuilt,
+        // by one run at a time, on the files as they are then.
+        let mutex = folder_mutex(&dir);
+        let _turn = IndexLock::take(&dir, &mutex, LOCK_WAIT)?;
+        let mut files = Vec::new();
+        for (top, r) in &roots {
+            walk(top, r, r, &mut files);
+        }
         let manifest: String = std::iter::once(format!("v{SCHEMA_VERSION} seg{segment_chars}"))
             .chain(files.iter().map(|f| format!("{}\t{}\t{}", f.rel, f.size, f.mtime)))
             .collect::<Vec<_>>()
@@ -387,9 +488,9 @@ impl Corpus {
                 let index = Index::create_in_dir(&dir, schema.clone()).or_else(|_| {
                     Ok::<_, tantivy::TantivyError>(Index::create_in_ram(schema.clone()))
                 })?;
-                let mut w = index
-                    .writer_with_num_threads(1, 15_000_000)
-                    .context("cannot open the index writer")?;
+                let mut w = index.writer_with_num_threads(1, 15_000_000).with_context(|| {
+                    format!("cannot open the index writer in {}", dir.display())
+                })?;
                 for f in &files {
                     let Ok(bytes) = std::fs::read(&f.abs) else { continue };
                     let Ok(text) = String::from_utf8(bytes) else { continue };
@@ -402,13 +503,19 @@ impl Corpus {
                         w.add_document(doc!(f_title => title.clone(), f_heading => head, f_body => seg.clone(), f_path => f.rel.clone(), f_seg => (i + 1) as u64))?;
                     }
                 }
-                w.commit().context("cannot write the index")?;
+                w.commit()
+                    .with_context(|| format!("cannot write the index in {}", dir.display()))?;
                 std::fs::write(dir.join("manifest.txt"), &manifest).ok();
                 index
             }
         };
-        let reader = index.reader().context("cannot read the index")?;
-        reader.reload().ok();
+        // The reader keeps the segments it opened for the whole run (no
+        // reloading while another run replaces the index later).
+        let reader = index
+            .reader_builder()
+            .reload_policy(ReloadPolicy::Manual)
+            .try_into()
+            .with_context(|| format!("cannot read the corpus index in {}", dir.display()))?;
         Ok(Corpus {
             roots,
             index,

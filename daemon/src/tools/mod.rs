@@ -63,6 +63,9 @@ impl Limits {
 #[derive(Debug)]
 pub(crate) struct Host {
     corpus: Option<Corpus>,
+    /// Why the corpus that was given could not be opened (its index could
+    /// not be built or read): its tools are offered and answer this.
+    corpus_failed: Option<String>,
     notes: Option<PathBuf>,
     pub(crate) handles: Handles,
     limits: Limits,
@@ -136,6 +139,7 @@ impl Host {
     pub(crate) fn new(corpus: Option<Corpus>, notes: Option<PathBuf>, limits: Limits) -> Host {
         Host {
             corpus,
+            corpus_failed: None,
             notes,
             handles: Handles::new(limits.handle_capacity, limits.handle_lifetime),
             limits,
@@ -147,19 +151,31 @@ impl Host {
 
     /// The host of a run: its corpus folders indexed at the segment size of
     /// `policies`, its notes folder, the tool limits of `policies`, the
-    /// MCP servers of `servers`.
+    /// MCP servers of `servers`. A corpus folder that is missing fails
+    /// here; an index that cannot be built or read does not fail the run:
+    /// its tools answer `SEARCH_FAILED` with the reason, and the run goes
+    /// on to its answer.
     pub(crate) fn for_run(
         corpus: &[PathBuf],
         notes: Option<PathBuf>,
         policies: &Policies,
         servers: Option<Arc<mcp::Hub>>,
     ) -> anyhow::Result<Host> {
-        let corpus = if corpus.is_empty() {
-            None
+        let (corpus, failed) = if corpus.is_empty() {
+            (None, None)
         } else {
-            Some(Corpus::open(corpus, policies.get(policy::SEGMENT) as usize)?)
+            let folders = corpus::Folders::check(corpus)?;
+            match Corpus::index(folders, policies.get(policy::SEGMENT) as usize) {
+                Ok(c) => (Some(c), None),
+                Err(e) => {
+                    let why = format!("the corpus index could not be opened: {e:#}; the sources cannot be searched in this run (ask again once the cause is fixed)");
+                    tracing::warn!("{why}");
+                    (None, Some(why))
+                }
+            }
         };
         let mut host = Host::new(corpus, notes, Limits::from_policies(policies));
+        host.corpus_failed = failed;
         host.mcp = servers.map(|hub| mcp::RunTools::new(hub, policies));
         Ok(host)
     }
@@ -204,7 +220,7 @@ impl Host {
     /// Tools this host can run.
     pub(crate) fn tools(&self) -> Vec<ToolDef> {
         let mut v = Vec::new();
-        if self.corpus.is_some() {
+        if self.corpus.is_some() || self.corpus_failed.is_some() {
             v.push(ToolDef {
                 name: SEARCH.into(),
                 description: "Search the local sources. Returns matching sources with handles (S1, S2, …) to read and cite.".into(),
@@ -323,7 +339,7 @@ impl Host {
     /// returned is the source's first segment's (registered if needed).
     pub(crate) fn whole_source(&mut self, args: &Value) -> Result<Source, ToolOutput> {
         let Some(corpus) = &self.corpus else {
-            return Err(error("NOT_AVAILABLE", "no corpus was given (--corpus DIR)"));
+            return Err(self.no_corpus());
         };
         let Some(handle) = args.get("handle").and_then(Value::as_str) else {
             return Err(error("INVALID_ARGUMENTS", "`handle` must be a string such as \"S1\""));
@@ -347,6 +363,15 @@ impl Host {
         }
     }
 
+    /// The answer of a corpus tool without a corpus: none was given, or
+    /// its index failed.
+    fn no_corpus(&self) -> ToolOutput {
+        match &self.corpus_failed {
+            Some(why) => error("SEARCH_FAILED", why.clone()),
+            None => error("NOT_AVAILABLE", "no corpus was given (--corpus DIR)"),
+        }
+    }
+
     /// Marks `handle` as read (its source was analyzed).
     pub(crate) fn mark_analyzed(&mut self, handle: &str) {
         self.handles.mark_read(handle);
@@ -354,7 +379,7 @@ impl Host {
 
     fn search(&mut self, args: &Value) -> ToolOutput {
         let Some(corpus) = &self.corpus else {
-            return error("NOT_AVAILABLE", "no corpus was given (--corpus DIR)");
+            return self.no_corpus();
         };
         let Some(query) =
             args.get("query").and_then(Value::as_str).filter(|q| !q.trim().is_empty())
@@ -401,7 +426,7 @@ impl Host {
 
     fn read(&mut self, args: &Value) -> ToolOutput {
         let Some(corpus) = &self.corpus else {
-            return error("NOT_AVAILABLE", "no corpus was given (--corpus DIR)");
+            return self.no_corpus();
         };
         let Some(handle) = args.get("handle").and_then(Value::as_str) else {
             return error("INVALID_ARGUMENTS", "`handle` must be a string such as \"S1\"");

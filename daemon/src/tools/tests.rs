@@ -35,11 +35,8 @@ fn world() -> &'static World {
     })
 }
 
-/// The shared corpus, opened one test at a time (two tests indexing it at
-/// once race for its index folder).
+/// The shared corpus (tests open it at once: they take turns at its index).
 pub(crate) fn open_corpus() -> Corpus {
-    static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let _one = ONE.lock().unwrap_or_else(|e| e.into_inner());
     Corpus::open(std::slice::from_ref(&world().corpus), 300).expect("the corpus")
 }
 
@@ -125,6 +122,41 @@ fn folders_of_the_same_name_keep_their_own_sources() {
     // The same folder given twice is one folder, not `docs` and `docs-2`.
     let once = Corpus::open(&[a.clone(), a], 300).expect("the corpus");
     assert_eq!(once.search("aardvark", 5).unwrap().len(), 1);
+}
+
+/// Twelve threads open a corpus together right after one of its files
+/// changed (issue 31, item 5): one rebuilds the index while the others
+/// wait for it, none fails on tantivy's writer lock, and every one
+/// searches the new text.
+#[test]
+fn threads_opening_a_changed_corpus_together_share_one_rebuild() {
+    world();
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("shared");
+    std::fs::create_dir_all(&root).unwrap();
+    for i in 0..20 {
+        std::fs::write(root.join(format!("page{i}.md")), format!("# Page {i}\n\nplain words\n"))
+            .unwrap();
+    }
+    Corpus::open(std::slice::from_ref(&root), 300).expect("the first build");
+    std::fs::write(root.join("page7.md"), "# Page 7\n\nThe wombat burrows.\n").unwrap();
+    let start = std::sync::Barrier::new(12);
+    std::thread::scope(|s| {
+        let runs: Vec<_> = (0..12)
+            .map(|_| {
+                s.spawn(|| {
+                    start.wait();
+                    let c = Corpus::open(std::slice::from_ref(&root), 300)?;
+                    c.search("wombat", 5)
+                })
+            })
+            .collect();
+        for (i, r) in runs.into_iter().enumerate() {
+            let hits = r.join().expect("no panic").unwrap_or_else(|e| panic!("run {i}: {e:#}"));
+            assert_eq!(hits.len(), 1, "run {i}");
+            assert_eq!(hits[0].path, "shared/page7.md", "run {i}");
+        }
+    });
 }
 
 #[test]
