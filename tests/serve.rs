@@ -877,3 +877,88 @@ fn slow_clients_are_dropped_and_the_socket_keeps_answering() {
     let (status, _) = http(&socket, "GET", "/health", b"");
     assert_eq!(status, 200);
 }
+
+/// The events of a streamed `POST /v1/research` answer (SSE `data:` lines).
+fn sse_events(body: &[u8]) -> Vec<Value> {
+    String::from_utf8_lossy(body)
+        .lines()
+        .filter_map(|l| l.strip_prefix("data:"))
+        .map(|l| json_of(l.trim().as_bytes()))
+        .collect()
+}
+
+/// A research run over the socket: its `run_id`, its `run` event's
+/// `max_tool_iters`, and the rounds limit of its stored admission
+/// snapshot; it must end with `done`.
+fn research(socket: &Path) -> (String, u64, Value) {
+    let (status, body) = http(socket, "POST", "/v1/research", br#"{"question": "q"}"#);
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    let evs = sse_events(&body);
+    assert_eq!(evs.last().map(|e| e["type"].clone()), Some(json!("done")), "{evs:?}");
+    let run = evs.iter().find(|e| e["type"] == "run").expect("a run event");
+    let id = run["run_id"].as_str().unwrap().to_owned();
+    let (status, rec) = http(socket, "GET", &format!("/v1/runs/{id}"), b"");
+    assert_eq!(status, 200);
+    let rounds =
+        json_of(&rec)["snapshot"]["policies"]["research-runtime/tool-research-rounds"].clone();
+    (id, run["max_tool_iters"].as_u64().unwrap(), rounds)
+}
+
+/// A setting changed over HTTP applies to the next run the running daemon
+/// admits, without a restart (issue 31, item 6): the PUT answers that it
+/// applies from the next run, a run admitted before it keeps the snapshot
+/// it was admitted under, the next run has the new limit, and after a
+/// DELETE the one after has the default again.
+#[test]
+fn a_changed_setting_applies_to_the_next_run_and_not_to_one_running() {
+    let h = Home::new();
+    let script = h.write(
+        "s.jsonl",
+        "{\"when\": \"research\", \"delay_ms\": 1500, \"content\": \"ok\"}\n{\"when\": \"final\", \"content\": \"ok\"}\n",
+    );
+    let socket = h.path().join("d.sock");
+    let args = [
+        "serve",
+        "--provider",
+        "scripted",
+        "--script",
+        script.to_str().unwrap(),
+        "--socket",
+        socket.to_str().unwrap(),
+    ];
+    let child = h.cmd(&args).stderr(Stdio::piped()).spawn().expect("serve starts");
+    let _d = Daemon { child, socket: socket.clone() };
+    let t = Instant::now();
+    while UnixStream::connect(&socket).is_err() {
+        assert!(t.elapsed() < Duration::from_secs(60), "the daemon did not come up");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // A run admitted before the change (its first turn takes 1.5 s).
+    let sock = socket.clone();
+    let before = std::thread::spawn(move || research(&sock));
+    let t = Instant::now();
+    loop {
+        let (_, chats) = http(&socket, "GET", "/v1/chats", b"");
+        if !json_of(&chats)["data"].as_array().unwrap().is_empty() {
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(30), "the first run was not admitted");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (status, body) =
+        http(&socket, "PUT", "/v1/settings/chat.max_tool_iters", br#"{"value": 3}"#);
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    let put = json_of(&body);
+    assert_eq!((&put["value"], &put["applies"]), (&json!(3), &json!("next_run")), "{put}");
+
+    let (_, iters, rounds) = before.join().expect("the first run");
+    assert_eq!((iters, rounds), (12, json!(12)), "the run admitted before the change");
+    let (_, iters, rounds) = research(&socket);
+    assert_eq!((iters, rounds), (3, json!(3)), "the run admitted after the change");
+
+    let (status, body) = http(&socket, "DELETE", "/v1/settings/chat.max_tool_iters", b"");
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    assert_eq!(json_of(&body)["value"], 12);
+    let (_, iters, rounds) = research(&socket);
+    assert_eq!((iters, rounds), (12, json!(12)), "the run admitted after the reset");
+}

@@ -665,14 +665,25 @@ fn research_job(job: Job, setup: &RunSetup, worker: Worker) {
     };
     match job {
         Job::Research { request, cancel, tx, hold: _hold } => {
-            let mut host = match setup.config.host(&setup.policies) {
+            // A new run is admitted under the settings stored now (a
+            // setting changed since start-up applies from this run on);
+            // its snapshot then holds for it and for its resume.
+            let mut policies = match setup.policies.with_settings(&store) {
+                Ok(p) => p,
+                Err(e) => {
+                    tracing::warn!(
+                        "the stored settings cannot be applied ({e:#}); this run keeps the policies read at start-up — fix or reset the setting (`agentd settings reset KEY`)"
+                    );
+                    setup.policies.clone()
+                }
+            };
+            let mut host = match setup.config.host(&policies) {
                 Ok(h) => h,
                 Err(e) => {
                     let _ = tx.send(Ev::Notice { kind: "error", text: format!("{e:#}") });
                     return;
                 }
             };
-            let mut policies = setup.policies.clone();
             if let Some(n) = request.max_tool_iters {
                 // A request may only lower the setting.
                 let cur = policies.get(policy::ROUNDS);

@@ -275,6 +275,10 @@ impl SamplingLimits {
 pub(crate) struct Policies {
     pub(crate) decls: BTreeMap<String, Policy>,
     pub(crate) values: BTreeMap<String, i64>,
+    /// The values before the user settings: the declarations' defaults
+    /// with the configuration file's values (what [`Policies::with_settings`]
+    /// puts the settings stored now over).
+    configured: BTreeMap<String, i64>,
 }
 
 /// The optional configuration file (`$AGENTD_HOME/policies.toml`, or
@@ -320,7 +324,23 @@ impl Policies {
     /// Every module's declarations, the configuration file, the user
     /// settings; then the composition checks.
     pub(crate) fn load(store: &super::store::Store) -> Result<Policies> {
-        let mut ps = Policies { decls: BTreeMap::new(), values: BTreeMap::new() };
+        Policies::load_with(store, None)
+    }
+
+    /// What [`Policies::load`] would give were `key` stored as `value`:
+    /// whether a setting composes with the other limits before it is
+    /// stored (a value that breaks a composition would stop the next run,
+    /// and the next start).
+    pub(crate) fn admit_setting(store: &super::store::Store, key: &str, value: i64) -> Result<()> {
+        Policies::load_with(store, Some((key, value))).map(|_| ())
+    }
+
+    fn load_with(store: &super::store::Store, candidate: Option<(&str, i64)>) -> Result<Policies> {
+        let mut ps = Policies {
+            decls: BTreeMap::new(),
+            values: BTreeMap::new(),
+            configured: BTreeMap::new(),
+        };
         for (origin, list) in [
             ("research-runtime", research_runtime()),
             ("tools", tools()),
@@ -350,17 +370,46 @@ impl Policies {
                 ps.set(&id, v, &origin)?;
             }
         }
-        for d in super::settings::DEFS {
+        ps.configured = ps.values.clone();
+        ps.apply_settings(store, candidate)?;
+        ps.check()?;
+        Ok(ps)
+    }
+
+    /// The user settings as they are stored now (or `candidate` for its
+    /// key, unless the environment sets it) over the configured values.
+    fn apply_settings(
+        &mut self,
+        store: &super::store::Store,
+        candidate: Option<(&str, i64)>,
+    ) -> Result<()> {
+        use super::settings::{self, Source};
+        self.values = self.configured.clone();
+        for d in settings::DEFS {
             if let Some(p) =
-                ps.decls.values().find(|p| p.setting.as_deref() == Some(d.key)).cloned()
+                self.decls.values().find(|p| p.setting.as_deref() == Some(d.key)).cloned()
             {
-                let e = super::settings::get(store, d.key)?;
-                // A setting left at its default does not override the file.
-                if e.source != super::settings::Source::Default {
-                    ps.set(&p.id, e.value, &format!("setting {}", d.key))?;
+                let e = settings::get(store, d.key)?;
+                let value = match candidate {
+                    Some((key, v)) if key == d.key && e.source != Source::Env => Some(v),
+                    // A setting left at its default does not override the file.
+                    _ => (e.source != Source::Default).then_some(e.value),
+                };
+                if let Some(v) = value {
+                    self.set(&p.id, v, &format!("setting {}", d.key))?;
                 }
             }
         }
+        Ok(())
+    }
+
+    /// These policies with the user settings as they are stored now: what
+    /// a new run is admitted under, so a setting changed while the daemon
+    /// runs applies to its next run. The configuration file is not read
+    /// again (it is read at start-up).
+    pub(crate) fn with_settings(&self, store: &super::store::Store) -> Result<Policies> {
+        let mut ps = self.clone();
+        ps.apply_settings(store, None)?;
         ps.check()?;
         Ok(ps)
     }
@@ -477,7 +526,11 @@ impl Policies {
     /// Policies restored from an admission snapshot (values outside the
     /// snapshot keep their declared defaults, never newer settings).
     pub(crate) fn from_snapshot(snapshot: &Value) -> Result<Policies> {
-        let mut ps = Policies { decls: BTreeMap::new(), values: BTreeMap::new() };
+        let mut ps = Policies {
+            decls: BTreeMap::new(),
+            values: BTreeMap::new(),
+            configured: BTreeMap::new(),
+        };
         for list in [
             research_runtime(),
             tools(),
@@ -496,6 +549,7 @@ impl Policies {
                 ps.values.insert(id.clone(), v);
             }
         }
+        ps.configured = ps.values.clone();
         Ok(ps)
     }
 }
@@ -547,6 +601,31 @@ mod tests {
         }
         let mut ps = defaults();
         assert!(ps.set(RESERVE, 3, "test").is_err(), "above the hard maximum");
+    }
+
+    /// A setting stored after the policies were loaded applies through
+    /// `with_settings` (what each new run of the daemon is admitted under),
+    /// a forgotten one gives the configured value back, and a value that
+    /// would break a composition is refused before it is stored.
+    #[test]
+    fn settings_stored_later_apply_to_the_policies_of_the_next_run() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = super::super::store::Store::open_at(dir.path().join("s.db")).unwrap();
+        let mut started = defaults();
+        started.configured.insert(SEARCHES.into(), 20);
+        let now = started.with_settings(&store).unwrap();
+        assert_eq!((now.get(ROUNDS), now.get(SEARCHES)), (12, 20));
+        super::super::settings::set(&store, "chat.max_tool_iters", "3").unwrap();
+        super::super::settings::set(&store, "tools.max_searches", "7").unwrap();
+        let now = started.with_settings(&store).unwrap();
+        assert_eq!((now.get(ROUNDS), now.get(SEARCHES)), (3, 7));
+        assert_eq!(started.get(ROUNDS), 12, "the policies a run was admitted under stay");
+        super::super::settings::reset(&store, "tools.max_searches").unwrap();
+        assert_eq!(started.with_settings(&store).unwrap().get(SEARCHES), 20);
+        // 120 s × 3 tries exceeds a 30 s deadline.
+        let e = super::super::settings::set(&store, "chat.run_deadline_secs", "30").unwrap_err();
+        assert!(format!("{e:#}").contains(DEADLINE), "{e:#}");
+        assert_eq!(store.setting("chat.run_deadline_secs").unwrap(), None);
     }
 
     #[test]

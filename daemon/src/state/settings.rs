@@ -16,6 +16,20 @@ pub(crate) struct Def {
     pub(crate) min: i64,
     pub(crate) max: i64,
     pub(crate) env: &'static str,
+    /// When a stored change takes effect.
+    pub(crate) applies: Applies,
+}
+
+/// When a stored change of a setting takes effect in a running daemon.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum Applies {
+    /// From the next run admitted (a run admitted before keeps the
+    /// snapshot it was admitted under, and so does its resume).
+    NextRun,
+    /// Sized when the daemon starts: from its next start.
+    #[allow(dead_code)] // no setting is sized at start-up yet
+    Restart,
 }
 
 /// Every setting.
@@ -29,6 +43,7 @@ pub(crate) const DEFS: &[Def] = &[
         min: 1,
         max: 64,
         env: "AGENTD_CHAT_MAX_TOOL_ITERS",
+        applies: Applies::NextRun,
     },
     Def {
         key: "chat.run_deadline_secs",
@@ -39,6 +54,7 @@ pub(crate) const DEFS: &[Def] = &[
         min: 30,
         max: 86_400,
         env: "AGENTD_CHAT_RUN_DEADLINE_SECS",
+        applies: Applies::NextRun,
     },
     Def {
         key: "tools.max_searches",
@@ -48,6 +64,7 @@ pub(crate) const DEFS: &[Def] = &[
         min: 1,
         max: 256,
         env: "AGENTD_TOOLS_MAX_SEARCHES",
+        applies: Applies::NextRun,
     },
 ];
 
@@ -71,7 +88,8 @@ pub(crate) struct Effective {
 }
 
 /// A setting as clients see it: its declaration's fields with the value
-/// and its source placed among them (`env` last) and the constant `type`,
+/// and its source placed among them (`env` and `applies` last) and the
+/// constant `type`,
 /// so a flattened [`Def`] would not keep the order.
 #[derive(Debug, Serialize)]
 struct Listing {
@@ -86,11 +104,12 @@ struct Listing {
     value: i64,
     source: Source,
     env: &'static str,
+    applies: Applies,
 }
 
 impl From<Effective> for Listing {
     fn from(e: Effective) -> Listing {
-        let Def { key, label, description, default, min, max, env } = e.def;
+        let Def { key, label, description, default, min, max, env, applies } = e.def;
         Listing {
             key,
             label,
@@ -102,6 +121,7 @@ impl From<Effective> for Listing {
             value: e.value,
             source: e.source,
             env,
+            applies,
         }
     }
 }
@@ -158,10 +178,14 @@ pub(crate) fn get(store: &Store, key: &str) -> Result<Effective> {
     Ok(Effective { def: d, value: d.default, source: Source::Default })
 }
 
-/// Stores a value after checking it; nothing is stored when it is refused.
+/// Stores a value after checking it — its bounds, and that the policies
+/// it sets still compose with the other limits; nothing is stored when it
+/// is refused.
 pub(crate) fn set(store: &Store, key: &str, raw: &str) -> Result<Effective> {
     let d = def(key)?;
     let v = parse(d, raw)?;
+    super::policy::Policies::admit_setting(store, key, v)
+        .map_err(|e| anyhow::anyhow!("{key} = {v} cannot apply: {e:#}"))?;
     store.set_setting(key, &v.to_string())?;
     get(store, key)
 }
@@ -211,9 +235,9 @@ mod tests {
             .map(|e| e.to_json().to_string())
             .collect();
         let want = [
-            r#"{"key":"chat.max_tool_iters","label":"Tool research rounds","description":"Model turns that call tools before the reserved final answer (not individual calls)","type":"integer","default":12,"min":1,"max":64,"value":12,"source":"default","env":"AGENTD_CHAT_MAX_TOOL_ITERS"}"#,
-            r#"{"key":"chat.run_deadline_secs","label":"Run deadline (seconds)","description":"Wall time a reply may take; research stops at its share so the answer still fits","type":"integer","default":1800,"min":30,"max":86400,"value":1800,"source":"default","env":"AGENTD_CHAT_RUN_DEADLINE_SECS"}"#,
-            r#"{"key":"tools.max_searches","label":"Searches per reply","description":"search_sources calls one reply may make; reading stays available after","type":"integer","default":32,"min":1,"max":256,"value":32,"source":"default","env":"AGENTD_TOOLS_MAX_SEARCHES"}"#,
+            r#"{"key":"chat.max_tool_iters","label":"Tool research rounds","description":"Model turns that call tools before the reserved final answer (not individual calls)","type":"integer","default":12,"min":1,"max":64,"value":12,"source":"default","env":"AGENTD_CHAT_MAX_TOOL_ITERS","applies":"next_run"}"#,
+            r#"{"key":"chat.run_deadline_secs","label":"Run deadline (seconds)","description":"Wall time a reply may take; research stops at its share so the answer still fits","type":"integer","default":1800,"min":30,"max":86400,"value":1800,"source":"default","env":"AGENTD_CHAT_RUN_DEADLINE_SECS","applies":"next_run"}"#,
+            r#"{"key":"tools.max_searches","label":"Searches per reply","description":"search_sources calls one reply may make; reading stays available after","type":"integer","default":32,"min":1,"max":256,"value":32,"source":"default","env":"AGENTD_TOOLS_MAX_SEARCHES","applies":"next_run"}"#,
         ];
         assert_eq!(got, want);
         let e = set(&s, "tools.max_searches", "5").unwrap().to_json();
