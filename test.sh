@@ -5,15 +5,17 @@
 # data-driven, property, end-to-end against the built agentd with the real models and
 # clients), the tool-call conformance check, and the README's first command. Exit status is
 # non-zero when anything fails. See README.md for what it installs and how long it takes.
+# What it installs is cached per user, outside the clone, in AGENTD_CACHE (default
+# ~/.cache/agentd-ci; AGENTD_CACHE= keeps it all under target/): see scripts/cache.sh.
 set -euo pipefail
 cd "$(dirname "$0")"
 
 step() { printf '\n==> %s\n' "$*"; }
 started=$SECONDS
 
-step "test dependencies (cached under target/)"
 # shellcheck source=scripts/test-deps.sh
 . scripts/test-deps.sh
+step "test dependencies (cached in ${cache_root:-target/})"
 deps_disk
 deps_python
 deps_npm

@@ -6,6 +6,10 @@
 #
 #   BIN=$(scripts/build-llamacpp.sh)     # ~6 min the first time on 2 cores, then instant
 #
+# The cache: $AGENTD_PEER_CACHE, else ~/.cache/agentd-peers; test.sh sets it to an entry of its
+# per-user cache named by this file's sha256 (scripts/test-deps.sh), so editing the version or
+# the flags here builds afresh there.
+#
 # Source: the llama.cpp that llama-cpp-python 0.3.36 vendors (commit 0c1e570), fetched from PyPI
 # as an sdist (the reference fixtures were produced with it). The Python tools it needs
 # (cmake, ninja, scikit-build-core) come from $AGENTD_TEST_PYTHON's environment when set
@@ -48,7 +52,13 @@ mkdir -p "$CACHE"
       "$PY" -m pip install -q --disable-pip-version-check scikit-build-core
     "$PY" -m pip download -q --disable-pip-version-check --no-deps --no-binary :all: \
       --no-build-isolation llama-cpp-python==0.3.36 -d "$CACHE"
-    tar xzf "$CACHE/llama_cpp_python-0.3.36.tar.gz" -C "$CACHE"
+    # Unpacked aside and moved into place, so an interrupted unpack never leaves a partial
+    # source tree in a cache that later runs (and other clones) would take as complete.
+    rm -rf "$CACHE/.unpack"
+    mkdir -p "$CACHE/.unpack"
+    tar xzf "$CACHE/llama_cpp_python-0.3.36.tar.gz" -C "$CACHE/.unpack"
+    mv "$CACHE/.unpack/llama_cpp_python-0.3.36" "$CACHE/"
+    rmdir "$CACHE/.unpack"
   fi
   cmake -S "$SRC" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF \
     -DLLAMA_BUILD_TESTS=OFF -DGGML_NATIVE=OFF "${ISA_FLAGS[@]}" \

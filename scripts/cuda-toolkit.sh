@@ -1,8 +1,15 @@
 # shellcheck shell=bash
 # Sourced by .ci/cuda-check and scripts/gpu-check.sh: `cuda_toolkit [runtime]` makes a CUDA
 # toolkit usable by candle's and cudarc's build scripts, installing NVIDIA's pip wheels into a
-# venv under target/ when the machine has none (cached: a second call reuses it). It exports
-# PATH (nvcc), CUDA_ROOT/CUDA_PATH/CUDA_HOME and LD_LIBRARY_PATH.
+# venv when the machine has none (cached: a second call reuses it). It exports PATH (nvcc),
+# CUDA_ROOT/CUDA_PATH/CUDA_HOME and LD_LIBRARY_PATH.
+#
+# The venv is an entry of the per-user cache (scripts/cache.sh: AGENTD_CACHE, default
+# ~/.cache/agentd-ci), cuda-venv-KEY, KEY the sha256 of the pins below and of python3's build,
+# so every clone on the machine shares it and a change of pins makes a new one. Its fixed path
+# also keeps CUDA_ROOT the same from clone to clone, which the build scripts of candle-kernels
+# and cudarc watch: the CUDA check's shared cargo target dir is reused only while it stays the
+# same. With AGENTD_CACHE= (empty) or an unwritable cache it is target/cuda-venv as before.
 #
 # Why these wheels and pins:
 # - The CUDA 13 wheels: the `-cu12` nvcc wheels hold only `ptxas`, not `nvcc` itself.
@@ -18,6 +25,9 @@
 # The toolkit lands under the venv's site-packages/nvidia/cu13.
 #
 # A toolkit already on the machine (nvcc on PATH, or CUDA_ROOT set) is used as it is.
+
+# shellcheck source=scripts/cache.sh
+. "$(dirname "${BASH_SOURCE[0]}")/cache.sh"
 
 cuda_toolkit_pins=(
     "nvidia-cuda-nvcc==13.4.92"
@@ -38,27 +48,32 @@ cuda_toolkit() {
         root="$(cd "$(dirname "$(command -v nvcc)")/.." && pwd)"
     fi
     if [ -z "$root" ]; then
-        local venv="$PWD/target/cuda-venv" pins=("${cuda_toolkit_pins[@]}")
+        local python="${PYTHON:-python3}" venv pins=("${cuda_toolkit_pins[@]}")
+        if ! command -v "$python" >/dev/null; then
+            echo "neither nvcc nor $python found: install a CUDA 13.4 toolkit, or python3 for NVIDIA's nvcc wheels" >&2
+            return 1
+        fi
+        venv="$(cache_path "cuda-venv-$(cache_key "${cuda_toolkit_pins[*]}" \
+            "$("$python" -c 'import sys; print(sys.version, sys.executable)')")" "$PWD/target/cuda-venv")"
         [ "${1:-}" = runtime ] && pins+=("${cuda_runtime_pins[@]}")
+        cache_lock "$venv"
         if [ ! -f "$venv/.pins" ] || [ "$(cat "$venv/.pins")" != "${pins[*]}" ]; then
-            local python="${PYTHON:-python3}"
-            if ! command -v "$python" >/dev/null; then
-                echo "neither nvcc nor $python found: install a CUDA 13.4 toolkit, or python3 for NVIDIA's nvcc wheels" >&2
-                return 1
-            fi
             echo "  installing ${pins[*]} into $venv"
+            rm -f "$venv/.pins"
             { [ -x "$venv/bin/pip" ] || "$python" -m venv "$venv"; } &&
                 "$venv/bin/pip" install --quiet --disable-pip-version-check "${pins[@]}" || {
                 echo "pip could not install NVIDIA's CUDA wheels into $venv: check the network and the pins in scripts/cuda-toolkit.sh" >&2
+                cache_unlock
                 return 1
             }
             echo "${pins[*]}" >"$venv/.pins"
         fi
+        cache_unlock
         root="$("$venv/bin/python" -c \
             'import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], "cu13"))')"
     fi
     if [ ! -x "$root/bin/nvcc" ]; then
-        echo "nvcc not found at $root/bin/nvcc: fix CUDA_ROOT, or delete target/cuda-venv if the wheels' layout changed" >&2
+        echo "nvcc not found at $root/bin/nvcc: fix CUDA_ROOT, or delete the venv (${venv:-target/cuda-venv}) if the wheels' layout changed" >&2
         return 1
     fi
     export PATH="$root/bin:$PATH"
