@@ -4,8 +4,9 @@
 # `cuda`), then `agentd bench` on the GPU and on the CPU fast path, tokens/s side by side.
 #
 # Needs the NVIDIA driver (nvidia-smi) and either a CUDA 13.4 toolkit or python3 with network
-# access for NVIDIA's pip wheels (scripts/cuda-toolkit.sh, cached in target/cuda-venv; on an
-# offline machine bring that folder along). The model: AGENTD_TEST_MODEL, else `agentd pull`.
+# access for NVIDIA's pip wheels (scripts/cuda-toolkit.sh, cached in the per-user set-up cache,
+# ~/.cache/agentd-ci/cuda-venv-KEY, or target/cuda-venv with AGENTD_CACHE=; on an offline
+# machine bring that folder along). The model: AGENTD_TEST_MODEL, else `agentd pull`.
 # Everything builds in target/gpu-check, apart from the CPU build's cache.
 # Usage: scripts/gpu-check.sh [--device cuda:N]
 set -euo pipefail
