@@ -34,6 +34,41 @@ pub mod fuzzing {
     pub fn request_body(dialect: u8, body: &[u8]) {
         crate::server::fuzz_request(dialect, body);
     }
+
+    /// The built-in tools of a run over one corpus folder and a notes
+    /// folder, under the default policies (the tool-argument fuzz target).
+    pub struct Tools(crate::tools::Host);
+
+    impl std::fmt::Debug for Tools {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("Tools")
+        }
+    }
+
+    impl Tools {
+        /// Opens the tools over `corpus` (indexed now) and `notes`.
+        pub fn open(corpus: &std::path::Path, notes: &std::path::Path) -> anyhow::Result<Tools> {
+            let policies = crate::state::policy::Policies::from_snapshot(&serde_json::Value::Null)?;
+            let host = crate::tools::Host::for_run(
+                &[corpus.to_owned()],
+                Some(notes.to_owned()),
+                &policies,
+                None,
+            )?;
+            Ok(Tools(host))
+        }
+
+        /// Runs `name` with the argument text `arguments`, as a model wrote
+        /// it; the result's JSON, and the note file when one was saved.
+        pub fn call(&mut self, name: &str, arguments: &str) -> (String, Option<String>) {
+            let out = self.0.call(name, arguments);
+            let saved = match &out {
+                crate::tools::ToolOutput::Saved(file) => Some(file.clone()),
+                _ => None,
+            };
+            (out.to_json().to_string(), saved)
+        }
+    }
 }
 
 use clap::{Parser, Subcommand};

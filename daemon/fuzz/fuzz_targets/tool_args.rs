@@ -3,62 +3,18 @@
 //! result, never panic. The input's first byte picks the tool; the rest is
 //! the argument text, tried as given and also as the string value of every
 //! argument the tools read (so any unicode reaches the note slug, the
-//! search query and the handle lookup). Crashes are kept as regression
-//! inputs in `daemon/tests/data/tool_args/` and replayed by `cargo test`.
+//! search query and the handle lookup). It drives the daemon's library
+//! (`agentd::fuzzing::Tools`: the built-in tools under the default
+//! policies). Crashes are kept as regression inputs in
+//! `daemon/tests/data/tool_args/` and replayed by `cargo test`.
 //!
 //! ```text
-//! cd daemon/fuzz && cargo +nightly fuzz run -s none tool_args -- -max_total_time=600
+//! cd daemon/fuzz && ./run.sh 600 tool_args
 //! ```
 #![no_main]
-#![allow(dead_code, unreachable_pub)]
 
 use libfuzzer_sys::fuzz_target;
 use std::sync::OnceLock;
-
-#[path = "../../src/tools/mod.rs"]
-mod tools;
-
-/// Stand-ins for the `state` items the tools module uses.
-mod state {
-    pub(crate) mod home {
-        pub(crate) fn home() -> std::path::PathBuf {
-            std::path::PathBuf::from(std::env::var_os("AGENTD_HOME").unwrap_or_default())
-        }
-    }
-    pub(crate) mod store {
-        #[derive(Debug, Clone, PartialEq, Eq)]
-        pub(crate) struct HandleRec {
-            pub(crate) handle: String,
-            pub(crate) path: String,
-            pub(crate) segment: usize,
-            pub(crate) title: String,
-            pub(crate) issued: u64,
-            pub(crate) read_ok: bool,
-        }
-    }
-    pub(crate) mod policy {
-        pub(crate) const RESULTS: &str = "tools/results-per-search";
-        pub(crate) const SEARCHES: &str = "tools/searches-per-run";
-        pub(crate) const READS: &str = "tools/reads-per-run";
-        pub(crate) const HANDLE_CAPACITY: &str = "tools/handle-registry-capacity";
-        pub(crate) const HANDLE_LIFETIME: &str = "tools/source-handle-lifetime";
-        pub(crate) const SEGMENT: &str = "tools/segment-size";
-        #[derive(Debug)]
-        pub(crate) struct Policies;
-        impl Policies {
-            pub(crate) fn get(&self, id: &str) -> i64 {
-                match id {
-                    RESULTS => 5,
-                    SEARCHES => 1_000_000,
-                    READS => 1_000_000,
-                    HANDLE_CAPACITY => 64,
-                    HANDLE_LIFETIME => 3600,
-                    _ => 400,
-                }
-            }
-        }
-    }
-}
 
 struct World {
     _dir: tempfile::TempDir,
@@ -85,23 +41,16 @@ fn world() -> &'static World {
     })
 }
 
-fn host() -> tools::Host {
+fn host() -> agentd::fuzzing::Tools {
     let w = world();
-    tools::Host::for_run(
-        std::slice::from_ref(&w.corpus),
-        Some(w.notes.clone()),
-        &state::policy::Policies,
-    )
-    .expect("the corpus opens")
+    agentd::fuzzing::Tools::open(&w.corpus, &w.notes).expect("the corpus opens")
 }
 
-fn check(host: &mut tools::Host, name: &str, args: &str) {
-    let out = host.call(name, args);
-    if let tools::ToolOutput::Saved(file) = &out {
+fn check(host: &mut agentd::fuzzing::Tools, name: &str, args: &str) {
+    if let (_, Some(file)) = host.call(name, args) {
         // Keep the notes folder small (name collisions are probed in turn).
         let _ = std::fs::remove_file(world().notes.join(file));
     }
-    let _ = out.to_json();
 }
 
 fuzz_target!(|data: &[u8]| {
@@ -117,7 +66,7 @@ fuzz_target!(|data: &[u8]| {
     // One host for many inputs (opening the corpus is slow), renewed now
     // and then so quotas and the handle registry both fill and empty.
     thread_local! {
-        static HOST: std::cell::RefCell<(u32, Option<tools::Host>)> =
+        static HOST: std::cell::RefCell<(u32, Option<agentd::fuzzing::Tools>)> =
             const { std::cell::RefCell::new((0, None)) };
     }
     HOST.with_borrow_mut(|(uses, slot)| {
@@ -130,7 +79,7 @@ fuzz_target!(|data: &[u8]| {
     });
 });
 
-fn calls(h: &mut tools::Host, name: &str, rest: &[u8], text: &str) {
+fn calls(h: &mut agentd::fuzzing::Tools, name: &str, rest: &[u8], text: &str) {
     check(h, name, text);
     // Every argument the tools read, as this text (and as a number).
     let n = rest.iter().fold(0i64, |a, &b| a.wrapping_mul(31).wrapping_add(i64::from(b)));
