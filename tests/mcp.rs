@@ -4,7 +4,7 @@
 //! npm reference filesystem server, and the same Python server over
 //! Streamable HTTP. Gated by AGENTD_TEST_PYTHON and AGENTD_TEST_NPM.
 
-use agentd_tests::{dep, done, events, of, python, workspace_root, Home};
+use agentd_tests::{dep, done, events, of, python, runs_show as show, workspace_root, Home};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::process::Output;
@@ -45,19 +45,25 @@ fn ask(
     (out, evs)
 }
 
+/// The test server (`tests/mcp/server.py`) as server `t` of an mcp.json in
+/// `h`, its write tools journaling to the returned file; (journal, config).
+fn journal_server(h: &Home, py: &Path) -> (PathBuf, PathBuf) {
+    let journal = h.path().join("journal.txt");
+    let cfg = h.write(
+        "mcp.json",
+        &json!({"mcpServers": {"t": {"command": py, "args": [server_py()],
+                                     "env": {"MCP_TEST_LOG": journal}}}})
+        .to_string(),
+    );
+    (journal, cfg)
+}
+
 fn call(name: &str, args: Value) -> Value {
     json!({"when": "research", "tool_calls": [{"name": name, "arguments": args}]})
 }
 
 fn answer(text: &str) -> Value {
     json!({"when": "final", "content": text})
-}
-
-/// `runs show ID` as JSON.
-fn show(h: &Home, run: &str) -> Value {
-    let out = h.run(&["runs", "show", run]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    serde_json::from_slice(&out.stdout).expect("runs show prints JSON")
 }
 
 /// The run id (from the `run` event).
@@ -101,13 +107,7 @@ fn a_fastmcp_stdio_server_under_the_loop_budgets_and_ledger() {
         return;
     };
     let h = Home::new();
-    let journal = h.path().join("journal.txt");
-    let cfg = h.write(
-        "mcp.json",
-        &json!({"mcpServers": {"t": {"command": py, "args": [server_py()],
-                                     "env": {"MCP_TEST_LOG": journal}}}})
-        .to_string(),
-    );
+    let (journal, cfg) = journal_server(&h, &py);
 
     // `mcp list`: the server is up, with each tool's class from its annotation.
     let out = h.run(&["mcp", "list", "--mcp", cfg.to_str().unwrap()]);
@@ -399,22 +399,12 @@ fn an_mcp_call_is_not_sent_when_its_ledger_row_cannot_be_written() {
         return;
     };
     let h = Home::new();
-    let journal = h.path().join("journal.txt");
-    let cfg = h.write(
-        "mcp.json",
-        &json!({"mcpServers": {"t": {"command": py, "args": [server_py()],
-                                     "env": {"MCP_TEST_LOG": journal}}}})
-        .to_string(),
-    );
+    let (journal, cfg) = journal_server(&h, &py);
     // A first run creates the store; then every insert into the ledger of
     // tool calls fails.
     let (out, _) = ask(&h, &cfg, &[answer("Nothing to do.")], &[], &[]);
     assert!(out.status.success(), "{}", stderr(&out));
-    let db = rusqlite::Connection::open(h.path().join("agentd.db")).unwrap();
-    db.execute_batch(
-        "CREATE TRIGGER broken BEFORE INSERT ON tool_calls BEGIN SELECT RAISE(ABORT, 'disk I/O error'); END;",
-    )
-    .unwrap();
+    agentd_tests::break_tool_call_ledger(&h);
     let (out, evs) = ask(
         &h,
         &cfg,

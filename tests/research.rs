@@ -3,7 +3,7 @@
 //! OpenAI-compatible server and (opt-in, `AGENTD_TEST_MODEL`) the real
 //! default model.
 
-use agentd_tests::{done, events, of, Home, MockOpenAi, Reply};
+use agentd_tests::{done, events, of, runs_show as show, Home, MockOpenAi, Reply};
 use serde_json::Value;
 use std::io::{Read, Write};
 
@@ -649,13 +649,6 @@ fn the_readme_question_is_answered_from_docs_research_md_on_the_real_model() {
     assert!(answer.to_lowercase().contains("round limit"), "{answer}");
 }
 
-/// The run's record as `agentd runs show` prints it.
-fn show(h: &Home, run: &str) -> Value {
-    let out = h.run(&["runs", "show", run]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    serde_json::from_slice(&out.stdout).expect("runs show prints JSON")
-}
-
 /// A bug that panics inside a run (here the scripted provider's `panic`
 /// line) ends that run with an error `done` and a settled row — never a
 /// process that dies with 101 or a run left `running`.
@@ -690,11 +683,7 @@ fn no_tool_call_runs_when_its_ledger_row_cannot_be_written() {
     let s = script(&h, &[ANSWER]);
     let (out, _) = ask(&h, &s, &[], "q");
     assert!(out.status.success());
-    let db = rusqlite::Connection::open(h.path().join("agentd.db")).unwrap();
-    db.execute_batch(
-        "CREATE TRIGGER broken BEFORE INSERT ON tool_calls BEGIN SELECT RAISE(ABORT, 'disk I/O error'); END;",
-    )
-    .unwrap();
+    agentd_tests::break_tool_call_ledger(&h);
     let write = r#"{"when": "research", "tool_calls": [{"name": "save_note", "arguments": {"title": "Budget", "text": "two"}}, {"name": "search_sources", "arguments": {"query": "budget"}}]}"#;
     let s = script(&h, &[write, SEARCH, ANSWER]);
     let (out, evs) = ask(&h, &s, &["--notes", notes.to_str().unwrap()], "q");

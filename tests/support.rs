@@ -163,6 +163,24 @@ pub fn of<'a>(evs: &'a [Value], ty: &str) -> Vec<&'a Value> {
 }
 
 /// The `done` event (the last one).
+/// The run's record as `agentd runs show RUN` prints it.
+pub fn runs_show(h: &Home, run: &str) -> Value {
+    let out = h.run(&["runs", "show", run]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("runs show prints JSON")
+}
+
+/// Makes every insert into the ledger of tool calls of `h`'s store fail
+/// from now on, as a full or broken disk would (the store must exist: run
+/// something first).
+pub fn break_tool_call_ledger(h: &Home) {
+    let db = rusqlite::Connection::open(h.path().join("agentd.db")).unwrap();
+    db.execute_batch(
+        "CREATE TRIGGER broken BEFORE INSERT ON tool_calls BEGIN SELECT RAISE(ABORT, 'disk I/O error'); END;",
+    )
+    .unwrap();
+}
+
 pub fn done(evs: &[Value]) -> &Value {
     let last = evs.last().expect("events");
     assert_eq!(last["type"], "done", "last event is not done: {last}");
