@@ -298,6 +298,7 @@ impl Packed {
                         ..Needs::default()
                     }
                 }
+                ActKind::F32 if m.fmt == rows::Fmt::F16 => Needs { f16: true, ..Needs::default() },
                 ActKind::F32 => Needs { f32: true, ..Needs::default() },
             },
         }
@@ -496,8 +497,11 @@ impl<'a> OutRows<'a> {
 /// Which activation layouts a matmul needs.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct Needs {
-    /// Plain f32 (f32/f16/bf16 weights).
+    /// Plain f32 (f32/bf16 weights).
     pub(crate) f32: bool,
+    /// f32 rounded through f16 (f16 weights: ggml converts the activations
+    /// to the weights' type, `Acts::xh`).
+    pub(crate) f16: bool,
     /// Q8_0/Q8_1 blocks (`q`, `d`, `s`).
     pub(crate) b32: bool,
     /// Q8_0/Q8_1 blocks plus the AVX-512 4-bit tile layout (`nib`).
@@ -520,6 +524,7 @@ impl Needs {
     pub(crate) fn or(self, o: Needs) -> Needs {
         Needs {
             f32: self.f32 || o.f32,
+            f16: self.f16 || o.f16,
             b32: self.b32 || o.b32,
             tile4: self.tile4 || o.tile4,
             tile8: self.tile8 || o.tile8,
@@ -538,8 +543,10 @@ impl Needs {
 pub(crate) struct Acts {
     pub(crate) n: usize,
     pub(crate) k: usize,
-    /// The f32 values `[n × k]` (for f32/f16/bf16 weights).
+    /// The f32 values `[n × k]` (for f32/bf16 weights).
     pub(crate) x: Vec<f32>,
+    /// The same rounded through f16 (for f16 weights).
+    pub(crate) xh: Vec<f32>,
     /// Per column and block of 32: scale and `d · Σq` (Q8_0/Q8_1).
     pub(crate) d: Vec<f32>,
     pub(crate) s: Vec<f32>,
@@ -612,6 +619,10 @@ impl Acts {
         self.x.clear();
         if need.f32 {
             self.x.extend_from_slice(&x[..n * k]);
+        }
+        self.xh.clear();
+        if need.f16 {
+            self.xh.extend(x[..n * k].iter().map(|&v| half::f16::from_f32(v).to_f32()));
         }
         let per = 8;
         let chunks = n.div_ceil(per);

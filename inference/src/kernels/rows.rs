@@ -353,9 +353,10 @@ pub(crate) unsafe fn matmul(
             }
             for c in c0..c1 {
                 let v = match w.fmt {
-                    Fmt::F16 | Fmt::BF16 => {
-                        super::scalar::dot_f32(&wf, &acts.x[c * acts.k..(c + 1) * acts.k])
-                    }
+                    // ggml meets f16 weights with activations rounded to
+                    // f16 (`Acts::xh`), then tinyBLAS's 16-lane sums.
+                    Fmt::F16 => super::scalar::dot_f32(&wf, &acts.xh[c * acts.k..(c + 1) * acts.k]),
+                    Fmt::BF16 => super::scalar::dot_f32(&wf, &acts.x[c * acts.k..(c + 1) * acts.k]),
                     _ => dot(w.fmt, w.chain, row, acts, c),
                 };
                 // SAFETY: `r` is in `rows`, which this call owns.
