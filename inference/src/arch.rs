@@ -1,6 +1,7 @@
 //! The model families this engine runs and how each reads its
 //! hyper-parameters from the GGUF metadata into one [`Config`]: the llama
-//! family (llama, mistral, qwen2, qwen3: SwiGLU, RMS norms, RoPE) and the
+//! family (llama, mistral, qwen2, qwen3: SwiGLU, RMS norms, RoPE; qwen3moe:
+//! qwen3 with a mixture of experts for a feed-forward block, `moe.rs`) and the
 //! gemma family (gemma2, gemma3: scaled embeddings, GeGLU, norms after
 //! attention and feed-forward, sliding-window layers, soft-capping where
 //! present), with llama.cpp's defaults where a key is absent.
@@ -17,6 +18,9 @@ pub enum Arch {
     Qwen2,
     /// qwen3 (NeoX RoPE, per-head q/k RMS norms).
     Qwen3,
+    /// qwen3moe (qwen3's attention; a mixture of experts in place of the
+    /// feed-forward block, `moe.rs`).
+    Qwen3Moe,
     /// gemma2 (GeGLU, post norms, soft-capped attention and logits,
     /// sliding window on every other layer).
     Gemma2,
@@ -80,6 +84,8 @@ pub struct Config {
     pub(crate) swa: Option<usize>,
     /// Which layers use the sliding window.
     swa_layers: Vec<bool>,
+    /// The experts of a mixture-of-experts model (`moe.rs`).
+    pub(crate) moe: Option<crate::moe::MoeConfig>,
 }
 
 impl Config {
@@ -92,11 +98,12 @@ impl Config {
             "llama" | "mistral" => Arch::Llama,
             "qwen2" => Arch::Qwen2,
             "qwen3" => Arch::Qwen3,
+            "qwen3moe" => Arch::Qwen3Moe,
             "gemma2" => Arch::Gemma2,
             "gemma3" => Arch::Gemma3,
             other => {
                 return Err(model_err(format!(
-                "architecture `{other}` is not supported (supported: llama, mistral, qwen2, qwen3, gemma2, gemma3)"
+                "architecture `{other}` is not supported (supported: llama, mistral, qwen2, qwen3, qwen3moe, gemma2, gemma3)"
             )))
             }
         };
@@ -151,6 +158,12 @@ impl Config {
             }
         };
         let softcap = |s: &str| g.f32(&k(s)).filter(|v| *v != 0.0);
+        let moe = crate::moe::MoeConfig::read(g, arch, &arch_name)?;
+        // A mixture's dense feed-forward size is only informative.
+        let n_ff = match &moe {
+            Some(m) => g.u32(&k("feed_forward_length")).map_or(m.n_ff, |v| v as usize),
+            None => need("feed_forward_length")?,
+        };
         let cfg = Config {
             arch,
             arch_name: arch_name.clone(),
@@ -159,7 +172,7 @@ impl Config {
             n_head,
             n_kv,
             head_dim,
-            n_ff: need("feed_forward_length")?,
+            n_ff,
             n_vocab,
             n_ctx_train: g.u32(&k("context_length")).unwrap_or(4096) as usize,
             rope_base,
@@ -179,6 +192,7 @@ impl Config {
             final_softcap: if gemma { softcap("final_logit_softcapping") } else { None },
             swa,
             swa_layers,
+            moe,
         };
         if cfg.n_kv == 0
             || !cfg.n_head.is_multiple_of(cfg.n_kv)

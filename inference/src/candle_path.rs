@@ -110,7 +110,7 @@ impl CandleModel {
             Arch::Qwen3 => {
                 Weights::Qwen3(quantized_qwen3::ModelWeights::from_gguf(content, &mut f, &device)?)
             }
-            Arch::Gemma2 | Arch::Gemma3 => {
+            Arch::Gemma2 | Arch::Gemma3 | Arch::Qwen3Moe => {
                 return Err(Error::new(
                     ErrorKind::Device,
                     format!(

@@ -639,6 +639,19 @@ impl Gguf {
 
     /// A tensor as candle's quantized tensor (for types the fast path lacks).
     pub(crate) fn qtensor(&mut self, name: &str) -> Result<candle_core::quantized::QTensor> {
+        let (_, rows, _) = self.shape(name)?;
+        self.qtensor_rows(name, 0, rows)
+    }
+
+    /// Rows `row0 .. row0 + rows` of a tensor (higher dimensions folded into
+    /// rows, as [`Gguf::shape`]: one expert of a 3-D tensor) as candle's
+    /// 2-D quantized tensor; the range is checked by [`Gguf::read_rows`].
+    pub(crate) fn qtensor_rows(
+        &mut self,
+        name: &str,
+        row0: usize,
+        rows: usize,
+    ) -> Result<candle_core::quantized::QTensor> {
         use candle_core::quantized::GgmlDType as D;
         let info = self.info(name)?.clone();
         let dt = match info.ty {
@@ -663,9 +676,27 @@ impl Gguf {
                 )))
             }
         };
-        let raw = self.bytes(name)?;
-        let mut dims = info.dims.clone();
-        dims.reverse();
+        let cols = info.dims[0];
+        let row_bytes = info.ty.row_bytes(cols).unwrap_or(0);
+        let len = rows.checked_mul(row_bytes).ok_or_else(|| {
+            model_err(format!("tensor `{name}`: {rows} rows of {row_bytes} bytes overflow"))
+        })?;
+        if len > info.bytes {
+            return Err(model_err(format!(
+                "tensor `{name}`: rows {row0}..{} requested beyond its {} bytes",
+                row0.saturating_add(rows),
+                info.bytes
+            )));
+        }
+        let mut raw = vec![0u8; len];
+        self.read_rows(name, row0, &mut raw)?;
+        // candle's dimensions, outermost first: the whole tensor's, or the
+        // slice's rows × cols.
+        let dims = if row0 == 0 && len == info.bytes {
+            info.dims.iter().rev().copied().collect()
+        } else {
+            vec![rows, cols]
+        };
         Ok(candle_core::quantized::ggml_file::qtensor_from_ggml(
             dt,
             &raw,

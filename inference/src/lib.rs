@@ -18,6 +18,7 @@ mod error;
 pub mod gguf;
 pub mod kernels;
 mod model;
+mod moe;
 mod pool;
 mod quant;
 mod sampler;

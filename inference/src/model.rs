@@ -26,7 +26,7 @@ use half::f16;
 /// One tensor of a layer: the fast kernels, or candle's quantized matmul
 /// for tensor types the fast path does not have (Q2_K, Q3_K).
 #[derive(Debug)]
-enum Part {
+pub(crate) enum Part {
     Fast(Packed),
     Candle { mm: QMatMul, rows: usize, ty: GgmlType },
 }
@@ -182,6 +182,24 @@ impl Linear {
 }
 
 fn load_part(g: &mut Gguf, name: &str, ty: GgmlType, rows: usize, cols: usize) -> Result<Part> {
+    load_rows(g, name, ty, 0, rows, cols)
+}
+
+/// Rows `row0 .. row0 + rows` of tensor `name` (all of a 2-D tensor, or one
+/// expert of a 3-D one, `moe.rs`) as a part.
+pub(crate) fn load_rows(
+    g: &mut Gguf,
+    name: &str,
+    ty: GgmlType,
+    row0: usize,
+    rows: usize,
+    cols: usize,
+) -> Result<Part> {
+    let read = |g: &mut Gguf| -> Result<Vec<u8>> {
+        let mut buf = vec![0u8; rows * ty.row_bytes(cols).unwrap_or(0)];
+        g.read_rows(name, row0, &mut buf)?;
+        Ok(buf)
+    };
     if Packed::tiles_for(ty) && cols.is_multiple_of(32) {
         // Repacked a slice of rows at a time: a tensor is never held twice.
         let mut p = Packed::empty(ty == GgmlType::Q8_0, rows, cols);
@@ -191,22 +209,22 @@ fn load_part(g: &mut Gguf, name: &str, ty: GgmlType, rows: usize, cols: usize) -
         while r < rows {
             let take = (rows - r).min(256);
             buf.resize(take * row_bytes, 0);
-            g.read_rows(name, r, &mut buf)?;
+            g.read_rows(name, row0 + r, &mut buf)?;
             p.fill(r, &buf);
             r += take;
         }
         return Ok(Part::Fast(p));
     }
     if ty == GgmlType::F32 {
-        let raw = g.bytes(name)?;
+        let raw = read(g)?;
         let mut w = vec![0f32; rows * cols];
         dequantize_row(ty, &raw, &mut w);
         return Ok(Part::Fast(Packed::f32(w, rows, cols)));
     }
     if let Some(fmt) = Fmt::from_ggml(ty) {
-        return Ok(Part::Fast(Packed::rows(fmt, g.bytes(name)?, rows, cols)));
+        return Ok(Part::Fast(Packed::rows(fmt, read(g)?, rows, cols)));
     }
-    let qt = g.qtensor(name)?;
+    let qt = g.qtensor_rows(name, row0, rows)?;
     Ok(Part::Candle { mm: QMatMul::from_qtensor(qt)?, rows, ty })
 }
 
@@ -228,6 +246,8 @@ struct Layer {
     down: Linear,
     down_type: GgmlType,
     post_ffn_norm: Option<Vec<f32>>,
+    /// A mixture of experts in place of `gate_up`/`down` (empty then).
+    moe: Option<crate::moe::Moe>,
     /// Sliding-window attention in this layer (the window is `Config::swa`).
     swa: bool,
     /// RoPE frequency base of this layer.
@@ -298,11 +318,23 @@ impl Model {
             };
             let qkv_types = vec![shape(g, &q, qd, d)?, shape(g, &k, kd, d)?, shape(g, &v, kd, d)?];
             let wo_type = shape(g, &t("attn_output.weight"), d, qd)?;
-            let gate_up_types = vec![
-                shape(g, &t("ffn_gate.weight"), cfg.n_ff, d)?,
-                shape(g, &t("ffn_up.weight"), cfg.n_ff, d)?,
-            ];
-            let down_type = shape(g, &t("ffn_down.weight"), d, cfg.n_ff)?;
+            // A mixture of experts has no dense feed-forward matrices.
+            let moe = match cfg.moe {
+                Some(m) => Some(crate::moe::Moe::load(g, m, d, cfg.act, i)?),
+                None => None,
+            };
+            let (ffn_gate_up, ffn_down) = match moe {
+                Some(_) => (Vec::new(), Vec::new()),
+                None => {
+                    (vec![t("ffn_gate.weight"), t("ffn_up.weight")], vec![t("ffn_down.weight")])
+                }
+            };
+            let gate_up_types =
+                ffn_gate_up.iter().map(|n| shape(g, n, cfg.n_ff, d)).collect::<Result<Vec<_>>>()?;
+            let down_type = match ffn_down.first() {
+                Some(n) => shape(g, n, d, cfg.n_ff)?,
+                None => GgmlType::F32,
+            };
             let bias = if g.has(&t("attn_q.bias")) {
                 let mut b = vector(g, &t("attn_q.bias"), qd)?;
                 b.extend(vector(g, &t("attn_k.bias"), kd)?);
@@ -323,11 +355,15 @@ impl Model {
                 wo_type,
                 post_attn_norm: opt_vector(g, &t("post_attention_norm.weight"), d)?,
                 ffn_norm: vector(g, &t("ffn_norm.weight"), d)?,
-                gate_up: Linear::load(g, &[&t("ffn_gate.weight"), &t("ffn_up.weight")])?,
+                gate_up: Linear::load(
+                    g,
+                    &ffn_gate_up.iter().map(|n| n.as_str()).collect::<Vec<_>>(),
+                )?,
                 gate_up_types,
-                down: Linear::load(g, &[&t("ffn_down.weight")])?,
+                down: Linear::load(g, &ffn_down.iter().map(|n| n.as_str()).collect::<Vec<_>>())?,
                 down_type,
                 post_ffn_norm: opt_vector(g, &t("post_ffw_norm.weight"), d)?,
+                moe,
                 swa,
                 rope_base: if swa { cfg.rope_base_swa } else { cfg.rope_base },
             });
@@ -389,8 +425,21 @@ impl Model {
             see(&l.wo);
             see(&l.gate_up);
             see(&l.down);
+            if let Some(m) = &l.moe {
+                see(m.router());
+            }
         }
-        r
+        // Experts are never grouped (ggml's `mul_mat_id` takes one column
+        // at a time), but may be wide (`moe.rs`).
+        (r.0, r.1 || self.moe_batches())
+    }
+
+    /// Whether some expert's numbers depend on how many rows of a physical
+    /// batch are routed to it: the engine then runs a prompt a whole
+    /// `attn::UBATCH` per pass and reuses a cached prefix only up to a
+    /// batch's start, so that its counts are llama.cpp's (`moe.rs`).
+    pub(crate) fn moe_batches(&self) -> bool {
+        self.layers.iter().any(|l| l.moe.as_ref().is_some_and(|m| m.wide_matters()))
     }
 
     /// Bytes of weights held.
@@ -398,6 +447,7 @@ impl Model {
         let mut n = self.output.bytes();
         for l in &self.layers {
             n += l.qkv.bytes() + l.wo.bytes() + l.gate_up.bytes() + l.down.bytes();
+            n += l.moe.as_ref().map_or(0, |m| m.bytes());
         }
         n + match &self.emb {
             Embedding::Tied => 0,
@@ -415,6 +465,7 @@ impl Model {
             all.extend(l.wo.kernels(&[l.wo_type]));
             all.extend(l.gate_up.kernels(&l.gate_up_types));
             all.extend(l.down.kernels(&[l.down_type]));
+            all.extend(l.moe.iter().flat_map(|m| m.kernels()));
         }
         all.extend(self.output.kernels(&[self.output_type]));
         let emb = match &self.emb {
@@ -503,6 +554,8 @@ pub(crate) struct Scratch {
     gu: Vec<f32>,
     act: Vec<f32>,
     acts: Acts,
+    /// The mixture-of-experts blocks' buffers.
+    moe: crate::moe::Scratch,
     /// RoPE cos/sin pairs of the positions being run, per base in use.
     rope: Vec<f32>,
     rope_swa: Vec<f32>,
@@ -809,6 +862,17 @@ impl Model {
             crate::kernels::rows_mut(pool, &mut s.h[..nr * d], d, |i, h| {
                 rms_norm(&x[i * d..(i + 1) * d], &layer.ffn_norm, cfg.eps, h)
             });
+            if let Some(moe) = &layer.moe {
+                // `s.rows` names the rows' batches; in the last layer no row
+                // is wide, and `moe.rs` reads it only for wide rows.
+                let (h, g, w) = (&s.h[..nr * d], &s.grouped[..nr], &s.wide[..nr]);
+                moe.forward(pool, h, nr, g, w, &s.rows, &mut s.moe, &mut s.proj)?;
+                let proj = &s.proj;
+                crate::kernels::rows_mut(pool, &mut s.x[..nr * d], d, |i, x| {
+                    x.iter_mut().zip(&proj[i * d..(i + 1) * d]).for_each(|(x, p)| *x += p)
+                });
+                continue;
+            }
             // The feed-forward block, FFN_SLICE positions at a time: its
             // activations are the widest (2·n_ff per position), and each
             // position's arithmetic does not depend on its neighbours.
