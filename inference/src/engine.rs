@@ -189,6 +189,11 @@ pub struct Engine {
     /// columns and on the width of its products (`Route::grouped`,
     /// `Route::wide`); a flag no matrix depends on is not tracked.
     route: (bool, bool),
+    /// Whether some expert's numbers depend on its physical batch
+    /// (`Model::moe_batches`): a pass then holds one whole batch of each of
+    /// its sequences, and a cached position is reused only from the batch
+    /// a fresh run would compute it in (`Session::batches`).
+    moe_batches: bool,
     /// Buffers of batched decode steps (a session's own serve it alone).
     batch: std::sync::Mutex<Scratch>,
     tok: Arc<Tok>,
@@ -216,6 +221,10 @@ pub struct Session {
     id: u64,
     tokens: Vec<u32>,
     modes: Vec<Route>,
+    /// `batches[p]`: the positions of the physical batch (one pass) that
+    /// computed cached position `p`, for models whose experts depend on it
+    /// (`Engine::moe_batches`).
+    batches: Vec<(usize, usize)>,
     kv: KvCache,
     scratch: Scratch,
 }
@@ -410,9 +419,11 @@ impl Engine {
             Backend::Fast(m) => m.route_matters(),
             Backend::Candle(_) => (false, false),
         };
+        let moe_batches = matches!(&backend, Backend::Fast(m) if m.moe_batches());
         Ok(Engine {
             backend,
             route,
+            moe_batches,
             batch: Default::default(),
             tok: Arc::new(tok),
             grammars: OnceLock::new(),
@@ -505,6 +516,7 @@ impl Engine {
             }
         }
         session.tokens.extend_from_slice(part);
+        session.batches.extend((start..start + part.len()).map(|_| (start, start + part.len())));
         session.modes.extend((start..start + part.len()).map(|p| Route {
             attn: mode,
             grouped: p < gu,
@@ -576,9 +588,17 @@ impl Engine {
             let r = Route::in_prompt(p, prompt.len());
             Route { grouped: r.grouped && self.route.0, wide: r.wide && self.route.1, ..r }
         };
+        // A mixture's wide position also needs the batch a fresh run gives it
+        // (whole `UBATCH`es from 0, then the rest), and is reused only with
+        // all of that batch before it.
+        let batch =
+            |p: usize| (p / UBATCH * UBATCH, (p / UBATCH * UBATCH + UBATCH).min(prompt.len()));
+        let same_batch = |p: usize| {
+            !self.moe_batches || !plan(p).wide || session.batches.get(p) == Some(&batch(p))
+        };
         let reuse = match &self.backend {
             Backend::Fast(_) => (session.tokens.iter().zip(&session.modes).zip(prompt).enumerate())
-                .take_while(|&(p, ((a, m), b))| a == b && *m == plan(p))
+                .take_while(|&(p, ((a, m), b))| a == b && *m == plan(p) && same_batch(p))
                 .count()
                 .min(prompt.len() - 1)
                 .min(session.kv.len()),
@@ -592,9 +612,12 @@ impl Engine {
                 }
             }
         };
+        let reuse =
+            if self.moe_batches && plan(reuse).wide { reuse.min(batch(reuse).0) } else { reuse };
         session.kv.truncate(reuse, cfg);
         session.tokens.truncate(reuse);
         session.modes.truncate(reuse);
+        session.batches.truncate(reuse);
         let mut banned = vec![false; cfg.n_vocab];
         for &f in &params.forbid {
             if let Some(b) = banned.get_mut(f as usize) {
@@ -661,7 +684,10 @@ impl Engine {
                 // short physical batch starts; chunks do not straddle it.
                 let len = g.prompt.len();
                 let full = len / UBATCH * UBATCH;
-                let chunk = g.params.chunk.max(1);
+                // A mixture whose experts depend on their batch runs whole
+                // batches (`moe_batches`): cancellation waits for one.
+                let chunk =
+                    if self.moe_batches { UBATCH - g.at % UBATCH } else { g.params.chunk.max(1) };
                 let end = if g.at < full { full.min(g.at + chunk) } else { len.min(g.at + chunk) };
                 let mode = Mode::in_prompt(g.at, len);
                 let wide = if len - full >= WIDE { len } else { full };
@@ -791,6 +817,9 @@ impl Engine {
                     let start = session.tokens.len();
                     let (gu, wu) = self.mask(*upto);
                     session.tokens.extend_from_slice(t);
+                    session
+                        .batches
+                        .extend((start..start + t.len()).map(|_| (start, start + t.len())));
                     session.modes.extend((start..start + t.len()).map(|p| Route {
                         attn: *mode,
                         grouped: p < gu,

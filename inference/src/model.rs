@@ -863,8 +863,9 @@ impl Model {
                 rms_norm(&x[i * d..(i + 1) * d], &layer.ffn_norm, cfg.eps, h)
             });
             if let Some(moe) = &layer.moe {
-                // `s.rows` names the rows' batches; in the last layer no row
-                // is wide, and `moe.rs` reads it only for wide rows.
+                // `s.rows` names the rows' sequences (a sequence's rows in a
+                // pass are one batch); in the last layer no row is wide, and
+                // `moe.rs` reads it only for wide rows.
                 let (h, g, w) = (&s.h[..nr * d], &s.grouped[..nr], &s.wide[..nr]);
                 moe.forward(pool, h, nr, g, w, &s.rows, &mut s.moe, &mut s.proj)?;
                 let proj = &s.proj;

@@ -26,17 +26,17 @@
 //! way only, as they do in llama.cpp: ggml's tiled K-quant kernel (Q6_K,
 //! Q5_K, Q4_K not repacked) takes an expert's product when 8 or more rows of
 //! one physical batch are routed to it (`ggml_compute_forward_mul_mat_id_tiled`),
-//! so a column is `wide` when its row's batch (its sequence's positions in one
-//! `UBATCH`, on a prompt) sends 8 or more rows to that expert. Repacked Q4_K
-//! and Q4_0 experts always take ggml's one-column `gemv` (never grouped).
-//! The engine runs a model with such experts a whole physical batch per
-//! pass ([`Model::moe_batches`](crate::model::Model)), so the count is
-//! llama.cpp's.
+//! so a column is `wide` when its row's batch sends 8 or more rows to that
+//! expert. Repacked Q4_K and Q4_0 experts always take ggml's one-column
+//! `gemv` (never grouped). The engine gives a model with such experts one
+//! whole physical batch of each sequence per pass (a prompt's `UBATCH`es,
+//! as llama.cpp splits it; `Model::moe_batches`, `Engine::step`), so a
+//! sequence's rows in a pass are its batch and the count is llama.cpp's.
 
 use crate::arch::{Act, Arch};
 use crate::error::{model_err, Result};
 use crate::gguf::{GgmlType, Gguf};
-use crate::kernels::attn::{glu, reduce16, v_expf, UBATCH, WIDE};
+use crate::kernels::attn::{glu, reduce16, v_expf, WIDE};
 use crate::kernels::{Acts, Needs, OutRows, Packed};
 use crate::model::{Linear, Part};
 use crate::pool::Pool;
@@ -276,11 +276,11 @@ impl Moe {
 
     /// The block's output `out` (`[n × n_embd]`, without the residual) for
     /// the `n` rows of `x` (normed). `grouped`/`wide` are the rows' routes
-    /// for the router (a dense product), and `at[i]` is row `i`'s sequence
-    /// and position: rows that are `wide` belong to the physical batch
-    /// `(sequence, position / UBATCH)`, whose counts decide which experts
-    /// take the tiled kernel; rows that are not wide were evaluated in a
-    /// batch of fewer than 8 rows and never do (`at` is not read for them).
+    /// for the router (a dense product), and `at[i].0` is row `i`'s
+    /// sequence: the `wide` rows of a sequence are one physical batch (the
+    /// module INVARIANT), whose counts decide which experts take the tiled
+    /// kernel; rows that are not wide were evaluated in a batch of fewer
+    /// than 8 rows and never do (`at` is not read for them).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn forward(
         &self,
@@ -307,11 +307,9 @@ impl Moe {
                 &mut s.w[i * k..(i + 1) * k],
             );
         }
-        // Which (row, slot) columns take the tiled kernel: rows of one
-        // physical batch are consecutive (a sequence's rows are, in
-        // position order), so each batch is a run of equal keys.
-        let key =
-            |i: usize| wide.get(i).copied().unwrap_or(false).then(|| (at[i].0, at[i].1 / UBATCH));
+        // Which (row, slot) columns take the tiled kernel: a sequence's rows
+        // are consecutive, so each batch is a run of equal keys.
+        let key = |i: usize| wide.get(i).copied().unwrap_or(false).then(|| at[i].0);
         s.tiled.clear();
         s.tiled.resize(n * k, false);
         s.count.resize(ne, 0);
