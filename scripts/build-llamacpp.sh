@@ -17,23 +17,41 @@
 #
 # Built for the instruction sets this CPU has (read from /proc/cpuinfo), in a build folder per
 # set, so one cache serves machines of different kinds: AVX-512 (VNNI, VBMI, BF16) where the CPU
-# has it, else AVX2 + FMA + F16C. AMX is always off: some of these machines report AMX in
+# has it (the flags as Linux spells them: avx512f, avx512bw, avx512vl, avx512_vnni), else
+# AVX2 + FMA + F16C. AMX is always off: some of these machines report AMX in
 # cpuid, but the first AMX tile instruction dies with SIGILL (GGML_NATIVE=ON would turn it on),
 # and a build with AVX-512 dies with SIGILL on the machines that lack it.
 set -euo pipefail
 CACHE="${AGENTD_PEER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/agentd-peers}"
 SRC="$CACHE/llama_cpp_python-0.3.36/vendor/llama.cpp"
 flags="$(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null || true)"
-has() { case " $flags " in *" $1 "*) return 0;; esac; return 1; }
+# has NAME...: the CPU reports one of the names. Linux writes some flags with an underscore
+# (avx512_vnni, avx512_bf16, avx_vnni) and others without (avx512vbmi, avx512bw); each check
+# names both spellings, so a kernel that writes the other one still gets the build it should.
+has() {
+  local f
+  for f in "$@"; do
+    case " $flags " in *" $f "*) return 0 ;; esac
+  done
+  return 1
+}
 ISA_FLAGS=(-DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON)
 VARIANT=avx2
-if has avx512f && has avx512bw && has avx512vl && has avx512vnni; then
+if has avx512f && has avx512bw && has avx512vl && has avx512_vnni avx512vnni; then
   VARIANT=avx512
   ISA_FLAGS+=(-DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON)
-  has avx512vbmi && ISA_FLAGS+=(-DGGML_AVX512_VBMI=ON)
-  has avx512_bf16 && ISA_FLAGS+=(-DGGML_AVX512_BF16=ON)
+  has avx512vbmi avx512_vbmi && ISA_FLAGS+=(-DGGML_AVX512_VBMI=ON)
+  has avx512_bf16 avx512bf16 && ISA_FLAGS+=(-DGGML_AVX512_BF16=ON)
 fi
-has avx_vnni && ISA_FLAGS+=(-DGGML_AVX_VNNI=ON)
+# AGENTD_LLAMACPP_VARIANT=avx2|avx512 prints or builds that folder instead (the AVX2 build on
+# an AVX-512 machine, to compare the two; an avx512 build dies with SIGILL where it is missing).
+case "${AGENTD_LLAMACPP_VARIANT:-}" in
+"") ;;
+avx2) VARIANT=avx2 ISA_FLAGS=(-DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON) ;;
+avx512) [ "$VARIANT" = avx512 ] || { echo "this CPU lacks AVX-512 (F, BW, VL, VNNI)" >&2; exit 1; } ;;
+*) echo "AGENTD_LLAMACPP_VARIANT must be avx2 or avx512" >&2; exit 1 ;;
+esac
+has avx_vnni avxvnni && ISA_FLAGS+=(-DGGML_AVX_VNNI=ON)
 BUILD="$SRC/build-$VARIANT"
 BIN="$BUILD/bin"
 if [ -x "$BIN/llama-bench" ] && [ -x "$BIN/llama-server" ] && [ -x "$BIN/llama-quantize" ]; then
