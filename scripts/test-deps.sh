@@ -3,7 +3,9 @@
 # system Python:
 #
 #   AGENTD_TEST_PYTHON     the test venv's python: openai, ollama, anthropic, mcp<2,
-#                          jsonschema, playwright (pinned in tests/deps/requirements.txt)
+#                          jsonschema, playwright, numpy and gguf (scripts/synth_families.py
+#                          writes the model-family test files with them), pinned in
+#                          tests/deps/requirements.txt
 #   AGENTD_TEST_NPM        the npm packages' node_modules (tests/deps/npm/package-lock.json)
 #   AGENTD_TEST_CHROMIUM   Debian's chromium (Playwright drives it; no browser download)
 #   AGENTD_TEST_ESPEAK     Debian's espeak-ng
@@ -60,7 +62,7 @@ deps_disk() {
 deps_python() {
     local req="tests/deps/requirements.txt" want venv
     want="$(deps_stamp "$req")"
-    command -v python3 >/dev/null || deps_die "python3 is missing; install Python 3.9 or later"
+    command -v python3 >/dev/null || deps_die "python3 is missing; install Python 3.11 or later"
     # A venv is bound to its path and to the python3 it was made from: the cached one is named
     # by both the pins and that python3's build.
     venv="$(cache_path "python-venv-$(cache_key "$want" \
