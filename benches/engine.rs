@@ -1,7 +1,7 @@
 //! The engine against native llama.cpp, side by side in one run, on the
 //! files of `FILES` (Q4_1, Q4_K_M and Q8_0 at 135M; gemma3 270M Q4_K_M;
 //! Q4_K_M and Q8_0 at the Llama-3.2-1B shape; and, requantized from them,
-//! Q5_K_M and Q6_K at 135M and 1B):
+//! Q5_K_M and Q6_K at 135M and 1B; a qwen3moe mixture of experts, below):
 //! prompt processing (512 tokens) and decode (128 tokens) at 2 threads, and
 //! at 1 thread for the 135M files; peak RSS of both processes; the ratios.
 //! Then, on the default model: decode of 8 sequences together (what `serve`
@@ -27,6 +27,13 @@
 //! this repository makes: bring them, or the bench skips them. A missing
 //! file is reported in the table and skipped.
 //!
+//! `qwen3moe-bench-q4_k_m.gguf` is a mixture of experts where the experts
+//! dominate (Qwen3-30B-A3B's layout at n_embd 1024: 4 layers of 16 experts,
+//! 4 active, of 768; random weights): made on first use (`synth_file`) by
+//! `scripts/synth_families.py --family qwen3moe --shape bench` (with
+//! `AGENTD_TEST_PYTHON`, else `python3`: numpy and `gguf`) and llama-quantize
+//! (Q4_K_M, so two layers' down experts are Q6_K).
+//!
 //! `AGENTD_BENCH_ONLY=q4_k_m` keeps the files whose name contains the word;
 //! `AGENTD_BENCH_ROUNDS` (3): agentd and llama.cpp alternate that many times
 //! per file and thread count (medians reported); `AGENTD_BENCH_REPS` (1) per
@@ -42,7 +49,7 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
-const FILES: [&str; 10] = [
+const FILES: [&str; 11] = [
     "smollm2-135m-q4_1",
     "smollm2-135m-q4_k_m",
     "smollm2-135m-q8_0",
@@ -55,7 +62,37 @@ const FILES: [&str; 10] = [
     "smollm2-135m-q6_k",
     "synth-1b-q5_k_m",
     "synth-1b-q6_k",
+    // Made here by the synthetic-families script (`synth_file`).
+    "qwen3moe-bench-q4_k_m",
 ];
+
+/// Makes `name` (a `FAMILY-bench-q4_k_m` file of the list) when missing:
+/// `scripts/synth_families.py` writes the family's bench shape in F16, and
+/// llama-quantize makes the Q4_K_M.
+fn synth_file(bin: Option<&Path>, dir: &Path, name: &str) {
+    let (Some(bin), Some(family)) = (bin, name.strip_suffix("-bench-q4_k_m")) else { return };
+    let dst = dir.join(format!("{name}.gguf"));
+    if dst.is_file() {
+        return;
+    }
+    let py = std::env::var_os("AGENTD_TEST_PYTHON").unwrap_or_else(|| "python3".into());
+    let f16 = dir.join(format!("{family}-bench-f16.gguf"));
+    let part = dir.join(format!("{name}.gguf.part"));
+    let quiet = |c: &mut Command| {
+        c.stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok_and(|s| s.success())
+    };
+    let made = (f16.is_file()
+        || quiet(
+            Command::new(py)
+                .arg(root().join("scripts/synth_families.py"))
+                .args(["--family", family, "--shape", "bench", "--out"])
+                .arg(&f16),
+        ))
+        && quiet(Command::new(bin.join("llama-quantize")).args([&f16, &part]).arg("Q4_K_M"));
+    if made {
+        let _ = std::fs::rename(&part, &dst);
+    }
+}
 
 /// Makes `name` (a Q5_K_M or Q6_K file of the list) with llama-quantize
 /// from the file it is requantized from (`smollm2-135m-q8_0`,
@@ -235,6 +272,7 @@ fn main() {
     println!("|---|---|---|---|---|---|");
     for name in FILES.iter().filter(|n| n.contains(only.as_str())) {
         extra_file(bin.as_deref(), &dir, name);
+        synth_file(bin.as_deref(), &dir, name);
         let path = dir.join(format!("{name}.gguf"));
         if !path.is_file() {
             println!("| {name} | – | missing (see the header of benches/engine.rs) | | | |");

@@ -173,3 +173,98 @@ fn write_at(path: &Path, kquant_layer: Option<usize>, extra: Vec<(String, Value)
     let mut f = std::fs::File::create(path).unwrap();
     gguf_file::write(&mut f, &mdr, &tsr).unwrap();
 }
+
+/// A tiny qwen3moe (2 layers of 32 experts, 2 used, n_embd 256): qwen3's
+/// q/k norms, an f32 router, Q4_K gate/up experts and Q6_K down experts
+/// (whose numbers depend on their batch, `moe.rs`: few rows of a short
+/// batch reach an expert, many of a long one), with metadata `md`
+/// added or replaced (`Value::U32(0)` for a key to drop).
+#[allow(dead_code)] // not every test crate writes one
+pub fn write_tiny_moe(md: Vec<(String, Value)>) -> Tiny {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tiny-moe.gguf");
+    let (tokens, types, merges) = vocab_tokens();
+    let (d, layers, heads, kv, hd, experts, used, ff) = (256usize, 2, 2, 1, 128, 32, 2, 256);
+    let vocab = tokens.len();
+    let a = |k: &str| format!("qwen3moe.{k}");
+    let mut all: Vec<(String, Value)> = vec![
+        ("general.architecture".into(), Value::String("qwen3moe".into())),
+        (a("block_count"), Value::U32(layers as u32)),
+        (a("context_length"), Value::U32(2048)),
+        (a("embedding_length"), Value::U32(d as u32)),
+        (a("feed_forward_length"), Value::U32((used * ff) as u32)),
+        (a("expert_feed_forward_length"), Value::U32(ff as u32)),
+        (a("expert_count"), Value::U32(experts as u32)),
+        (a("expert_used_count"), Value::U32(used as u32)),
+        (a("attention.head_count"), Value::U32(heads as u32)),
+        (a("attention.head_count_kv"), Value::U32(kv as u32)),
+        (a("attention.key_length"), Value::U32(hd as u32)),
+        (a("attention.value_length"), Value::U32(hd as u32)),
+        (a("rope.freq_base"), Value::F32(1_000_000.0)),
+        (a("attention.layer_norm_rms_epsilon"), Value::F32(1e-6)),
+        ("tokenizer.ggml.model".into(), Value::String("gpt2".into())),
+        ("tokenizer.ggml.pre".into(), Value::String("smollm".into())),
+        (
+            "tokenizer.ggml.tokens".into(),
+            Value::Array(tokens.iter().map(|t| Value::String(t.clone())).collect()),
+        ),
+        (
+            "tokenizer.ggml.token_type".into(),
+            Value::Array(types.iter().map(|&t| Value::I32(t)).collect()),
+        ),
+        (
+            "tokenizer.ggml.merges".into(),
+            Value::Array(merges.iter().map(|m| Value::String(m.clone())).collect()),
+        ),
+        ("tokenizer.ggml.bos_token_id".into(), Value::U32(1)),
+        ("tokenizer.ggml.eos_token_id".into(), Value::U32(2)),
+        ("tokenizer.ggml.add_bos_token".into(), Value::Bool(false)),
+    ];
+    for (k, v) in md {
+        all.retain(|(m, _)| *m != k);
+        if !matches!(v, Value::U32(0)) {
+            all.push((k, v));
+        }
+    }
+    all.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut ts: Vec<(String, QTensor)> = Vec::new();
+    let q = |t: &Tensor, ty| QTensor::quantize(t, ty).unwrap();
+    // Experts `[experts × rows × cols]`, each a random matrix of its own.
+    let stack = |rows: usize, cols: usize, seed: u64, scale: f32| {
+        let parts: Vec<Tensor> =
+            (0..experts).map(|e| rand_tensor((rows, cols), seed + 7 * e as u64, scale)).collect();
+        Tensor::stack(&parts, 0).unwrap()
+    };
+    ts.push(("token_embd.weight".into(), q(&rand_tensor((vocab, d), 1, 1.0), GgmlDType::Q8_0)));
+    ts.push(("output_norm.weight".into(), q(&ones(d), GgmlDType::F32)));
+    for l in 0..layers {
+        let s = 1000 * (l as u64 + 1);
+        let n = |x: &str| format!("blk.{l}.{x}");
+        ts.push((n("attn_norm.weight"), q(&ones(d), GgmlDType::F32)));
+        ts.push((n("ffn_norm.weight"), q(&ones(d), GgmlDType::F32)));
+        ts.push((n("attn_q_norm.weight"), q(&ones(hd), GgmlDType::F32)));
+        ts.push((n("attn_k_norm.weight"), q(&ones(hd), GgmlDType::F32)));
+        ts.push((
+            n("attn_q.weight"),
+            q(&rand_tensor((heads * hd, d), s + 1, 0.2), GgmlDType::Q8_0),
+        ));
+        ts.push((n("attn_k.weight"), q(&rand_tensor((kv * hd, d), s + 2, 0.2), GgmlDType::Q8_0)));
+        ts.push((n("attn_v.weight"), q(&rand_tensor((kv * hd, d), s + 3, 0.2), GgmlDType::Q8_0)));
+        ts.push((
+            n("attn_output.weight"),
+            q(&rand_tensor((d, heads * hd), s + 4, 0.2), GgmlDType::Q8_0),
+        ));
+        ts.push((
+            n("ffn_gate_inp.weight"),
+            q(&rand_tensor((experts, d), s + 5, 0.5), GgmlDType::F32),
+        ));
+        ts.push((n("ffn_gate_exps.weight"), q(&stack(ff, d, s + 100, 0.2), GgmlDType::Q4K)));
+        ts.push((n("ffn_up_exps.weight"), q(&stack(ff, d, s + 300, 0.2), GgmlDType::Q4K)));
+        ts.push((n("ffn_down_exps.weight"), q(&stack(d, ff, s + 500, 0.2), GgmlDType::Q6K)));
+    }
+    let mdr: Vec<(&str, &Value)> = all.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    let tsr: Vec<(&str, &QTensor)> = ts.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    let mut f = std::fs::File::create(&path).unwrap();
+    gguf_file::write(&mut f, &mdr, &tsr).unwrap();
+    Tiny { path, vocab, _dir: dir }
+}
