@@ -189,10 +189,11 @@ pub struct Engine {
     /// columns and on the width of its products (`Route::grouped`,
     /// `Route::wide`); a flag no matrix depends on is not tracked.
     route: (bool, bool),
-    /// Whether some expert's numbers depend on its physical batch
-    /// (`Model::moe_batches`): a pass then holds one whole batch of each of
-    /// its sequences, and a cached position is reused only from the batch
-    /// a fresh run would compute it in (`Session::batches`).
+    /// Whether the model's numbers depend on its physical batches beyond
+    /// `Route` (a mixture of experts, `Model::moe_batches`): a pass then
+    /// holds one whole batch of each of its sequences, and a cached position
+    /// is reused only from the batch a fresh run would compute it in
+    /// (`Session::batches`).
     moe_batches: bool,
     /// Buffers of batched decode steps (a session's own serve it alone).
     batch: std::sync::Mutex<Scratch>,
@@ -588,14 +589,12 @@ impl Engine {
             let r = Route::in_prompt(p, prompt.len());
             Route { grouped: r.grouped && self.route.0, wide: r.wide && self.route.1, ..r }
         };
-        // A mixture's wide position also needs the batch a fresh run gives it
+        // A mixture's position also needs the batch a fresh run gives it
         // (whole `UBATCH`es from 0, then the rest), and is reused only with
-        // all of that batch before it.
+        // all of that batch before it (`moe_batches`).
         let batch =
             |p: usize| (p / UBATCH * UBATCH, (p / UBATCH * UBATCH + UBATCH).min(prompt.len()));
-        let same_batch = |p: usize| {
-            !self.moe_batches || !plan(p).wide || session.batches.get(p) == Some(&batch(p))
-        };
+        let same_batch = |p: usize| !self.moe_batches || session.batches.get(p) == Some(&batch(p));
         let reuse = match &self.backend {
             Backend::Fast(_) => (session.tokens.iter().zip(&session.modes).zip(prompt).enumerate())
                 .take_while(|&(p, ((a, m), b))| a == b && *m == plan(p) && same_batch(p))
@@ -612,8 +611,7 @@ impl Engine {
                 }
             }
         };
-        let reuse =
-            if self.moe_batches && plan(reuse).wide { reuse.min(batch(reuse).0) } else { reuse };
+        let reuse = if self.moe_batches { reuse.min(batch(reuse).0) } else { reuse };
         session.kv.truncate(reuse, cfg);
         session.tokens.truncate(reuse);
         session.modes.truncate(reuse);
@@ -684,8 +682,8 @@ impl Engine {
                 // short physical batch starts; chunks do not straddle it.
                 let len = g.prompt.len();
                 let full = len / UBATCH * UBATCH;
-                // A mixture whose experts depend on their batch runs whole
-                // batches (`moe_batches`): cancellation waits for one.
+                // A mixture runs whole batches (`moe_batches`): cancellation
+                // waits for one.
                 let chunk =
                     if self.moe_batches { UBATCH - g.at % UBATCH } else { g.params.chunk.max(1) };
                 let end = if g.at < full { full.min(g.at + chunk) } else { len.min(g.at + chunk) };

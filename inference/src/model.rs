@@ -431,15 +431,18 @@ impl Model {
         }
         // Experts are never grouped (ggml's `mul_mat_id` takes one column
         // at a time), but may be wide (`moe.rs`).
-        (r.0, r.1 || self.moe_batches())
+        let wide = self.layers.iter().any(|l| l.moe.as_ref().is_some_and(|m| m.wide_matters()));
+        (r.0, r.1 || wide)
     }
 
-    /// Whether some expert's numbers depend on how many rows of a physical
-    /// batch are routed to it: the engine then runs a prompt a whole
-    /// `attn::UBATCH` per pass and reuses a cached prefix only up to a
-    /// batch's start, so that its counts are llama.cpp's (`moe.rs`).
+    /// Whether this is a mixture of experts, whose numbers depend on its
+    /// physical batches beyond `attn::Route` (a router row alone in its
+    /// batch takes ggml's `vec_dot`, an expert chosen by 8 rows or more its
+    /// tiled kernel, `moe.rs`): the engine then runs a prompt a whole
+    /// `attn::UBATCH` per pass and reuses a cached prefix only from a
+    /// batch's start, so that its batches are llama.cpp's.
     pub(crate) fn moe_batches(&self) -> bool {
-        self.layers.iter().any(|l| l.moe.as_ref().is_some_and(|m| m.wide_matters()))
+        self.layers.iter().any(|l| l.moe.is_some())
     }
 
     /// Bytes of weights held.
@@ -864,10 +867,11 @@ impl Model {
             });
             if let Some(moe) = &layer.moe {
                 // `s.rows` names the rows' sequences (a sequence's rows in a
-                // pass are one batch); in the last layer no row is wide, and
-                // `moe.rs` reads it only for wide rows.
+                // pass are one batch); the last layer's rows are each
+                // sequence's output row, alone.
                 let (h, g, w) = (&s.h[..nr * d], &s.grouped[..nr], &s.wide[..nr]);
-                moe.forward(pool, h, nr, g, w, &s.rows, &mut s.moe, &mut s.proj)?;
+                let at = if li + 1 == self.layers.len() { &[][..] } else { &s.rows[..] };
+                moe.forward(pool, h, nr, g, w, at, &mut s.moe, &mut s.proj)?;
                 let proj = &s.proj;
                 crate::kernels::rows_mut(pool, &mut s.x[..nr * d], d, |i, x| {
                     x.iter_mut().zip(&proj[i * d..(i + 1) * d]).for_each(|(x, p)| *x += p)

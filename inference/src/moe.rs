@@ -2,7 +2,10 @@
 //! kin) as llama.cpp computes them (`build_moe_ffn` in its
 //! `src/llama-graph.cpp`, the CPU backend's `mul_mat_id`):
 //!
-//! 1. router logits `ffn_gate_inp · x` (a dense product, usually f32);
+//! 1. router logits `ffn_gate_inp · x` (a dense product, usually f32: by
+//!    tinyBLAS, or by `ggml_vec_dot_f32` for a row alone in its batch —
+//!    a decode step, the last layer's output row — where llamafile's
+//!    `sgemm` declines a one-column product);
 //! 2. `softmax` over every expert in f32 (`ggml_vec_soft_max_f32`: 16 lanes
 //!    of `ggml_v_expf` reduced and added in f64, the rest with `expf`, then
 //!    one multiply by `1 / sum`);
@@ -28,10 +31,12 @@
 //! one physical batch are routed to it (`ggml_compute_forward_mul_mat_id_tiled`),
 //! so a column is `wide` when its row's batch sends 8 or more rows to that
 //! expert. Repacked Q4_K and Q4_0 experts always take ggml's one-column
-//! `gemv` (never grouped). The engine gives a model with such experts one
-//! whole physical batch of each sequence per pass (a prompt's `UBATCH`es,
-//! as llama.cpp splits it; `Model::moe_batches`, `Engine::step`), so a
-//! sequence's rows in a pass are its batch and the count is llama.cpp's.
+//! `gemv` (never grouped). And an f32 router's row alone in its batch takes
+//! `ggml_vec_dot_f32`, not tinyBLAS. The engine gives a mixture one whole
+//! physical batch of each sequence per pass (a prompt's `UBATCH`es, as
+//! llama.cpp splits it; `Model::moe_batches`, `Engine::step`), so a
+//! sequence's rows in a pass are its batch, and the count and the row
+//! alone are llama.cpp's.
 
 use crate::arch::{Act, Arch};
 use crate::error::{model_err, Result};
@@ -206,6 +211,8 @@ pub(crate) struct Moe {
     act: Act,
     router: Linear,
     router_type: GgmlType,
+    /// An f32 or f16 router's rows as f32, for rows alone in their batch.
+    router_rows: Option<(Float, Vec<f32>)>,
     gate: Experts,
     up: Experts,
     down: Experts,
@@ -232,7 +239,20 @@ impl Moe {
         }
         let router_type = info.ty;
         let (e, ff) = (cfg.n_expert, cfg.n_ff);
+        let router_rows = match router_type {
+            GgmlType::F32 => Some(Float::F32),
+            GgmlType::F16 => Some(Float::F16),
+            _ => None,
+        }
+        .map(|f| -> Result<(Float, Vec<f32>)> {
+            let raw = g.bytes(&router_name)?;
+            let mut w = vec![0f32; e * n_embd];
+            crate::quant::dequantize_row(router_type, &raw, &mut w);
+            Ok((f, w))
+        })
+        .transpose()?;
         Ok(Moe {
+            router_rows,
             cfg,
             n_embd,
             act,
@@ -277,10 +297,12 @@ impl Moe {
     /// The block's output `out` (`[n × n_embd]`, without the residual) for
     /// the `n` rows of `x` (normed). `grouped`/`wide` are the rows' routes
     /// for the router (a dense product), and `at[i].0` is row `i`'s
-    /// sequence: the `wide` rows of a sequence are one physical batch (the
-    /// module INVARIANT), whose counts decide which experts take the tiled
-    /// kernel; rows that are not wide were evaluated in a batch of fewer
-    /// than 8 rows and never do (`at` is not read for them).
+    /// sequence: a sequence's rows are one physical batch (the module
+    /// INVARIANT), whose counts decide which experts take the tiled kernel
+    /// (rows that are not wide were evaluated in a batch of fewer than 8
+    /// rows and never do), and a row alone in its batch takes
+    /// `ggml_vec_dot_f32` for an f32 router. `at` empty: each row is its
+    /// sequence's output row (the last layer), alone.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn forward(
         &self,
@@ -295,6 +317,21 @@ impl Moe {
     ) -> Result<()> {
         let (d, ne, k) = (self.n_embd, self.cfg.n_expert, self.cfg.n_used);
         self.router.forward(pool, x, n, grouped, wide, &mut s.acts, &mut s.logits)?;
+        // A row alone in its batch: llamafile's sgemm takes no one-column
+        // product, so ggml's vec_dot computes an f32/f16 router's logits.
+        let seq = |i: usize| at.get(i).map(|a| a.0);
+        let alone = |i: usize| {
+            at.is_empty()
+                || ((i == 0 || seq(i - 1) != seq(i)) && (i + 1 == n || seq(i + 1) != seq(i)))
+        };
+        if let Some((f, w)) = &self.router_rows {
+            for i in (0..n).filter(|&i| alone(i)) {
+                float_columns(Some(*f), &x[i * d..(i + 1) * d], &mut s.probs);
+                for e in 0..ne {
+                    s.logits[i * ne + e] = dot_float(*f, &w[e * d..(e + 1) * d], &s.probs);
+                }
+            }
+        }
         s.sel.resize(n * k, 0);
         s.w.resize(n * k, 0.0);
         for i in 0..n {
@@ -309,7 +346,7 @@ impl Moe {
         }
         // Which (row, slot) columns take the tiled kernel: a sequence's rows
         // are consecutive, so each batch is a run of equal keys.
-        let key = |i: usize| wide.get(i).copied().unwrap_or(false).then(|| at[i].0);
+        let key = |i: usize| wide.get(i).copied().unwrap_or(false).then(|| seq(i)).flatten();
         s.tiled.clear();
         s.tiled.resize(n * k, false);
         s.count.resize(ne, 0);
