@@ -50,8 +50,15 @@ use crate::pool::Pool;
 const MAX_EXPERTS: usize = 1024;
 
 /// Columns (routed rows) per slice of a prompt's expert products: bounds the
-/// gathered activations while keeping each expert's batch wide.
-const SLICE_COLS: usize = 2048;
+/// gathered activations while keeping each expert's batch wide (a whole
+/// `UBATCH` of Qwen3-30B-A3B's 8 experts a token is one slice, so each
+/// expert's weights are read once a batch).
+const SLICE_COLS: usize = 4096;
+
+/// Rows of a pass past which its gathered buffers are released after it: a
+/// prompt's are large (tens of MB at Qwen3-30B-A3B's size) and a session
+/// keeps its scratch; a decode's are small and reused.
+const KEEP_ROWS: usize = 64;
 
 /// Tasks per thread of a prompt's expert products (as the dense path's).
 const PROMPT_TASKS: usize = 8;
@@ -377,6 +384,9 @@ impl Moe {
         for r0 in (0..n).step_by(per) {
             let r1 = (r0 + per).min(n);
             self.slice(pool, x, n, r0..r1, s, out)?;
+        }
+        if n > KEEP_ROWS {
+            s.experts.iter_mut().for_each(|ex| *ex = ExpertScratch::default());
         }
         Ok(())
     }
