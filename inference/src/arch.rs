@@ -1,10 +1,21 @@
 //! The model families this engine runs and how each reads its
 //! hyper-parameters from the GGUF metadata into one [`Config`]: the llama
 //! family (llama, mistral, qwen2, qwen3: SwiGLU, RMS norms, RoPE; qwen3moe:
-//! qwen3 with a mixture of experts for a feed-forward block, `moe.rs`) and the
-//! gemma family (gemma2, gemma3: scaled embeddings, GeGLU, norms after
-//! attention and feed-forward, sliding-window layers, soft-capping where
-//! present), with llama.cpp's defaults where a key is absent.
+//! qwen3 with a mixture of experts for a feed-forward block, `moe.rs`; phi3:
+//! fused q/k/v and gate/up, partial NeoX RoPE with longrope factors, queries
+//! scaled before attention) and the gemma family (gemma2, gemma3: scaled
+//! embeddings, GeGLU, norms after attention and feed-forward, sliding-window
+//! layers, soft-capping where present), with llama.cpp's defaults where a
+//! key is absent.
+//!
+//! RoPE and its scaling (`rope.scaling.*`, `rope_freqs`, longrope factors)
+//! are read by `rope.rs` ([`crate::rope::RopeConfig`]); a scaling type the
+//! engine does not implement is refused there, an architecture outside the
+//! list here. Where llama.cpp ignores a key for an architecture, so does the
+//! engine (phi3's `attention.sliding_window`: llama.cpp 0c1e570 disables
+//! Phi SWA; the `rope.scaling.yarn_*` keys, read by llama.cpp only for other
+//! architectures), so that its numbers stay llama.cpp's; every tensor of a
+//! file must be read by the loader or the file is refused (`model.rs`).
 
 use crate::error::{model_err, Result};
 use crate::gguf::Gguf;
@@ -27,6 +38,10 @@ pub enum Arch {
     /// gemma3 (GeGLU, post norms, q/k norms, sliding window on five layers
     /// of six with their own RoPE base).
     Gemma3,
+    /// phi3 (Phi-3.5-mini, Phi-4-mini: fused `attn_qkv` and gate/up in
+    /// `ffn_up`, NeoX RoPE over part of each head, longrope factors,
+    /// queries scaled by 1/√head before attention).
+    Phi3,
 }
 
 /// The gated activation of the feed-forward block.
@@ -64,6 +79,11 @@ pub struct Config {
     pub(crate) rope_base: f32,
     /// RoPE base of sliding-window layers.
     pub(crate) rope_base_swa: f32,
+    /// RoPE frequency scale of sliding-window layers (llama.cpp's
+    /// `rope_freq_scale_train_swa`: 1 on gemma3, the file's on gemma2).
+    pub(crate) rope_scale_swa: f32,
+    /// RoPE scaling as the file declares it (`rope.rs`).
+    pub(crate) rope: crate::rope::RopeConfig,
     pub(crate) rope_dims: usize,
     pub(crate) rope_neox: bool,
     pub(crate) eps: f32,
@@ -101,9 +121,10 @@ impl Config {
             "qwen3moe" => Arch::Qwen3Moe,
             "gemma2" => Arch::Gemma2,
             "gemma3" => Arch::Gemma3,
+            "phi3" => Arch::Phi3,
             other => {
                 return Err(model_err(format!(
-                "architecture `{other}` is not supported (supported: llama, mistral, qwen2, qwen3, qwen3moe, gemma2, gemma3)"
+                "architecture `{other}` is not supported (supported: llama, mistral, qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3)"
             )))
             }
         };
@@ -129,6 +150,8 @@ impl Config {
             )));
         }
         let rope_base = g.f32(&k("rope.freq_base")).unwrap_or(10_000.0);
+        let n_ctx_train = g.u32(&k("context_length")).unwrap_or(4096) as usize;
+        let rope = crate::rope::RopeConfig::read(g, arch, &arch_name, n_ctx_train)?;
         let gemma = matches!(arch, Arch::Gemma2 | Arch::Gemma3);
         let swa = if gemma {
             let default = if arch == Arch::Gemma2 { Some(4096) } else { None };
@@ -174,16 +197,28 @@ impl Config {
             head_dim,
             n_ff,
             n_vocab,
-            n_ctx_train: g.u32(&k("context_length")).unwrap_or(4096) as usize,
+            n_ctx_train,
             rope_base,
             rope_base_swa,
+            rope_scale_swa: if arch == Arch::Gemma3 { 1.0 } else { rope.freq_scale },
+            rope,
             rope_dims: g.u32(&k("rope.dimension_count")).map(|v| v as usize).unwrap_or(head_dim),
             rope_neox: arch != Arch::Llama,
             eps: g.f32(&k("attention.layer_norm_rms_epsilon")).unwrap_or(1e-5),
             act: if gemma { Act::GeGlu } else { Act::SwiGlu },
             embd_scale: gemma.then(|| (n_embd as f32).sqrt()),
-            q_scale: gemma.then(gemma_scale),
-            attn_scale: if gemma { 1.0 } else { 1.0 / (head_dim as f32).sqrt() },
+            // phi3 scales the queries by 1/√head (`ggml_scale`) and attends
+            // with a scale of 1 (src/models/phi3.cpp).
+            q_scale: if arch == Arch::Phi3 {
+                Some(1.0 / (head_dim as f32).sqrt())
+            } else {
+                gemma.then(gemma_scale)
+            },
+            attn_scale: if gemma || arch == Arch::Phi3 {
+                1.0
+            } else {
+                1.0 / (head_dim as f32).sqrt()
+            },
             attn_softcap: if arch == Arch::Gemma2 {
                 softcap("attn_logit_softcapping")
             } else {
@@ -222,5 +257,13 @@ impl Config {
     /// Whether layer `il` attends through the sliding window.
     pub(crate) fn layer_swa(&self, il: usize) -> bool {
         self.swa_layers.get(il).copied().unwrap_or(false)
+    }
+
+    /// The RoPE scaling in words, at context `context` (which of phi3's
+    /// longrope factors apply depends on it): `none`, `llama3 (rope_freqs)`,
+    /// `linear ×8`, `yarn ×4 from 32768`, `longrope (long factors: context
+    /// 8192 > 4096), attention ×1.19`.
+    pub fn rope_scaling(&self, context: usize) -> String {
+        self.rope.describe(context)
     }
 }

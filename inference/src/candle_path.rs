@@ -110,6 +110,12 @@ impl CandleModel {
             Arch::Qwen3 => {
                 Weights::Qwen3(quantized_qwen3::ModelWeights::from_gguf(content, &mut f, &device)?)
             }
+            Arch::Phi3 => {
+                return Err(Error::new(
+                    ErrorKind::Device,
+                    "phi3 runs on the CPU path only (--device cpu); the GPU path has llama, qwen2 and qwen3",
+                ))
+            }
             Arch::Gemma2 | Arch::Gemma3 | Arch::Qwen3Moe => {
                 return Err(Error::new(
                     ErrorKind::Device,

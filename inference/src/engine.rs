@@ -389,9 +389,19 @@ impl Engine {
         // them out of peak RSS.
         g.drop_vocab();
         let backend = match candle_device {
-            None => Backend::Fast(Model::load(&mut g)?),
+            None => Backend::Fast(Model::load(&mut g, context_of(&cfg, opts.context))?),
             Some(d) => {
                 drop(g);
+                if !cfg.rope.is_plain() {
+                    // candle's model code reads `rope.freq_base` only.
+                    return Err(Error::new(
+                        ErrorKind::Device,
+                        format!(
+                            "RoPE scaling {} runs on the CPU path only (--device cpu): candle's model code computes plain RoPE",
+                            cfg.rope_scaling(context_of(&cfg, opts.context))
+                        ),
+                    ));
+                }
                 Backend::Candle(CandleModel::load(path, cfg.arch, d)?)
             }
         };

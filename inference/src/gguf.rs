@@ -245,6 +245,9 @@ pub(crate) struct Gguf {
     pub(crate) header: Header,
     index: HashMap<String, usize>,
     file: BufReader<File>,
+    /// Tensors whose data has been read (any rows): what the loader used
+    /// ([`Gguf::unread`]).
+    read: std::collections::HashSet<String>,
 }
 
 /// Largest metadata array accepted (the largest vocabularies have ~260k
@@ -471,7 +474,7 @@ impl Gguf {
         let header = Header::parse(&mut file, len)
             .map_err(|e| model_err(format!("{}: {e}", path.display())))?;
         let index = header.metadata.iter().enumerate().map(|(i, (k, _))| (k.clone(), i)).collect();
-        Ok(Gguf { path: path.to_owned(), header, index, file })
+        Ok(Gguf { path: path.to_owned(), header, index, file, read: Default::default() })
     }
 
     pub(crate) fn get(&self, key: &str) -> Option<&Value> {
@@ -634,7 +637,20 @@ impl Gguf {
         };
         self.file.seek(SeekFrom::Start(at)).map_err(io)?;
         self.file.read_exact(buf).map_err(io)?;
+        if !self.read.contains(name) {
+            self.read.insert(name.to_owned());
+        }
         Ok(())
+    }
+
+    /// The tensors no data has been read of, in file order.
+    pub(crate) fn unread(&self) -> Vec<&str> {
+        self.header
+            .order
+            .iter()
+            .filter(|n| !self.read.contains(n.as_str()))
+            .map(String::as_str)
+            .collect()
     }
 
     /// A tensor as candle's quantized tensor (for types the fast path lacks).

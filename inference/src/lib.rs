@@ -21,6 +21,7 @@ mod model;
 mod moe;
 mod pool;
 mod quant;
+mod rope;
 mod sampler;
 mod tokenizer;
 

@@ -1,9 +1,17 @@
 //! The decoder-only transformers this engine runs on the fast CPU path —
-//! the llama family (llama, mistral, qwen2, qwen3) and the gemma family
+//! the llama family (llama, mistral, qwen2, qwen3, phi3) and the gemma family
 //! (gemma2, gemma3) — as one forward pass whose per-family differences are
 //! the options of [`Config`] (read in `arch.rs`): weights kept as the file
 //! stores them (or packed for AVX-512), a per-session f16 KV cache grown as
 //! it fills, and a pass over a chunk of tokens that returns the last logits.
+//! RoPE and its scalings are `rope.rs`'s. A fused tensor (`attn_qkv`, phi3's
+//! gate and up in `ffn_up`) is one part of a [`Linear`] whose rows are the
+//! separate tensors' in order.
+//!
+//! Every tensor of the file must be read by [`Model::load`]: one left over
+//! (an output bias, a reranker head, factors of a scaling the architecture
+//! does not take) would change llama.cpp's numbers or make it refuse the
+//! file, so the engine refuses it, naming the tensor.
 //!
 //! INVARIANT: every number a token's forward pass produces depends only on
 //! the tokens up to it and the attention path (`kernels::attn::Mode`) each
@@ -12,6 +20,7 @@
 //! prefix continues bit-identically when its paths are the ones a fresh
 //! run would take (`Session` checks).
 
+use crate::arch::Arch;
 pub(crate) use crate::arch::Config;
 use crate::error::{model_err, Error, ErrorKind, Result};
 use crate::gguf::{GgmlType, Gguf};
@@ -250,8 +259,8 @@ struct Layer {
     moe: Option<crate::moe::Moe>,
     /// Sliding-window attention in this layer (the window is `Config::swa`).
     swa: bool,
-    /// RoPE frequency base of this layer.
-    rope_base: f32,
+    /// Which of [`Model::ropes`] rotates this layer's queries and keys.
+    rope: usize,
 }
 
 #[derive(Debug)]
@@ -274,6 +283,11 @@ pub(crate) struct Model {
     out_norm: Vec<f32>,
     output: Linear,
     output_type: GgmlType,
+    /// qwen2's optional `output.bias`, added to the logits.
+    output_bias: Option<Vec<f32>>,
+    /// The RoPE of the layers: the model's, and gemma's sliding-window
+    /// layers' when their base or scale differ.
+    ropes: Vec<crate::rope::Rope>,
 }
 
 fn vector(g: &mut Gguf, name: &str, len: usize) -> Result<Vec<f32>> {
@@ -298,11 +312,63 @@ fn opt_vector(g: &mut Gguf, name: &str, len: usize) -> Result<Option<Vec<f32>>> 
     }
 }
 
+/// The RoPE of the model's layers (`rope.rs`): the file's base and scale
+/// with its frequency factors — `rope_freqs`, or the long or short longrope
+/// factors at this context (both are read: a file's tensors are all
+/// consumed) — and, when gemma's sliding-window layers have another base or
+/// scale, theirs.
+fn load_ropes(g: &mut Gguf, cfg: &Config, context: usize) -> Result<Vec<crate::rope::Rope>> {
+    use crate::rope::{long_factors, Factors, Rope};
+    let rd = cfg.rope_dims.min(cfg.head_dim);
+    let r = &cfg.rope;
+    let factors = match r.factors {
+        Factors::None => None,
+        Factors::Freqs => Some(vector(g, "rope_freqs.weight", rd / 2)?),
+        Factors::LongShort => {
+            let long = opt_vector(g, "rope_factors_long.weight", rd / 2)?;
+            let short = opt_vector(g, "rope_factors_short.weight", rd / 2)?;
+            // llama.cpp's `get_rope_factors`: one of the two, absent or not.
+            if long_factors(context, r.n_ctx_orig) {
+                long
+            } else {
+                short
+            }
+        }
+    };
+    let mut ropes = vec![Rope::new(r, rd, cfg.rope_base, r.freq_scale, factors.clone())];
+    let swa = (0..cfg.n_layer).any(|il| cfg.layer_swa(il));
+    if swa && (cfg.rope_base_swa != cfg.rope_base || cfg.rope_scale_swa != r.freq_scale) {
+        ropes.push(Rope::new(r, rd, cfg.rope_base_swa, cfg.rope_scale_swa, factors));
+    }
+    Ok(ropes)
+}
+
+/// Refuses a file with a tensor the loader did not read: the engine would
+/// run without it and compute other numbers than the file asks for (or than
+/// llama.cpp, which refuses a file with tensors its loader leaves over).
+fn refuse_unread(g: &Gguf, cfg: &Config) -> Result<()> {
+    let unread = g.unread();
+    let Some(first) = unread.first() else { return Ok(()) };
+    let more = match unread.len() {
+        1 => String::new(),
+        2 => format!(" (and `{}`)", unread[1]),
+        n => format!(" (and {} more: `{}`…)", n - 1, unread[1]),
+    };
+    Err(model_err(format!(
+        "{}: tensor `{first}`{more} is not used by the engine's {} forward pass, and it would change the numbers: refusing the file rather than running without it",
+        g.path.display(),
+        cfg.arch_name
+    )))
+}
+
 impl Model {
-    pub(crate) fn load(g: &mut Gguf) -> Result<Model> {
+    /// Loads the weights of `g` for a context of `context` positions (which
+    /// of phi3's longrope factors apply depends on it, `rope.rs`).
+    pub(crate) fn load(g: &mut Gguf, context: usize) -> Result<Model> {
         let cfg = Config::read(g)?;
         let d = cfg.n_embd;
         let (qd, kd) = (cfg.n_head * cfg.head_dim, cfg.n_kv * cfg.head_dim);
+        let ropes = load_ropes(g, &cfg, context)?;
         let mut layers = Vec::with_capacity(cfg.n_layer);
         for i in 0..cfg.n_layer {
             let t = |s: &str| format!("blk.{i}.{s}");
@@ -316,7 +382,17 @@ impl Model {
                 }
                 Ok(ty)
             };
-            let qkv_types = vec![shape(g, &q, qd, d)?, shape(g, &k, kd, d)?, shape(g, &v, kd, d)?];
+            // q, k and v, or one fused `attn_qkv` holding them in that order
+            // (phi3; llama.cpp's `create_tensor_qkv` takes it on every
+            // architecture here).
+            let fused_qkv = t("attn_qkv.weight");
+            let (qkv_names, qkv_types) = if g.has(&fused_qkv) {
+                let ty = shape(g, &fused_qkv, qd + 2 * kd, d)?;
+                (vec![fused_qkv], vec![ty])
+            } else {
+                let types = vec![shape(g, &q, qd, d)?, shape(g, &k, kd, d)?, shape(g, &v, kd, d)?];
+                (vec![q, k, v], types)
+            };
             let wo_type = shape(g, &t("attn_output.weight"), d, qd)?;
             // A mixture of experts has no dense feed-forward matrices.
             let moe = match cfg.moe {
@@ -325,17 +401,27 @@ impl Model {
             };
             let (ffn_gate_up, ffn_down) = match moe {
                 Some(_) => (Vec::new(), Vec::new()),
+                // phi3: gate and up in one `ffn_up` of 2·n_ff rows, gate first
+                // (ggml_swiglu on the product's two halves).
+                None if cfg.arch == Arch::Phi3 => {
+                    (vec![t("ffn_up.weight")], vec![t("ffn_down.weight")])
+                }
                 None => {
                     (vec![t("ffn_gate.weight"), t("ffn_up.weight")], vec![t("ffn_down.weight")])
                 }
             };
-            let gate_up_types =
-                ffn_gate_up.iter().map(|n| shape(g, n, cfg.n_ff, d)).collect::<Result<Vec<_>>>()?;
+            // 2·n_ff rows in all, in one or two tensors.
+            let gate_up_types = ffn_gate_up
+                .iter()
+                .map(|n| shape(g, n, 2 * cfg.n_ff / ffn_gate_up.len(), d))
+                .collect::<Result<Vec<_>>>()?;
             let down_type = match ffn_down.first() {
                 Some(n) => shape(g, n, d, cfg.n_ff)?,
                 None => GgmlType::F32,
             };
-            let bias = if g.has(&t("attn_q.bias")) {
+            let bias = if g.has(&t("attn_qkv.bias")) {
+                Some(vector(g, &t("attn_qkv.bias"), qd + 2 * kd)?)
+            } else if g.has(&t("attn_q.bias")) {
                 let mut b = vector(g, &t("attn_q.bias"), qd)?;
                 b.extend(vector(g, &t("attn_k.bias"), kd)?);
                 b.extend(vector(g, &t("attn_v.bias"), kd)?);
@@ -346,7 +432,7 @@ impl Model {
             let swa = cfg.layer_swa(i);
             layers.push(Layer {
                 attn_norm: vector(g, &t("attn_norm.weight"), d)?,
-                qkv: Linear::load(g, &[&q, &k, &v])?,
+                qkv: Linear::load(g, &qkv_names.iter().map(|n| n.as_str()).collect::<Vec<_>>())?,
                 qkv_types,
                 bias,
                 q_norm: opt_vector(g, &t("attn_q_norm.weight"), cfg.head_dim)?,
@@ -365,7 +451,7 @@ impl Model {
                 post_ffn_norm: opt_vector(g, &t("post_ffw_norm.weight"), d)?,
                 moe,
                 swa,
-                rope_base: if swa { cfg.rope_base_swa } else { cfg.rope_base },
+                rope: usize::from(swa && ropes.len() > 1),
             });
         }
         let out_norm = vector(g, "output_norm.weight", d)?;
@@ -404,7 +490,14 @@ impl Model {
                 cfg.n_vocab
             )));
         }
-        Ok(Model { cfg, emb, emb_type, layers, out_norm, output, output_type })
+        // Only llama.cpp's qwen2 graph adds an output bias (phi3's loader
+        // has none: such a file is refused below, as llama.cpp refuses it).
+        let output_bias = match cfg.arch {
+            Arch::Qwen2 => opt_vector(g, "output.bias", cfg.n_vocab)?,
+            _ => None,
+        };
+        refuse_unread(g, &cfg)?;
+        Ok(Model { cfg, emb, emb_type, layers, out_norm, output, output_type, output_bias, ropes })
     }
 
     /// Whether some matrix's numbers depend on llama.cpp's grouping of
@@ -559,9 +652,8 @@ pub(crate) struct Scratch {
     acts: Acts,
     /// The mixture-of-experts blocks' buffers.
     moe: crate::moe::Scratch,
-    /// RoPE cos/sin pairs of the positions being run, per base in use.
-    rope: Vec<f32>,
-    rope_swa: Vec<f32>,
+    /// RoPE cos/sin pairs of the positions being run, per [`Model::ropes`].
+    rope: Vec<Vec<f32>>,
     /// Each row's sequence (index into the pass's `Seq`s) and position.
     rows: Vec<(usize, usize)>,
     /// Each row's `attn::Route::grouped` and `wide`.
@@ -602,38 +694,6 @@ fn rms_scale(x: &[f32], eps: f32) -> f32 {
     let sum: f64 = x.iter().map(|v| (v * v) as f64).sum();
     let mean = (sum / x.len() as f64) as f32;
     1.0 / (mean + eps).sqrt()
-}
-
-/// llama.cpp's RoPE cache for one position (`ggml_rope_cache_init`,
-/// no YaRN): `θ = pos · base^(-2i/dims)` by repeated multiplication, then
-/// `cos θ`, `sin θ` per rotated pair.
-#[inline(always)]
-fn rope_cache(pos: usize, base: f32, cfg: &Config, out: &mut [f32]) {
-    let dims = cfg.rope_dims.min(cfg.head_dim);
-    let scale = base.powf(-2.0 / dims as f32);
-    let mut theta = pos as f32;
-    for pair in out[..dims].chunks_exact_mut(2) {
-        pair[0] = theta.cos();
-        pair[1] = theta.sin();
-        theta *= scale;
-    }
-}
-
-/// Rotates every head of `x` by a position's [`rope_cache`]: llama.cpp's
-/// `rotate_pairs`, whose `x0·cos − x1·sin` and `x0·sin + x1·cos` GCC
-/// contracts (`-ffp-contract=fast`) into one fma on the first product.
-#[inline(always)]
-fn rope(x: &mut [f32], cache: &[f32], cfg: &Config) {
-    let dims = cfg.rope_dims.min(cfg.head_dim);
-    for head in x.chunks_exact_mut(cfg.head_dim) {
-        for (i, cs) in cache[..dims].chunks_exact(2).enumerate() {
-            let (c, s) = (cs[0], cs[1]);
-            let (a, b) = if cfg.rope_neox { (i, i + dims / 2) } else { (2 * i, 2 * i + 1) };
-            let (x0, x1) = (head[a], head[b]);
-            head[a] = x0.mul_add(c, -(x1 * s));
-            head[b] = x0.mul_add(s, x1 * c);
-        }
-    }
 }
 
 /// Query positions per tiled-attention task.
@@ -785,14 +845,11 @@ impl Model {
         s.h.resize(n * d, 0.0);
         s.att.resize(n * qd, 0.0);
         let rd = cfg.rope_dims.min(cfg.head_dim);
-        s.rope.resize(n * rd, 0.0);
-        for (i, &(_, pos)) in s.rows.iter().enumerate() {
-            rope_cache(pos, cfg.rope_base, cfg, &mut s.rope[i * rd..(i + 1) * rd]);
-        }
-        if cfg.swa.is_some() && cfg.rope_base_swa != cfg.rope_base {
-            s.rope_swa.resize(n * rd, 0.0);
+        s.rope.resize_with(self.ropes.len(), Vec::new);
+        for (rope, tab) in self.ropes.iter().zip(s.rope.iter_mut()) {
+            tab.resize(n * rd, 0.0);
             for (i, &(_, pos)) in s.rows.iter().enumerate() {
-                rope_cache(pos, cfg.rope_base_swa, cfg, &mut s.rope_swa[i * rd..(i + 1) * rd]);
+                rope.cache(pos, &mut tab[i * rd..(i + 1) * rd]);
             }
         }
         // Per-row steps (norms, RoPE, residuals, the GLU) run over the pool
@@ -804,11 +861,7 @@ impl Model {
             });
             layer.qkv.forward(pool, &s.h, n, &s.grouped, &s.wide, &mut s.acts, &mut s.qkv)?;
             let w = qd + 2 * kd;
-            let rope_tab = if layer.rope_base != cfg.rope_base && !s.rope_swa.is_empty() {
-                &s.rope_swa
-            } else {
-                &s.rope
-            };
+            let rope_tab = &s.rope[layer.rope];
             let rope_rows = |i: usize, row: &mut [f32]| {
                 if let Some(b) = &layer.bias {
                     row.iter_mut().zip(b).for_each(|(x, b)| *x += b);
@@ -824,8 +877,9 @@ impl Model {
                     }
                 }
                 let cache = &rope_tab[i * rd..(i + 1) * rd];
-                rope(&mut row[..qd], cache, cfg);
-                rope(&mut row[qd..qd + kd], cache, cfg);
+                let (hd, neox) = (cfg.head_dim, cfg.rope_neox);
+                crate::rope::rotate(&mut row[..qd], cache, hd, rd, neox);
+                crate::rope::rotate(&mut row[qd..qd + kd], cache, hd, rd, neox);
                 if let Some(qs) = cfg.q_scale {
                     row[..qd].iter_mut().for_each(|v| *v *= qs);
                 }
@@ -934,6 +988,12 @@ impl Model {
         }
         let mut out = std::mem::take(&mut s.proj);
         self.output.forward(pool, &s.h[..m * d], m, &[], &[], &mut s.acts, &mut out)?;
+        if let Some(b) = &self.output_bias {
+            // ggml_add of the bias to each sequence's logits.
+            for row in out.chunks_exact_mut(b.len()) {
+                row.iter_mut().zip(b).for_each(|(v, b)| *v += b);
+            }
+        }
         if let Some(cap) = cfg.final_softcap {
             // ggml_scale, ggml_tanh, ggml_scale.
             out.iter_mut().for_each(|v| *v = (*v * (1.0 / cap)).tanh() * cap);

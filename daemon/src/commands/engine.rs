@@ -7,7 +7,7 @@ use crate::state::pull;
 use crate::state::registry::Registry;
 use anyhow::{Context, Result};
 use inference::{GenParams, Sampling};
-use serde_json::json;
+use serde_json::{json, Value};
 use std::io::Write;
 use std::sync::atomic::AtomicBool;
 use std::time::Instant;
@@ -36,12 +36,17 @@ pub(crate) fn models(json_out: bool) -> Result<()> {
         } else {
             "corrupt"
         };
-        rows.push(json!({
+        let mut row = json!({
             "name": name, "default": *name == reg.default, "state": state,
             "path": path, "repo": e.repo, "file": e.file, "sha256": e.sha256,
             "tool_format": e.tool_format, "mirrors": e.mirrors, "size": e.size,
             "architecture": e.architecture, "chat_template": e.chat_template,
-        }));
+            "rope_scaling": null,
+        });
+        if state != "missing" {
+            header_facts(&mut row, &path, e.context);
+        }
+        rows.push(row);
     }
     // GGUF files in the models folder that no registry entry names
     // (`agentd pull hf:…`, or copied in): installed too.
@@ -51,8 +56,11 @@ pub(crate) fn models(json_out: bool) -> Result<()> {
         }
         let name = path.file_stem().and_then(|s| s.to_str()).unwrap_or_default().to_owned();
         let size = std::fs::metadata(&path).map(|m| m.len()).ok();
-        rows.push(json!({"name": name, "default": false, "state": "present", "path": path,
-            "repo": "", "file": path.file_name().and_then(|s| s.to_str()), "size": size}));
+        let mut row = json!({"name": name, "default": false, "state": "present", "path": path,
+            "repo": "", "file": path.file_name().and_then(|s| s.to_str()), "size": size,
+            "architecture": null, "rope_scaling": null});
+        header_facts(&mut row, &path, None);
+        rows.push(row);
     }
     // What a daemon on the default socket has loaded, when one answers.
     let loaded = loaded_by_daemon();
@@ -64,8 +72,13 @@ pub(crate) fn models(json_out: bool) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&rows)?);
     } else {
         for r in rows {
+            let facts = match (&r["architecture"], &r["rope_scaling"], &r["refused"]) {
+                (_, _, Value::String(why)) => format!("  refused: {why}"),
+                (Value::String(a), Value::String(rope), _) => format!("  {a}, RoPE {rope}"),
+                _ => String::new(),
+            };
             println!(
-                "{}{}  {}{}  {}/{}  {}",
+                "{}{}  {}{}  {}/{}  {}{facts}",
                 r["name"].as_str().unwrap_or_default(),
                 if r["default"] == true { " (default)" } else { "" },
                 r["state"].as_str().unwrap_or_default(),
@@ -77,6 +90,21 @@ pub(crate) fn models(json_out: bool) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// What a listed file's header says: its `architecture` and `rope_scaling`
+/// (at the context a load would use: `context` of its registry entry, else
+/// the default), or, when the engine cannot run it (an architecture outside
+/// the list, a RoPE scaling it does not implement, no GGUF), `refused` with
+/// the engine's reason. Reads the header only.
+fn header_facts(row: &mut Value, path: &std::path::Path, context: Option<usize>) {
+    match inference::inspect(path, context) {
+        Ok(f) => {
+            row["architecture"] = json!(f.config.arch_name);
+            row["rope_scaling"] = json!(f.config.rope_scaling(f.context));
+        }
+        Err(e) => row["refused"] = json!(e.to_string()),
+    }
 }
 
 /// The models the daemon on the default socket has loaded (`GET /api/ps`),
@@ -296,13 +324,17 @@ pub(crate) fn bench(
             json!({"model": r.name, "threads": engine.info().threads, "pp_tok_s": pp_s, "tg_tok_s": tg_s,
                    "peak_rss_mb": rss, "prompt_tokens": pp, "gen_tokens": tg, "reps": reps, "parallel": parallel,
                    "isa": engine.info().isa, "weight_mb": engine.info().weight_bytes as f64 / 1e6,
-                   "kernels": kernels(engine.info())})
+                   "kernels": kernels(engine.info()), "architecture": engine.info().config.arch_name,
+                   "rope_scaling": engine.info().config.rope_scaling(engine.info().context)})
         );
     } else {
+        let info = engine.info();
         println!(
-            "model {}  threads {}  pp{pp} {pp_s:.1} tok/s  tg{tg}{par} {tg_s:.1} tok/s  peak RSS {rss:.0} MB",
+            "model {} ({}, RoPE {})  threads {}  pp{pp} {pp_s:.1} tok/s  tg{tg}{par} {tg_s:.1} tok/s  peak RSS {rss:.0} MB",
             r.name,
-            engine.info().threads
+            info.config.arch_name,
+            info.config.rope_scaling(info.context),
+            info.threads
         );
     }
     Ok(())
