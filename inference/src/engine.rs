@@ -7,7 +7,7 @@ use crate::candle_path::CandleModel;
 use crate::constraint::{Commit, Constraint, Grammars, Guide, MAX_FF};
 use crate::error::{Error, ErrorKind, Result};
 use crate::gguf::Gguf;
-use crate::kernels::attn::{Mode, Route, UBATCH, WIDE};
+use crate::kernels::attn::{Mode, Prompt, Route, UBATCH, WIDE};
 use crate::model::{Config, KvCache, Model, Scratch, Seq};
 use crate::pool::Pool;
 use crate::sampler::{sample, Rng, Sampling};
@@ -536,6 +536,13 @@ impl Engine {
         Ok(())
     }
 
+    /// The physical batches llama.cpp evaluates a prompt of `len` tokens in
+    /// from an empty cache: the server's, which end a batch before the
+    /// prompt's end on a model with sliding-window layers (`Prompt`).
+    fn prompt(&self, len: usize) -> Prompt {
+        Prompt::new(len, self.info.config.swa.is_some())
+    }
+
     /// The route thresholds `upto` with the flags no matrix of this model
     /// depends on cleared (so they never block the reuse of a prefix).
     fn mask(&self, upto: (usize, usize)) -> (usize, usize) {
@@ -595,15 +602,18 @@ impl Engine {
         // alike: same tokens, each by the attention path the prompt gives its
         // position (Session's INVARIANT). At least one token must run for
         // logits.
+        let fresh = self.prompt(prompt.len());
         let plan = |p: usize| {
-            let r = Route::in_prompt(p, prompt.len());
+            let r = fresh.route(p);
             Route { grouped: r.grouped && self.route.0, wide: r.wide && self.route.1, ..r }
         };
         // A mixture's position also needs the batch a fresh run gives it
-        // (whole `UBATCH`es from 0, then the rest), and is reused only with
-        // all of that batch before it (`moe_batches`).
-        let batch =
-            |p: usize| (p / UBATCH * UBATCH, (p / UBATCH * UBATCH + UBATCH).min(prompt.len()));
+        // (`Prompt::batch`), and is reused only with all of that batch
+        // before it.
+        let batch = |p: usize| {
+            let b = fresh.batch(p);
+            (b.start, b.end)
+        };
         let same_batch = |p: usize| !self.moe_batches || session.batches.get(p) == Some(&batch(p));
         let reuse = match &self.backend {
             Backend::Fast(_) => (session.tokens.iter().zip(&session.modes).zip(prompt).enumerate())
@@ -688,18 +698,17 @@ impl Engine {
                 continue;
             }
             if g.at < g.prompt.len() {
-                // The path changes at most once, where the prompt's last
-                // short physical batch starts; chunks do not straddle it.
-                let len = g.prompt.len();
-                let full = len / UBATCH * UBATCH;
+                // A chunk lies within one of the physical batches llama.cpp
+                // evaluates the prompt in (`Prompt`), whose path it takes.
                 // A mixture runs whole batches (`moe_batches`): cancellation
                 // waits for one.
-                let chunk =
-                    if self.moe_batches { UBATCH - g.at % UBATCH } else { g.params.chunk.max(1) };
-                let end = if g.at < full { full.min(g.at + chunk) } else { len.min(g.at + chunk) };
-                let mode = Mode::in_prompt(g.at, len);
-                let wide = if len - full >= WIDE { len } else { full };
-                go.push((k, g.prompt[g.at..end].to_vec(), mode, (len - len % 4, wide), Some(end)));
+                let b = self.prompt(g.prompt.len()).batch(g.at);
+                let n = b.len();
+                let end =
+                    if self.moe_batches { b.end } else { b.end.min(g.at + g.params.chunk.max(1)) };
+                let wide = if n >= WIDE { b.end } else { b.start };
+                let upto = (b.end - n % 4, wide);
+                go.push((k, g.prompt[g.at..end].to_vec(), Mode::for_batch(n), upto, Some(end)));
                 continue;
             }
             let out = &mut g.out;

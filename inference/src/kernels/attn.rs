@@ -24,7 +24,8 @@
 //! so how a prompt is cut into chunks, or spread over threads, never changes
 //! a number; but the two paths give different numbers for the same
 //! position, which is why a session remembers the mode of every cached
-//! position (`engine.rs`).
+//! position (`engine.rs`). Which batches a prompt is evaluated in, and so
+//! each position's path, is [`Prompt`]'s: llama-server's.
 //!
 //! Every function here has a portable version that defines the numbers and,
 //! on AVX-512, a SIMD version bit-identical to it (`x86.rs`, tested below).
@@ -62,18 +63,6 @@ impl Mode {
             Mode::Vec
         }
     }
-
-    /// The path of position `p` when llama.cpp evaluates a whole prompt of
-    /// `len` tokens from an empty cache: batches of [`UBATCH`], the last one
-    /// possibly short.
-    pub(crate) fn in_prompt(p: usize, len: usize) -> Mode {
-        let full = len / UBATCH * UBATCH;
-        if p < full {
-            Mode::Tiled
-        } else {
-            Mode::for_batch(len - full)
-        }
-    }
 }
 
 /// How llama.cpp computes a position: its attention path, and the two
@@ -100,16 +89,62 @@ impl Route {
     /// A generated token: one query, one column.
     #[cfg(test)]
     pub(crate) const DECODE: Route = Route { attn: Mode::Vec, grouped: false, wide: false };
+}
 
-    /// The path of position `p` of a prompt of `len` tokens evaluated from
-    /// an empty cache: batches of [`UBATCH`]; in each, columns in groups of
-    /// four, the rest one by one — so every position but the last `len % 4`
-    /// (`UBATCH` is a multiple of four) is grouped — and a batch of [`WIDE`]
-    /// tokens or more is wide.
-    pub(crate) fn in_prompt(p: usize, len: usize) -> Route {
-        let full = len / UBATCH * UBATCH;
-        let wide = p < full || len - full >= WIDE;
-        Route { attn: Mode::in_prompt(p, len), grouped: p < len - len % 4, wide }
+/// How many tokens before a prompt's end llama-server ends a batch when the
+/// model has sliding-window layers: `checkpoint_offsets` in llama.cpp's
+/// `tools/server/server-context.cpp` (`4 + n_ubatch` and 4, in this order),
+/// so that it can checkpoint the window's cache there.
+const CHECKPOINT_OFFSETS: [usize; 2] = [4 + UBATCH, 4];
+
+/// The physical batches in which llama.cpp evaluates a prompt from an empty
+/// cache, as `llama-server` (which `llama-cli` runs too) feeds it: batches of
+/// [`UBATCH`] from the start; and, for a model with sliding-window layers
+/// (llama.cpp's `n_swa > 0`: gemma2, gemma3), also a batch ending 4 tokens
+/// before the end and, past [`UBATCH`] + 4 tokens, one ending `UBATCH` + 4
+/// before it, after which the server checkpoints the window's cache. A
+/// 21-token gemma3 prompt is thus two batches, 17 tokens and 4; a position's
+/// numbers depend on its batch ([`Route`]), enough to change gemma3's greedy
+/// tokens, so the engine evaluates a prompt in the same batches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Prompt {
+    len: usize,
+    /// Whether the model has sliding-window layers (the server's batch
+    /// ends at [`CHECKPOINT_OFFSETS`]).
+    checkpoints: bool,
+}
+
+impl Prompt {
+    pub(crate) fn new(len: usize, checkpoints: bool) -> Prompt {
+        Prompt { len, checkpoints }
+    }
+
+    /// The physical batch that computes position `p` (`p < len`).
+    pub(crate) fn batch(&self, p: usize) -> std::ops::Range<usize> {
+        // The ends of the server's batches before the last, in order; each
+        // batch is cut into physical batches of `UBATCH` from its start.
+        let ends = CHECKPOINT_OFFSETS
+            .map(|o| self.len.checked_sub(o).filter(|&e| e > 0 && self.checkpoints));
+        let (mut start, mut end) = (0, self.len);
+        for e in ends.into_iter().flatten() {
+            if p < e {
+                end = e;
+                break;
+            }
+            start = e;
+        }
+        let b = start + (p - start) / UBATCH * UBATCH;
+        b..(b + UBATCH).min(end)
+    }
+
+    /// The path of position `p`: that of its physical batch; in it, columns
+    /// in groups of four, the rest one by one — so all but the batch's last
+    /// `n % 4` positions are grouped — and a batch of [`WIDE`] tokens or
+    /// more is wide.
+    pub(crate) fn route(&self, p: usize) -> Route {
+        let b = self.batch(p);
+        let n = b.len();
+        Route { attn: Mode::for_batch(n), grouped: p < b.end - n % 4, wide: n >= WIDE }
     }
 }
 
@@ -831,19 +866,59 @@ mod tests {
 
     #[test]
     fn prompt_modes_follow_llama_cpp_batches() {
-        assert_eq!(Mode::in_prompt(0, 37), Mode::Vec);
-        assert_eq!(Mode::in_prompt(36, 63), Mode::Vec);
-        assert_eq!(Mode::in_prompt(0, 64), Mode::Tiled);
-        assert_eq!(Mode::in_prompt(511, 540), Mode::Tiled);
-        assert_eq!(Mode::in_prompt(512, 540), Mode::Vec);
-        assert_eq!(Mode::in_prompt(512, 600), Mode::Tiled);
+        let route = |p: usize, len: usize| Prompt::new(len, false).route(p);
+        let mode = |p: usize, len: usize| route(p, len).attn;
+        assert_eq!(mode(0, 37), Mode::Vec);
+        assert_eq!(mode(36, 63), Mode::Vec);
+        assert_eq!(mode(0, 64), Mode::Tiled);
+        assert_eq!(mode(511, 540), Mode::Tiled);
+        assert_eq!(mode(512, 540), Mode::Vec);
+        assert_eq!(mode(512, 600), Mode::Tiled);
         // ggml's repacked gemm groups four columns; the rest go one by one.
-        assert!(Route::in_prompt(0, 7).grouped && Route::in_prompt(3, 7).grouped);
-        assert!(!Route::in_prompt(4, 7).grouped && !Route::in_prompt(6, 7).grouped);
-        assert!(Route::in_prompt(599, 600).grouped && !Route::in_prompt(600, 601).grouped);
-        assert!(!Route::in_prompt(0, 1).grouped && !Route::DECODE.grouped);
-        assert!(Route::in_prompt(0, 8).wide && !Route::in_prompt(0, 7).wide);
-        assert!(Route::in_prompt(511, 519).wide && !Route::in_prompt(512, 519).wide);
+        assert!(route(0, 7).grouped && route(3, 7).grouped);
+        assert!(!route(4, 7).grouped && !route(6, 7).grouped);
+        assert!(route(599, 600).grouped && !route(600, 601).grouped);
+        assert!(!route(0, 1).grouped && !Route::DECODE.grouped);
+        assert!(route(0, 8).wide && !route(0, 7).wide);
+        assert!(route(511, 519).wide && !route(512, 519).wide);
         const { assert!(!Route::DECODE.wide) };
+        let batch = |p: usize, len: usize| Prompt::new(len, false).batch(p);
+        assert_eq!(
+            (batch(0, 5), batch(1023, 1030), batch(1024, 1030)),
+            (0..5, 512..1024, 1024..1030)
+        );
+    }
+
+    /// With sliding-window layers, llama-server also ends a batch 4 tokens
+    /// before the prompt's end, and `UBATCH` + 4 before that.
+    #[test]
+    fn sliding_window_prompts_take_the_servers_checkpoint_batches() {
+        let batch = |p: usize, len: usize| Prompt::new(len, true).batch(p);
+        let route = |p: usize, len: usize| Prompt::new(len, true).route(p);
+        // Up to 4 tokens: one batch.
+        assert_eq!((batch(0, 1), batch(3, 4)), (0..1, 0..4));
+        assert_eq!((batch(0, 5), batch(1, 5), batch(4, 5)), (0..1, 1..5, 1..5));
+        // The 21-token gemma3 prompt: 17 tokens (grouped but the last one,
+        // wide), then 4 (grouped, not wide).
+        assert_eq!((batch(16, 21), batch(17, 21)), (0..17, 17..21));
+        assert!(route(15, 21).grouped && !route(16, 21).grouped && route(16, 21).wide);
+        assert!(route(17, 21).grouped && route(20, 21).grouped && !route(17, 21).wide);
+        // 100 tokens: the first 96 tiled, the last 4 by the one-query path.
+        assert_eq!((route(95, 100).attn, route(96, 100).attn), (Mode::Tiled, Mode::Vec));
+        assert_eq!(batch(516, 516), 512..516);
+        assert_eq!((batch(0, 517), batch(1, 517), batch(513, 517)), (0..1, 1..513, 513..517));
+        // 1200 tokens: 512, then 172 (to 1200 - 516), 512, 4.
+        let ends: Vec<_> =
+            [0, 511, 512, 683, 684, 1195, 1196, 1199].iter().map(|&p| batch(p, 1200)).collect();
+        assert_eq!(
+            ends,
+            [0..512, 0..512, 512..684, 512..684, 684..1196, 684..1196, 1196..1200, 1196..1200]
+        );
+        // Past the server's 2048-token batches, still 512s from the start.
+        assert_eq!(
+            (batch(2047, 3000), batch(2048, 3000), batch(2483, 3000)),
+            (1536..2048, 2048..2484, 2048..2484)
+        );
+        assert_eq!((batch(2484, 3000), batch(2996, 3000)), (2484..2996, 2996..3000));
     }
 }
