@@ -32,7 +32,13 @@
 //! 4 active, of 768; random weights): made on first use (`synth_file`) by
 //! `scripts/synth_families.py --family qwen3moe --shape bench` (with
 //! `AGENTD_TEST_PYTHON`, else `python3`: numpy and `gguf`) and llama-quantize
-//! (Q4_K_M, so two layers' down experts are Q6_K).
+//! (Q4_K_M, so two layers' down experts are Q6_K). `qwen3moe-twin-bench`
+//! is the dense qwen3 of the same attention whose feed-forward is the size
+//! of the 4 active experts: what a token computes, without the routing.
+//! `phi3-bench` (Phi-4-mini's layout at n_embd 1024: fused `attn_qkv` and
+//! gate/up, longrope factors) and `phi3-twin-bench` (a llama file of the
+//! same sizes with separate q/k/v and gate/up) are made the same way: the
+//! fused tensors must run at the twin's speed.
 //!
 //! `AGENTD_BENCH_ONLY=q4_k_m` keeps the files whose name contains the word;
 //! `AGENTD_BENCH_ROUNDS` (3): agentd and llama.cpp alternate that many times
@@ -49,7 +55,7 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
-const FILES: [&str; 11] = [
+const FILES: [&str; 14] = [
     "smollm2-135m-q4_1",
     "smollm2-135m-q4_k_m",
     "smollm2-135m-q8_0",
@@ -64,6 +70,9 @@ const FILES: [&str; 11] = [
     "synth-1b-q6_k",
     // Made here by the synthetic-families script (`synth_file`).
     "qwen3moe-bench-q4_k_m",
+    "qwen3moe-twin-bench-q4_k_m",
+    "phi3-bench-q4_k_m",
+    "phi3-twin-bench-q4_k_m",
 ];
 
 /// Makes `name` (a `FAMILY-bench-q4_k_m` file of the list) when missing:
