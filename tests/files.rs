@@ -254,6 +254,26 @@ fn files_the_engine_cannot_compute_exactly_are_refused_naming_what() {
     assert_eq!(bench["architecture"], "llama", "{bench}");
     assert_eq!(bench["rope_scaling"], "llama3 (rope_freqs)", "{bench}");
 
+    // `agentd embed`: one unit vector of n_embd values per text, mean-pooled
+    // (the file names no pooling); an unknown pooling is a clear error.
+    let em = json(&home.run(&["embed", "--model", good.to_str().expect("path"), "hi", "there"]));
+    assert_eq!(
+        (em["dimensions"].as_u64(), em["pooling"].as_str()),
+        (Some(D), Some("mean")),
+        "{em}"
+    );
+    let vectors = em["embeddings"].as_array().expect("embeddings");
+    assert_eq!(vectors.len(), 2, "{em}");
+    for v in vectors {
+        let v: Vec<f64> = v.as_array().expect("vector").iter().filter_map(Value::as_f64).collect();
+        let len = v.iter().map(|x| x * x).sum::<f64>().sqrt();
+        assert!(v.len() == D as usize && (len - 1.0).abs() < 1e-5, "{em}");
+    }
+    let out =
+        home.run(&["embed", "--model", good.to_str().expect("path"), "--pooling", "rank", "hi"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("rank") && !text(&out.stderr).contains("panicked"));
+
     // A YaRN file is reported with its factor and original context.
     let mut yarn = llama();
     yarn.tensors.retain(|t| t.0 != "rope_freqs.weight");
@@ -276,6 +296,12 @@ fn files_the_engine_cannot_compute_exactly_are_refused_naming_what() {
     dynamic.kv("llama.rope.scaling.type", Kv::Str("dynamic".into()));
     let dynamic = dynamic.write(&home.path().join("dynamic.gguf"));
     refused(&home, &dynamic, &["dynamic", "llama.rope.scaling.type"]);
+
+    // A reranker's pooling (a classification head the engine lacks).
+    let mut rank = llama();
+    rank.kv("llama.pooling_type", Kv::U32(4));
+    let rank = rank.write(&home.path().join("rank.gguf"));
+    refused(&home, &rank, &["llama.pooling_type", "rank"]);
 
     // A tensor the forward pass would leave unused (llama.cpp adds this
     // bias to the attention output): named.

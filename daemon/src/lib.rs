@@ -222,6 +222,16 @@ enum Command {
         json: bool,
         prompt: String,
     },
+    /// Print the embeddings of TEXTs as JSON (one vector per text)
+    Embed {
+        #[command(flatten)]
+        engine: EngineArgs,
+        /// mean, cls or last (default: the file's pooling, else mean)
+        #[arg(long)]
+        pooling: Option<String>,
+        #[arg(required = true)]
+        texts: Vec<String>,
+    },
     /// Measure prompt processing and decode speed (like llama-bench)
     Bench {
         #[command(flatten)]
@@ -450,6 +460,9 @@ fn run(cli: Cli, cancel: &AtomicBool) -> anyhow::Result<ExitCode> {
             if finish == inference::Finish::Cancelled {
                 return Ok(ExitCode::from(130));
             }
+        }
+        Command::Embed { engine: e, pooling, texts } => {
+            engine::embed(&e, pooling.as_deref(), &texts)?
         }
         Command::Bench { engine: e, prompt_tokens, gen_tokens, reps, parallel, json } => {
             engine::bench(&e, prompt_tokens, gen_tokens, reps, parallel, json)?

@@ -76,6 +76,9 @@ pub struct Config {
     pub n_vocab: usize,
     /// Context the model was trained for.
     pub n_ctx_train: usize,
+    /// How the file says to pool its token states into one embedding
+    /// (`{arch}.pooling_type`); `None` when it does not say (a chat model).
+    pub pooling: Option<crate::embed::Pooling>,
     pub(crate) rope_base: f32,
     /// RoPE base of sliding-window layers.
     pub(crate) rope_base_swa: f32,
@@ -198,6 +201,7 @@ impl Config {
             n_ff,
             n_vocab,
             n_ctx_train,
+            pooling: crate::embed::Pooling::read(g, &arch_name)?,
             rope_base,
             rope_base_swa,
             rope_scale_swa: if arch == Arch::Gemma3 { 1.0 } else { rope.freq_scale },

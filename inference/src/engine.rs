@@ -5,6 +5,7 @@
 
 use crate::candle_path::CandleModel;
 use crate::constraint::{Commit, Constraint, Grammars, Guide, MAX_FF};
+use crate::embed::{Embedding, Pooler, Pooling};
 use crate::error::{Error, ErrorKind, Result};
 use crate::gguf::Gguf;
 use crate::kernels::attn::{Mode, Prompt, Route, UBATCH, WIDE};
@@ -500,6 +501,60 @@ impl Engine {
             self.step_one(session, part, Mode::for_batch(part.len()), (grouped, wide))?;
         }
         Ok(())
+    }
+
+    /// The embedding of `tokens` (one input: see [`Engine::embed_text`]):
+    /// every token's hidden state after the output norm, pooled as
+    /// `pooling` says (else as the file says, else the mean) and normalized
+    /// as llama.cpp's `llama-embedding` does by default (`embed.rs`). The
+    /// input runs from an empty cache in llama.cpp's physical batches of
+    /// [`UBATCH`], every token an output row. Fast path only.
+    pub fn embed(&self, tokens: &[u32], pooling: Option<Pooling>) -> Result<Embedding> {
+        let pooling = pooling.or(self.info.config.pooling).unwrap_or(Pooling::Mean);
+        if tokens.is_empty() {
+            return Err(Error::new(ErrorKind::Input, "an empty input has no embedding"));
+        }
+        if tokens.len() > self.info.context {
+            return Err(Error::new(
+                ErrorKind::Input,
+                format!(
+                    "an input of {} tokens does not fit the context of {} (load the model with a larger context, or split the input)",
+                    tokens.len(),
+                    self.info.context
+                ),
+            ));
+        }
+        let Backend::Fast(m) = &self.backend else {
+            return Err(Error::new(
+                ErrorKind::Device,
+                "embeddings run on the CPU path only (--device cpu)",
+            ));
+        };
+        let d = self.info.config.n_embd;
+        let mut pooler = Pooler::new(pooling, d, tokens.len());
+        let (mut kv, mut scratch) = (KvCache::default(), Scratch::default());
+        scratch.all_rows = true;
+        let prompt = Prompt::new(tokens.len(), false);
+        let mut at = 0;
+        while at < tokens.len() {
+            let b = prompt.batch(at);
+            let n = b.len();
+            let wide = if n >= WIDE { b.end } else { b.start };
+            let (gu, wu) = self.mask((b.end - n % 4, wide));
+            let part = &tokens[b.clone()];
+            m.forward(&self.pool, part, Mode::for_batch(n), gu, wu, &mut kv, &mut scratch)?;
+            pooler.add(&scratch.hidden[..n * d]);
+            at = b.end;
+        }
+        Ok(Embedding { vector: pooler.finish(), tokens: tokens.len(), pooling })
+    }
+
+    /// The embedding of `text`, tokenized as llama.cpp's embedding tools
+    /// tokenize an input (BOS where the file asks for it), with control
+    /// tokens written in it read as text: [`Engine::embed`].
+    pub fn embed_text(&self, text: &str, pooling: Option<Pooling>) -> Result<Embedding> {
+        let tokens = self.tokenize_prompt(text, false)?;
+        self.embed(&tokens, pooling)
     }
 
     /// Runs `part` after what `session` caches, by attention path `mode`

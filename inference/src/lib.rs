@@ -13,6 +13,7 @@
 mod arch;
 mod candle_path;
 mod constraint;
+mod embed;
 mod engine;
 mod error;
 pub mod gguf;
@@ -27,6 +28,7 @@ mod tokenizer;
 
 pub use arch::{Act, Arch, Config};
 pub use constraint::{Constraint, Grammar, Grammars, Marker};
+pub use embed::{Embedding, Pooling};
 pub use engine::{
     inspect, Device, Engine, EngineOptions, Facts, Finish, GenParams, Generation, ModelInfo,
     Output, Session, Step,

@@ -667,6 +667,13 @@ pub(crate) struct Scratch {
     /// Runs of rows (one sequence each) on the tiled path.
     spans: Vec<std::ops::Range<usize>>,
     pub(crate) logits: Vec<f32>,
+    /// Keep every row to the end (embeddings): the last layer runs on all
+    /// rows, as llama.cpp's does when every token is an output, and the
+    /// pass leaves each row's final-normed hidden state in [`Scratch::hidden`]
+    /// instead of computing logits.
+    pub(crate) all_rows: bool,
+    /// The rows' hidden states after the output norm, with `all_rows`.
+    pub(crate) hidden: Vec<f32>,
 }
 
 #[inline(always)]
@@ -905,7 +912,7 @@ impl Model {
             // In the last layer only each sequence's last row goes on (its
             // keys and values are cached already): llama.cpp's output rows,
             // one column each.
-            let nr = if li + 1 == self.layers.len() {
+            let nr = if li + 1 == self.layers.len() && !s.all_rows {
                 for (j, &r) in s.last.iter().enumerate() {
                     s.x.copy_within(r * d..(r + 1) * d, j * d);
                 }
@@ -924,7 +931,8 @@ impl Model {
                 // pass are one batch); the last layer's rows are each
                 // sequence's output row, alone.
                 let (h, g, w) = (&s.h[..nr * d], &s.grouped[..nr], &s.wide[..nr]);
-                let at = if li + 1 == self.layers.len() { &[][..] } else { &s.rows[..] };
+                let at =
+                    if li + 1 == self.layers.len() && !s.all_rows { &[][..] } else { &s.rows[..] };
                 moe.forward(pool, h, nr, g, w, at, &mut s.moe, &mut s.proj)?;
                 let proj = &s.proj;
                 crate::kernels::rows_mut(pool, &mut s.x[..nr * d], d, |i, x| {
@@ -972,6 +980,17 @@ impl Model {
                     x.iter_mut().zip(&proj[i * d..(i + 1) * d]).for_each(|(x, p)| *x += p)
                 });
             }
+        }
+        if s.all_rows {
+            // Every row's hidden state after the output norm (llama.cpp's
+            // `t_embd`), no logits.
+            seqs.iter_mut().for_each(|q| q.kv.len += q.n);
+            let (x, norm) = (&s.x, &self.out_norm);
+            s.hidden.resize(n * d, 0.0);
+            crate::kernels::rows_mut(pool, &mut s.hidden[..n * d], d, |i, h| {
+                rms_norm(&x[i * d..(i + 1) * d], norm, cfg.eps, h)
+            });
+            return Ok(());
         }
         // Each sequence's last row (compacted in the last layer): final
         // norm, then one output matmul.

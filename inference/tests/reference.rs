@@ -418,3 +418,41 @@ fn batched_decoding_equals_solo_decoding() {
         assert_eq!(engine.end(g, &mut |_| {}).ids, solo[k], "{:?}", cases[k]["question"]);
     }
 }
+
+/// Embeddings of the default model (a chat model, so the pooling is the
+/// caller's) agree with llama.cpp's, each input alone, for mean, CLS and
+/// last pooling: cosine ≥ 0.99999 and unit length (the fixture is
+/// llama-server's `/v1/embeddings`, made by `scripts/embed_reference.py`).
+/// A batch of several inputs gives each input's own vector.
+#[test]
+fn embeddings_match_llama_cpp() {
+    let Some(path) = model() else { return };
+    let engine = Engine::load(&path, &EngineOptions::default()).expect("model loads");
+    let cases = lines("smollm2-embed.jsonl");
+    assert!(cases.len() >= 15, "the fixture has mean, cls and last lines");
+    let mut worst = 1.0f64;
+    for c in &cases {
+        let text = c["text"].as_str().expect("text");
+        let pooling: inference::Pooling = c["pooling"].as_str().expect("pooling").parse().unwrap();
+        let want: Vec<f64> = c["embedding"]
+            .as_array()
+            .expect("vector")
+            .iter()
+            .map(|v| v.as_f64().unwrap())
+            .collect();
+        let got = engine.embed_text(text, Some(pooling)).expect("embeds");
+        assert_eq!((got.vector.len(), got.pooling), (want.len(), pooling));
+        let dot: f64 = got.vector.iter().zip(&want).map(|(a, b)| *a as f64 * b).sum();
+        let norm = |v: &mut dyn Iterator<Item = f64>| v.map(|x| x * x).sum::<f64>().sqrt();
+        let (ng, nw) =
+            (norm(&mut got.vector.iter().map(|v| *v as f64)), norm(&mut want.iter().copied()));
+        assert!((ng - 1.0).abs() < 1e-5, "unit length: {ng}");
+        let cos = dot / (ng * nw);
+        worst = worst.min(cos);
+        assert!(cos >= 0.99999, "{pooling:?} {text:?}: cosine {cos}");
+    }
+    eprintln!("embeddings: worst cosine {worst:.8} over {} lines", cases.len());
+    // No pooling asked, none in the file: the mean.
+    assert_eq!(engine.embed_text("hi", None).unwrap().pooling, inference::Pooling::Mean);
+    assert!(engine.embed(&[], None).is_err(), "an empty input is an error, not a panic");
+}

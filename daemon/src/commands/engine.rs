@@ -246,6 +246,28 @@ pub(crate) fn generate(a: GenerateArgs<'_>, cancel: &AtomicBool) -> Result<infer
     Ok(out.finish)
 }
 
+/// `agentd embed`: each text's embedding, printed as one JSON object
+/// `{"model", "pooling", "dimensions", "embeddings": [[…], …], "tokens": [n, …]}`.
+pub(crate) fn embed(e: &EngineArgs, pooling: Option<&str>, texts: &[String]) -> Result<()> {
+    let pooling = pooling.map(str::parse::<inference::Pooling>).transpose()?;
+    let (r, engine) = e.load()?;
+    let mut vectors = Vec::with_capacity(texts.len());
+    let mut tokens = Vec::with_capacity(texts.len());
+    let mut used = None;
+    for (i, t) in texts.iter().enumerate() {
+        let em = engine.embed_text(t, pooling).with_context(|| format!("text {}", i + 1))?;
+        used = Some(em.pooling);
+        tokens.push(em.tokens);
+        vectors.push(em.vector);
+    }
+    println!(
+        "{}",
+        json!({"model": r.name, "pooling": used.map(inference::Pooling::as_str),
+               "dimensions": engine.info().config.n_embd, "embeddings": vectors, "tokens": tokens})
+    );
+    Ok(())
+}
+
 /// Peak resident set size of this process in MB (VmHWM).
 fn peak_rss_mb() -> Option<f64> {
     let s = std::fs::read_to_string("/proc/self/status").ok()?;
