@@ -381,3 +381,24 @@ fn a_default_model_given_by_path_comes_back_after_it_was_unloaded() {
     let (_, ps) = request(port, "GET", "/api/ps", "");
     assert!(ps.contains("default.gguf"), "the default is loaded again: {ps}");
 }
+
+/// Embeddings through the official `openai` and `ollama` clients
+/// (`python/embed_check.py`): every vector equals llama.cpp's for the same
+/// input (the engine's reference fixture), in every encoding and route.
+#[test]
+fn embeddings_through_the_openai_and_ollama_clients_are_llama_cpps() {
+    let test = "embeddings_through_the_openai_and_ollama_clients_are_llama_cpps";
+    let Some(model) = agentd_tests::dep("AGENTD_TEST_MODEL", test) else { return };
+    let Some(python) = agentd_tests::dep("AGENTD_TEST_PYTHON", test) else { return };
+    let home = Home::new();
+    place(&model, &home.path().join("models/smol.gguf"));
+    let (_daemon, port) = serve(&home, &["--model", "smol"]);
+    let fixture =
+        agentd_tests::workspace_root().join("inference/tests/data/reference/smollm2-embed.jsonl");
+    let out = agentd_tests::python_check(
+        &python,
+        "embed_check.py",
+        &[&format!("http://127.0.0.1:{port}"), "smol", fixture.to_str().unwrap()],
+    );
+    assert!(out.contains("agree with llama.cpp"), "{out}");
+}

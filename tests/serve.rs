@@ -281,10 +281,13 @@ fn malformed_requests_get_a_4xx_with_a_message_and_the_daemon_stays_healthy() {
             );
         }
     }
-    // Embeddings: a clear 501 while no embedding model is configured.
-    let (st, b) = http(&d.socket, "POST", "/api/embed", br#"{"model": "m", "input": "x"}"#);
-    assert_eq!(st, 501);
-    assert!(json_of(&b)["error"].as_str().unwrap().contains("embedding"));
+    // Embeddings: the served model embeds; a bad request is Ollama's 400.
+    let (st, b) = http(&d.socket, "POST", "/api/embed", br#"{"input": "x"}"#);
+    assert_eq!(st, 200, "{}", String::from_utf8_lossy(&b));
+    assert_eq!(json_of(&b)["embeddings"].as_array().map(Vec::len), Some(1));
+    let (st, b) = http(&d.socket, "POST", "/api/embed", br#"{"input": []}"#);
+    assert_eq!(st, 400);
+    assert!(json_of(&b)["error"].as_str().unwrap().contains("input"));
     let (st, b) = http(&d.socket, "GET", "/health", b"");
     assert_eq!(st, 200, "{}", String::from_utf8_lossy(&b));
     let (st, b) = http(&d.socket, "GET", "/metrics", b"");

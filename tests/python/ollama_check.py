@@ -116,7 +116,7 @@ assert client.pull(pull_name).status == "success"
 
 for call, status in [(lambda: client.pull("no-such-model"), 404),
                      (lambda: client.chat(model="no-such-model", messages=msgs), 404),
-                     (lambda: client.embed(model=model, input="hi"), 501)]:
+                     (lambda: client.embed(model=model, input=""), 400)]:
     try:
         call()
         raise AssertionError(f"expected {status}")

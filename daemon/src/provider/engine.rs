@@ -48,6 +48,14 @@ pub(crate) struct Card {
     pub(crate) modified: Option<std::time::SystemTime>,
 }
 
+/// One input to embed: text (tokenized as llama.cpp's embedding tools do,
+/// control tokens read as text) or token ids.
+#[derive(Debug, Clone)]
+pub(crate) enum EmbedInput {
+    Text(String),
+    Tokens(Vec<u32>),
+}
+
 /// One chat request for the batch.
 #[derive(Debug)]
 pub(crate) struct ChatJob {
@@ -164,6 +172,44 @@ impl Batch {
         }
         catch_unwind(AssertUnwindSafe(|| self.local.prompt_tokens(messages, tools)))
             .unwrap_or_else(|_| Err(ProviderError::Failed("internal error".into())))
+    }
+
+    /// The embeddings of `inputs`, each alone (`inference::Engine::embed`:
+    /// the file's pooling, else the mean). An input longer than the
+    /// context is cut to it with `truncate`, else refused.
+    pub(crate) fn embed(
+        &self,
+        inputs: &[EmbedInput],
+        truncate: bool,
+    ) -> Result<Vec<inference::Embedding>, ProviderError> {
+        if let Some(why) = self.broken() {
+            return Err(ProviderError::Failed(why));
+        }
+        let engine = &self.local.engine;
+        let limit = engine.info().context;
+        let fail = |e: inference::Error| match e.kind() {
+            inference::ErrorKind::Input => ProviderError::Invalid(e.to_string()),
+            _ => ProviderError::Failed(e.to_string()),
+        };
+        catch_unwind(AssertUnwindSafe(|| {
+            inputs
+                .iter()
+                .map(|input| {
+                    let mut ids = match input {
+                        EmbedInput::Text(t) => engine.tokenize_prompt(t, false).map_err(fail)?,
+                        EmbedInput::Tokens(t) => t.clone(),
+                    };
+                    if ids.len() > limit {
+                        if !truncate {
+                            return Err(ProviderError::Context { need: ids.len(), limit });
+                        }
+                        ids.truncate(limit);
+                    }
+                    engine.embed(&ids, None).map_err(fail)
+                })
+                .collect()
+        }))
+        .unwrap_or_else(|_| Err(ProviderError::Failed("internal error".into())))
     }
 
     /// Starts a request: it joins the batch, or ends at once (cancelled

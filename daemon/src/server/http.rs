@@ -14,7 +14,7 @@
 use super::json::{error, reshape, Shape};
 use super::shared::{constant_eq, State};
 use super::wire::openai::{ModelCard, ModelList};
-use super::{anthropic, chat, ollama, page, records, responses, runs};
+use super::{anthropic, chat, embed, ollama, page, records, responses, runs};
 use axum::extract::{Request, State as AxState};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -29,7 +29,7 @@ use std::time::Instant;
 /// The routes `/metrics` counts by name; a path of none of them is
 /// counted as `other` (a label per unknown path would let any client grow
 /// the series without bound).
-const ROUTES: [&str; 23] = [
+const ROUTES: [&str; 24] = [
     "/",
     "/health",
     "/metrics",
@@ -37,6 +37,7 @@ const ROUTES: [&str; 23] = [
     "/favicon.svg",
     "/v1/models",
     "/v1/chat/completions",
+    "/v1/embeddings",
     "/v1/messages",
     "/v1/messages/count_tokens",
     "/v1/responses",
@@ -235,8 +236,8 @@ fn ollama_routes(r: Router<State>) -> Router<State> {
         .route("/api/chat", post(ollama::chat))
         .route("/api/generate", post(ollama::generate))
         .route("/api/pull", post(ollama::pull))
-        .route("/api/embed", post(ollama::embed))
-        .route("/api/embeddings", post(ollama::embed))
+        .route("/api/embed", post(embed::ollama))
+        .route("/api/embeddings", post(embed::ollama))
 }
 
 /// What the tokenless `--ollama` listener serves: the Ollama routes and the
@@ -248,6 +249,7 @@ fn ollama_router(st: State, origins: Vec<String>) -> Router {
         .route("/health", get(health))
         .route("/v1/models", get(models))
         .route("/v1/chat/completions", post(chat::completions))
+        .route("/v1/embeddings", post(embed::openai))
         .route("/v1/messages", post(anthropic::messages))
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/v1/responses", post(responses::create))
@@ -257,7 +259,7 @@ fn ollama_router(st: State, origins: Vec<String>) -> Router {
             error(
                 StatusCode::NOT_FOUND,
                 "not_found",
-                "no such route on the Ollama listener, which serves only the model routes: /api/…, /v1/models, /v1/chat/completions, /v1/messages, /v1/responses and /health (runs, chats and settings are on the socket and the --listen port)",
+                "no such route on the Ollama listener, which serves only the model routes: /api/…, /v1/models, /v1/chat/completions, /v1/embeddings, /v1/messages, /v1/responses and /health (runs, chats and settings are on the socket and the --listen port)",
             )
         })
         .layer(axum::middleware::from_fn_with_state(st.clone(), counted))
@@ -273,6 +275,7 @@ fn router(st: State, token: Option<Arc<String>>) -> Router {
         .route("/metrics", get(metrics))
         .route("/v1/models", get(models))
         .route("/v1/chat/completions", post(chat::completions))
+        .route("/v1/embeddings", post(embed::openai))
         .route("/v1/messages", post(anthropic::messages))
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/v1/responses", post(responses::create))

@@ -23,6 +23,7 @@
 
 mod anthropic;
 mod chat;
+mod embed;
 mod http;
 mod json;
 pub(crate) mod metrics;

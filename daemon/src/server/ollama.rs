@@ -50,14 +50,6 @@ pub(super) async fn version() -> Response {
     axum::Json(Version { version: VERSION }).into_response()
 }
 
-/// `POST /api/embed`, `/api/embeddings`: no embedding model is configured.
-pub(super) async fn embed() -> Response {
-    fail(
-        StatusCode::NOT_IMPLEMENTED,
-        "embeddings are not available: agentd serves a chat model and no embedding model is configured",
-    )
-}
-
 /// The served model's Ollama name (`NAME:latest`; a model served from a
 /// path is named by its file stem).
 fn tag(st: &State) -> String {
@@ -194,7 +186,9 @@ pub(super) async fn show(AxState(st): AxState<State>, req: Request) -> Response 
     info.insert(format!("{a}.block_count"), Value::from(c.layers));
     info.insert(format!("{a}.attention.head_count"), Value::from(c.heads.0));
     info.insert(format!("{a}.attention.head_count_kv"), Value::from(c.heads.1));
-    let mut capabilities = vec!["completion", "tools"];
+    // Every model the engine runs also embeds (`/api/embed`: its pooling,
+    // else the mean of its token states).
+    let mut capabilities = vec!["completion", "tools", "embedding"];
     if c.fim.is_some() {
         capabilities.push("insert");
     }

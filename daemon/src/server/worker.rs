@@ -69,6 +69,14 @@ pub(crate) enum Job {
         tools: Vec<ToolDef>,
         tx: Sender<Result<usize, ProviderError>>,
     },
+    /// Embeddings of inputs (`/v1/embeddings`, `/api/embed`), answered
+    /// between the batch's steps.
+    Embed {
+        inputs: Vec<crate::provider::engine::EmbedInput>,
+        /// Cut an input longer than the context instead of refusing it.
+        truncate: bool,
+        tx: Sender<Result<Vec<inference::Embedding>, ProviderError>>,
+    },
     /// A research thread ended: its slot is free.
     Finished,
     /// A place in the upstream gate freed.
@@ -84,6 +92,7 @@ impl std::fmt::Debug for Job {
             Job::Research { .. } => "Job::Research",
             Job::Resume { .. } => "Job::Resume",
             Job::Count { .. } => "Job::Count",
+            Job::Embed { .. } => "Job::Embed",
             Job::Finished => "Job::Finished",
             Job::Wake => "Job::Wake",
             Job::Stop => "Job::Stop",
@@ -392,6 +401,12 @@ fn serve_jobs(setup: &mut Setup, rx: &mut UnboundedReceiver<(Job, bool)>, worker
                     }
                     let _ = tx.send(batch.count(&messages, &tools));
                 }
+                Ok((Job::Embed { inputs, truncate, tx }, external)) => {
+                    if external {
+                        worker.depth.fetch_sub(1, Ordering::Relaxed);
+                    }
+                    let _ = tx.send(batch.embed(&inputs, truncate));
+                }
                 Ok((Job::Finished, _)) => research = research.saturating_sub(1),
                 Ok((Job::Wake, _)) => {}
                 Ok((Job::Stop, _)) => stopping = true,
@@ -471,6 +486,14 @@ fn serve_upstream(
             }
             Some((Job::Count { tx, .. }, _)) => {
                 let _ = tx.send(Err(ProviderError::Failed("the upstream counts no tokens".into())));
+            }
+            Some((Job::Embed { tx, .. }, external)) => {
+                if external {
+                    worker.depth.fetch_sub(1, Ordering::Relaxed);
+                }
+                let _ = tx.send(Err(ProviderError::Invalid(
+                    "embeddings need the local engine: this daemon serves the model through another provider".into(),
+                )));
             }
             Some((Job::Finished, _)) => research = research.saturating_sub(1),
             Some((Job::Wake | Job::Stop, _)) => {}

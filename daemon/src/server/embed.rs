@@ -1,0 +1,328 @@
+//! The embedding routes: OpenAI's `POST /v1/embeddings` and Ollama's
+//! `POST /api/embed` (and its older `/api/embeddings`). The model a body
+//! names embeds each input on its engine thread (`Job::Embed`, between the
+//! batch's steps), as `inference::Engine::embed` computes it: the pooling
+//! the file names, else the mean, normalized to length 1 — llama.cpp's
+//! numbers for each input alone.
+
+use super::json::{bad, not_started};
+use super::shared::State;
+use super::wire::{decode, Started};
+use super::worker::Job;
+use crate::provider::engine::EmbedInput;
+use crate::provider::ProviderError;
+use axum::extract::{Request, State as AxState};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use base64::Engine as _;
+use inference::Embedding;
+use serde::{Deserialize, Serialize};
+use std::time::Instant;
+
+/// Most inputs one request may carry.
+const MAX_INPUTS: usize = 2048;
+
+/// One input: text, or token ids (OpenAI's API takes both).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub(crate) enum Input {
+    Text(String),
+    Tokens(Vec<u32>),
+}
+
+/// `input` as OpenAI and Ollama spell it: one string, strings, one token
+/// array or token arrays.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum Inputs {
+    One(String),
+    Many(Vec<String>),
+    Tokens(Vec<u32>),
+    TokenLists(Vec<Vec<u32>>),
+}
+
+impl Inputs {
+    fn list(self) -> Vec<Input> {
+        match self {
+            Inputs::One(s) => vec![Input::Text(s)],
+            Inputs::Many(v) => v.into_iter().map(Input::Text).collect(),
+            Inputs::Tokens(t) => vec![Input::Tokens(t)],
+            Inputs::TokenLists(v) => v.into_iter().map(Input::Tokens).collect(),
+        }
+    }
+}
+
+/// OpenAI's embeddings request.
+#[derive(Debug, Deserialize)]
+struct OpenAiBody {
+    #[allow(dead_code)]
+    model: Option<String>,
+    input: Inputs,
+    #[serde(default)]
+    encoding_format: Option<String>,
+    #[serde(default)]
+    dimensions: Option<usize>,
+    #[allow(dead_code)]
+    #[serde(default)]
+    user: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+enum Vector {
+    Float(Vec<f32>),
+    Base64(String),
+}
+
+#[derive(Debug, Serialize)]
+struct OpenAiItem {
+    object: &'static str,
+    index: usize,
+    embedding: Vector,
+}
+
+#[derive(Debug, Serialize)]
+struct OpenAiUsage {
+    prompt_tokens: usize,
+    total_tokens: usize,
+}
+
+#[derive(Debug, Serialize)]
+struct OpenAiList {
+    object: &'static str,
+    data: Vec<OpenAiItem>,
+    model: String,
+    usage: OpenAiUsage,
+}
+
+/// Ollama's `/api/embed` request (and `/api/embeddings`' `prompt`).
+#[derive(Debug, Deserialize)]
+struct OllamaBody {
+    #[allow(dead_code)]
+    model: Option<String>,
+    input: Option<Inputs>,
+    /// `/api/embeddings`: one text.
+    prompt: Option<String>,
+    /// Cut an input to the context instead of failing (Ollama's default).
+    #[serde(default = "yes")]
+    truncate: bool,
+    #[serde(default)]
+    dimensions: Option<usize>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+#[derive(Debug, Serialize)]
+struct OllamaEmbed {
+    model: String,
+    embeddings: Vec<Vec<f32>>,
+    total_duration: u64,
+    load_duration: u64,
+    prompt_eval_count: usize,
+}
+
+#[derive(Debug, Serialize)]
+struct OllamaEmbeddings {
+    embedding: Vec<f32>,
+}
+
+/// `dimensions`: the first `n` values, normalized again (the truncation
+/// Matryoshka-trained models allow); `n` must be 1..=the model's size.
+fn truncate(mut v: Vec<f32>, n: Option<usize>) -> Vec<f32> {
+    let Some(n) = n.filter(|&n| n < v.len()) else { return v };
+    v.truncate(n);
+    let sum: f64 = v.iter().map(|x| (*x as f64) * (*x as f64)).sum();
+    let norm = if sum > 0.0 { (1.0 / sum.sqrt()) as f32 } else { 0.0 };
+    v.iter_mut().for_each(|x| *x *= norm);
+    v
+}
+
+fn check(inputs: &[Input], dimensions: Option<usize>, size: usize) -> Result<(), String> {
+    if inputs.is_empty() {
+        return Err("`input` has no inputs".into());
+    }
+    if inputs.len() > MAX_INPUTS {
+        return Err(format!("`input` has {} inputs; at most {MAX_INPUTS}", inputs.len()));
+    }
+    if let Some(i) = inputs.iter().position(|i| match i {
+        Input::Text(s) => s.is_empty(),
+        Input::Tokens(t) => t.is_empty(),
+    }) {
+        return Err(format!("input {i} is empty: an empty input has no embedding"));
+    }
+    match dimensions {
+        Some(0) => Err("`dimensions` must be at least 1".into()),
+        Some(d) if d > size => {
+            Err(format!("`dimensions` is {d}, but the model's embeddings have {size}"))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// The inputs' embeddings on the model of `st`.
+async fn run(st: &State, inputs: Vec<Input>, truncate: bool) -> Result<Vec<Embedding>, Started> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let inputs = inputs
+        .into_iter()
+        .map(|i| match i {
+            Input::Text(t) => EmbedInput::Text(t),
+            Input::Tokens(t) => EmbedInput::Tokens(t),
+        })
+        .collect();
+    if st.worker.submit(Job::Embed { inputs, truncate, tx }).is_err() {
+        return Err(Started::Busy);
+    }
+    match tokio::task::spawn_blocking(move || rx.recv()).await {
+        Ok(Ok(r)) => r.map_err(Started::Failed),
+        _ => Err(Started::Failed(ProviderError::Failed("the engine stopped".into()))),
+    }
+}
+
+/// `POST /v1/embeddings`.
+pub(super) async fn openai(AxState(st): AxState<State>, req: Request) -> Response {
+    let (body, st, _lease) = match st.read(req).await {
+        Ok(x) => x,
+        Err(r) => return r,
+    };
+    let b: OpenAiBody = match decode(body) {
+        Ok(b) => b,
+        Err(m) => return bad(format!("the request is not an embeddings request: {m}")),
+    };
+    let base64 = match b.encoding_format.as_deref() {
+        None | Some("float") => false,
+        Some("base64") => true,
+        Some(other) => {
+            return bad(format!(
+                "`encoding_format` is {other:?}: it must be \"float\" or \"base64\""
+            ))
+        }
+    };
+    let inputs = b.input.list();
+    if let Err(m) = check(&inputs, b.dimensions, st.card.embedding) {
+        return bad(m);
+    }
+    let out = match run(&st, inputs, false).await {
+        Ok(v) => v,
+        Err(s) => return not_started(s),
+    };
+    let tokens = out.iter().map(|e| e.tokens).sum();
+    let data = out
+        .into_iter()
+        .enumerate()
+        .map(|(index, e)| {
+            let v = truncate(e.vector, b.dimensions);
+            let embedding = if base64 {
+                let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+                Vector::Base64(base64::engine::general_purpose::STANDARD.encode(bytes))
+            } else {
+                Vector::Float(v)
+            };
+            OpenAiItem { object: "embedding", index, embedding }
+        })
+        .collect();
+    let list = OpenAiList {
+        object: "list",
+        data,
+        model: st.model.clone(),
+        usage: OpenAiUsage { prompt_tokens: tokens, total_tokens: tokens },
+    };
+    axum::Json(list).into_response()
+}
+
+/// Ollama's error shape, `{"error": "…"}`.
+fn ollama_fail(status: StatusCode, msg: impl Into<String>) -> Response {
+    #[derive(Serialize)]
+    struct E {
+        error: String,
+    }
+    let body = serde_json::to_string(&E { error: msg.into() }).unwrap_or_default();
+    (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
+}
+
+/// `POST /api/embed` (`input`) and `/api/embeddings` (`prompt`, one
+/// vector under `embedding`).
+pub(super) async fn ollama(AxState(st): AxState<State>, req: Request) -> Response {
+    let started = Instant::now();
+    let legacy = req.uri().path().trim_end_matches('/') == "/api/embeddings";
+    let (body, st, _lease) = match st.read(req).await {
+        Ok(x) => x,
+        Err(r) => return r,
+    };
+    let b: OllamaBody = match decode(body) {
+        Ok(b) => b,
+        Err(m) => return ollama_fail(StatusCode::BAD_REQUEST, m),
+    };
+    let inputs = match (b.input, b.prompt) {
+        (Some(i), _) => i.list(),
+        (None, Some(p)) => vec![Input::Text(p)],
+        (None, None) => {
+            return ollama_fail(StatusCode::BAD_REQUEST, "the request has no `input` (or `prompt`)")
+        }
+    };
+    if let Err(m) = check(&inputs, b.dimensions, st.card.embedding) {
+        return ollama_fail(StatusCode::BAD_REQUEST, m);
+    }
+    let out = match run(&st, inputs, b.truncate).await {
+        Ok(v) => v,
+        Err(s) => {
+            let r = not_started(s);
+            let status = r.status();
+            let bytes = axum::body::to_bytes(r.into_body(), 1 << 16).await.unwrap_or_default();
+            let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
+            let msg = v["error"]["message"].as_str().unwrap_or("the embedding failed").to_owned();
+            return ollama_fail(status, msg);
+        }
+    };
+    if legacy {
+        let embedding = out.into_iter().next().map(|e| e.vector).unwrap_or_default();
+        return axum::Json(OllamaEmbeddings { embedding: truncate(embedding, b.dimensions) })
+            .into_response();
+    }
+    let count = out.iter().map(|e| e.tokens).sum();
+    let reply = OllamaEmbed {
+        model: format!("{}:latest", short_name(&st.model)),
+        embeddings: out.into_iter().map(|e| truncate(e.vector, b.dimensions)).collect(),
+        total_duration: started.elapsed().as_nanos() as u64,
+        load_duration: 0,
+        prompt_eval_count: count,
+    };
+    axum::Json(reply).into_response()
+}
+
+/// A served model's short name (a path's file stem).
+fn short_name(model: &str) -> &str {
+    if model.ends_with(".gguf") || model.contains('/') {
+        let p = std::path::Path::new(model);
+        p.file_stem().and_then(|s| s.to_str()).unwrap_or(model)
+    } else {
+        model
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn inputs_take_every_shape_openai_and_ollama_send() {
+        let parse = |s: &str| serde_json::from_str::<Inputs>(s).unwrap().list().len();
+        assert_eq!(parse(r#""a""#), 1);
+        assert_eq!(parse(r#"["a", "b"]"#), 2);
+        assert_eq!(parse("[1, 2, 3]"), 1);
+        assert_eq!(parse("[[1], [2, 3]]"), 2);
+        assert!(serde_json::from_str::<Inputs>("{}").is_err());
+    }
+
+    #[test]
+    fn dimensions_cut_and_renormalize_and_are_checked() {
+        assert_eq!(truncate(vec![0.6, 0.8, 0.0], Some(1)), vec![1.0]);
+        assert_eq!(truncate(vec![0.6, 0.8], None), vec![0.6, 0.8]);
+        let one = [Input::Text("a".into())];
+        assert!(check(&one, Some(4), 3).is_err() && check(&one, Some(0), 3).is_err());
+        assert!(check(&one, Some(3), 3).is_ok());
+        assert!(check(&[], None, 3).is_err());
+        assert!(check(&[Input::Text(String::new())], None, 3).is_err());
+    }
+}
