@@ -3,7 +3,7 @@
 # system Python:
 #
 #   AGENTD_TEST_PYTHON     the test venv's python: openai, ollama, anthropic, mcp<2,
-#                          jsonschema, playwright, numpy and gguf (scripts/synth_families.py
+#                          langchain-ollama, jsonschema, playwright, numpy and gguf (scripts/synth_families.py
 #                          writes the model-family test files with them), pinned in
 #                          tests/deps/requirements.txt
 #   AGENTD_TEST_NPM        the npm packages' node_modules (tests/deps/npm/package-lock.json)

@@ -1,7 +1,8 @@
 """Drives `agentd serve --ollama` with the official `openai` and `ollama`
-Python clients as retrieval apps call them: `embeddings.create` (the SDK's
+Python clients and LangChain's `OllamaEmbeddings` as retrieval apps call them: `embeddings.create` (the SDK's
 default base64 encoding and float, one input and several, token ids,
-`dimensions`), Ollama's `embed` and the older `embeddings`; every vector
+`dimensions`), Ollama's `embed` and the older `embeddings`, LangChain's
+`embed_documents` and `embed_query`; every vector
 compared with llama.cpp's for the same input (the fixture
 inference/tests/data/reference/smollm2-embed.jsonl, mean pooling: cosine
 >= 0.99999), and bad requests refused with 400.
@@ -12,6 +13,7 @@ import sys
 
 import ollama
 import openai
+from langchain_ollama import OllamaEmbeddings
 
 host, model, fixture = sys.argv[1:4]
 want = {}
@@ -68,4 +70,9 @@ try:
     raise AssertionError("ollama accepted an empty input")
 except ollama.ResponseError as err:
     assert err.status_code == 400, err
-print(f"embeddings: {len(texts)} inputs agree with llama.cpp through openai and ollama")
+# LangChain's Ollama embeddings, as retrieval pipelines index documents.
+lc = OllamaEmbeddings(model=model, base_url=host)
+for t, v in zip(texts, lc.embed_documents(texts)):
+    agrees(t, v, "langchain documents")
+agrees(texts[2], lc.embed_query(texts[2]), "langchain query")
+print(f"embeddings: {len(texts)} inputs agree with llama.cpp through openai, ollama and langchain")
