@@ -15,18 +15,27 @@ compute. The vectors are llama-server's: pooled over the hidden states after the
 normalized to Euclidean length 1 (its default, `--embd-normalize 2`).
 
 --check compares with the fixture (cosine >= 0.99999 per line) instead of writing it.
-Standard library only.
+
+--families (with --python, the interpreter with numpy and gguf) makes
+inference/tests/data/reference/embed-families.jsonl instead: for each file of
+scripts/synth_embed.py (bert with CLS pooling, nomic-bert with mean pooling, bert-rerank with
+its classification head), its sha256, and per input the ids of `/tokenize` (special tokens
+added: [CLS] ... [SEP]) and llama-server's vector (`--embedding`, the file's pooling) — or,
+for the reranker (`--reranking`), the `/v1/rerank` scores of documents for a query.
+Otherwise standard library only.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 
@@ -57,44 +66,91 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def embeddings(llama_bin: str, model: str, pooling: str) -> list[list[float]]:
-    port = free_port()
-    server = subprocess.Popen(
-        [
-            os.path.join(llama_bin, "llama-server"),
-            "-m", model, "-t", "1", "-c", "2048", "-np", "1",
-            "--port", str(port), "--host", "127.0.0.1",
-            "--embedding", "--pooling", pooling,
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        url = f"http://127.0.0.1:{port}"
+class Server:
+    """llama-server on `model` with `flags`, at 1 thread, until the block ends."""
+
+    def __init__(self, llama_bin: str, model: str, flags: list[str]):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen(
+            [os.path.join(llama_bin, "llama-server"), "-m", model, "-t", "1", "-c", "2048",
+             "-np", "1", "--port", str(self.port), "--host", "127.0.0.1", *flags],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         deadline = time.time() + 120
         while True:
             try:
-                with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
                     if r.status == 200:
-                        break
+                        return
             except OSError:
                 pass
-            if time.time() > deadline or server.poll() is not None:
+            if time.time() > deadline or self.proc.poll() is not None:
+                self.close()
                 sys.exit(f"llama-server did not come up on {model}")
             time.sleep(0.2)
-        out = []
-        for text in TEXTS:
-            req = urllib.request.Request(
-                url + "/v1/embeddings",
-                json.dumps({"input": text}).encode(),
-                {"Content-Type": "application/json"},
-            )
-            with urllib.request.urlopen(req, timeout=120) as r:
-                out.append(json.load(r)["data"][0]["embedding"])
-        return out
-    finally:
-        server.terminate()
-        server.wait()
+
+    def post(self, path: str, body: dict) -> dict:
+        req = urllib.request.Request(
+            self.url + path, json.dumps(body).encode(), {"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return json.load(r)
+
+    def close(self) -> None:
+        self.proc.terminate()
+        self.proc.wait()
+
+    def __enter__(self) -> "Server":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def embeddings(llama_bin: str, model: str, pooling: str) -> list[list[float]]:
+    with Server(llama_bin, model, ["--embedding", "--pooling", pooling]) as srv:
+        return [srv.post("/v1/embeddings", {"input": t})["data"][0]["embedding"] for t in TEXTS]
+
+
+FAMILY_FIXTURE = os.path.join(os.path.dirname(FIXTURE), "embed-families.jsonl")
+FAMILY_TEXTS = [
+    "the sky is blue",
+    "Research is bounded; the final answer is reserved, and every limit has an owner!",
+    "retrieval ranks documents by query score",
+    "x",
+    "the printing press: books and ideas travelled across europe faster than ever. " * 8,
+]
+RERANK_QUERY = "what colour is the sky?"
+
+
+def families(llama_bin: str, python: str) -> list[dict]:
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "synth_embed.py")
+    lines = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for family in ["bert", "nomic-bert", "bert-rerank"]:
+            path = os.path.join(tmp, f"{family}.gguf")
+            subprocess.run([python, script, "--family", family, "--out", path], check=True)
+            with open(path, "rb") as f:
+                sha = hashlib.sha256(f.read()).hexdigest()
+            rerank = family == "bert-rerank"
+            flags = ["--reranking"] if rerank else ["--embedding"]
+            with Server(llama_bin, path, flags) as srv:
+                if rerank:
+                    r = srv.post("/v1/rerank", {"query": RERANK_QUERY, "documents": FAMILY_TEXTS})
+                    scores = [0.0] * len(FAMILY_TEXTS)
+                    for x in r["results"]:
+                        scores[x["index"]] = x["relevance_score"]
+                    lines.append({"family": family, "sha256": sha, "query": RERANK_QUERY,
+                                  "documents": FAMILY_TEXTS, "scores": scores})
+                    continue
+                for text in FAMILY_TEXTS:
+                    ids = srv.post("/tokenize", {"content": text, "add_special": True})["tokens"]
+                    vec = srv.post("/v1/embeddings", {"input": text})["data"][0]["embedding"]
+                    lines.append({"family": family, "sha256": sha, "text": text, "ids": ids,
+                                  "embedding": [round(v, 7) for v in vec]})
+    return lines
 
 
 def cosine(a: list[float], b: list[float]) -> float:
@@ -105,9 +161,33 @@ def cosine(a: list[float], b: list[float]) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--llama-bin", required=True)
-    ap.add_argument("--model", required=True)
+    ap.add_argument("--model")
     ap.add_argument("--check", action="store_true")
+    ap.add_argument("--families", action="store_true")
+    ap.add_argument("--python", default=sys.executable)
     args = ap.parse_args()
+    if args.families:
+        got = families(args.llama_bin, args.python)
+        if args.check:
+            with open(FAMILY_FIXTURE, encoding="utf-8") as f:
+                want = [json.loads(l) for l in f if l.strip()]
+            ok = len(want) == len(got) and all(
+                w.get("ids") == g.get("ids") and w["sha256"] == g["sha256"]
+                and (cosine(w["embedding"], g["embedding"]) >= 0.99999 if "embedding" in w
+                     else max(abs(a - b) for a, b in zip(w["scores"], g["scores"])) < 1e-4)
+                for w, g in zip(want, got)
+            )
+            if not ok:
+                sys.exit(f"differs from {FAMILY_FIXTURE}")
+            print(f"{len(got)} lines agree with {FAMILY_FIXTURE}")
+            return
+        with open(FAMILY_FIXTURE, "w", encoding="utf-8") as f:
+            for line in got:
+                f.write(json.dumps(line, ensure_ascii=False) + "\n")
+        print(f"wrote {len(got)} lines to {FAMILY_FIXTURE}")
+        return
+    if not args.model:
+        sys.exit("--model FILE is needed (or --families)")
     lines = []
     for pooling in POOLINGS:
         for text, vec in zip(TEXTS, embeddings(args.llama_bin, args.model, pooling)):
