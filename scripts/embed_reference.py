@@ -121,6 +121,9 @@ FAMILY_TEXTS = [
     "retrieval ranks documents by query score",
     "x",
     "the printing press: books and ideas travelled across europe faster than ever. " * 8,
+    "Café naïve RÉSUMÉ, ÀÉÎ ÕÜ",
+    "日本語のテキスト and 中文",
+    "don't\tstop\nnow — 3.14 $5 <b>x</b> 🙂 ok",
 ]
 RERANK_QUERY = "what colour is the sky?"
 

@@ -1,7 +1,7 @@
 //! The tokenizer, built from the GGUF metadata (or a `tokenizer.json` beside
 //! the model, which wins), and the bytes of every token for streaming text.
 //!
-//! Two vocabularies, as llama.cpp names them in `tokenizer.ggml.model`:
+//! Three vocabularies, as llama.cpp names them in `tokenizer.ggml.model`:
 //!
 //! - `gpt2` (byte-level BPE): the `tokenizers` crate, with pre-tokenizers
 //!   after llama.cpp's `tokenizer.ggml.pre` names: `smollm` splits digits one
@@ -15,6 +15,10 @@
 //!   as a `tokenizers` BPE because that needs a merges table derived from
 //!   the scores (over a million pairs for Gemma's 262k vocabulary, tens of
 //!   megabytes) and breaks score ties by rank, not by position.
+//!
+//! - `bert` (WordPiece: BERT-family embedding models): llama.cpp's WPM
+//!   rules through the `tokenizers` crate ([`wordpiece`]); a prompt is
+//!   `[CLS] … [SEP]`.
 //!
 //! Control tokens are parsed only when asked (`parse_special`), as llama.cpp
 //! does; user-defined tokens always are. Whether a prompt starts with BOS
@@ -49,6 +53,48 @@ const USER_DEFINED: i64 = 4;
 const UNKNOWN: i64 = 2;
 const BYTE: i64 = 6;
 
+/// llama.cpp's WordPiece (`llm_tokenizer_wpm`) as a `tokenizers` pipeline:
+/// NFD, then BERT's normalizer (control characters and combining marks
+/// dropped, Chinese characters split off, lower case), words split at
+/// whitespace and punctuation (ASCII symbols included), each word matched
+/// greedily longest-first against the vocabulary — which the converter
+/// stores in "phantom space" form (word starts prefixed with `▁`,
+/// continuations without BERT's `##`), turned back here — and a word with
+/// an unmatched rest is `[UNK]` whole.
+fn wordpiece(g: &Gguf, tokens: &[String], types: &[i64]) -> Result<Tokenizer> {
+    use tokenizers::models::wordpiece::WordPiece;
+    use tokenizers::normalizers::{BertNormalizer, Sequence as Norms, NFD};
+    use tokenizers::pre_tokenizers::bert::BertPreTokenizer;
+    let mut vocab = std::collections::HashMap::with_capacity(tokens.len());
+    for (i, t) in tokens.iter().enumerate() {
+        let key = if types[i] == CONTROL {
+            t.clone()
+        } else if let Some(word) = t.strip_prefix('\u{2581}') {
+            word.to_owned()
+        } else {
+            format!("##{t}")
+        };
+        vocab.entry(key).or_insert(i as u32);
+    }
+    let unk = g.u32("tokenizer.ggml.unknown_token_id").unwrap_or(100) as usize;
+    let unk = tokens.get(unk).cloned().unwrap_or_else(|| "[UNK]".to_owned());
+    let wp = WordPiece::builder()
+        .vocab(vocab.into_iter().collect::<Vocab>())
+        .unk_token(unk)
+        .continuing_subword_prefix("##".to_owned())
+        .max_input_chars_per_word(usize::MAX)
+        .build()
+        .map_err(|e| tok_err(format!("cannot build the WordPiece vocabulary: {e}")))?;
+    let mut tk = Tokenizer::new(wp);
+    let norms =
+        Norms::new(vec![NFD.into(), BertNormalizer::new(true, true, Some(true), true).into()]);
+    tk.with_normalizer(Some(norms)).map_err(|e| tok_err(e.to_string()))?;
+    tk.with_pre_tokenizer(Some(BertPreTokenizer));
+    tk.with_truncation(None).map_err(|e| tok_err(e.to_string()))?;
+    tk.with_padding(None);
+    Ok(tk)
+}
+
 /// Text ↔ token ids for one model.
 #[derive(Debug)]
 pub struct Tok {
@@ -61,6 +107,8 @@ pub struct Tok {
     ids: std::collections::HashMap<Box<str>, u32>,
     /// The BOS id when the file says prompts start with it.
     add_bos: Option<u32>,
+    /// The [SEP] id a WordPiece (`bert`) prompt ends with.
+    add_sep: Option<u32>,
 }
 
 #[derive(Debug)]
@@ -178,7 +226,23 @@ impl Tok {
             }
             let add_space_prefix = g.bool("tokenizer.ggml.add_space_prefix").unwrap_or(true);
             let model = Model::Spm(Box::new(Spm { scores, specials, bytes, add_space_prefix }));
-            return Ok(Tok { model, pieces, control, ids, add_bos });
+            return Ok(Tok { model, pieces, control, ids, add_bos, add_sep: None });
+        }
+        if kind == "bert" {
+            let tk = wordpiece(g, &tokens, &types)?;
+            let model = Model::Bpe(Box::new(Mutex::new(tk)));
+            // llama.cpp's WPM vocabularies end a prompt with [SEP].
+            let add_sep = g
+                .bool("tokenizer.ggml.add_sep_token")
+                .unwrap_or(true)
+                .then(|| g.u32("tokenizer.ggml.seperator_token_id").unwrap_or(102))
+                .filter(|&s| (s as usize) < tokens.len());
+            let add_bos = g
+                .bool("tokenizer.ggml.add_bos_token")
+                .unwrap_or(true)
+                .then(|| g.u32("tokenizer.ggml.bos_token_id").unwrap_or(101))
+                .filter(|&b| (b as usize) < tokens.len());
+            return Ok(Tok { model, pieces, control, ids, add_bos, add_sep });
         }
         let beside = model_path.with_file_name("tokenizer.json");
         let mut tk = if beside.is_file() {
@@ -244,7 +308,8 @@ impl Tok {
         };
         tk.with_truncation(None).map_err(|e| tok_err(e.to_string()))?;
         tk.with_padding(None);
-        Ok(Tok { model: Model::Bpe(Box::new(Mutex::new(tk))), pieces, control, ids, add_bos })
+        let model = Model::Bpe(Box::new(Mutex::new(tk)));
+        Ok(Tok { model, pieces, control, ids, add_bos, add_sep: None })
     }
 
     /// Token ids of `text`; control tokens written in it are parsed as such
@@ -277,6 +342,11 @@ impl Tok {
         if let Some(b) = self.add_bos {
             if ids.first() != Some(&b) {
                 ids.insert(0, b);
+            }
+        }
+        if let Some(sep) = self.add_sep {
+            if ids.last() != Some(&sep) {
+                ids.push(sep);
             }
         }
         Ok(ids)

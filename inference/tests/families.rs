@@ -216,3 +216,36 @@ fn an_unknown_architecture_is_refused_naming_it() {
 fn an_unknown_rope_scaling_is_refused_naming_it() {
     refused("bad-scaling");
 }
+
+/// The WordPiece (`bert`) tokenizer of the embedding families gives llama.cpp's ids, `[CLS]`
+/// and `[SEP]` included, on the files `scripts/synth_embed.py` writes (the fixture
+/// `embed-families.jsonl`, from llama-server's `/tokenize`).
+#[test]
+fn wordpiece_tokenizer_matches_llama_cpp() {
+    let Some(py) = python("families (wordpiece)") else { return };
+    let p =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/reference/embed-families.jsonl");
+    let all = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+    let lines: Vec<Value> = all.lines().map(|l| serde_json::from_str(l).expect("JSON")).collect();
+    let mut checked = 0;
+    for family in ["bert", "nomic-bert"] {
+        let dir = tempfile::tempdir().expect("temporary folder");
+        let path = dir.path().join(format!("{family}.gguf"));
+        let out = Command::new(&py)
+            .arg(root().join("scripts/synth_embed.py"))
+            .args(["--family", family, "--out"])
+            .arg(&path)
+            .output()
+            .expect("runs the script");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let tok = inference::Tok::load(&path).expect("the tokenizer loads");
+        for l in lines.iter().filter(|l| l["family"] == family) {
+            assert_eq!(sha256(&path), l["sha256"].as_str().unwrap(), "{family}: the file");
+            let text = l["text"].as_str().expect("text");
+            let got = tok.encode_prompt(text, false).expect("tokenizes");
+            assert_eq!(got, ids(&l["ids"]), "{family}: {text:?}");
+            checked += 1;
+        }
+    }
+    assert!(checked >= 10, "{checked} inputs checked");
+}
