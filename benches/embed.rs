@@ -19,28 +19,17 @@
 //! script. `AGENTD_BENCH_ROUNDS` (3): alternating rounds, medians reported.
 //! Run on an otherwise idle machine; the ratio is the result.
 
-use agentd_benches::{median, model, root};
+use agentd_benches::{llama_bin, median, model, root};
 use inference::{Engine, EngineOptions, Pooling};
 use serde_json::Value;
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 const INPUTS: usize = 64;
 const TOKENS: usize = 128;
 const THREADS: usize = 2;
-
-fn llama_bin() -> Option<PathBuf> {
-    if let Some(b) = std::env::var_os("AGENTD_TEST_LLAMA_BIN") {
-        return Some(PathBuf::from(b));
-    }
-    let out = Command::new(root().join("scripts/build-llamacpp.sh")).output().ok()?;
-    out.status
-        .success()
-        .then(|| PathBuf::from(String::from_utf8_lossy(&out.stdout).trim().to_owned()))
-}
 
 /// 64 windows of 128 token ids from the docs.
 fn inputs(engine: &Engine) -> Vec<Vec<u32>> {

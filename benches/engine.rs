@@ -47,7 +47,7 @@
 //! (`extra_file`).
 //! Run on an otherwise idle machine; the ratios are the result.
 
-use agentd_benches::{agentd, median, model, root};
+use agentd_benches::{agentd, llama_bin, median, model, root};
 use inference::{Engine, EngineOptions, GenParams};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -194,17 +194,6 @@ fn llama_bench(bin: &Path, model: &str, threads: usize, reps: usize) -> Option<(
     let (pp, rss_p) = one("512", "0")?;
     let (tg, rss_t) = one("0", "128")?;
     Some((pp, tg, rss_p.max(rss_t)))
-}
-
-/// The folder of the native llama.cpp tools (built once, cached).
-fn llama_bin() -> Option<PathBuf> {
-    if let Some(b) = std::env::var_os("AGENTD_TEST_LLAMA_BIN") {
-        return Some(PathBuf::from(b));
-    }
-    let out = Command::new(root().join("scripts/build-llamacpp.sh")).output().ok()?;
-    out.status
-        .success()
-        .then(|| PathBuf::from(String::from_utf8_lossy(&out.stdout).trim().to_owned()))
 }
 
 fn models_dir() -> PathBuf {

@@ -121,6 +121,18 @@ pub fn model() -> PathBuf {
     PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
 }
 
+/// The folder of the native llama.cpp tools: `AGENTD_TEST_LLAMA_BIN`, else
+/// what `scripts/build-llamacpp.sh` builds (once, cached) and prints.
+pub fn llama_bin() -> Option<PathBuf> {
+    if let Some(b) = std::env::var_os("AGENTD_TEST_LLAMA_BIN") {
+        return Some(PathBuf::from(b));
+    }
+    let out = std::process::Command::new(root().join("scripts/build-llamacpp.sh")).output().ok()?;
+    out.status
+        .success()
+        .then(|| PathBuf::from(String::from_utf8_lossy(&out.stdout).trim().to_owned()))
+}
+
 /// Median of a sample.
 pub fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);

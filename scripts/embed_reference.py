@@ -161,6 +161,23 @@ def cosine(a: list[float], b: list[float]) -> float:
     return dot / (math.sqrt(sum(x * x for x in a)) * math.sqrt(sum(y * y for y in b)))
 
 
+def write_or_check(path: str, lines: list[dict], check: bool, same) -> None:
+    """Writes `lines` to the fixture at `path`, or (with `check`) compares them with it line by
+    line with `same(want, got)` and exits 1 on a difference."""
+    if check:
+        with open(path, encoding="utf-8") as f:
+            want = [json.loads(l) for l in f if l.strip()]
+        bad = [w.get("text", w.get("family")) for w, g in zip(want, lines) if not same(w, g)]
+        if bad or len(want) != len(lines):
+            sys.exit(f"differs from {path}: {bad} ({len(want)} lines there, {len(lines)} made)")
+        print(f"{len(lines)} lines agree with {path}")
+        return
+    with open(path, "w", encoding="utf-8") as f:
+        for line in lines:
+            f.write(json.dumps(line, ensure_ascii=False) + "\n")
+    print(f"wrote {len(lines)} lines to {path}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--llama-bin", required=True)
@@ -170,24 +187,14 @@ def main() -> None:
     ap.add_argument("--python", default=sys.executable)
     args = ap.parse_args()
     if args.families:
-        got = families(args.llama_bin, args.python)
-        if args.check:
-            with open(FAMILY_FIXTURE, encoding="utf-8") as f:
-                want = [json.loads(l) for l in f if l.strip()]
-            ok = len(want) == len(got) and all(
-                w.get("ids") == g.get("ids") and w["sha256"] == g["sha256"]
-                and (cosine(w["embedding"], g["embedding"]) >= 0.99999 if "embedding" in w
-                     else max(abs(a - b) for a, b in zip(w["scores"], g["scores"])) < 1e-4)
-                for w, g in zip(want, got)
-            )
-            if not ok:
-                sys.exit(f"differs from {FAMILY_FIXTURE}")
-            print(f"{len(got)} lines agree with {FAMILY_FIXTURE}")
-            return
-        with open(FAMILY_FIXTURE, "w", encoding="utf-8") as f:
-            for line in got:
-                f.write(json.dumps(line, ensure_ascii=False) + "\n")
-        print(f"wrote {len(got)} lines to {FAMILY_FIXTURE}")
+        write_or_check(
+            FAMILY_FIXTURE,
+            families(args.llama_bin, args.python),
+            args.check,
+            lambda w, g: w.get("ids") == g.get("ids") and w["sha256"] == g["sha256"]
+            and (cosine(w["embedding"], g["embedding"]) >= 0.99999 if "embedding" in w
+                 else max(abs(a - b) for a, b in zip(w["scores"], g["scores"])) < 1e-4),
+        )
         return
     if not args.model:
         sys.exit("--model FILE is needed (or --families)")
@@ -195,22 +202,13 @@ def main() -> None:
     for pooling in POOLINGS:
         for text, vec in zip(TEXTS, embeddings(args.llama_bin, args.model, pooling)):
             lines.append({"pooling": pooling, "text": text, "embedding": [round(v, 7) for v in vec]})
-    if args.check:
-        with open(FIXTURE, encoding="utf-8") as f:
-            want = [json.loads(l) for l in f if l.strip()]
-        bad = [
-            (w["pooling"], w["text"][:30], cosine(w["embedding"], g["embedding"]))
-            for w, g in zip(want, lines)
-            if w["text"] != g["text"] or cosine(w["embedding"], g["embedding"]) < 0.99999
-        ]
-        if bad or len(want) != len(lines):
-            sys.exit(f"differs from {FIXTURE}: {bad}")
-        print(f"{len(lines)} lines agree with {FIXTURE}")
-        return
-    with open(FIXTURE, "w", encoding="utf-8") as f:
-        for line in lines:
-            f.write(json.dumps(line, ensure_ascii=False) + "\n")
-    print(f"wrote {len(lines)} lines to {FIXTURE}")
+    write_or_check(
+        FIXTURE,
+        lines,
+        args.check,
+        lambda w, g: w["pooling"] == g["pooling"] and w["text"] == g["text"]
+        and cosine(w["embedding"], g["embedding"]) >= 0.99999,
+    )
 
 
 if __name__ == "__main__":

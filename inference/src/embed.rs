@@ -126,8 +126,9 @@ impl Pooler {
     }
 }
 
-/// `common_embd_normalize` with norm 2.
-pub(crate) fn normalize(mut v: Vec<f32>) -> Vec<f32> {
+/// `common_embd_normalize` with norm 2: `v` scaled to Euclidean length 1
+/// (squares summed in f64; a zero vector stays zero).
+pub fn normalize(mut v: Vec<f32>) -> Vec<f32> {
     let sum: f64 = v.iter().map(|x| (*x as f64) * (*x as f64)).sum();
     let norm = if sum > 0.0 { (1.0 / sum.sqrt()) as f32 } else { 0.0 };
     v.iter_mut().for_each(|x| *x *= norm);

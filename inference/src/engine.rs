@@ -8,7 +8,7 @@ use crate::constraint::{Commit, Constraint, Grammars, Guide, MAX_FF};
 use crate::embed::{Embedding, Pooler, Pooling};
 use crate::error::{Error, ErrorKind, Result};
 use crate::gguf::Gguf;
-use crate::kernels::attn::{Mode, Prompt, Route, UBATCH, WIDE};
+use crate::kernels::attn::{thresholds, Mode, Prompt, Route, UBATCH};
 use crate::model::{Config, KvCache, Model, Scratch, Seq};
 use crate::pool::Pool;
 use crate::sampler::{sample, Rng, Sampling};
@@ -496,9 +496,8 @@ impl Engine {
         // As one llama.cpp decode call: physical batches of `UBATCH`.
         for part in tokens.chunks(UBATCH) {
             let at = session.tokens.len();
-            let grouped = at + part.len() - part.len() % 4;
-            let wide = if part.len() >= WIDE { at + part.len() } else { at };
-            self.step_one(session, part, Mode::for_batch(part.len()), (grouped, wide))?;
+            let upto = thresholds(&(at..at + part.len()));
+            self.step_one(session, part, Mode::for_batch(part.len()), upto)?;
         }
         Ok(())
     }
@@ -539,8 +538,7 @@ impl Engine {
         while at < tokens.len() {
             let b = prompt.batch(at);
             let n = b.len();
-            let wide = if n >= WIDE { b.end } else { b.start };
-            let (gu, wu) = self.mask((b.end - n % 4, wide));
+            let (gu, wu) = self.mask(thresholds(&b));
             let part = &tokens[b.clone()];
             m.forward(&self.pool, part, Mode::for_batch(n), gu, wu, &mut kv, &mut scratch)?;
             pooler.add(&scratch.hidden[..n * d]);
@@ -761,8 +759,7 @@ impl Engine {
                 let n = b.len();
                 let end =
                     if self.moe_batches { b.end } else { b.end.min(g.at + g.params.chunk.max(1)) };
-                let wide = if n >= WIDE { b.end } else { b.start };
-                let upto = (b.end - n % 4, wide);
+                let upto = thresholds(&b);
                 go.push((k, g.prompt[g.at..end].to_vec(), Mode::for_batch(n), upto, Some(end)));
                 continue;
             }
@@ -857,8 +854,7 @@ impl Engine {
             } else {
                 // Forced tokens run together, as one short prompt chunk.
                 let (at, n) = (session.tokens.len(), run.len());
-                let wide = if n >= WIDE { at + n } else { at };
-                go.push((k, run, Mode::for_batch(n), (at + n - n % 4, wide), None));
+                go.push((k, run, Mode::for_batch(n), thresholds(&(at..at + n)), None));
             }
         }
         match (&self.backend, go.len()) {

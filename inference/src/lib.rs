@@ -28,7 +28,7 @@ mod tokenizer;
 
 pub use arch::{Act, Arch, Config};
 pub use constraint::{Constraint, Grammar, Grammars, Marker};
-pub use embed::{Embedding, Pooling};
+pub use embed::{normalize, Embedding, Pooling};
 pub use engine::{
     inspect, Device, Engine, EngineOptions, Facts, Finish, GenParams, Generation, ModelInfo,
     Output, Session, Step,

@@ -48,18 +48,23 @@ struct Made {
 }
 
 fn make(family: &str) -> Option<Made> {
+    make_with("synth_families.py", family)
+}
+
+/// A family's file, written by `script` (of `scripts/`).
+fn make_with(script: &str, family: &str) -> Option<Made> {
     let py = python(&format!("families ({family})"))?;
     let dir = tempfile::tempdir().expect("temporary folder");
     let path = dir.path().join(format!("{family}.gguf"));
     let out = Command::new(&py)
-        .arg(root().join("scripts/synth_families.py"))
+        .arg(root().join("scripts").join(script))
         .args(["--family", family, "--out"])
         .arg(&path)
         .output()
         .unwrap_or_else(|e| panic!("{family}: cannot run {}: {e}", py.display()));
     assert!(
         out.status.success(),
-        "{family}: scripts/synth_families.py failed ({}):\n{}",
+        "{family}: scripts/{script} failed ({}):\n{}",
         out.status,
         String::from_utf8_lossy(&out.stderr)
     );
@@ -222,25 +227,17 @@ fn an_unknown_rope_scaling_is_refused_naming_it() {
 /// `embed-families.jsonl`, from llama-server's `/tokenize`).
 #[test]
 fn wordpiece_tokenizer_matches_llama_cpp() {
-    let Some(py) = python("families (wordpiece)") else { return };
     let p =
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/reference/embed-families.jsonl");
     let all = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
     let lines: Vec<Value> = all.lines().map(|l| serde_json::from_str(l).expect("JSON")).collect();
     let mut checked = 0;
     for family in ["bert", "nomic-bert"] {
-        let dir = tempfile::tempdir().expect("temporary folder");
-        let path = dir.path().join(format!("{family}.gguf"));
-        let out = Command::new(&py)
-            .arg(root().join("scripts/synth_embed.py"))
-            .args(["--family", family, "--out"])
-            .arg(&path)
-            .output()
-            .expect("runs the script");
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        let tok = inference::Tok::load(&path).expect("the tokenizer loads");
+        let Some(made) = make_with("synth_embed.py", family) else { return };
+        let tok = inference::Tok::load(&made.path).expect("the tokenizer loads");
+        let sha = sha256(&made.path);
         for l in lines.iter().filter(|l| l["family"] == family) {
-            assert_eq!(sha256(&path), l["sha256"].as_str().unwrap(), "{family}: the file");
+            assert_eq!(sha, l["sha256"].as_str().unwrap(), "{family}: the file");
             let text = l["text"].as_str().expect("text");
             let got = tok.encode_prompt(text, false).expect("tokenizes");
             assert_eq!(got, ids(&l["ids"]), "{family}: {text:?}");

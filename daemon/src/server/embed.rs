@@ -12,7 +12,6 @@ use super::worker::Job;
 use crate::provider::engine::EmbedInput;
 use crate::provider::ProviderError;
 use axum::extract::{Request, State as AxState};
-use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
 use inference::Embedding;
@@ -128,15 +127,13 @@ struct OllamaEmbeddings {
     embedding: Vec<f32>,
 }
 
-/// `dimensions`: the first `n` values, normalized again (the truncation
-/// Matryoshka-trained models allow); `n` must be 1..=the model's size.
+/// `dimensions`: the first `n` values, normalized again as the engine
+/// normalizes a vector (the truncation Matryoshka-trained models allow);
+/// `n` must be 1..=the model's size.
 fn truncate(mut v: Vec<f32>, n: Option<usize>) -> Vec<f32> {
     let Some(n) = n.filter(|&n| n < v.len()) else { return v };
     v.truncate(n);
-    let sum: f64 = v.iter().map(|x| (*x as f64) * (*x as f64)).sum();
-    let norm = if sum > 0.0 { (1.0 / sum.sqrt()) as f32 } else { 0.0 };
-    v.iter_mut().for_each(|x| *x *= norm);
-    v
+    inference::normalize(v)
 }
 
 fn check(inputs: &[Input], dimensions: Option<usize>, size: usize) -> Result<(), String> {
@@ -231,16 +228,6 @@ pub(super) async fn openai(AxState(st): AxState<State>, req: Request) -> Respons
     axum::Json(list).into_response()
 }
 
-/// Ollama's error shape, `{"error": "…"}`.
-fn ollama_fail(status: StatusCode, msg: impl Into<String>) -> Response {
-    #[derive(Serialize)]
-    struct E {
-        error: String,
-    }
-    let body = serde_json::to_string(&E { error: msg.into() }).unwrap_or_default();
-    (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
-}
-
 /// `POST /api/embed` (`input`) and `/api/embeddings` (`prompt`, one
 /// vector under `embedding`).
 pub(super) async fn ollama(AxState(st): AxState<State>, req: Request) -> Response {
@@ -250,30 +237,22 @@ pub(super) async fn ollama(AxState(st): AxState<State>, req: Request) -> Respons
         Ok(x) => x,
         Err(r) => return r,
     };
+    // Errors come out in Ollama's shape (`http.rs`'s `shaped` layer).
     let b: OllamaBody = match decode(body) {
         Ok(b) => b,
-        Err(m) => return ollama_fail(StatusCode::BAD_REQUEST, m),
+        Err(m) => return bad(m),
     };
     let inputs = match (b.input, b.prompt) {
         (Some(i), _) => i.list(),
         (None, Some(p)) => vec![Input::Text(p)],
-        (None, None) => {
-            return ollama_fail(StatusCode::BAD_REQUEST, "the request has no `input` (or `prompt`)")
-        }
+        (None, None) => return bad("the request has no `input` (or `prompt`)"),
     };
     if let Err(m) = check(&inputs, b.dimensions, st.card.embedding) {
-        return ollama_fail(StatusCode::BAD_REQUEST, m);
+        return bad(m);
     }
     let out = match run(&st, inputs, b.truncate).await {
         Ok(v) => v,
-        Err(s) => {
-            let r = not_started(s);
-            let status = r.status();
-            let bytes = axum::body::to_bytes(r.into_body(), 1 << 16).await.unwrap_or_default();
-            let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
-            let msg = v["error"]["message"].as_str().unwrap_or("the embedding failed").to_owned();
-            return ollama_fail(status, msg);
-        }
+        Err(s) => return not_started(s),
     };
     if legacy {
         let embedding = out.into_iter().next().map(|e| e.vector).unwrap_or_default();
@@ -282,23 +261,13 @@ pub(super) async fn ollama(AxState(st): AxState<State>, req: Request) -> Respons
     }
     let count = out.iter().map(|e| e.tokens).sum();
     let reply = OllamaEmbed {
-        model: format!("{}:latest", short_name(&st.model)),
+        model: super::ollama::tag(&st),
         embeddings: out.into_iter().map(|e| truncate(e.vector, b.dimensions)).collect(),
         total_duration: started.elapsed().as_nanos() as u64,
         load_duration: 0,
         prompt_eval_count: count,
     };
     axum::Json(reply).into_response()
-}
-
-/// A served model's short name (a path's file stem).
-fn short_name(model: &str) -> &str {
-    if model.ends_with(".gguf") || model.contains('/') {
-        let p = std::path::Path::new(model);
-        p.file_stem().and_then(|s| s.to_str()).unwrap_or(model)
-    } else {
-        model
-    }
 }
 
 #[cfg(test)]

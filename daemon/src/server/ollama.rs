@@ -52,7 +52,7 @@ pub(super) async fn version() -> Response {
 
 /// The served model's Ollama name (`NAME:latest`; a model served from a
 /// path is named by its file stem).
-fn tag(st: &State) -> String {
+pub(super) fn tag(st: &State) -> String {
     format!("{}:latest", short(st))
 }
 

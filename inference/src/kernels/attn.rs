@@ -137,15 +137,22 @@ impl Prompt {
         b..(b + UBATCH).min(end)
     }
 
-    /// The path of position `p`: that of its physical batch; in it, columns
-    /// in groups of four, the rest one by one — so all but the batch's last
-    /// `n % 4` positions are grouped — and a batch of [`WIDE`] tokens or
-    /// more is wide.
+    /// The path of position `p`: that of its physical batch ([`thresholds`]).
     pub(crate) fn route(&self, p: usize) -> Route {
         let b = self.batch(p);
-        let n = b.len();
-        Route { attn: Mode::for_batch(n), grouped: p < b.end - n % 4, wide: n >= WIDE }
+        let (grouped, wide) = thresholds(&b);
+        Route { attn: Mode::for_batch(b.len()), grouped: p < grouped, wide: p < wide }
     }
+}
+
+/// The route of a physical batch over positions `b`, as the thresholds the
+/// forward pass takes (`model::Seq`): its positions below the first are
+/// grouped — columns go in groups of four, the rest one by one, so all but
+/// the batch's last `len % 4` — and below the second wide — all of them in
+/// a batch of [`WIDE`] tokens or more, none otherwise.
+pub(crate) fn thresholds(b: &std::ops::Range<usize>) -> (usize, usize) {
+    let n = b.len();
+    (b.end - n % 4, if n >= WIDE { b.end } else { b.start })
 }
 
 /// ggml's AVX-512 `expf` (`ggml_v_expf`, max error 1.45 ulp + 0.5), one lane.
