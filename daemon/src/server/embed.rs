@@ -284,6 +284,43 @@ mod tests {
         assert!(serde_json::from_str::<Inputs>("{}").is_err());
     }
 
+    proptest::proptest! {
+        /// Any body either route might get: decoding, the checks and the
+        /// cut never panic, and what passes the checks is non-empty and
+        /// asks for at most the model's size.
+        #[test]
+        fn any_embedding_body_is_read_or_refused(
+            texts in proptest::collection::vec("\\PC{0,8}", 0..4),
+            ids in proptest::collection::vec(proptest::collection::vec(proptest::num::u32::ANY, 0..4), 0..4),
+            dims in proptest::option::of(0usize..100),
+            size in 1usize..64,
+            shape in 0u8..5,
+        ) {
+            let input = match shape {
+                0 => serde_json::json!(texts.first().cloned().unwrap_or_default()),
+                1 => serde_json::json!(texts),
+                2 => serde_json::json!(ids.first().cloned().unwrap_or_default()),
+                3 => serde_json::json!(ids),
+                _ => serde_json::json!({"x": texts}),
+            };
+            let body = serde_json::json!({"model": "m", "input": input, "dimensions": dims});
+            for inputs in [
+                decode::<OpenAiBody>(body.clone()).ok().map(|b| b.input.list()),
+                decode::<OllamaBody>(body).ok().and_then(|b| b.input).map(Inputs::list),
+            ]
+            .into_iter()
+            .flatten()
+            {
+                if check(&inputs, dims, size).is_ok() {
+                    proptest::prop_assert!(!inputs.is_empty());
+                    proptest::prop_assert!(dims.is_none_or(|d| d >= 1 && d <= size));
+                    let v = truncate(vec![0.5; size], dims);
+                    proptest::prop_assert_eq!(v.len(), dims.unwrap_or(size));
+                }
+            }
+        }
+    }
+
     #[test]
     fn dimensions_cut_and_renormalize_and_are_checked() {
         assert_eq!(truncate(vec![0.6, 0.8, 0.0], Some(1)), vec![1.0]);
