@@ -42,6 +42,22 @@ pub enum Arch {
     /// `ffn_up`, NeoX RoPE over part of each head, longrope factors,
     /// queries scaled by 1/√head before attention).
     Phi3,
+    /// bert (all-MiniLM, bge, mxbai-embed-large; rerankers such as
+    /// bge-reranker with a classification head): an encoder — absolute
+    /// positions, token types, LayerNorms after attention and feed-forward,
+    /// GELU, attention over the whole input (`encoder.rs`).
+    Bert,
+    /// nomic-bert (nomic-embed-text): bert with a fused `attn_qkv`, NeoX
+    /// RoPE in place of position embeddings and a SwiGLU feed-forward
+    /// without biases (`encoder.rs`).
+    NomicBert,
+}
+
+impl Arch {
+    /// Whether the model is an encoder (it embeds, it does not generate).
+    pub fn is_encoder(self) -> bool {
+        matches!(self, Arch::Bert | Arch::NomicBert)
+    }
 }
 
 /// The gated activation of the feed-forward block.
@@ -125,9 +141,11 @@ impl Config {
             "gemma2" => Arch::Gemma2,
             "gemma3" => Arch::Gemma3,
             "phi3" => Arch::Phi3,
+            "bert" => Arch::Bert,
+            "nomic-bert" => Arch::NomicBert,
             other => {
                 return Err(model_err(format!(
-                "architecture `{other}` is not supported (supported: llama, mistral, qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3)"
+                "architecture `{other}` is not supported (supported: llama, mistral, qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3; embedding models: bert, nomic-bert)"
             )))
             }
         };
@@ -207,8 +225,21 @@ impl Config {
             rope_scale_swa: if arch == Arch::Gemma3 { 1.0 } else { rope.freq_scale },
             rope,
             rope_dims: g.u32(&k("rope.dimension_count")).map(|v| v as usize).unwrap_or(head_dim),
+            // bert takes no RoPE; nomic-bert's is NeoX (llama.cpp's
+            // `llama_model_rope_type`).
             rope_neox: arch != Arch::Llama,
-            eps: g.f32(&k("attention.layer_norm_rms_epsilon")).unwrap_or(1e-5),
+            // The encoders' LayerNorm reads its own key (llama.cpp's
+            // `LLM_KV_ATTENTION_LAYERNORM_EPS`, which it requires).
+            eps: if arch.is_encoder() {
+                g.f32(&k("attention.layer_norm_epsilon")).ok_or_else(|| {
+                    model_err(format!(
+                        "GGUF metadata `{}` is missing (an encoder's LayerNorm needs it)",
+                        k("attention.layer_norm_epsilon")
+                    ))
+                })?
+            } else {
+                g.f32(&k("attention.layer_norm_rms_epsilon")).unwrap_or(1e-5)
+            },
             act: if gemma { Act::GeGlu } else { Act::SwiGlu },
             embd_scale: gemma.then(|| (n_embd as f32).sqrt()),
             // phi3 scales the queries by 1/√head (`ggml_scale`) and attends

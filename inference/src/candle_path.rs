@@ -116,7 +116,7 @@ impl CandleModel {
                     "phi3 runs on the CPU path only (--device cpu); the GPU path has llama, qwen2 and qwen3",
                 ))
             }
-            Arch::Gemma2 | Arch::Gemma3 | Arch::Qwen3Moe => {
+            Arch::Gemma2 | Arch::Gemma3 | Arch::Qwen3Moe | Arch::Bert | Arch::NomicBert => {
                 return Err(Error::new(
                     ErrorKind::Device,
                     format!(

@@ -23,6 +23,9 @@ pub enum Pooling {
     Cls,
     /// The last token's state (decoder embedding models: Qwen3-Embedding).
     Last,
+    /// A reranker's classification head over the first token's state: one
+    /// relevance score per input, not a vector (`Engine::rerank`).
+    Rank,
 }
 
 impl Pooling {
@@ -32,12 +35,14 @@ impl Pooling {
             Pooling::Mean => "mean",
             Pooling::Cls => "cls",
             Pooling::Last => "last",
+            Pooling::Rank => "rank",
         }
     }
 
     /// Reads `{arch}.pooling_type` (0 none, 1 mean, 2 cls, 3 last, 4 rank):
     /// `None` when absent or `none`. A rank head (a reranker's classifier)
-    /// is not implemented and is refused, naming the key.
+    /// runs on the encoders only (`encoder.rs`); a decoder naming it is
+    /// refused, naming the key.
     pub(crate) fn read(g: &Gguf, arch: &str) -> Result<Option<Pooling>> {
         let key = format!("{arch}.pooling_type");
         match g.u32(&key) {
@@ -45,8 +50,9 @@ impl Pooling {
             Some(1) => Ok(Some(Pooling::Mean)),
             Some(2) => Ok(Some(Pooling::Cls)),
             Some(3) => Ok(Some(Pooling::Last)),
+            Some(4) if matches!(arch, "bert" | "nomic-bert") => Ok(Some(Pooling::Rank)),
             Some(4) => Err(model_err(format!(
-                "metadata `{key}` is 4 (rank: a reranker's classification head), which this engine does not implement: refusing the file rather than computing other numbers"
+                "metadata `{key}` is 4 (rank: a reranker's classification head), which this engine runs on bert and nomic-bert files only, not on {arch}: refusing the file rather than computing other numbers"
             ))),
             Some(other) => Err(model_err(format!(
                 "metadata `{key}` is {other}, which names no pooling llama.cpp knows (0 none, 1 mean, 2 cls, 3 last, 4 rank)"
@@ -65,7 +71,7 @@ impl std::str::FromStr for Pooling {
             "last" => Ok(Pooling::Last),
             other => Err(Error::new(
                 ErrorKind::Input,
-                format!("pooling `{other}` is not one of mean, cls, last"),
+                format!("pooling `{other}` is not one of mean, cls, last (a reranker's `rank` head is the file's own: POST /v1/rerank)"),
             )),
         }
     }
@@ -110,8 +116,10 @@ impl Pooler {
                 Pooling::Mean => {
                     self.acc.iter_mut().zip(row).for_each(|(a, v)| *a += v * self.inv_n)
                 }
-                Pooling::Cls if self.seen == 0 => self.acc.copy_from_slice(row),
-                Pooling::Cls => {}
+                // A reranker's head reads the first token's state too
+                // (llama.cpp's `pooling_type_cls` default).
+                Pooling::Cls | Pooling::Rank if self.seen == 0 => self.acc.copy_from_slice(row),
+                Pooling::Cls | Pooling::Rank => {}
                 Pooling::Last => self.acc.copy_from_slice(row),
             }
             self.seen += 1;

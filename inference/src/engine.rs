@@ -6,6 +6,7 @@
 use crate::candle_path::CandleModel;
 use crate::constraint::{Commit, Constraint, Grammars, Guide, MAX_FF};
 use crate::embed::{Embedding, Pooler, Pooling};
+use crate::encoder::Encoder;
 use crate::error::{Error, ErrorKind, Result};
 use crate::gguf::Gguf;
 use crate::kernels::attn::{thresholds, Mode, Prompt, Route, UBATCH};
@@ -17,6 +18,14 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
+
+/// An input's final token states: all at once (an encoder's one pass),
+/// or a decoder's physical batches handed to a callback in order.
+enum Hidden<'a> {
+    All(Vec<f32>),
+    #[allow(clippy::type_complexity)]
+    Batches(Box<dyn FnOnce(&mut dyn FnMut(&[f32])) -> Result<()> + 'a>),
+}
 
 /// Session ids for backends that keep one shared cache.
 static NEXT_SESSION: AtomicU64 = AtomicU64::new(1);
@@ -180,6 +189,20 @@ enum Backend {
     Fast(Model),
     /// candle's model code on a candle device (`candle_path`).
     Candle(CandleModel),
+    /// An embedding model's encoder on this crate's CPU path (`encoder.rs`).
+    Encoder(Encoder),
+}
+
+/// How llama-server lays out a reranker's input (`format_prompt_rerank`):
+/// the file's `rerank` template with `{query}` and `{document}` filled in,
+/// else `[BOS] query [EOS] [SEP] document [EOS]`, each special token where
+/// the vocabulary adds it (EOS falling back to SEP).
+#[derive(Debug, Clone, Default)]
+struct RerankFormat {
+    template: Option<String>,
+    bos: Option<u32>,
+    eos: Option<u32>,
+    sep: Option<u32>,
 }
 
 /// A loaded model, ready to generate.
@@ -203,6 +226,7 @@ pub struct Engine {
     grammars: OnceLock<Arc<Grammars>>,
     pool: Pool,
     info: ModelInfo,
+    rerank: RerankFormat,
 }
 
 /// Per-conversation state: the tokens whose keys and values are cached.
@@ -385,12 +409,38 @@ impl Engine {
         }
         let chat_template = g.string("tokenizer.chat_template").map(str::to_owned);
         let (bos, eos) = (name("tokenizer.ggml.bos_token_id"), name("tokenizer.ggml.eos_token_id"));
+        let rerank = {
+            let sep = g.u32("tokenizer.ggml.seperator_token_id");
+            // llama.cpp's defaults: WordPiece and SentencePiece add no EOS,
+            // WordPiece adds SEP.
+            let wpm = g.string("tokenizer.ggml.model") == Some("bert");
+            let add_eos = g.bool("tokenizer.ggml.add_eos_token").unwrap_or(false);
+            let add_sep = g.bool("tokenizer.ggml.add_sep_token").unwrap_or(wpm);
+            RerankFormat {
+                template: g.string("tokenizer.chat_template.rerank").map(str::to_owned),
+                bos: tok.bos_to_add(),
+                eos: add_eos.then(|| g.u32("tokenizer.ggml.eos_token_id").or(sep)).flatten(),
+                sep: add_sep.then_some(sep).flatten(),
+            }
+        };
         // The vocabulary arrays (tens of MB as parsed values) are in the
         // tokenizer now; freeing them before the weights are read keeps
         // them out of peak RSS.
         g.drop_vocab();
         let backend = match candle_device {
+            None if cfg.arch.is_encoder() => {
+                Backend::Encoder(Encoder::load(&mut g, context_of(&cfg, opts.context))?)
+            }
             None => Backend::Fast(Model::load(&mut g, context_of(&cfg, opts.context))?),
+            Some(_) if cfg.arch.is_encoder() => {
+                return Err(Error::new(
+                    ErrorKind::Device,
+                    format!(
+                        "{} (an embedding model) runs on the CPU path only (--device cpu)",
+                        cfg.arch_name
+                    ),
+                ))
+            }
             Some(d) => {
                 drop(g);
                 if !cfg.rope.is_plain() {
@@ -409,10 +459,12 @@ impl Engine {
         let weight_bytes = match &backend {
             Backend::Fast(m) => m.bytes(),
             Backend::Candle(m) => m.bytes(),
+            Backend::Encoder(m) => m.bytes(),
         };
         let (isa, kernels) = match &backend {
             Backend::Fast(m) => (crate::kernels::isa().as_str().to_owned(), m.kernels()),
             Backend::Candle(_) => (format!("candle {device}"), Vec::new()),
+            Backend::Encoder(_) => (crate::kernels::isa().as_str().to_owned(), Vec::new()),
         };
         let info = ModelInfo {
             path: path.to_owned(),
@@ -429,7 +481,7 @@ impl Engine {
         };
         let route = match &backend {
             Backend::Fast(m) => m.route_matters(),
-            Backend::Candle(_) => (false, false),
+            Backend::Candle(_) | Backend::Encoder(_) => (false, false),
         };
         let moe_batches = matches!(&backend, Backend::Fast(m) if m.moe_batches());
         Ok(Engine {
@@ -441,6 +493,7 @@ impl Engine {
             grammars: OnceLock::new(),
             pool: Pool::new(threads),
             info,
+            rerank,
         })
     }
 
@@ -482,6 +535,7 @@ impl Engine {
     /// Runs `tokens` through the model after what `session` caches (no
     /// sampling): for benchmarks and warm-ups. Leaves the last logits.
     pub fn eval(&self, session: &mut Session, tokens: &[u32]) -> Result<()> {
+        self.can_generate()?;
         if session.tokens.len() + tokens.len() >= self.info.context {
             return Err(Error::new(
                 ErrorKind::Input,
@@ -510,6 +564,27 @@ impl Engine {
     /// [`UBATCH`], every token an output row. Fast path only.
     pub fn embed(&self, tokens: &[u32], pooling: Option<Pooling>) -> Result<Embedding> {
         let pooling = pooling.or(self.info.config.pooling).unwrap_or(Pooling::Mean);
+        if pooling == Pooling::Rank {
+            return Err(Error::new(
+                ErrorKind::Input,
+                format!(
+                    "{} is a reranker (its file pools by `rank`): it scores a query against documents (POST /v1/rerank), or embeds with a pooling asked for (mean, cls, last)",
+                    self.info.path.display()
+                ),
+            ));
+        }
+        let hidden = self.hidden(tokens)?;
+        let d = self.info.config.n_embd;
+        let mut pooler = Pooler::new(pooling, d, tokens.len());
+        match hidden {
+            Hidden::All(rows) => pooler.add(&rows),
+            Hidden::Batches(run) => run(&mut |rows| pooler.add(rows))?,
+        }
+        Ok(Embedding { vector: pooler.finish(), tokens: tokens.len(), pooling })
+    }
+
+    /// Every token's final state for one input (see [`Engine::embed`]).
+    fn hidden(&self, tokens: &[u32]) -> Result<Hidden<'_>> {
         if tokens.is_empty() {
             return Err(Error::new(ErrorKind::Input, "an empty input has no embedding"));
         }
@@ -523,28 +598,122 @@ impl Engine {
                 ),
             ));
         }
-        let Backend::Fast(m) = &self.backend else {
+        let m = match &self.backend {
+            Backend::Fast(m) => m,
+            Backend::Encoder(e) => {
+                let mut out = Vec::new();
+                e.forward(&self.pool, tokens, &mut Default::default(), &mut out)?;
+                return Ok(Hidden::All(out));
+            }
+            Backend::Candle(_) => {
+                return Err(Error::new(
+                    ErrorKind::Device,
+                    "embeddings run on the CPU path only (--device cpu)",
+                ))
+            }
+        };
+        let d = self.info.config.n_embd;
+        let tokens = tokens.to_vec();
+        Ok(Hidden::Batches(Box::new(move |add: &mut dyn FnMut(&[f32])| {
+            let (mut kv, mut scratch) = (KvCache::default(), Scratch::default());
+            scratch.all_rows = true;
+            let prompt = Prompt::new(tokens.len(), false);
+            let mut at = 0;
+            while at < tokens.len() {
+                let b = prompt.batch(at);
+                let n = b.len();
+                let (gu, wu) = self.mask(thresholds(&b));
+                let part = &tokens[b.clone()];
+                m.forward(&self.pool, part, Mode::for_batch(n), gu, wu, &mut kv, &mut scratch)?;
+                add(&scratch.hidden[..n * d]);
+                at = b.end;
+            }
+            Ok(())
+        })))
+    }
+
+    /// Whether the model is a reranker: an encoder with a classification
+    /// head (`POST /v1/rerank`).
+    pub fn reranks(&self) -> bool {
+        matches!(&self.backend, Backend::Encoder(e) if e.has_head())
+    }
+
+    /// Whether the model generates text (an embedding model does not).
+    pub fn is_generative(&self) -> bool {
+        !matches!(self.backend, Backend::Encoder(_))
+    }
+
+    /// `Ok` when the model generates text; else an input error that says
+    /// what the model is for (an embedding model embeds).
+    pub fn can_generate(&self) -> Result<()> {
+        if self.is_generative() {
+            return Ok(());
+        }
+        Err(Error::new(
+            ErrorKind::Input,
+            format!(
+                "{} is an embedding model ({}): it embeds text (`agentd embed`, POST /v1/embeddings{}) and does not generate",
+                self.info.path.display(),
+                self.info.config.arch_name,
+                if self.reranks() { ", POST /v1/rerank" } else { "" }
+            ),
+        ))
+    }
+
+    /// The tokens llama-server scores for `query` and `document` on a
+    /// reranker (its `format_prompt_rerank`; see [`RerankFormat`]). The
+    /// texts are read as text, never as control tokens.
+    pub fn rerank_tokens(&self, query: &str, document: &str) -> Result<Vec<u32>> {
+        let f = &self.rerank;
+        let text = |t: &str| self.tok.encode(t, false);
+        if let Some(tpl) = &f.template {
+            // The template's own markup is parsed for special tokens; the
+            // query and document are text.
+            let mut out = Vec::new();
+            let mut rest = tpl.as_str();
+            while !rest.is_empty() {
+                let q = rest.find("{query}");
+                let d = rest.find("{document}");
+                let (at, len, fill) = match (q, d) {
+                    (Some(q), Some(d)) if q < d => (q, 7, query),
+                    (Some(q), None) => (q, 7, query),
+                    (_, Some(d)) => (d, 10, document),
+                    (None, None) => (rest.len(), 0, ""),
+                };
+                out.extend(self.tok.encode(&rest[..at], true)?);
+                if len > 0 {
+                    out.extend(text(fill)?);
+                }
+                rest = &rest[at + len..];
+            }
+            return Ok(out);
+        }
+        let mut out = Vec::new();
+        out.extend(f.bos);
+        out.extend(text(query)?);
+        out.extend(f.eos);
+        out.extend(f.sep);
+        out.extend(text(document)?);
+        out.extend(f.eos);
+        Ok(out)
+    }
+
+    /// A reranker's relevance score for `tokens` (from
+    /// [`Engine::rerank_tokens`]): its classification head over the first
+    /// token's final state, as llama-server's `/v1/rerank` reports it (no
+    /// sigmoid).
+    pub fn rerank(&self, tokens: &[u32]) -> Result<f32> {
+        let Backend::Encoder(e) = &self.backend else {
             return Err(Error::new(
-                ErrorKind::Device,
-                "embeddings run on the CPU path only (--device cpu)",
+                ErrorKind::Input,
+                format!("{} is not a reranker (no classification head)", self.info.path.display()),
             ));
         };
         let d = self.info.config.n_embd;
-        let mut pooler = Pooler::new(pooling, d, tokens.len());
-        let (mut kv, mut scratch) = (KvCache::default(), Scratch::default());
-        scratch.all_rows = true;
-        let prompt = Prompt::new(tokens.len(), false);
-        let mut at = 0;
-        while at < tokens.len() {
-            let b = prompt.batch(at);
-            let n = b.len();
-            let (gu, wu) = self.mask(thresholds(&b));
-            let part = &tokens[b.clone()];
-            m.forward(&self.pool, part, Mode::for_batch(n), gu, wu, &mut kv, &mut scratch)?;
-            pooler.add(&scratch.hidden[..n * d]);
-            at = b.end;
+        match self.hidden(tokens)? {
+            Hidden::All(rows) => e.score(&rows[..d]),
+            Hidden::Batches(_) => Err(Error::new(ErrorKind::Input, "not a reranker")),
         }
-        Ok(Embedding { vector: pooler.finish(), tokens: tokens.len(), pooling })
     }
 
     /// The embedding of `text`, tokenized as llama.cpp's embedding tools
@@ -578,6 +747,7 @@ impl Engine {
                 }
                 m.forward(session.id, &session.tokens, part, &mut session.scratch.logits)?
             }
+            Backend::Encoder(_) => self.can_generate()?,
         }
         session.tokens.extend_from_slice(part);
         session.batches.extend((start..start + part.len()).map(|_| (start, start + part.len())));
@@ -637,6 +807,7 @@ impl Engine {
         params: &GenParams,
     ) -> Result<Generation> {
         let t0 = Instant::now();
+        self.can_generate()?;
         let cfg = &self.info.config;
         if prompt.is_empty() {
             return Err(Error::new(ErrorKind::Input, "the prompt is empty"));
@@ -676,6 +847,7 @@ impl Engine {
                 .min(session.kv.len()),
             // candle's cache cannot be cut: it continues only a prompt that
             // extends all of it.
+            Backend::Encoder(_) => 0,
             Backend::Candle(_) => {
                 if prompt.len() > session.tokens.len() && prompt.starts_with(&session.tokens) {
                     session.tokens.len()

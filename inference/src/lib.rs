@@ -14,6 +14,7 @@ mod arch;
 mod candle_path;
 mod constraint;
 mod embed;
+mod encoder;
 mod engine;
 mod error;
 pub mod gguf;

@@ -264,13 +264,58 @@ struct Layer {
 }
 
 #[derive(Debug)]
-enum Embedding {
+pub(crate) enum Embedding {
     /// Rows looked up in the output matrix (tied weights).
     Tied,
     /// Raw GGUF rows, dequantized on lookup.
     Raw { ty: GgmlType, data: Vec<u8>, row_bytes: usize },
     /// Dequantized rows (types the fast path cannot read).
     F32(Vec<f32>),
+}
+
+impl Embedding {
+    /// The rows of the 2-D tensor `name` (rows of `d` values) for lookups:
+    /// kept as stored and dequantized on lookup where `quant.rs` reads the
+    /// type, else dequantized once by candle.
+    pub(crate) fn table(g: &mut Gguf, name: &str, d: usize) -> Result<Embedding> {
+        let (ty, _, _) = g.shape(name)?;
+        if crate::quant::dequantizes(ty) {
+            Ok(Embedding::Raw { ty, data: g.bytes(name)?, row_bytes: ty.row_bytes(d).unwrap_or(0) })
+        } else {
+            Ok(Embedding::F32(
+                g.qtensor(name)?.dequantize(&candle_core::Device::Cpu)?.flatten_all()?.to_vec1()?,
+            ))
+        }
+    }
+
+    /// Row `t` (of `d` values) of a table read by [`Embedding::table`];
+    /// false when it has no such row (or the table is tied to the output
+    /// matrix, which only [`Model`] reads).
+    pub(crate) fn row(&self, t: usize, d: usize, out: &mut [f32]) -> bool {
+        match self {
+            Embedding::Raw { ty, data, row_bytes } => {
+                match data.get(t * row_bytes..(t + 1) * row_bytes) {
+                    Some(raw) => dequantize_row(*ty, raw, &mut out[..d]),
+                    None => return false,
+                }
+            }
+            Embedding::F32(v) => match v.get(t * d..(t + 1) * d) {
+                Some(r) => out[..d].copy_from_slice(r),
+                None => return false,
+            },
+            Embedding::Tied => return false,
+        }
+        true
+    }
+
+    /// Bytes held.
+    pub(crate) fn bytes(&self) -> usize {
+        match self {
+            Embedding::Tied => 0,
+            Embedding::Raw { data, .. } => data.len(),
+            Embedding::F32(v) => 4 * v.len(),
+        }
+    }
 }
 
 /// The loaded weights.
@@ -290,7 +335,7 @@ pub(crate) struct Model {
     ropes: Vec<crate::rope::Rope>,
 }
 
-fn vector(g: &mut Gguf, name: &str, len: usize) -> Result<Vec<f32>> {
+pub(crate) fn vector(g: &mut Gguf, name: &str, len: usize) -> Result<Vec<f32>> {
     let (ty, rows, cols) = g.shape(name)?;
     if rows * cols != len {
         return Err(model_err(format!("tensor `{name}` has {} values, want {len}", rows * cols)));
@@ -304,7 +349,7 @@ fn vector(g: &mut Gguf, name: &str, len: usize) -> Result<Vec<f32>> {
     Ok(v)
 }
 
-fn opt_vector(g: &mut Gguf, name: &str, len: usize) -> Result<Option<Vec<f32>>> {
+pub(crate) fn opt_vector(g: &mut Gguf, name: &str, len: usize) -> Result<Option<Vec<f32>>> {
     if g.has(name) {
         Ok(Some(vector(g, name, len)?))
     } else {
@@ -317,7 +362,11 @@ fn opt_vector(g: &mut Gguf, name: &str, len: usize) -> Result<Option<Vec<f32>>> 
 /// factors at this context (both are read: a file's tensors are all
 /// consumed) — and, when gemma's sliding-window layers have another base or
 /// scale, theirs.
-fn load_ropes(g: &mut Gguf, cfg: &Config, context: usize) -> Result<Vec<crate::rope::Rope>> {
+pub(crate) fn load_ropes(
+    g: &mut Gguf,
+    cfg: &Config,
+    context: usize,
+) -> Result<Vec<crate::rope::Rope>> {
     use crate::rope::{long_factors, Factors, Rope};
     let rd = cfg.rope_dims.min(cfg.head_dim);
     let r = &cfg.rope;
@@ -346,7 +395,7 @@ fn load_ropes(g: &mut Gguf, cfg: &Config, context: usize) -> Result<Vec<crate::r
 /// Refuses a file with a tensor the loader did not read: the engine would
 /// run without it and compute other numbers than the file asks for (or than
 /// llama.cpp, which refuses a file with tensors its loader leaves over).
-fn refuse_unread(g: &Gguf, cfg: &Config) -> Result<()> {
+pub(crate) fn refuse_unread(g: &Gguf, cfg: &Config) -> Result<()> {
     let unread = g.unread();
     let Some(first) = unread.first() else { return Ok(()) };
     let more = match unread.len() {
@@ -456,22 +505,7 @@ impl Model {
         }
         let out_norm = vector(g, "output_norm.weight", d)?;
         let (emb_type, _, _) = g.shape("token_embd.weight")?;
-        let raw_emb = |g: &mut Gguf| -> Result<Embedding> {
-            if crate::quant::dequantizes(emb_type) {
-                Ok(Embedding::Raw {
-                    ty: emb_type,
-                    data: g.bytes("token_embd.weight")?,
-                    row_bytes: emb_type.row_bytes(d).unwrap_or(0),
-                })
-            } else {
-                Ok(Embedding::F32(
-                    g.qtensor("token_embd.weight")?
-                        .dequantize(&candle_core::Device::Cpu)?
-                        .flatten_all()?
-                        .to_vec1()?,
-                ))
-            }
-        };
+        let raw_emb = |g: &mut Gguf| Embedding::table(g, "token_embd.weight", d);
         let (output, output_type, emb) = if g.has("output.weight") {
             let (ot, _, _) = g.shape("output.weight")?;
             (Linear::load(g, &["output.weight"])?, ot, raw_emb(g)?)

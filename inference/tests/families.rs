@@ -246,3 +246,73 @@ fn wordpiece_tokenizer_matches_llama_cpp() {
     }
     assert!(checked >= 10, "{checked} inputs checked");
 }
+
+fn cosine(a: &[f32], b: &[f32]) -> f64 {
+    let dot: f64 = a.iter().zip(b).map(|(x, y)| *x as f64 * *y as f64).sum();
+    let n = |v: &[f32]| v.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt();
+    dot / (n(a) * n(b))
+}
+
+fn floats(v: &Value) -> Vec<f32> {
+    v.as_array().expect("an array").iter().map(|x| x.as_f64().expect("a number") as f32).collect()
+}
+
+/// The encoders (`bert` with CLS pooling, `nomic-bert` with mean pooling) embed as llama.cpp
+/// does: each input of `embed-families.jsonl` (llama-server's `/v1/embeddings`, one input per
+/// request) within cosine 0.9999 of llama.cpp's vector, on the files `scripts/synth_embed.py`
+/// writes; and the reranker's scores (`bert` with the classification head) are llama-server's
+/// `/v1/rerank` scores, its input laid out as llama-server lays it out.
+#[test]
+fn encoders_embed_and_rerank_as_llama_cpp() {
+    let p =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/reference/embed-families.jsonl");
+    let all = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+    let lines: Vec<Value> = all.lines().map(|l| serde_json::from_str(l).expect("JSON")).collect();
+    let opts = EngineOptions { threads: Some(2), ..Default::default() };
+    let mut worst = 1.0f64;
+    let mut checked = 0;
+    for family in ["bert", "nomic-bert"] {
+        let Some(made) = make_with("synth_embed.py", family) else { return };
+        let engine = Engine::load(&made.path, &opts).expect("the encoder loads");
+        assert!(!engine.is_generative(), "{family}: an encoder does not generate");
+        let err = engine.generate(
+            &mut engine.session(),
+            &[2, 5, 3],
+            &GenParams::default(),
+            &AtomicBool::new(false),
+            &mut |_| {},
+        );
+        let why = err.expect_err("an encoder refuses to generate").to_string();
+        assert!(why.contains("embedding model"), "{why}");
+        for l in lines.iter().filter(|l| l["family"] == family) {
+            let text = l["text"].as_str().expect("text");
+            let e = engine.embed_text(text, None).expect("embeds");
+            let c = cosine(&e.vector, &floats(&l["embedding"]));
+            assert!(c >= 0.9999, "{family}: {text:?}: cosine {c}");
+            worst = worst.min(c);
+            checked += 1;
+        }
+    }
+    assert!(checked >= 10, "{checked} inputs checked");
+    eprintln!("encoders: {checked} inputs, worst cosine {worst:.7}");
+    let Some(made) = make_with("synth_embed.py", "bert-rerank") else { return };
+    let engine = Engine::load(&made.path, &opts).expect("the reranker loads");
+    assert!(engine.reranks());
+    let l = lines.iter().find(|l| l["family"] == "bert-rerank").expect("a rerank line");
+    let query = l["query"].as_str().expect("query");
+    let want = floats(&l["scores"]);
+    let docs = l["documents"].as_array().expect("documents");
+    assert_eq!(docs.len(), want.len());
+    let mut worst_score = 0f32;
+    for (doc, want) in docs.iter().zip(want) {
+        let doc = doc.as_str().expect("a document");
+        let tokens = engine.rerank_tokens(query, doc).expect("tokenizes");
+        let got = engine.rerank(&tokens).expect("scores");
+        worst_score = worst_score.max((got - want).abs());
+        assert!((got - want).abs() <= 1e-5 * want.abs().max(1.0), "{doc:?}: {got} vs {want}");
+    }
+    eprintln!("reranker: {} documents, largest score difference {worst_score:e}", docs.len());
+    let why =
+        engine.embed_text("x", None).expect_err("a reranker's file pools by rank").to_string();
+    assert!(why.contains("reranker"), "{why}");
+}

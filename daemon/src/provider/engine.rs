@@ -37,6 +37,10 @@ pub(crate) struct Card {
     /// The GGUF tensor type most weights have (`Q4_1`).
     pub(crate) quantization: String,
     pub(crate) embedding: usize,
+    /// An embedding model (an encoder: it embeds, it does not generate).
+    pub(crate) encoder: bool,
+    /// A reranker (its file pools by `rank`: `POST /v1/rerank`).
+    pub(crate) reranker: bool,
     pub(crate) layers: usize,
     pub(crate) heads: (usize, usize),
     /// Fill-in-the-middle tokens (prefix, suffix, middle), when the
@@ -54,6 +58,12 @@ pub(crate) struct Card {
 pub(crate) enum EmbedInput {
     Text(String),
     Tokens(Vec<u32>),
+    /// A reranker's input: its answer is an [`inference::Embedding`] whose
+    /// one value is the score (pooling `rank`).
+    Rerank {
+        query: String,
+        document: String,
+    },
 }
 
 /// One chat request for the batch.
@@ -198,12 +208,23 @@ impl Batch {
                     let mut ids = match input {
                         EmbedInput::Text(t) => engine.tokenize_prompt(t, false).map_err(fail)?,
                         EmbedInput::Tokens(t) => t.clone(),
+                        EmbedInput::Rerank { query, document } => {
+                            engine.rerank_tokens(query, document).map_err(fail)?
+                        }
                     };
                     if ids.len() > limit {
                         if !truncate {
                             return Err(ProviderError::Context { need: ids.len(), limit });
                         }
                         ids.truncate(limit);
+                    }
+                    if let EmbedInput::Rerank { .. } = input {
+                        let score = engine.rerank(&ids).map_err(fail)?;
+                        return Ok(inference::Embedding {
+                            vector: vec![score],
+                            tokens: ids.len(),
+                            pooling: inference::Pooling::Rank,
+                        });
                     }
                     engine.embed(&ids, None).map_err(fail)
                 })
@@ -451,6 +472,8 @@ fn card_of(src: Source<'_>) -> Card {
         parameters,
         quantization: src.quantization.to_ascii_uppercase(),
         embedding: c.n_embd,
+        encoder: c.arch.is_encoder(),
+        reranker: c.pooling == Some(inference::Pooling::Rank),
         layers: c.n_layer,
         heads: (c.n_head, c.n_kv),
         fim,

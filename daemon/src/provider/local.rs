@@ -289,6 +289,8 @@ impl Local {
         tools: &[ToolDef],
         params: &ChatParams,
     ) -> Result<ChatRun, ProviderError> {
+        // An embedding model: say so, not that the prompt is too long.
+        self.engine.can_generate().map_err(|e| ProviderError::Invalid(e.to_string()))?;
         let (text, prompt) = match &params.raw {
             Some(raw) => {
                 let ids = self

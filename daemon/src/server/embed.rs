@@ -1,5 +1,7 @@
 //! The embedding routes: OpenAI's `POST /v1/embeddings` and Ollama's
-//! `POST /api/embed` (and its older `/api/embeddings`). The model a body
+//! `POST /api/embed` (and its older `/api/embeddings`); and the rerank
+//! route `POST /v1/rerank` (also `/rerank`, `/v1/reranking`), shaped as
+//! llama-server's and Cohere's, for a reranker's file. The model a body
 //! names embeds each input on its engine thread (`Job::Embed`, between the
 //! batch's steps), as `inference::Engine::embed` computes it: the pooling
 //! the file names, else the mean, normalized to length 1 — llama.cpp's
@@ -160,7 +162,6 @@ fn check(inputs: &[Input], dimensions: Option<usize>, size: usize) -> Result<(),
 
 /// The inputs' embeddings on the model of `st`.
 async fn run(st: &State, inputs: Vec<Input>, truncate: bool) -> Result<Vec<Embedding>, Started> {
-    let (tx, rx) = std::sync::mpsc::channel();
     let inputs = inputs
         .into_iter()
         .map(|i| match i {
@@ -168,6 +169,16 @@ async fn run(st: &State, inputs: Vec<Input>, truncate: bool) -> Result<Vec<Embed
             Input::Tokens(t) => EmbedInput::Tokens(t),
         })
         .collect();
+    submit(st, inputs, truncate).await
+}
+
+/// `inputs` answered on the engine thread of `st`'s model (`Job::Embed`).
+async fn submit(
+    st: &State,
+    inputs: Vec<EmbedInput>,
+    truncate: bool,
+) -> Result<Vec<Embedding>, Started> {
+    let (tx, rx) = std::sync::mpsc::channel();
     if st.worker.submit(Job::Embed { inputs, truncate, tx }).is_err() {
         return Err(Started::Busy);
     }
@@ -270,6 +281,139 @@ pub(super) async fn ollama(AxState(st): AxState<State>, req: Request) -> Respons
     axum::Json(reply).into_response()
 }
 
+/// A document to rerank: a string, or Cohere's older `{"text": …}`.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum Document {
+    Text(String),
+    Object { text: String },
+}
+
+impl Document {
+    fn text(&self) -> &str {
+        match self {
+            Document::Text(t) | Document::Object { text: t } => t,
+        }
+    }
+}
+
+/// The rerank request of llama-server, Jina and Cohere.
+#[derive(Debug, Deserialize)]
+struct RerankBody {
+    #[allow(dead_code)]
+    model: Option<String>,
+    query: String,
+    documents: Vec<Document>,
+    /// The best `top_n` only (all by default).
+    #[serde(default)]
+    top_n: Option<usize>,
+    /// Each result also carries its document (Cohere's and Jina's flag).
+    #[serde(default)]
+    return_documents: bool,
+}
+
+#[derive(Debug, Serialize)]
+struct RerankDocument {
+    text: String,
+}
+
+#[derive(Debug, Serialize)]
+struct RerankResult {
+    index: usize,
+    relevance_score: f32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    document: Option<RerankDocument>,
+}
+
+#[derive(Debug, Serialize)]
+struct RerankList {
+    object: &'static str,
+    model: String,
+    results: Vec<RerankResult>,
+    usage: OpenAiUsage,
+}
+
+/// Checks a rerank body: a query and 1..=MAX_INPUTS documents.
+fn check_rerank(b: &RerankBody) -> Result<(), String> {
+    if b.query.is_empty() {
+        return Err("`query` is empty".into());
+    }
+    if b.documents.is_empty() {
+        return Err("`documents` has no documents".into());
+    }
+    if b.documents.len() > MAX_INPUTS {
+        return Err(format!(
+            "`documents` has {} documents; at most {MAX_INPUTS}",
+            b.documents.len()
+        ));
+    }
+    if b.top_n == Some(0) {
+        return Err("`top_n` must be at least 1".into());
+    }
+    Ok(())
+}
+
+/// The results best first (a stable sort: equal scores keep their order),
+/// the best `top_n` of them.
+fn ranked(scores: &[f32], top_n: Option<usize>) -> Vec<(usize, f32)> {
+    let mut r: Vec<(usize, f32)> = scores.iter().copied().enumerate().collect();
+    r.sort_by(|a, b| b.1.total_cmp(&a.1));
+    r.truncate(top_n.unwrap_or(usize::MAX));
+    r
+}
+
+/// `POST /v1/rerank`: each document's relevance to the query by a
+/// reranker's classification head (llama-server's scores: no sigmoid),
+/// best first. A document whose input is longer than the context is cut
+/// to it.
+pub(super) async fn rerank(AxState(st): AxState<State>, req: Request) -> Response {
+    let (body, st, _lease) = match st.read(req).await {
+        Ok(x) => x,
+        Err(r) => return r,
+    };
+    let b: RerankBody = match decode(body) {
+        Ok(b) => b,
+        Err(m) => return bad(format!("the request is not a rerank request: {m}")),
+    };
+    if let Err(m) = check_rerank(&b) {
+        return bad(m);
+    }
+    if !st.card.reranker {
+        return bad(format!(
+            "model {:?} is not a reranker (its file has no `rank` pooling and classification head): rerank with a reranker GGUF such as bge-reranker",
+            st.model
+        ));
+    }
+    let inputs = b
+        .documents
+        .iter()
+        .map(|d| EmbedInput::Rerank { query: b.query.clone(), document: d.text().to_owned() })
+        .collect();
+    let out = match submit(&st, inputs, true).await {
+        Ok(v) => v,
+        Err(s) => return not_started(s),
+    };
+    let tokens = out.iter().map(|e| e.tokens).sum();
+    let scores: Vec<f32> = out.iter().map(|e| e.vector.first().copied().unwrap_or(0.0)).collect();
+    let results = ranked(&scores, b.top_n)
+        .into_iter()
+        .map(|(index, relevance_score)| RerankResult {
+            index,
+            relevance_score,
+            document: b
+                .return_documents
+                .then(|| RerankDocument { text: b.documents[index].text().to_owned() }),
+        })
+        .collect();
+    axum::Json(RerankList {
+        object: "list",
+        model: st.model.clone(),
+        results,
+        usage: OpenAiUsage { prompt_tokens: tokens, total_tokens: tokens },
+    })
+    .into_response()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -319,6 +463,24 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn rerank_results_are_best_first_and_cut_to_top_n() {
+        assert_eq!(ranked(&[0.1, 0.9, 0.5], None), vec![(1, 0.9), (2, 0.5), (0, 0.1)]);
+        assert_eq!(ranked(&[0.1, 0.9, 0.5], Some(1)), vec![(1, 0.9)]);
+        assert_eq!(ranked(&[0.5, 0.5], Some(9)), vec![(0, 0.5), (1, 0.5)]);
+        let body = |v: serde_json::Value| decode::<RerankBody>(v).map(|b| check_rerank(&b));
+        let ok = serde_json::json!({"query": "q", "documents": ["a", {"text": "b"}], "top_n": 1});
+        assert!(matches!(body(ok), Ok(Ok(()))));
+        for refused in [
+            serde_json::json!({"query": "", "documents": ["a"]}),
+            serde_json::json!({"query": "q", "documents": []}),
+            serde_json::json!({"query": "q", "documents": ["a"], "top_n": 0}),
+        ] {
+            assert!(matches!(body(refused), Ok(Err(_))));
+        }
+        assert!(body(serde_json::json!({"query": "q", "documents": [3]})).is_err());
     }
 
     #[test]

@@ -29,7 +29,7 @@ use std::time::Instant;
 /// The routes `/metrics` counts by name; a path of none of them is
 /// counted as `other` (a label per unknown path would let any client grow
 /// the series without bound).
-const ROUTES: [&str; 24] = [
+const ROUTES: [&str; 27] = [
     "/",
     "/health",
     "/metrics",
@@ -38,6 +38,9 @@ const ROUTES: [&str; 24] = [
     "/v1/models",
     "/v1/chat/completions",
     "/v1/embeddings",
+    "/v1/rerank",
+    "/v1/reranking",
+    "/rerank",
     "/v1/messages",
     "/v1/messages/count_tokens",
     "/v1/responses",
@@ -238,6 +241,10 @@ fn ollama_routes(r: Router<State>) -> Router<State> {
         .route("/api/pull", post(ollama::pull))
         .route("/api/embed", post(embed::ollama))
         .route("/api/embeddings", post(embed::ollama))
+        // Rerank under llama-server's three names (no Ollama route exists).
+        .route("/v1/rerank", post(embed::rerank))
+        .route("/v1/reranking", post(embed::rerank))
+        .route("/rerank", post(embed::rerank))
 }
 
 /// What the tokenless `--ollama` listener serves: the Ollama routes and the
@@ -259,7 +266,7 @@ fn ollama_router(st: State, origins: Vec<String>) -> Router {
             error(
                 StatusCode::NOT_FOUND,
                 "not_found",
-                "no such route on the Ollama listener, which serves only the model routes: /api/…, /v1/models, /v1/chat/completions, /v1/embeddings, /v1/messages, /v1/responses and /health (runs, chats and settings are on the socket and the --listen port)",
+                "no such route on the Ollama listener, which serves only the model routes: /api/…, /v1/models, /v1/chat/completions, /v1/embeddings, /v1/rerank, /v1/messages, /v1/responses and /health (runs, chats and settings are on the socket and the --listen port)",
             )
         })
         .layer(axum::middleware::from_fn_with_state(st.clone(), counted))

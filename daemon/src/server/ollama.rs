@@ -187,8 +187,9 @@ pub(super) async fn show(AxState(st): AxState<State>, req: Request) -> Response 
     info.insert(format!("{a}.attention.head_count"), Value::from(c.heads.0));
     info.insert(format!("{a}.attention.head_count_kv"), Value::from(c.heads.1));
     // Every model the engine runs also embeds (`/api/embed`: its pooling,
-    // else the mean of its token states).
-    let mut capabilities = vec!["completion", "tools", "embedding"];
+    // else the mean of its token states); an encoder only embeds.
+    let mut capabilities =
+        if c.encoder { vec!["embedding"] } else { vec!["completion", "tools", "embedding"] };
     if c.fim.is_some() {
         capabilities.push("insert");
     }

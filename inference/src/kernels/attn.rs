@@ -258,6 +258,21 @@ pub(crate) fn geglu(g: &[f32], u: &[f32], out: &mut [f32]) {
     }
 }
 
+/// `gelu(x)` as ggml's `ggml_vec_gelu_f32` (GGML_GELU_FP16): 0 below −10,
+/// `x` above 10, else the f16 table at `x` (the encoders' feed-forward).
+pub(crate) fn gelu(x: &[f32], out: &mut [f32]) {
+    let t = gelu_table();
+    for (o, &x) in out.iter_mut().zip(x) {
+        *o = if x <= -10.0 {
+            0.0
+        } else if x >= 10.0 {
+            x
+        } else {
+            t[f16::from_f32(x).to_bits() as usize].to_f32()
+        };
+    }
+}
+
 /// A cache layout: position `t`'s vector for this head starts at
 /// `t · stride + offset`.
 #[derive(Debug, Clone, Copy)]

@@ -1,0 +1,525 @@
+//! The encoders: BERT-family embedding models (`bert`: all-MiniLM, bge,
+//! mxbai-embed-large, and rerankers such as bge-reranker with their
+//! classification head; `nomic-bert`: nomic-embed-text) as llama.cpp's
+//! `src/models/bert.cpp` graph computes them, on the same packed matrix
+//! kernels as the decoders (`model::Linear`).
+//!
+//! One pass per input, all of it in one batch (llama.cpp refuses an
+//! encoder input larger than its physical batch), every token attending to
+//! every other (no causal mask, no cache):
+//!
+//! - input: token row + token-type row 0 ("sentence A", as llama.cpp
+//!   hard-codes) + position row (`bert`), then the embedding LayerNorm;
+//! - per layer: q, k, v (with biases; `nomic-bert`: one fused `attn_qkv`
+//!   and NeoX RoPE on q and k), softmax(q·kᵀ/√head)·v, the output matrix
+//!   (+ bias), the residual and the attention LayerNorm; the feed-forward
+//!   (`bert`: up + bias, GELU, down + bias; `nomic-bert`: SwiGLU of gate
+//!   and up, down), its residual and the output LayerNorm;
+//! - the states after the last layer are the token embeddings the pooling
+//!   reads (`embed.rs`); a reranker's head (`cls` + bias, tanh,
+//!   `cls.output` + bias) turns the first token's state into its score.
+//!
+//! Every tensor of the file must be read (`model::refuse_unread`), as for
+//! the decoders.
+
+use crate::arch::{Arch, Config};
+use crate::error::{model_err, Error, ErrorKind, Result};
+use crate::gguf::{GgmlType, Gguf};
+use crate::kernels::attn::{
+    attend_tiled, attend_vec, swiglu, thresholds, Lane, Mode, TiledRow, TiledScratch, MAX_HEAD,
+};
+use crate::kernels::OutRows;
+use crate::kernels::{rows_mut, Acts};
+use crate::model::{opt_vector, vector, Embedding, Linear};
+use crate::pool::Pool;
+use crate::quant::dequantize_row;
+use half::f16;
+
+/// Query rows per tiled-attention task.
+const ROWS: usize = 16;
+
+/// A LayerNorm's weight and bias.
+#[derive(Debug)]
+struct Norm {
+    w: Vec<f32>,
+    b: Vec<f32>,
+}
+
+impl Norm {
+    fn load(g: &mut Gguf, name: &str, d: usize) -> Result<Norm> {
+        Ok(Norm {
+            w: vector(g, &format!("{name}.weight"), d)?,
+            b: vector(g, &format!("{name}.bias"), d)?,
+        })
+    }
+
+    /// `((x − mean) / √(var + eps)) · w + b`, as ggml's `norm` (AVX-512
+    /// build: the sum in f64 rounded to f32, the mean in f32, the squares
+    /// of 16 lanes summed in f32 as `_mm512_reduce_add_ps` and those sums
+    /// in f64) then `mul` and `add`.
+    #[inline(always)]
+    fn apply(&self, x: &mut [f32], eps: f32) {
+        let n = x.len();
+        let sum = x.iter().map(|&v| v as f64).sum::<f64>() as f32;
+        let mean = sum / n as f32;
+        x.iter_mut().for_each(|v| *v -= mean);
+        let mut var = 0f64;
+        let body = n / 16 * 16;
+        for c in x[..body].chunks_exact(16) {
+            let sq: [f32; 16] = std::array::from_fn(|i| c[i] * c[i]);
+            let s8: [f32; 8] = std::array::from_fn(|i| sq[i] + sq[i + 8]);
+            let s4: [f32; 4] = std::array::from_fn(|i| s8[i] + s8[i + 4]);
+            var += ((s4[0] + s4[2]) + (s4[1] + s4[3])) as f64;
+        }
+        for v in &x[body..] {
+            var += (v * v) as f64;
+        }
+        let variance = (var / n as f64) as f32;
+        let scale = 1.0 / (variance + eps).sqrt();
+        for ((v, w), b) in x.iter_mut().zip(&self.w).zip(&self.b) {
+            *v = (*v * scale) * w + b;
+        }
+    }
+}
+
+/// A matrix with an optional bias, applied to rows.
+#[derive(Debug)]
+struct Dense {
+    m: Linear,
+    bias: Option<Vec<f32>>,
+}
+
+impl Dense {
+    fn load(g: &mut Gguf, names: &[&str], bias: &[String], rows: usize) -> Result<Dense> {
+        let m = Linear::load(g, names)?;
+        if m.rows() != rows {
+            return Err(model_err(format!(
+                "tensor `{}` has {} rows, want {rows} for this model's shape",
+                names[0],
+                m.rows()
+            )));
+        }
+        let mut b = Vec::new();
+        for name in bias {
+            if !g.has(name) {
+                continue;
+            }
+            let (_, r, c) = g.shape(name)?;
+            b.extend(vector(g, name, r * c)?);
+        }
+        if !b.is_empty() && b.len() != rows {
+            return Err(model_err(format!(
+                "the biases of `{}` have {} values, want {rows}",
+                names[0],
+                b.len()
+            )));
+        }
+        Ok(Dense { m, bias: (!b.is_empty()).then_some(b) })
+    }
+
+    /// `out[c · rows + r]` for the `n` rows of `x`.
+    fn forward(
+        &self,
+        pool: &Pool,
+        x: &[f32],
+        n: usize,
+        s: &mut Route,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        self.m.forward(pool, x, n, &s.grouped, &s.wide, &mut s.acts, out)?;
+        if let Some(b) = &self.bias {
+            rows_mut(pool, &mut out[..n * b.len()], b.len(), |_, row| {
+                row.iter_mut().zip(b).for_each(|(v, b)| *v += b)
+            });
+        }
+        Ok(())
+    }
+}
+
+/// The route of a pass's columns through the matrix kernels: one physical
+/// batch of all of them (`kernels::attn::thresholds`).
+#[derive(Debug, Default)]
+struct Route {
+    grouped: Vec<bool>,
+    wide: Vec<bool>,
+    acts: Acts,
+}
+
+impl Route {
+    fn set(&mut self, n: usize) {
+        let (gu, wu) = thresholds(&(0..n));
+        self.grouped.clear();
+        self.grouped.extend((0..n).map(|c| c < gu));
+        self.wide.clear();
+        self.wide.extend((0..n).map(|c| c < wu));
+    }
+}
+
+#[derive(Debug)]
+struct Layer {
+    qkv: Dense,
+    wo: Dense,
+    attn_norm: Norm,
+    /// bert: `ffn_up` (n_ff rows); nomic-bert: `ffn_gate` then `ffn_up`.
+    up: Dense,
+    down: Dense,
+    out_norm: Norm,
+}
+
+/// A plain f32 matrix (`rows × cols`), for the reranker's head: one
+/// product per input.
+#[derive(Debug)]
+struct Small {
+    /// ggml rounds the input to f16 for an f16 matrix (its `vec_dot_type`).
+    f16_input: bool,
+    w: Vec<f32>,
+    rows: usize,
+    cols: usize,
+    bias: Option<Vec<f32>>,
+}
+
+impl Small {
+    fn load(g: &mut Gguf, name: &str, cols: usize) -> Result<Option<Small>> {
+        let weight = format!("{name}.weight");
+        if !g.has(&weight) {
+            return Ok(None);
+        }
+        let (ty, rows, c) = g.shape(&weight)?;
+        if c != cols || rows == 0 {
+            return Err(model_err(format!("tensor `{weight}` is {rows}×{c}, want rows of {cols}")));
+        }
+        let w = if crate::quant::dequantizes(ty) || ty == GgmlType::F32 {
+            let raw = g.bytes(&weight)?;
+            let mut w = vec![0f32; rows * cols];
+            dequantize_row(ty, &raw, &mut w);
+            w
+        } else {
+            g.qtensor(&weight)?.dequantize(&candle_core::Device::Cpu)?.flatten_all()?.to_vec1()?
+        };
+        let bias = opt_vector(g, &format!("{name}.bias"), rows)?;
+        Ok(Some(Small { f16_input: ty == GgmlType::F16, w, rows, cols, bias }))
+    }
+
+    fn apply(&self, x: &[f32]) -> Vec<f32> {
+        let x: Vec<f32> = if self.f16_input {
+            x.iter().map(|&v| f16::from_f32(v).to_f32()).collect()
+        } else {
+            x.to_vec()
+        };
+        (0..self.rows)
+            .map(|r| {
+                let dot: f32 = self.w[r * self.cols..(r + 1) * self.cols]
+                    .iter()
+                    .zip(&x)
+                    .map(|(w, x)| w * x)
+                    .sum();
+                dot + self.bias.as_ref().map_or(0.0, |b| b[r])
+            })
+            .collect()
+    }
+}
+
+/// A reranker's classification head (llama.cpp's `build_pooling`, rank).
+#[derive(Debug)]
+struct Head {
+    cls: Option<Small>,
+    out: Option<Small>,
+}
+
+/// A loaded encoder.
+#[derive(Debug)]
+pub(crate) struct Encoder {
+    cfg: Config,
+    tokens: Embedding,
+    /// Token-type row 0, added to every token.
+    type0: Option<Vec<f32>>,
+    /// bert's absolute position rows.
+    positions: Option<Embedding>,
+    embd_norm: Norm,
+    layers: Vec<Layer>,
+    rope: Option<crate::rope::Rope>,
+    head: Option<Head>,
+    bytes: usize,
+}
+
+/// Buffers of one pass.
+#[derive(Debug, Default)]
+pub(crate) struct Scratch {
+    x: Vec<f32>,
+    qkv: Vec<f32>,
+    att: Vec<f32>,
+    proj: Vec<f32>,
+    up: Vec<f32>,
+    act: Vec<f32>,
+    route: Route,
+    /// The layer's keys and values as f16 (`[position][head][head size]`).
+    k: Vec<f16>,
+    v: Vec<f16>,
+}
+
+thread_local! {
+    /// Each pool thread's buffers for the tiled attention path.
+    static TILED: std::cell::RefCell<(TiledScratch, Vec<f32>)> = Default::default();
+}
+
+impl Encoder {
+    /// Loads the encoder of `g` (an architecture with
+    /// [`Arch::is_encoder`]).
+    pub(crate) fn load(g: &mut Gguf, context: usize) -> Result<Encoder> {
+        let cfg = Config::read(g)?;
+        let d = cfg.n_embd;
+        if !cfg.arch.is_encoder() {
+            return Err(model_err(format!("{} is not an encoder", cfg.arch_name)));
+        }
+        if cfg.n_kv != cfg.n_head {
+            return Err(model_err(format!(
+                "an encoder with {} key/value heads for {} query heads: llama.cpp's bert graph has one per head",
+                cfg.n_kv, cfg.n_head
+            )));
+        }
+        let tokens = Embedding::table(g, "token_embd.weight", d)?;
+        let type0 = if g.has("token_types.weight") {
+            let (_, rows, cols) = g.shape("token_types.weight")?;
+            if cols != d || rows == 0 {
+                return Err(model_err(format!(
+                    "tensor `token_types.weight` is {rows}×{cols}, want rows of {d}"
+                )));
+            }
+            let table = Embedding::table(g, "token_types.weight", d)?;
+            let mut row = vec![0f32; d];
+            table.row(0, d, &mut row);
+            Some(row)
+        } else {
+            None
+        };
+        let positions = match cfg.arch {
+            Arch::Bert => Some(Embedding::table(g, "position_embd.weight", d)?),
+            _ => None,
+        };
+        let embd_norm = Norm::load(g, "token_embd_norm", d)?;
+        let qd = cfg.n_head * cfg.head_dim;
+        let mut layers = Vec::with_capacity(cfg.n_layer);
+        for i in 0..cfg.n_layer {
+            let t = |s: &str| format!("blk.{i}.{s}");
+            let qkv = if g.has(&t("attn_qkv.weight")) {
+                Dense::load(g, &[&t("attn_qkv.weight")], &[t("attn_qkv.bias")], 3 * qd)?
+            } else {
+                Dense::load(
+                    g,
+                    &[&t("attn_q.weight"), &t("attn_k.weight"), &t("attn_v.weight")],
+                    &[t("attn_q.bias"), t("attn_k.bias"), t("attn_v.bias")],
+                    3 * qd,
+                )?
+            };
+            let wo = Dense::load(g, &[&t("attn_output.weight")], &[t("attn_output.bias")], d)?;
+            let attn_norm = Norm::load(g, &t("attn_output_norm"), d)?;
+            let up = match cfg.arch {
+                Arch::NomicBert => Dense::load(
+                    g,
+                    &[&t("ffn_gate.weight"), &t("ffn_up.weight")],
+                    &[],
+                    2 * cfg.n_ff,
+                )?,
+                _ => Dense::load(g, &[&t("ffn_up.weight")], &[t("ffn_up.bias")], cfg.n_ff)?,
+            };
+            let down = Dense::load(g, &[&t("ffn_down.weight")], &[t("ffn_down.bias")], d)?;
+            let out_norm = Norm::load(g, &t("layer_output_norm"), d)?;
+            layers.push(Layer { qkv, wo, attn_norm, up, down, out_norm });
+        }
+        let rope = match cfg.arch {
+            Arch::NomicBert => crate::model::load_ropes(g, &cfg, context)?.into_iter().next(),
+            _ => None,
+        };
+        let cls = Small::load(g, "cls", d)?;
+        let out = Small::load(g, "cls.output", cls.as_ref().map_or(d, |c| c.rows))?;
+        let head = (cls.is_some() || out.is_some()).then_some(Head { cls, out });
+        crate::model::refuse_unread(g, &cfg)?;
+        let mut bytes = tokens.bytes() + positions.as_ref().map_or(0, |p| p.bytes());
+        for l in &layers {
+            bytes += l.qkv.m.bytes() + l.wo.m.bytes() + l.up.m.bytes() + l.down.m.bytes();
+        }
+        Ok(Encoder { cfg, tokens, type0, positions, embd_norm, layers, rope, head, bytes })
+    }
+
+    /// Bytes of weights held.
+    pub(crate) fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Whether the file has a reranker's classification head.
+    pub(crate) fn has_head(&self) -> bool {
+        self.head.is_some()
+    }
+
+    /// The score of a reranker's head for the first token's state `cls`
+    /// (llama.cpp's rank pooling: `cls` + bias, tanh, `cls.output` + bias;
+    /// the first output is the score).
+    pub(crate) fn score(&self, cls: &[f32]) -> Result<f32> {
+        let Some(head) = &self.head else {
+            return Err(Error::new(
+                ErrorKind::Input,
+                format!("the {} file has no classification head (`cls.output`): it embeds, it does not rerank", self.cfg.arch_name),
+            ));
+        };
+        let mut x = cls.to_vec();
+        if let Some(c) = &head.cls {
+            x = c.apply(&x).into_iter().map(f32::tanh).collect();
+        }
+        if let Some(o) = &head.out {
+            x = o.apply(&x);
+        }
+        Ok(x.first().copied().unwrap_or(0.0))
+    }
+
+    /// Runs `tokens` (one input, positions from 0) through the encoder and
+    /// leaves every token's final state in `out` (`n × n_embd`).
+    pub(crate) fn forward(
+        &self,
+        pool: &Pool,
+        tokens: &[u32],
+        s: &mut Scratch,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        let cfg = &self.cfg;
+        let (n, d) = (tokens.len(), cfg.n_embd);
+        if n == 0 {
+            return Err(Error::new(ErrorKind::Input, "an empty input has no embedding"));
+        }
+        let limit = if self.positions.is_some() { cfg.n_ctx_train } else { usize::MAX };
+        if n > limit {
+            return Err(Error::new(
+                ErrorKind::Input,
+                format!(
+                    "an input of {n} tokens is longer than the {limit} positions the model has"
+                ),
+            ));
+        }
+        s.x.resize(n * d, 0.0);
+        let mut pos = vec![0f32; d];
+        for (i, &t) in tokens.iter().enumerate() {
+            let x = &mut s.x[i * d..(i + 1) * d];
+            if !self.tokens.row(t as usize, d, x) {
+                return Err(Error::new(
+                    ErrorKind::Input,
+                    format!("token id {t} is outside the vocabulary ({} tokens)", cfg.n_vocab),
+                ));
+            }
+            if let Some(t0) = &self.type0 {
+                x.iter_mut().zip(t0).for_each(|(v, t)| *v += t);
+            }
+            if let Some(p) = &self.positions {
+                p.row(i, d, &mut pos);
+                x.iter_mut().zip(&pos).for_each(|(v, p)| *v += p);
+            }
+        }
+        let eps = cfg.eps;
+        rows_mut(pool, &mut s.x[..n * d], d, |_, x| self.embd_norm.apply(x, eps));
+        s.route.set(n);
+        let hd = cfg.head_dim;
+        let qd = cfg.n_head * hd;
+        let w = 3 * qd;
+        let rd = cfg.rope_dims.min(hd);
+        let mut rope_tab = Vec::new();
+        if let Some(r) = &self.rope {
+            rope_tab.resize(n * rd, 0.0);
+            for i in 0..n {
+                r.cache(i, &mut rope_tab[i * rd..(i + 1) * rd]);
+            }
+        }
+        for layer in &self.layers {
+            layer.qkv.forward(pool, &s.x, n, &mut s.route, &mut s.qkv)?;
+            if self.rope.is_some() {
+                let tab = &rope_tab;
+                rows_mut(pool, &mut s.qkv[..n * w], w, |i, row| {
+                    let cache = &tab[i * rd..(i + 1) * rd];
+                    crate::rope::rotate(&mut row[..qd], cache, hd, rd, true);
+                    crate::rope::rotate(&mut row[qd..2 * qd], cache, hd, rd, true);
+                });
+            }
+            self.attention(pool, n, s);
+            layer.wo.forward(pool, &s.att, n, &mut s.route, &mut s.proj)?;
+            let proj = &s.proj;
+            rows_mut(pool, &mut s.x[..n * d], d, |i, x| {
+                x.iter_mut().zip(&proj[i * d..(i + 1) * d]).for_each(|(x, p)| *x += p);
+                layer.attn_norm.apply(x, eps);
+            });
+            layer.up.forward(pool, &s.x, n, &mut s.route, &mut s.up)?;
+            let ff = cfg.n_ff;
+            s.act.resize(n * ff, 0.0);
+            let up = &s.up;
+            match cfg.arch {
+                Arch::NomicBert => rows_mut(pool, &mut s.act[..n * ff], ff, |i, a| {
+                    let (g, u) = up[i * 2 * ff..(i + 1) * 2 * ff].split_at(ff);
+                    swiglu(g, u, a);
+                }),
+                _ => rows_mut(pool, &mut s.act[..n * ff], ff, |i, a| {
+                    crate::kernels::attn::gelu(&up[i * ff..(i + 1) * ff], a)
+                }),
+            }
+            layer.down.forward(pool, &s.act, n, &mut s.route, &mut s.proj)?;
+            let proj = &s.proj;
+            rows_mut(pool, &mut s.x[..n * d], d, |i, x| {
+                x.iter_mut().zip(&proj[i * d..(i + 1) * d]).for_each(|(x, p)| *x += p);
+                layer.out_norm.apply(x, eps);
+            });
+        }
+        out.clear();
+        out.extend_from_slice(&s.x[..n * d]);
+        Ok(())
+    }
+
+    /// Every query over every key (no mask), as llama.cpp's flash
+    /// attention computes it when there is no cache: K and V cast to f16,
+    /// one query at a time below `attn::TILE` rows, else the tiled path
+    /// (`kernels::attn`); softmax(q·kᵀ/√head)·v per head.
+    fn attention(&self, pool: &Pool, n: usize, s: &mut Scratch) {
+        let cfg = &self.cfg;
+        let hd = cfg.head_dim;
+        let qd = cfg.n_head * hd;
+        let w = 3 * qd;
+        s.k.clear();
+        s.v.clear();
+        for row in s.qkv[..n * w].chunks_exact(w) {
+            s.k.extend(row[qd..2 * qd].iter().map(|&v| f16::from_f32(v)));
+            s.v.extend(row[2 * qd..].iter().map(|&v| f16::from_f32(v)));
+        }
+        s.att.resize(n * qd, 0.0);
+        let scale = 1.0 / (hd as f32).sqrt();
+        let (kc, vc, qkv) = (&s.k[..], &s.v[..], &s.qkv);
+        let q = |i: usize, h: usize| &qkv[i * w + h * hd..i * w + (h + 1) * hd];
+        let out = OutRows::new(&mut s.att, qd);
+        match Mode::for_batch(n) {
+            Mode::Vec => pool.run(n * cfg.n_head, &|task| {
+                let (i, h) = (task / cfg.n_head, task % cfg.n_head);
+                let lane = Lane { stride: qd, offset: h * hd };
+                let mut o = [0f32; MAX_HEAD];
+                attend_vec(q(i, h), kc, vc, lane, 0, n, scale, None, &mut o[..hd]);
+                for (j, v) in o[..hd].iter().enumerate() {
+                    // SAFETY: task (i, h) alone writes head h of row i.
+                    unsafe { out.set(i, h * hd + j, *v) };
+                }
+            }),
+            Mode::Tiled => {
+                let blocks = n.div_ceil(ROWS);
+                pool.run(blocks * cfg.n_head, &|task| {
+                    let (b, h) = (task / cfg.n_head, task % cfg.n_head);
+                    let lane = Lane { stride: qd, offset: h * hd };
+                    let rows = b * ROWS..((b + 1) * ROWS).min(n);
+                    let trows: Vec<TiledRow<'_>> =
+                        rows.clone().map(|i| TiledRow { q: q(i, h), from: 0, upto: n }).collect();
+                    TILED.with_borrow_mut(|(tile, o)| {
+                        o.resize(trows.len() * hd, 0.0);
+                        attend_tiled(&trows, kc, vc, lane, scale, None, tile, o);
+                        for (r, i) in rows.enumerate() {
+                            for (j, v) in o[r * hd..(r + 1) * hd].iter().enumerate() {
+                                // SAFETY: task (block b, head h) alone
+                                // writes head h of the rows of b.
+                                unsafe { out.set(i, h * hd + j, *v) };
+                            }
+                        }
+                    });
+                });
+            }
+        }
+    }
+}
