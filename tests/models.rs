@@ -402,3 +402,37 @@ fn embeddings_through_the_openai_and_ollama_clients_are_llama_cpps() {
     );
     assert!(out.contains("agree with llama.cpp"), "{out}");
 }
+
+/// The BERT-family embedding models and a reranker (the files `scripts/synth_embed.py`
+/// writes) served beside the chat model, through the `openai` and `ollama` clients and the
+/// rerank route (`python/encoder_check.py`): vectors and scores equal llama.cpp's for the same
+/// inputs (the engine's fixture `embed-families.jsonl`), an encoder listed as an embedding
+/// model only and refusing chat with a 400.
+#[test]
+fn bert_family_models_embed_and_rerank_beside_the_chat_model() {
+    let test = "bert_family_models_embed_and_rerank_beside_the_chat_model";
+    let Some(model) = agentd_tests::dep("AGENTD_TEST_MODEL", test) else { return };
+    let Some(python) = agentd_tests::dep("AGENTD_TEST_PYTHON", test) else { return };
+    let home = Home::new();
+    place(&model, &home.path().join("models/smol.gguf"));
+    let script = agentd_tests::workspace_root().join("scripts/synth_embed.py");
+    for family in ["bert", "nomic-bert", "bert-rerank"] {
+        let out = home.path().join(format!("models/{family}.gguf"));
+        let ok = std::process::Command::new(&python)
+            .arg(&script)
+            .args(["--family", family, "--out"])
+            .arg(&out)
+            .status()
+            .expect("the script runs");
+        assert!(ok.success(), "scripts/synth_embed.py --family {family}: {ok}");
+    }
+    let (_daemon, port) = serve(&home, &["--model", "smol"]);
+    let fixture =
+        agentd_tests::workspace_root().join("inference/tests/data/reference/embed-families.jsonl");
+    let out = agentd_tests::python_check(
+        &python,
+        "encoder_check.py",
+        &[&format!("http://127.0.0.1:{port}"), fixture.to_str().unwrap()],
+    );
+    assert!(out.contains("encoders agree with llama.cpp"), "{out}");
+}
