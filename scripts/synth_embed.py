@@ -7,6 +7,11 @@ llama.cpp (`llama-server --embedding`; scripts/embed_reference.py records its ve
     python3 scripts/synth_embed.py --family bert --out /tmp/bert.gguf
     python3 scripts/synth_embed.py --family nomic-bert --out /tmp/nomic.gguf
     python3 scripts/synth_embed.py --family bert-rerank --out /tmp/rerank.gguf
+    python3 scripts/synth_embed.py --family bert --shape bench --out /tmp/bert-bench.gguf
+
+`--shape bench` writes the real models' sizes for throughput benchmarks (benches/embed.rs):
+bert as all-MiniLM-L6 (384 wide, 6 layers, 12 heads, feed-forward 1536), nomic-bert as
+nomic-embed-text (768 wide, 12 layers, 12 heads, feed-forward 3072), F16 weights.
 
 Families:
   bert         all-MiniLM / bge layout: token, token-type and absolute position embeddings, an
@@ -47,6 +52,11 @@ SHAPES = {
     "nomic-bert": dict(d=64, heads=4, ff=128, layers=2, ctx=2048),
     "bert-rerank": dict(d=64, heads=4, ff=128, layers=2, ctx=512),
 }
+BENCH_SHAPES = {
+    "bert": dict(d=384, heads=12, ff=1536, layers=6, ctx=512),
+    "nomic-bert": dict(d=768, heads=12, ff=3072, layers=12, ctx=2048),
+    "bert-rerank": dict(d=384, heads=12, ff=1536, layers=6, ctx=512),
+}
 SEEDS = {"bert": 4001, "nomic-bert": 4002, "bert-rerank": 4003}
 
 
@@ -78,8 +88,8 @@ class Writer:
         self.w.add_tensor(name, self.normal(shape, std, mean).astype(np.float32))
 
 
-def write(family: str, out: str) -> None:
-    p = SHAPES[family]
+def write(family: str, out: str, shape: str = "test") -> None:
+    p = (BENCH_SHAPES if shape == "bench" else SHAPES)[family]
     d, heads, ff, layers, ctx = p["d"], p["heads"], p["ff"], p["layers"], p["ctx"]
     hd = d // heads
     arch = "nomic-bert" if family == "nomic-bert" else "bert"
@@ -167,8 +177,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--family", required=True, choices=sorted(SHAPES))
     ap.add_argument("--out", required=True)
+    ap.add_argument("--shape", choices=["test", "bench"], default="test")
     a = ap.parse_args()
-    write(a.family, a.out)
+    write(a.family, a.out, a.shape)
 
 
 if __name__ == "__main__":

@@ -136,8 +136,8 @@ impl Dense {
     }
 }
 
-/// The route of a pass's columns through the matrix kernels: one physical
-/// batch of all of them (`kernels::attn::thresholds`).
+/// The route of a pass's columns through the matrix kernels: each input's
+/// as its own physical batch (`kernels::attn::thresholds`).
 #[derive(Debug, Default)]
 struct Route {
     grouped: Vec<bool>,
@@ -146,12 +146,15 @@ struct Route {
 }
 
 impl Route {
-    fn set(&mut self, n: usize) {
-        let (gu, wu) = thresholds(&(0..n));
+    /// Each input's columns routed as that input's own batch.
+    fn set(&mut self, spans: &[std::ops::Range<usize>]) {
         self.grouped.clear();
-        self.grouped.extend((0..n).map(|c| c < gu));
         self.wide.clear();
-        self.wide.extend((0..n).map(|c| c < wu));
+        for span in spans {
+            let (gu, wu) = thresholds(&(0..span.len()));
+            self.grouped.extend((0..span.len()).map(|c| c < gu));
+            self.wide.extend((0..span.len()).map(|c| c < wu));
+        }
     }
 }
 
@@ -254,6 +257,8 @@ pub(crate) struct Scratch {
     route: Route,
     /// The layer's keys and values as f16 (`[position][head][head size]`).
     k: Vec<f16>,
+    /// Each input's rows.
+    spans: Vec<std::ops::Range<usize>>,
     v: Vec<f16>,
 }
 
@@ -371,67 +376,85 @@ impl Encoder {
         Ok(x.first().copied().unwrap_or(0.0))
     }
 
-    /// Runs `tokens` (one input, positions from 0) through the encoder and
-    /// leaves every token's final state in `out` (`n × n_embd`).
+    /// Runs `inputs` (each from position 0, attending only to itself)
+    /// through the encoder in one pass and leaves every token's final state
+    /// in `out` (the inputs' rows in order, `n_embd` values each). The
+    /// matrices run on all rows at once; each row's numbers are those of
+    /// its input run alone (per-row norms, per-column products with the
+    /// route of the input's own batch, per-input attention).
     pub(crate) fn forward(
         &self,
         pool: &Pool,
-        tokens: &[u32],
+        inputs: &[&[u32]],
         s: &mut Scratch,
         out: &mut Vec<f32>,
     ) -> Result<()> {
         let cfg = &self.cfg;
-        let (n, d) = (tokens.len(), cfg.n_embd);
-        if n == 0 {
-            return Err(Error::new(ErrorKind::Input, "an empty input has no embedding"));
-        }
+        let d = cfg.n_embd;
         let limit = if self.positions.is_some() { cfg.n_ctx_train } else { usize::MAX };
-        if n > limit {
-            return Err(Error::new(
-                ErrorKind::Input,
-                format!(
-                    "an input of {n} tokens is longer than the {limit} positions the model has"
-                ),
-            ));
-        }
-        s.x.resize(n * d, 0.0);
-        let mut pos = vec![0f32; d];
-        for (i, &t) in tokens.iter().enumerate() {
-            let x = &mut s.x[i * d..(i + 1) * d];
-            if !self.tokens.row(t as usize, d, x) {
+        s.spans.clear();
+        for tokens in inputs {
+            let n = tokens.len();
+            if n == 0 {
+                return Err(Error::new(ErrorKind::Input, "an empty input has no embedding"));
+            }
+            if n > limit {
                 return Err(Error::new(
                     ErrorKind::Input,
-                    format!("token id {t} is outside the vocabulary ({} tokens)", cfg.n_vocab),
+                    format!(
+                        "an input of {n} tokens is longer than the {limit} positions the model has"
+                    ),
                 ));
             }
-            if let Some(t0) = &self.type0 {
-                x.iter_mut().zip(t0).for_each(|(v, t)| *v += t);
-            }
-            if let Some(p) = &self.positions {
-                p.row(i, d, &mut pos);
-                x.iter_mut().zip(&pos).for_each(|(v, p)| *v += p);
+            let at = s.spans.last().map_or(0, |r| r.end);
+            s.spans.push(at..at + n);
+        }
+        let n = s.spans.last().map_or(0, |r| r.end);
+        s.x.resize(n * d, 0.0);
+        let mut pos = vec![0f32; d];
+        for (tokens, span) in inputs.iter().zip(&s.spans) {
+            for (i, &t) in tokens.iter().enumerate() {
+                let x = &mut s.x[(span.start + i) * d..(span.start + i + 1) * d];
+                if !self.tokens.row(t as usize, d, x) {
+                    return Err(Error::new(
+                        ErrorKind::Input,
+                        format!("token id {t} is outside the vocabulary ({} tokens)", cfg.n_vocab),
+                    ));
+                }
+                if let Some(t0) = &self.type0 {
+                    x.iter_mut().zip(t0).for_each(|(v, t)| *v += t);
+                }
+                if let Some(p) = &self.positions {
+                    p.row(i, d, &mut pos);
+                    x.iter_mut().zip(&pos).for_each(|(v, p)| *v += p);
+                }
             }
         }
         let eps = cfg.eps;
         rows_mut(pool, &mut s.x[..n * d], d, |_, x| self.embd_norm.apply(x, eps));
-        s.route.set(n);
+        s.route.set(&s.spans);
         let hd = cfg.head_dim;
         let qd = cfg.n_head * hd;
         let w = 3 * qd;
         let rd = cfg.rope_dims.min(hd);
         let mut rope_tab = Vec::new();
         if let Some(r) = &self.rope {
-            rope_tab.resize(n * rd, 0.0);
-            for i in 0..n {
+            let longest = s.spans.iter().map(|r| r.len()).max().unwrap_or(0);
+            rope_tab.resize(longest * rd, 0.0);
+            for i in 0..longest {
                 r.cache(i, &mut rope_tab[i * rd..(i + 1) * rd]);
             }
         }
+        // Each row's position in its input.
+        let posn: Vec<usize> = s.spans.iter().flat_map(|r| 0..r.len()).collect();
         for layer in &self.layers {
             layer.qkv.forward(pool, &s.x, n, &mut s.route, &mut s.qkv)?;
             if self.rope.is_some() {
                 let tab = &rope_tab;
+                let posn = &posn;
                 rows_mut(pool, &mut s.qkv[..n * w], w, |i, row| {
-                    let cache = &tab[i * rd..(i + 1) * rd];
+                    let p = posn[i];
+                    let cache = &tab[p * rd..(p + 1) * rd];
                     crate::rope::rotate(&mut row[..qd], cache, hd, rd, true);
                     crate::rope::rotate(&mut row[qd..2 * qd], cache, hd, rd, true);
                 });
@@ -477,49 +500,69 @@ impl Encoder {
         let hd = cfg.head_dim;
         let qd = cfg.n_head * hd;
         let w = 3 * qd;
-        s.k.clear();
-        s.v.clear();
-        for row in s.qkv[..n * w].chunks_exact(w) {
-            s.k.extend(row[qd..2 * qd].iter().map(|&v| f16::from_f32(v)));
-            s.v.extend(row[2 * qd..].iter().map(|&v| f16::from_f32(v)));
-        }
+        s.k.resize(n * qd, f16::ZERO);
+        s.v.resize(n * qd, f16::ZERO);
+        let qkv = &s.qkv;
+        rows_mut(pool, &mut s.k[..n * qd], qd, |i, k| {
+            k.iter_mut()
+                .zip(&qkv[i * w + qd..i * w + 2 * qd])
+                .for_each(|(k, x)| *k = f16::from_f32(*x))
+        });
+        rows_mut(pool, &mut s.v[..n * qd], qd, |i, v| {
+            v.iter_mut()
+                .zip(&qkv[i * w + 2 * qd..(i + 1) * w])
+                .for_each(|(v, x)| *v = f16::from_f32(*x))
+        });
         s.att.resize(n * qd, 0.0);
         let scale = 1.0 / (hd as f32).sqrt();
         let (kc, vc, qkv) = (&s.k[..], &s.v[..], &s.qkv);
         let q = |i: usize, h: usize| &qkv[i * w + h * hd..i * w + (h + 1) * hd];
+        // Tasks: per input, its rows in blocks (one query each on the
+        // one-query path, ROWS on the tiled one), times the heads.
+        let mut blocks: Vec<(usize, std::ops::Range<usize>)> = Vec::new();
+        for (j, span) in s.spans.iter().enumerate() {
+            let step = match Mode::for_batch(span.len()) {
+                Mode::Vec => 1,
+                Mode::Tiled => ROWS,
+            };
+            blocks.extend(span.clone().step_by(step).map(|b| (j, b..(b + step).min(span.end))));
+        }
+        let spans = &s.spans;
         let out = OutRows::new(&mut s.att, qd);
-        match Mode::for_batch(n) {
-            Mode::Vec => pool.run(n * cfg.n_head, &|task| {
-                let (i, h) = (task / cfg.n_head, task % cfg.n_head);
-                let lane = Lane { stride: qd, offset: h * hd };
-                let mut o = [0f32; MAX_HEAD];
-                attend_vec(q(i, h), kc, vc, lane, 0, n, scale, None, &mut o[..hd]);
-                for (j, v) in o[..hd].iter().enumerate() {
-                    // SAFETY: task (i, h) alone writes head h of row i.
-                    unsafe { out.set(i, h * hd + j, *v) };
+        pool.run(blocks.len() * cfg.n_head, &|task| {
+            let ((j, rows), h) = (&blocks[task / cfg.n_head], task % cfg.n_head);
+            let span = &spans[*j];
+            // The input's own keys and values, positions from 0.
+            let (kc, vc) =
+                (&kc[span.start * qd..span.end * qd], &vc[span.start * qd..span.end * qd]);
+            let len = span.len();
+            let lane = Lane { stride: qd, offset: h * hd };
+            match Mode::for_batch(len) {
+                Mode::Vec => {
+                    let i = rows.start;
+                    let mut o = [0f32; MAX_HEAD];
+                    attend_vec(q(i, h), kc, vc, lane, 0, len, scale, None, &mut o[..hd]);
+                    for (jj, v) in o[..hd].iter().enumerate() {
+                        // SAFETY: task (row i, head h) alone writes head h of row i.
+                        unsafe { out.set(i, h * hd + jj, *v) };
+                    }
                 }
-            }),
-            Mode::Tiled => {
-                let blocks = n.div_ceil(ROWS);
-                pool.run(blocks * cfg.n_head, &|task| {
-                    let (b, h) = (task / cfg.n_head, task % cfg.n_head);
-                    let lane = Lane { stride: qd, offset: h * hd };
-                    let rows = b * ROWS..((b + 1) * ROWS).min(n);
+                Mode::Tiled => {
                     let trows: Vec<TiledRow<'_>> =
-                        rows.clone().map(|i| TiledRow { q: q(i, h), from: 0, upto: n }).collect();
+                        rows.clone().map(|i| TiledRow { q: q(i, h), from: 0, upto: len }).collect();
                     TILED.with_borrow_mut(|(tile, o)| {
                         o.resize(trows.len() * hd, 0.0);
                         attend_tiled(&trows, kc, vc, lane, scale, None, tile, o);
-                        for (r, i) in rows.enumerate() {
-                            for (j, v) in o[r * hd..(r + 1) * hd].iter().enumerate() {
-                                // SAFETY: task (block b, head h) alone
-                                // writes head h of the rows of b.
-                                unsafe { out.set(i, h * hd + j, *v) };
+                        for (r, i) in rows.clone().enumerate() {
+                            for (jj, v) in o[r * hd..(r + 1) * hd].iter().enumerate() {
+                                // SAFETY: task (block, head h) alone writes
+                                // head h of the block's rows.
+                                unsafe { out.set(i, h * hd + jj, *v) };
                             }
                         }
                     });
-                });
+                }
             }
-        }
+        });
     }
 }

@@ -27,6 +27,10 @@ enum Hidden<'a> {
     Batches(Box<dyn FnOnce(&mut dyn FnMut(&[f32])) -> Result<()> + 'a>),
 }
 
+/// Most tokens an encoder runs in one pass of [`Engine::embed_many`]
+/// (llama-server's default logical batch).
+pub(crate) const ENCODER_BATCH: usize = 2048;
+
 /// Session ids for backends that keep one shared cache.
 static NEXT_SESSION: AtomicU64 = AtomicU64::new(1);
 
@@ -221,6 +225,8 @@ pub struct Engine {
     moe_batches: bool,
     /// Buffers of batched decode steps (a session's own serve it alone).
     batch: std::sync::Mutex<Scratch>,
+    /// Buffers of an encoder's passes.
+    encoder_scratch: std::sync::Mutex<crate::encoder::Scratch>,
     tok: Arc<Tok>,
     /// The grammar compiler over this vocabulary, built on first use.
     grammars: OnceLock<Arc<Grammars>>,
@@ -489,6 +495,7 @@ impl Engine {
             route,
             moe_batches,
             batch: Default::default(),
+            encoder_scratch: Default::default(),
             tok: Arc::new(tok),
             grammars: OnceLock::new(),
             pool: Pool::new(threads),
@@ -583,6 +590,66 @@ impl Engine {
         Ok(Embedding { vector: pooler.finish(), tokens: tokens.len(), pooling })
     }
 
+    /// [`Engine::embed`] of each of `inputs`, the same vectors: an
+    /// encoder runs several inputs in one pass (up to [`ENCODER_BATCH`]
+    /// tokens, each attending only to itself), so the matrices are read once
+    /// for all of them; a decoder embeds them one after another.
+    pub fn embed_many(
+        &self,
+        inputs: &[&[u32]],
+        pooling: Option<Pooling>,
+    ) -> Result<Vec<Embedding>> {
+        let Backend::Encoder(e) = &self.backend else {
+            return inputs.iter().map(|t| self.embed(t, pooling)).collect();
+        };
+        let pooling = pooling.or(self.info.config.pooling).unwrap_or(Pooling::Mean);
+        if pooling == Pooling::Rank {
+            // The single-input path says why.
+            return inputs.iter().map(|t| self.embed(t, Some(pooling))).collect();
+        }
+        let d = self.info.config.n_embd;
+        let mut out = Vec::with_capacity(inputs.len());
+        let mut rows = Vec::new();
+        let mut at = 0;
+        while at < inputs.len() {
+            // A pass of whole inputs, at least one.
+            let mut end = at + 1;
+            let mut total = inputs[at].len();
+            while end < inputs.len() && total + inputs[end].len() <= ENCODER_BATCH {
+                total += inputs[end].len();
+                end += 1;
+            }
+            for t in &inputs[at..end] {
+                if t.is_empty() {
+                    return Err(Error::new(ErrorKind::Input, "an empty input has no embedding"));
+                }
+                if t.len() > self.info.context {
+                    return Err(Error::new(
+                        ErrorKind::Input,
+                        format!(
+                            "an input of {} tokens does not fit the context of {}",
+                            t.len(),
+                            self.info.context
+                        ),
+                    ));
+                }
+            }
+            {
+                let mut s = self.encoder_scratch.lock().unwrap_or_else(|p| p.into_inner());
+                e.forward(&self.pool, &inputs[at..end], &mut s, &mut rows)?;
+            }
+            let mut row = 0;
+            for t in &inputs[at..end] {
+                let mut pooler = Pooler::new(pooling, d, t.len());
+                pooler.add(&rows[row * d..(row + t.len()) * d]);
+                row += t.len();
+                out.push(Embedding { vector: pooler.finish(), tokens: t.len(), pooling });
+            }
+            at = end;
+        }
+        Ok(out)
+    }
+
     /// Every token's final state for one input (see [`Engine::embed`]).
     fn hidden(&self, tokens: &[u32]) -> Result<Hidden<'_>> {
         if tokens.is_empty() {
@@ -602,7 +669,10 @@ impl Engine {
             Backend::Fast(m) => m,
             Backend::Encoder(e) => {
                 let mut out = Vec::new();
-                e.forward(&self.pool, tokens, &mut Default::default(), &mut out)?;
+                // The buffers of the last input, reused (none is shared
+                // between calls: each pass sets what it reads).
+                let mut s = self.encoder_scratch.lock().unwrap_or_else(|p| p.into_inner());
+                e.forward(&self.pool, &[tokens], &mut s, &mut out)?;
                 return Ok(Hidden::All(out));
             }
             Backend::Candle(_) => {

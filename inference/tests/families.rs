@@ -295,6 +295,22 @@ fn encoders_embed_and_rerank_as_llama_cpp() {
     }
     assert!(checked >= 10, "{checked} inputs checked");
     eprintln!("encoders: {checked} inputs, worst cosine {worst:.7}");
+    // Inputs run together in one pass give each input's own vector, bit for bit (inputs of
+    // both attention paths, short and long, mixed).
+    let Some(made) = make_with("synth_embed.py", "nomic-bert") else { return };
+    let engine = Engine::load(&made.path, &opts).expect("the encoder loads");
+    let texts: Vec<&str> = lines
+        .iter()
+        .filter(|l| l["family"] == "nomic-bert")
+        .map(|l| l["text"].as_str().expect("text"))
+        .collect();
+    let ids: Vec<Vec<u32>> =
+        texts.iter().map(|t| engine.tokenizer().encode_prompt(t, false).unwrap()).collect();
+    let refs: Vec<&[u32]> = ids.iter().map(Vec::as_slice).collect();
+    let together = engine.embed_many(&refs, None).expect("embeds");
+    for (t, got) in refs.iter().zip(&together) {
+        assert_eq!(got.vector, engine.embed(t, None).unwrap().vector, "{} tokens", t.len());
+    }
     let Some(made) = make_with("synth_embed.py", "bert-rerank") else { return };
     let engine = Engine::load(&made.path, &opts).expect("the reranker loads");
     assert!(engine.reranks());

@@ -260,12 +260,14 @@ pub(crate) fn embed(e: &EngineArgs, pooling: Option<&str>, texts: &[String]) -> 
         tokens.push(em.tokens);
         vectors.push(em.vector);
     }
-    println!(
-        "{}",
-        json!({"model": r.name, "pooling": used.map(inference::Pooling::as_str),
-               "dimensions": engine.info().config.n_embd, "embeddings": vectors, "tokens": tokens})
-    );
-    Ok(())
+    let out = json!({"model": r.name, "pooling": used.map(inference::Pooling::as_str),
+               "dimensions": engine.info().config.n_embd, "embeddings": vectors, "tokens": tokens});
+    // A reader that stops early (`| head`) ends the output, not in a panic.
+    use std::io::Write;
+    match writeln!(std::io::stdout().lock(), "{out}") {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
+        _ => Ok(()),
+    }
 }
 
 /// Peak resident set size of this process in MB (VmHWM).

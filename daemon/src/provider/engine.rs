@@ -202,33 +202,38 @@ impl Batch {
             _ => ProviderError::Failed(e.to_string()),
         };
         catch_unwind(AssertUnwindSafe(|| {
-            inputs
-                .iter()
-                .map(|input| {
-                    let mut ids = match input {
-                        EmbedInput::Text(t) => engine.tokenize_prompt(t, false).map_err(fail)?,
-                        EmbedInput::Tokens(t) => t.clone(),
-                        EmbedInput::Rerank { query, document } => {
-                            engine.rerank_tokens(query, document).map_err(fail)?
-                        }
-                    };
-                    if ids.len() > limit {
-                        if !truncate {
-                            return Err(ProviderError::Context { need: ids.len(), limit });
-                        }
-                        ids.truncate(limit);
+            let mut ids = Vec::with_capacity(inputs.len());
+            for input in inputs {
+                let mut t = match input {
+                    EmbedInput::Text(t) => engine.tokenize_prompt(t, false).map_err(fail)?,
+                    EmbedInput::Tokens(t) => t.clone(),
+                    EmbedInput::Rerank { query, document } => {
+                        engine.rerank_tokens(query, document).map_err(fail)?
                     }
-                    if let EmbedInput::Rerank { .. } = input {
-                        let score = engine.rerank(&ids).map_err(fail)?;
-                        return Ok(inference::Embedding {
-                            vector: vec![score],
-                            tokens: ids.len(),
+                };
+                if t.len() > limit {
+                    if !truncate {
+                        return Err(ProviderError::Context { need: t.len(), limit });
+                    }
+                    t.truncate(limit);
+                }
+                ids.push(t);
+            }
+            if inputs.iter().any(|i| matches!(i, EmbedInput::Rerank { .. })) {
+                return ids
+                    .iter()
+                    .map(|t| {
+                        Ok(inference::Embedding {
+                            vector: vec![engine.rerank(t).map_err(fail)?],
+                            tokens: t.len(),
                             pooling: inference::Pooling::Rank,
-                        });
-                    }
-                    engine.embed(&ids, None).map_err(fail)
-                })
-                .collect()
+                        })
+                    })
+                    .collect();
+            }
+            // An encoder runs the inputs together (the same vectors).
+            let refs: Vec<&[u32]> = ids.iter().map(Vec::as_slice).collect();
+            engine.embed_many(&refs, None).map_err(fail)
         }))
         .unwrap_or_else(|_| Err(ProviderError::Failed("internal error".into())))
     }

@@ -2385,3 +2385,58 @@ pub(super) unsafe fn hsum8_x8_all(x: &[[f32; 8]; 8]) -> [f32; 8] {
         o
     }
 }
+
+/// Columns per call of [`dot16_cols`].
+pub(super) const DOT16_COLS: usize = 4;
+
+/// `scalar::dot_f32(w, x)` for up to [`DOT16_COLS`] columns `xs` at once
+/// (the f16 and bf16 rows of `rows.rs`, dequantized): per column sixteen
+/// lanes, each a fused multiply-add chain over its elements, summed as a
+/// tree (8, 4, 2, 1), the tail chained apart and added last — the same
+/// numbers, the weight chunk loaded once for all columns.
+///
+/// # Safety
+/// The CPU must support avx2 and fma; every `xs[c]` holds `w.len()` values.
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn dot16_cols(w: &[f32], xs: &[&[f32]], out: &mut [f32]) {
+    let k = w.len();
+    let n = xs.len().min(DOT16_COLS).min(out.len());
+    assert!(xs[..n].iter().all(|x| x.len() >= k));
+    let mut lo = [_mm256_setzero_ps(); DOT16_COLS];
+    let mut hi = [_mm256_setzero_ps(); DOT16_COLS];
+    let body = k / 16 * 16;
+    let mut i = 0;
+    while i < body {
+        // SAFETY: i + 16 <= body <= k, within w and every xs[c].
+        unsafe {
+            let w0 = _mm256_loadu_ps(w.as_ptr().add(i));
+            let w1 = _mm256_loadu_ps(w.as_ptr().add(i + 8));
+            for c in 0..n {
+                let x = xs[c].as_ptr().add(i);
+                lo[c] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x), lo[c]);
+                hi[c] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x.add(8)), hi[c]);
+            }
+        }
+        i += 16;
+    }
+    for c in 0..n {
+        let mut acc = [0f32; 16];
+        // SAFETY: acc holds 16 values.
+        unsafe {
+            _mm256_storeu_ps(acc.as_mut_ptr(), lo[c]);
+            _mm256_storeu_ps(acc.as_mut_ptr().add(8), hi[c]);
+        }
+        let mut tail = 0f32;
+        for j in body..k {
+            tail = w[j].mul_add(xs[c][j], tail);
+        }
+        let mut width = 16;
+        while width > 1 {
+            width /= 2;
+            for j in 0..width {
+                acc[j] += acc[j + width];
+            }
+        }
+        out[c] = acc[0] + tail;
+    }
+}

@@ -1296,6 +1296,62 @@ mod tests {
         }
     }
 
+    /// The f16/bf16 rows' four-column kernel gives `scalar::dot_f32`'s sums
+    /// bit for bit, for every length (tails included) and column count.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn sixteen_lane_dots_of_four_columns_are_dot_f32() {
+        if !avx2::available() {
+            return;
+        }
+        let mut r = rng(16);
+        let mut val = || (r() % 2000) as f32 / 97.0 - 10.0;
+        for k in [1, 15, 16, 17, 64, 100, 384, 1000] {
+            let w: Vec<f32> = (0..k).map(|_| val()).collect();
+            let xs: Vec<Vec<f32>> = (0..4).map(|_| (0..k).map(|_| val()).collect()).collect();
+            for n in 1..=4 {
+                let cols: Vec<&[f32]> = xs[..n].iter().map(Vec::as_slice).collect();
+                let mut got = [0f32; 4];
+                // SAFETY: AVX2 and FMA checked above; every column has k values.
+                unsafe { avx2::dot16_cols(&w, &cols, &mut got) };
+                for c in 0..n {
+                    let want = scalar::dot_f32(&w, &xs[c]);
+                    assert_eq!(got[c].to_bits(), want.to_bits(), "k {k}, column {c} of {n}");
+                }
+            }
+            if isa() == Isa::Avx512Vnni {
+                let ws: Vec<Vec<f32>> = (0..4).map(|_| (0..k).map(|_| val()).collect()).collect();
+                let wr: [&[f32]; 4] = std::array::from_fn(|i| ws[i].as_slice());
+                let xr: [&[f32]; 6] = std::array::from_fn(|i| xs[i % 4].as_slice());
+                let mut tile = [[0f32; 6]; 4];
+                // SAFETY: AVX-512 checked above; every row and column has k values.
+                unsafe { x86::dot16_tile(&wr, &xr, k, &mut tile) };
+                for r in 0..4 {
+                    for c in 0..6 {
+                        let want = scalar::dot_f32(&ws[r], &xs[c % 4]);
+                        assert_eq!(tile[r][c].to_bits(), want.to_bits(), "k {k}, tile {r},{c}");
+                    }
+                }
+                // The same rows stored as f16 and converted in registers.
+                let hs: Vec<Vec<u8>> = ws
+                    .iter()
+                    .map(|w| w.iter().flat_map(|v| half::f16::from_f32(*v).to_le_bytes()).collect())
+                    .collect();
+                let hr: [&[u8]; 4] = std::array::from_fn(|i| hs[i].as_slice());
+                // SAFETY: AVX-512 and F16C checked above; every row has k halves.
+                unsafe { x86::dot16_tile_f16(&hr, &xr, k, &mut tile) };
+                for r in 0..4 {
+                    let wr: Vec<f32> =
+                        ws[r].iter().map(|v| half::f16::from_f32(*v).to_f32()).collect();
+                    for c in 0..6 {
+                        let want = scalar::dot_f32(&wr, &xs[c % 4]);
+                        assert_eq!(tile[r][c].to_bits(), want.to_bits(), "f16 k {k}, tile {r},{c}");
+                    }
+                }
+            }
+        }
+    }
+
     /// Block pairs keep every bit of both blocks: random Q4_1, Q5_0 and
     /// Q8_0 pairs through `pair_blocks` and back, and each Q5_0 value's high bit
     /// where `pair_blocks` says.

@@ -322,6 +322,73 @@ impl RowMat {
 /// a task passes over them.
 pub(crate) const COL_BLOCK: usize = 64;
 
+/// [`matmul`] of f16 and bf16 rows on AVX-512: four rows dequantized at a
+/// time, met by four columns at a time (`x86::dot16_tile`), with
+/// `scalar::dot_f32`'s numbers.
+///
+/// # Safety
+/// The CPU must support AVX-512F; as [`matmul`].
+#[cfg(target_arch = "x86_64")]
+unsafe fn float_tiles(
+    w: &RowMat,
+    acts: &super::Acts,
+    rows: std::ops::Range<usize>,
+    out: &OutRows<'_>,
+) {
+    use super::x86::{TILE16_COLS, TILE16_ROWS};
+    let k = acts.k;
+    let ty =
+        if w.fmt == Fmt::F16 { crate::gguf::GgmlType::F16 } else { crate::gguf::GgmlType::BF16 };
+    let xs = if w.fmt == Fmt::F16 { &acts.xh } else { &acts.x };
+    let nr = rows.len();
+    let mut tile = [[0f32; TILE16_COLS]; TILE16_ROWS];
+    // f16 rows are met as stored (converted in registers); bf16 rows are
+    // dequantized once for the task.
+    let mut wf = Vec::new();
+    let mut raw: Vec<Vec<u8>> = Vec::new();
+    let mut rowbuf = Vec::new();
+    if w.fmt == Fmt::F16 {
+        raw = rows.clone().map(|r| w.row(r, &mut rowbuf).to_vec()).collect();
+    } else {
+        wf = vec![0f32; nr * k];
+        for (i, r) in rows.clone().enumerate() {
+            let row = w.row(r, &mut rowbuf);
+            crate::quant::dequantize_row(ty, row, &mut wf[i * k..(i + 1) * k]);
+        }
+    }
+    // A group of columns stays in the first-level cache while the task's
+    // rows stream past it.
+    for c0 in (0..acts.n).step_by(TILE16_COLS) {
+        let c1 = (c0 + TILE16_COLS).min(acts.n);
+        // Missing rows and columns of an edge tile repeat the first.
+        let cols: [&[f32]; TILE16_COLS] = std::array::from_fn(|j| {
+            let c = if c0 + j < c1 { c0 + j } else { c0 };
+            &xs[c * k..(c + 1) * k]
+        });
+        for g0 in (0..nr).step_by(TILE16_ROWS) {
+            let g1 = (g0 + TILE16_ROWS).min(nr);
+            let pick = |i: usize| if g0 + i < g1 { g0 + i } else { g0 };
+            if w.fmt == Fmt::F16 {
+                let ws: [&[u8]; TILE16_ROWS] = std::array::from_fn(|i| raw[pick(i)].as_slice());
+                // SAFETY: AVX-512 and F16C (the caller's); every row holds k
+                // halves and every column k values.
+                unsafe { super::x86::dot16_tile_f16(&ws, &cols, k, &mut tile) };
+            } else {
+                let ws: [&[f32]; TILE16_ROWS] =
+                    std::array::from_fn(|i| &wf[pick(i) * k..(pick(i) + 1) * k]);
+                // SAFETY: AVX-512 (the caller's); every row and column holds k values.
+                unsafe { super::x86::dot16_tile(&ws, &cols, k, &mut tile) };
+            }
+            for (i, g) in (g0..g1).enumerate() {
+                for (j, c) in (c0..c1).enumerate() {
+                    // SAFETY: row `rows.start + g` is in `rows`, which this call owns.
+                    unsafe { out.set(c, rows.start + g, tile[i][j]) };
+                }
+            }
+        }
+    }
+}
+
 /// `out[c · rows + r]` for rows `rows` and all columns, on the portable path.
 ///
 /// # Safety
@@ -333,6 +400,12 @@ pub(crate) unsafe fn matmul(
     rows: std::ops::Range<usize>,
     out: &OutRows<'_>,
 ) {
+    #[cfg(target_arch = "x86_64")]
+    if matches!(w.fmt, Fmt::F16 | Fmt::BF16) && super::isa() == super::Isa::Avx512Vnni {
+        // SAFETY: the CPU has AVX-512 (`isa`); the caller's contract.
+        unsafe { float_tiles(w, acts, rows, out) };
+        return;
+    }
     let mut wf = Vec::new();
     let mut rowbuf = Vec::new();
     for c0 in (0..acts.n).step_by(COL_BLOCK) {
@@ -350,6 +423,25 @@ pub(crate) unsafe fn matmul(
                     row,
                     &mut wf,
                 );
+            }
+            #[cfg(target_arch = "x86_64")]
+            if matches!(w.fmt, Fmt::F16 | Fmt::BF16) && super::isa().avx2() {
+                // The same sums as `scalar::dot_f32`, four columns a call.
+                let xs = if w.fmt == Fmt::F16 { &acts.xh } else { &acts.x };
+                let k = acts.k;
+                let mut v = [0f32; super::avx2::DOT16_COLS];
+                for cs in (c0..c1).step_by(super::avx2::DOT16_COLS) {
+                    let ce = (cs + super::avx2::DOT16_COLS).min(c1);
+                    let cols: Vec<&[f32]> = (cs..ce).map(|c| &xs[c * k..(c + 1) * k]).collect();
+                    // SAFETY: the CPU has AVX2 and FMA (`isa`); every column
+                    // holds k values, as the dequantized row does.
+                    unsafe { super::avx2::dot16_cols(&wf, &cols, &mut v) };
+                    for (c, v) in (cs..ce).zip(v) {
+                        // SAFETY: `r` is in `rows`, which this call owns.
+                        unsafe { out.set(c, r, v) };
+                    }
+                }
+                continue;
             }
             for c in c0..c1 {
                 let v = match w.fmt {

@@ -951,3 +951,112 @@ pub(super) unsafe fn quantize_column(
         }
     }
 }
+
+/// Weight rows and columns per call of [`dot16_tile`].
+pub(super) const TILE16_ROWS: usize = 4;
+pub(super) const TILE16_COLS: usize = 6;
+
+/// `scalar::dot_f32(ws[r], xs[c])` for four weight rows against six
+/// columns (the f16 and bf16 rows of `rows.rs`, dequantized): each pair's
+/// sixteen lanes in one register, a fused multiply-add chain per lane, the
+/// tree sum (8, 4, 2, 1) and the tail chained apart — `dot_f32`'s numbers,
+/// with twenty-four accumulators in registers so each load feeds four or
+/// six products.
+///
+/// # Safety
+/// The CPU must support avx512f and fma; every `ws[r]` and `xs[c]` holds
+/// at least `k` values.
+#[target_feature(enable = "avx512f,fma")]
+pub(super) unsafe fn dot16_tile(
+    ws: &[&[f32]; TILE16_ROWS],
+    xs: &[&[f32]; TILE16_COLS],
+    k: usize,
+    out: &mut [[f32; TILE16_COLS]; TILE16_ROWS],
+) {
+    assert!(ws.iter().all(|v| v.len() >= k) && xs.iter().all(|v| v.len() >= k));
+    let mut acc = [[_mm512_setzero_ps(); TILE16_COLS]; TILE16_ROWS];
+    let body = k / 16 * 16;
+    let mut i = 0;
+    while i < body {
+        // SAFETY: i + 16 <= body <= k, within every row and column.
+        unsafe {
+            let w: [__m512; TILE16_ROWS] =
+                std::array::from_fn(|r| _mm512_loadu_ps(ws[r].as_ptr().add(i)));
+            for c in 0..TILE16_COLS {
+                let x = _mm512_loadu_ps(xs[c].as_ptr().add(i));
+                for r in 0..TILE16_ROWS {
+                    acc[r][c] = _mm512_fmadd_ps(w[r], x, acc[r][c]);
+                }
+            }
+        }
+        i += 16;
+    }
+    for r in 0..TILE16_ROWS {
+        for c in 0..TILE16_COLS {
+            let mut tail = 0f32;
+            for j in body..k {
+                tail = ws[r][j].mul_add(xs[c][j], tail);
+            }
+            out[r][c] = sum16_tree(acc[r][c]) + tail;
+        }
+    }
+}
+
+/// [`dot16_tile`] with the four weight rows as stored in an f16 GGUF row
+/// (little-endian halves, converted in registers: exact), so that the
+/// rows stream at half the bytes and need no dequantized copy.
+///
+/// # Safety
+/// The CPU must support avx512f, f16c and fma; every `ws[r]` holds at
+/// least `2k` bytes and every `xs[c]` at least `k` values.
+#[target_feature(enable = "avx512f,f16c,fma")]
+pub(super) unsafe fn dot16_tile_f16(
+    ws: &[&[u8]; TILE16_ROWS],
+    xs: &[&[f32]; TILE16_COLS],
+    k: usize,
+    out: &mut [[f32; TILE16_COLS]; TILE16_ROWS],
+) {
+    assert!(ws.iter().all(|v| v.len() >= 2 * k) && xs.iter().all(|v| v.len() >= k));
+    let mut acc = [[_mm512_setzero_ps(); TILE16_COLS]; TILE16_ROWS];
+    let body = k / 16 * 16;
+    let mut i = 0;
+    while i < body {
+        // SAFETY: i + 16 <= body <= k: 32 bytes from 2i within every row,
+        // 16 values from i within every column.
+        unsafe {
+            let w: [__m512; TILE16_ROWS] = std::array::from_fn(|r| {
+                _mm512_cvtph_ps(_mm256_loadu_si256(ws[r].as_ptr().add(2 * i) as *const __m256i))
+            });
+            for c in 0..TILE16_COLS {
+                let x = _mm512_loadu_ps(xs[c].as_ptr().add(i));
+                for r in 0..TILE16_ROWS {
+                    acc[r][c] = _mm512_fmadd_ps(w[r], x, acc[r][c]);
+                }
+            }
+        }
+        i += 16;
+    }
+    for r in 0..TILE16_ROWS {
+        for c in 0..TILE16_COLS {
+            let mut tail = 0f32;
+            for j in body..k {
+                let h = half::f16::from_le_bytes([ws[r][2 * j], ws[r][2 * j + 1]]).to_f32();
+                tail = h.mul_add(xs[c][j], tail);
+            }
+            out[r][c] = sum16_tree(acc[r][c]) + tail;
+        }
+    }
+}
+
+/// The sixteen lanes summed as `scalar::dot_f32` sums them: lane i with
+/// i + 8, then i + 4, i + 2, i + 1.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn sum16_tree(v: __m512) -> f32 {
+    let hi = _mm512_shuffle_f32x4::<0b11_10_11_10>(v, v);
+    let s8 = _mm512_castps512_ps256(_mm512_add_ps(v, hi));
+    let s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps::<1>(s8));
+    let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    let s1 = _mm_add_ss(s2, _mm_shuffle_ps::<0b01>(s2, s2));
+    _mm_cvtss_f32(s1)
+}
