@@ -436,3 +436,98 @@ fn bert_family_models_embed_and_rerank_beside_the_chat_model() {
     );
     assert!(out.contains("encoders agree with llama.cpp"), "{out}");
 }
+
+/// The `vectors-*` files under `dir`.
+fn vector_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut v = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            v.extend(vector_files(&p));
+        } else if p.file_name().unwrap().to_string_lossy().starts_with("vectors-") {
+            v.push(p);
+        }
+    }
+    v
+}
+
+/// With an embedding model configured (`AGENTD_CORPUS_EMBED_MODEL`), `agentd search` (the
+/// `search_sources` ranking) fuses the segments' vectors with the full-text ranking: a query
+/// whose words are in no source finds nothing by full text and its nearest segments by vector;
+/// the vectors are stored beside the index, reused, and made again when a source changes;
+/// without the variable the same query finds nothing, and a model that cannot load fails the
+/// search naming the variable.
+#[test]
+fn corpus_search_fuses_vectors_when_an_embedding_model_is_configured() {
+    let test = "corpus_search_fuses_vectors_when_an_embedding_model_is_configured";
+    let Some(python) = agentd_tests::dep("AGENTD_TEST_PYTHON", test) else { return };
+    let home = Home::new();
+    let model = home.path().join("bert.gguf");
+    let script = agentd_tests::workspace_root().join("scripts/synth_embed.py");
+    let ok = std::process::Command::new(&python)
+        .arg(&script)
+        .args(["--family", "bert", "--out"])
+        .arg(&model)
+        .status()
+        .expect("the script runs");
+    assert!(ok.success());
+    let corpus = home.path().join("docs");
+    std::fs::create_dir_all(&corpus).unwrap();
+    for (name, text) in [
+        ("sky.md", "# Sky\n\nThe sky is blue on a clear day."),
+        ("press.md", "# Printing\n\nThe printing press spread books across Europe."),
+        ("rust.md", "# Rust\n\nRust is a language for fast and safe programs."),
+    ] {
+        std::fs::write(corpus.join(name), text).unwrap();
+    }
+    let search = |with: bool, q: &str| -> (bool, Vec<String>, String) {
+        let mut c = home.cmd(&["search", "--corpus", corpus.to_str().unwrap(), "--limit", "2", q]);
+        if with {
+            c.env("AGENTD_CORPUS_EMBED_MODEL", &model);
+        } else {
+            c.env_remove("AGENTD_CORPUS_EMBED_MODEL");
+        }
+        let out = c.output().expect("agentd search runs");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let paths = text
+            .lines()
+            .map(|l| {
+                serde_json::from_str::<serde_json::Value>(l).expect("a JSON line")["path"]
+                    .as_str()
+                    .expect("a path")
+                    .to_owned()
+            })
+            .collect();
+        (out.status.success(), paths, String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    // No source has these words.
+    let (ok, plain, err) = search(false, "zebra quasar");
+    assert!(ok && plain.is_empty(), "{plain:?} {err}");
+    let (ok, fused, err) = search(true, "zebra quasar");
+    assert!(ok && fused.len() == 2, "{fused:?} {err}");
+    // A word query still ranks its file first (both lists agree on it, or full text does).
+    let (ok, hits, err) = search(true, "printing press books");
+    assert!(ok && hits.first().is_some_and(|p| p.ends_with("press.md")), "{hits:?} {err}");
+    let index = home.path().join("index");
+    let files = vector_files(&index);
+    assert_eq!(files.len(), 2, "vectors and their entries beside the index: {files:?}");
+    let before =
+        std::fs::read(files.iter().find(|p| p.extension().unwrap() == "json").unwrap()).unwrap();
+    // A changed source makes the index and its vectors again.
+    std::fs::write(corpus.join("rust.md"), "# Rust\n\nRust has no garbage collector at all.")
+        .unwrap();
+    let (ok, _, err) = search(true, "zebra quasar");
+    assert!(ok, "{err}");
+    let files = vector_files(&index);
+    let after =
+        std::fs::read(files.iter().find(|p| p.extension().unwrap() == "json").unwrap()).unwrap();
+    assert_ne!(before, after, "the vectors were made again for the changed source");
+    // A model that cannot load names the variable.
+    let out = home
+        .cmd(&["search", "--corpus", corpus.to_str().unwrap(), "sky"])
+        .env("AGENTD_CORPUS_EMBED_MODEL", home.path().join("missing.gguf"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("AGENTD_CORPUS_EMBED_MODEL"));
+}

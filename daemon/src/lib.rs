@@ -232,6 +232,18 @@ enum Command {
         #[arg(required = true)]
         texts: Vec<String>,
     },
+    /// Search the --corpus folders as the research tool `search_sources`
+    /// does (full text, and vectors with AGENTD_CORPUS_EMBED_MODEL); one
+    /// JSON object per hit
+    Search {
+        /// Folder of sources (repeatable)
+        #[arg(long, required = true)]
+        corpus: Vec<PathBuf>,
+        /// Most hits
+        #[arg(long, default_value_t = 5)]
+        limit: usize,
+        query: String,
+    },
     /// Measure prompt processing and decode speed (like llama-bench)
     Bench {
         #[command(flatten)]
@@ -461,6 +473,7 @@ fn run(cli: Cli, cancel: &AtomicBool) -> anyhow::Result<ExitCode> {
                 return Ok(ExitCode::from(130));
             }
         }
+        Command::Search { corpus, limit, query } => tools::search_cmd(&corpus, limit, &query)?,
         Command::Embed { engine: e, pooling, texts } => {
             engine::embed(&e, pooling.as_deref(), &texts)?
         }

@@ -3,7 +3,9 @@
 //!
 //! `inference` owns running a quantized model on this machine. Its principal
 //! type is [`Engine`]: load a GGUF, tokenize, and [`Engine::generate`] into a
-//! [`Session`] whose KV cache is reused by the next request that extends it.
+//! [`Session`] whose KV cache is reused by the next request that extends it;
+//! or, on any model and on the embedding models' encoders (`bert`,
+//! `nomic-bert`), [`Engine::embed`] and, on a reranker, [`Engine::rerank`].
 //! The CPU path runs its own SIMD kernels (`kernels`) beside candle, which
 //! reads the GGUF and covers tensor types and devices the fast path lacks.
 //!

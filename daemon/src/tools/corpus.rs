@@ -123,6 +123,9 @@ pub(crate) struct Corpus {
     f_path: Field,
     f_seg: Field,
     segment_chars: usize,
+    /// The segments' vectors, when an embedding model is configured
+    /// (`vectors.rs`).
+    vectors: Option<super::vectors::Vectors>,
 }
 
 impl std::fmt::Debug for Corpus {
@@ -265,6 +268,9 @@ fn section_headings(segments: &[String]) -> Vec<String> {
 /// answered one question more than without the field, 1.0 one fewer, 2.0
 /// two fewer — a heading word is also in the text it heads).
 const HEADING_BOOST: f32 = 0.5;
+
+/// How deep each ranking goes into a fusion (`Corpus::search`).
+const FUSED: usize = 30;
 
 /// Splits `text` into segments of about `max` characters, at paragraph
 /// breaks where it can, else at line breaks, else anywhere.
@@ -434,11 +440,17 @@ impl Corpus {
     /// Opens (building or refreshing as needed) the index of `roots`.
     #[cfg(test)]
     pub(crate) fn open(roots: &[PathBuf], segment_chars: usize) -> Result<Corpus> {
-        Corpus::index(Folders::check(roots)?, segment_chars)
+        Corpus::index(Folders::check(roots)?, segment_chars, None)
     }
 
-    /// Opens (building or refreshing as needed) the index of `folders`.
-    pub(crate) fn index(folders: Folders, segment_chars: usize) -> Result<Corpus> {
+    /// Opens (building or refreshing as needed) the index of `folders`, and
+    /// with `embedder` the segments' vectors beside it (`vectors.rs`),
+    /// made under the same turn as the index.
+    pub(crate) fn index(
+        folders: Folders,
+        segment_chars: usize,
+        embedder: Option<Arc<super::vectors::Embedder>>,
+    ) -> Result<Corpus> {
         let roots = folders.0;
         let mut h = Sha256::new();
         for (_, r) in &roots {
@@ -516,6 +528,28 @@ impl Corpus {
             .reload_policy(ReloadPolicy::Manual)
             .try_into()
             .with_context(|| format!("cannot read the corpus index in {}", dir.display()))?;
+        let vectors = match embedder {
+            None => None,
+            Some(e) => Some(super::vectors::Vectors::open(e, &dir, &manifest, || {
+                // The index's segments, as it was built from the same files.
+                let mut out = Vec::new();
+                for f in &files {
+                    let Ok(text) = std::fs::read_to_string(&f.abs) else { continue };
+                    let title = title_of(&f.rel, &text);
+                    let segs = split_segments(&text, segment_chars);
+                    let heads = section_headings(&segs);
+                    for (i, (seg, head)) in segs.into_iter().zip(heads).enumerate() {
+                        let entry = super::vectors::Entry {
+                            path: f.rel.clone(),
+                            segment: i + 1,
+                            title: title.clone(),
+                        };
+                        out.push((entry, format!("{title}\n{head}\n{seg}")));
+                    }
+                }
+                out
+            })?),
+        };
         Ok(Corpus {
             roots,
             index,
@@ -526,12 +560,40 @@ impl Corpus {
             f_path,
             f_seg,
             segment_chars,
+            vectors,
         })
+    }
+
+    /// The `limit` best segments for `query`: the full-text index's
+    /// ([`Corpus::text_search`]) or, with vectors, the reciprocal rank
+    /// fusion of its ranking and the vectors' (`vectors.rs`), each list
+    /// [`FUSED`] deep.
+    pub(crate) fn search(&self, query: &str, limit: usize) -> Result<Vec<Hit>> {
+        let Some(vectors) = &self.vectors else { return self.text_search(query, limit) };
+        let text = self.text_search(query, FUSED.max(limit))?;
+        let near = vectors.nearest(query, FUSED.max(limit))?;
+        let key = |p: &str, s: usize| (p.to_owned(), s);
+        let fused = super::vectors::fuse(&[
+            text.iter().map(|h| key(&h.path, h.segment)).collect(),
+            near.iter().map(|e| key(&e.path, e.segment)).collect(),
+        ]);
+        let mut hits = Vec::with_capacity(limit);
+        for (path, segment) in fused.into_iter().take(limit) {
+            if let Some(h) = text.iter().find(|h| h.path == path && h.segment == segment) {
+                hits.push(h.clone());
+                continue;
+            }
+            // Found by its vector alone: its opening as the snippet.
+            let Some(seg) = self.read(&path, segment)? else { continue };
+            let snippet = seg.text.chars().take(200).collect::<String>().trim().to_owned();
+            hits.push(Hit { path, segment, title: seg.title, snippet });
+        }
+        Ok(hits)
     }
 
     /// Full-text search; each query term is matched on its own (OR), stop
     /// words dropped, words stemmed.
-    pub(crate) fn search(&self, query: &str, limit: usize) -> Result<Vec<Hit>> {
+    pub(crate) fn text_search(&self, query: &str, limit: usize) -> Result<Vec<Hit>> {
         let searcher = self.reader.searcher();
         let mut qp =
             QueryParser::for_index(&self.index, vec![self.f_title, self.f_heading, self.f_body]);

@@ -13,6 +13,7 @@ pub(crate) mod mcp;
 mod output;
 #[cfg(test)]
 pub(crate) mod tests;
+pub(crate) mod vectors;
 
 pub(crate) use handles::Handles;
 pub(crate) use output::{Analysis, Coverage, Finding, Hit, ToolOutput};
@@ -165,7 +166,11 @@ impl Host {
             (None, None)
         } else {
             let folders = corpus::Folders::check(corpus)?;
-            match Corpus::index(folders, policies.get(policy::SEGMENT) as usize) {
+            // A configured embedding model that cannot load fails the
+            // index as any other cause does (the run goes on).
+            let opened = vectors::Embedder::configured()
+                .and_then(|e| Corpus::index(folders, policies.get(policy::SEGMENT) as usize, e));
+            match opened {
                 Ok(c) => (Some(c), None),
                 Err(e) => {
                     let why = format!("the corpus index could not be opened: {e:#}; the sources cannot be searched in this run (ask again once the cause is fixed)");
@@ -522,4 +527,32 @@ impl Host {
             Err(e) => error("WRITE_FAILED", format!("cannot write {name}: {e}")),
         }
     }
+}
+
+/// `agentd search`: the corpus of `folders` searched for `query` as
+/// `search_sources` searches it (the segment size in force; vectors fused in
+/// when `AGENTD_CORPUS_EMBED_MODEL` names a model), each hit printed as one
+/// JSON object `{"path", "segment", "title", "snippet"}`, best first.
+pub(crate) fn search_cmd(folders: &[PathBuf], limit: usize, query: &str) -> anyhow::Result<()> {
+    #[derive(serde::Serialize)]
+    struct Line<'a> {
+        path: &'a str,
+        segment: usize,
+        title: &'a str,
+        snippet: &'a str,
+    }
+    let folders = corpus::Folders::check(folders)?;
+    let store = crate::state::store::Store::open()?;
+    let segment = crate::state::policy::Policies::load(&store)?.get(policy::SEGMENT) as usize;
+    let corpus = Corpus::index(folders, segment, vectors::Embedder::configured()?)?;
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    for h in corpus.search(query, limit.max(1))? {
+        let line = Line { path: &h.path, segment: h.segment, title: &h.title, snippet: &h.snippet };
+        match writeln!(out, "{}", serde_json::to_string(&line)?) {
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(()),
+            r => r?,
+        }
+    }
+    Ok(())
 }
