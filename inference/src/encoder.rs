@@ -503,15 +503,13 @@ impl Encoder {
         s.k.resize(n * qd, f16::ZERO);
         s.v.resize(n * qd, f16::ZERO);
         let qkv = &s.qkv;
+        // Cast a row at a time (F16C where the CPU has it): ggml_cast's values.
+        use half::slice::HalfFloatSliceExt;
         rows_mut(pool, &mut s.k[..n * qd], qd, |i, k| {
-            k.iter_mut()
-                .zip(&qkv[i * w + qd..i * w + 2 * qd])
-                .for_each(|(k, x)| *k = f16::from_f32(*x))
+            k.convert_from_f32_slice(&qkv[i * w + qd..i * w + 2 * qd])
         });
         rows_mut(pool, &mut s.v[..n * qd], qd, |i, v| {
-            v.iter_mut()
-                .zip(&qkv[i * w + 2 * qd..(i + 1) * w])
-                .for_each(|(v, x)| *v = f16::from_f32(*x))
+            v.convert_from_f32_slice(&qkv[i * w + 2 * qd..(i + 1) * w])
         });
         s.att.resize(n * qd, 0.0);
         let scale = 1.0 / (hd as f32).sqrt();

@@ -294,6 +294,13 @@ impl RowMat {
     }
 
     /// Row `r` in the file's order (for the portable kernels and lookups).
+    /// Row `r` as the file stores it, when the matrix keeps it so (no
+    /// pairing or grouping of blocks).
+    pub(crate) fn direct_row(&self, r: usize) -> Option<&[u8]> {
+        (!self.pairs && self.group == 1)
+            .then(|| &self.data[r * self.row_bytes..(r + 1) * self.row_bytes])
+    }
+
     pub(crate) fn row<'a>(&'a self, r: usize, buf: &'a mut Vec<u8>) -> &'a [u8] {
         if self.pairs {
             buf.clear();
@@ -345,11 +352,20 @@ unsafe fn float_tiles(
     // f16 rows are met as stored (converted in registers); bf16 rows are
     // dequantized once for the task.
     let mut wf = Vec::new();
-    let mut raw: Vec<Vec<u8>> = Vec::new();
+    let mut copies: Vec<Vec<u8>> = Vec::new();
     let mut rowbuf = Vec::new();
-    if w.fmt == Fmt::F16 {
-        raw = rows.clone().map(|r| w.row(r, &mut rowbuf).to_vec()).collect();
+    if w.fmt == Fmt::F16 && w.direct_row(rows.start).is_none() {
+        copies = rows.clone().map(|r| w.row(r, &mut rowbuf).to_vec()).collect();
+    }
+    // f16 rows as stored, borrowed where the matrix keeps them so.
+    let raw: Vec<&[u8]> = if w.fmt != Fmt::F16 {
+        Vec::new()
+    } else if copies.is_empty() {
+        rows.clone().filter_map(|r| w.direct_row(r)).collect()
     } else {
+        copies.iter().map(Vec::as_slice).collect()
+    };
+    if w.fmt != Fmt::F16 {
         wf = vec![0f32; nr * k];
         for (i, r) in rows.clone().enumerate() {
             let row = w.row(r, &mut rowbuf);
@@ -369,7 +385,7 @@ unsafe fn float_tiles(
             let g1 = (g0 + TILE16_ROWS).min(nr);
             let pick = |i: usize| if g0 + i < g1 { g0 + i } else { g0 };
             if w.fmt == Fmt::F16 {
-                let ws: [&[u8]; TILE16_ROWS] = std::array::from_fn(|i| raw[pick(i)].as_slice());
+                let ws: [&[u8]; TILE16_ROWS] = std::array::from_fn(|i| raw[pick(i)]);
                 // SAFETY: AVX-512 and F16C (the caller's); every row holds k
                 // halves and every column k values.
                 unsafe { super::x86::dot16_tile_f16(&ws, &cols, k, &mut tile) };
