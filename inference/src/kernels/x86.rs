@@ -974,19 +974,39 @@ pub(super) unsafe fn dot16_tile(
     out: &mut [[f32; TILE16_COLS]; TILE16_ROWS],
 ) {
     assert!(ws.iter().all(|v| v.len() >= k) && xs.iter().all(|v| v.len() >= k));
-    let mut acc = [[_mm512_setzero_ps(); TILE16_COLS]; TILE16_ROWS];
+    // SAFETY: every row holds k values: `load` reads 16 from i + 16 <= k.
+    let load = |r: usize, i: usize| unsafe { _mm512_loadu_ps(ws[r].as_ptr().add(i)) };
+    // SAFETY: the caller's (avx512f, fma; columns of k values).
+    unsafe { tile16(load, |r, j| ws[r][j], xs, k, out) }
+}
+
+/// The loop and sums [`dot16_tile`] and [`dot16_tile_f16`] share: `load(r,
+/// i)` gives row r's sixteen weights from i (i + 16 <= k), `at(r, j)` its
+/// weight j (the tail).
+///
+/// # Safety
+/// The CPU must support avx512f and fma (the callers' features, into which
+/// this is inlined); every `xs[c]` holds at least `k` values.
+#[inline(always)]
+unsafe fn tile16(
+    load: impl Fn(usize, usize) -> __m512,
+    at: impl Fn(usize, usize) -> f32,
+    xs: &[&[f32]; TILE16_COLS],
+    k: usize,
+    out: &mut [[f32; TILE16_COLS]; TILE16_ROWS],
+) {
+    // SAFETY: avx512f (the caller's).
+    let mut acc = [[unsafe { _mm512_setzero_ps() }; TILE16_COLS]; TILE16_ROWS];
     let body = k / 16 * 16;
     let mut i = 0;
     while i < body {
-        // SAFETY: i + 16 <= body <= k, within every row and column.
-        unsafe {
-            let w: [__m512; TILE16_ROWS] =
-                std::array::from_fn(|r| _mm512_loadu_ps(ws[r].as_ptr().add(i)));
-            for c in 0..TILE16_COLS {
-                let x = _mm512_loadu_ps(xs[c].as_ptr().add(i));
-                for r in 0..TILE16_ROWS {
-                    acc[r][c] = _mm512_fmadd_ps(w[r], x, acc[r][c]);
-                }
+        let w: [__m512; TILE16_ROWS] = std::array::from_fn(|r| load(r, i));
+        for c in 0..TILE16_COLS {
+            // SAFETY: i + 16 <= body <= k, within every column.
+            let x = unsafe { _mm512_loadu_ps(xs[c].as_ptr().add(i)) };
+            for r in 0..TILE16_ROWS {
+                // SAFETY: avx512f and fma (the caller's).
+                acc[r][c] = unsafe { _mm512_fmadd_ps(w[r], x, acc[r][c]) };
             }
         }
         i += 16;
@@ -995,9 +1015,10 @@ pub(super) unsafe fn dot16_tile(
         for c in 0..TILE16_COLS {
             let mut tail = 0f32;
             for j in body..k {
-                tail = ws[r][j].mul_add(xs[c][j], tail);
+                tail = at(r, j).mul_add(xs[c][j], tail);
             }
-            out[r][c] = sum16_tree(acc[r][c]) + tail;
+            // SAFETY: avx512f (the caller's).
+            out[r][c] = unsafe { sum16_tree(acc[r][c]) } + tail;
         }
     }
 }
@@ -1017,35 +1038,14 @@ pub(super) unsafe fn dot16_tile_f16(
     out: &mut [[f32; TILE16_COLS]; TILE16_ROWS],
 ) {
     assert!(ws.iter().all(|v| v.len() >= 2 * k) && xs.iter().all(|v| v.len() >= k));
-    let mut acc = [[_mm512_setzero_ps(); TILE16_COLS]; TILE16_ROWS];
-    let body = k / 16 * 16;
-    let mut i = 0;
-    while i < body {
-        // SAFETY: i + 16 <= body <= k: 32 bytes from 2i within every row,
-        // 16 values from i within every column.
-        unsafe {
-            let w: [__m512; TILE16_ROWS] = std::array::from_fn(|r| {
-                _mm512_cvtph_ps(_mm256_loadu_si256(ws[r].as_ptr().add(2 * i) as *const __m256i))
-            });
-            for c in 0..TILE16_COLS {
-                let x = _mm512_loadu_ps(xs[c].as_ptr().add(i));
-                for r in 0..TILE16_ROWS {
-                    acc[r][c] = _mm512_fmadd_ps(w[r], x, acc[r][c]);
-                }
-            }
-        }
-        i += 16;
-    }
-    for r in 0..TILE16_ROWS {
-        for c in 0..TILE16_COLS {
-            let mut tail = 0f32;
-            for j in body..k {
-                let h = half::f16::from_le_bytes([ws[r][2 * j], ws[r][2 * j + 1]]).to_f32();
-                tail = h.mul_add(xs[c][j], tail);
-            }
-            out[r][c] = sum16_tree(acc[r][c]) + tail;
-        }
-    }
+    let load = |r: usize, i: usize| {
+        // SAFETY: every row holds 2k bytes: 32 from 2i, i + 16 <= k.
+        unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(ws[r].as_ptr().add(2 * i) as *const __m256i)) }
+    };
+    let at =
+        |r: usize, j: usize| half::f16::from_le_bytes([ws[r][2 * j], ws[r][2 * j + 1]]).to_f32();
+    // SAFETY: the caller's (avx512f, f16c, fma; columns of k values).
+    unsafe { tile16(load, at, xs, k, out) }
 }
 
 /// The sixteen lanes summed as `scalar::dot_f32` sums them: lane i with
