@@ -32,7 +32,6 @@ use crate::kernels::OutRows;
 use crate::kernels::{rows_mut, Acts};
 use crate::model::{opt_vector, vector, Embedding, Linear};
 use crate::pool::Pool;
-use crate::quant::dequantize_row;
 use half::f16;
 
 /// Query rows per tiled-attention task.
@@ -66,10 +65,7 @@ impl Norm {
         let mut var = 0f64;
         let body = n / 16 * 16;
         for c in x[..body].chunks_exact(16) {
-            let sq: [f32; 16] = std::array::from_fn(|i| c[i] * c[i]);
-            let s8: [f32; 8] = std::array::from_fn(|i| sq[i] + sq[i + 8]);
-            let s4: [f32; 4] = std::array::from_fn(|i| s8[i] + s8[i + 4]);
-            var += ((s4[0] + s4[2]) + (s4[1] + s4[3])) as f64;
+            var += crate::kernels::scalar::sum16(std::array::from_fn(|i| c[i] * c[i])) as f64;
         }
         for v in &x[body..] {
             var += (v * v) as f64;
@@ -169,13 +165,14 @@ struct Layer {
     out_norm: Norm,
 }
 
-/// A plain f32 matrix (`rows × cols`), for the reranker's head: one
-/// product per input.
+/// A small matrix (`rows × cols`) with an optional bias, for the
+/// reranker's head: one product per input, its rows read as the token
+/// tables are (`model::Embedding`).
 #[derive(Debug)]
 struct Small {
     /// ggml rounds the input to f16 for an f16 matrix (its `vec_dot_type`).
     f16_input: bool,
-    w: Vec<f32>,
+    w: Embedding,
     rows: usize,
     cols: usize,
     bias: Option<Vec<f32>>,
@@ -191,14 +188,7 @@ impl Small {
         if c != cols || rows == 0 {
             return Err(model_err(format!("tensor `{weight}` is {rows}×{c}, want rows of {cols}")));
         }
-        let w = if crate::quant::dequantizes(ty) || ty == GgmlType::F32 {
-            let raw = g.bytes(&weight)?;
-            let mut w = vec![0f32; rows * cols];
-            dequantize_row(ty, &raw, &mut w);
-            w
-        } else {
-            g.qtensor(&weight)?.dequantize(&candle_core::Device::Cpu)?.flatten_all()?.to_vec1()?
-        };
+        let w = Embedding::table(g, &weight, cols)?;
         let bias = opt_vector(g, &format!("{name}.bias"), rows)?;
         Ok(Some(Small { f16_input: ty == GgmlType::F16, w, rows, cols, bias }))
     }
@@ -209,13 +199,11 @@ impl Small {
         } else {
             x.to_vec()
         };
+        let mut row = vec![0f32; self.cols];
         (0..self.rows)
             .map(|r| {
-                let dot: f32 = self.w[r * self.cols..(r + 1) * self.cols]
-                    .iter()
-                    .zip(&x)
-                    .map(|(w, x)| w * x)
-                    .sum();
+                self.w.row(r, self.cols, &mut row);
+                let dot: f32 = row.iter().zip(&x).map(|(w, x)| w * x).sum();
                 dot + self.bias.as_ref().map_or(0.0, |b| b[r])
             })
             .collect()
@@ -257,9 +245,9 @@ pub(crate) struct Scratch {
     route: Route,
     /// The layer's keys and values as f16 (`[position][head][head size]`).
     k: Vec<f16>,
+    v: Vec<f16>,
     /// Each input's rows.
     spans: Vec<std::ops::Range<usize>>,
-    v: Vec<f16>,
 }
 
 thread_local! {

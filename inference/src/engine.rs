@@ -19,14 +19,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-/// An input's final token states: all at once (an encoder's one pass),
-/// or a decoder's physical batches handed to a callback in order.
-enum Hidden<'a> {
-    All(Vec<f32>),
-    #[allow(clippy::type_complexity)]
-    Batches(Box<dyn FnOnce(&mut dyn FnMut(&[f32])) -> Result<()> + 'a>),
-}
-
 /// Most tokens an encoder runs in one pass of [`Engine::embed_many`]
 /// (llama-server's default logical batch).
 pub(crate) const ENCODER_BATCH: usize = 2048;
@@ -194,7 +186,7 @@ enum Backend {
     /// candle's model code on a candle device (`candle_path`).
     Candle(CandleModel),
     /// An embedding model's encoder on this crate's CPU path (`encoder.rs`).
-    Encoder(Encoder),
+    Encoder(Box<Encoder>),
 }
 
 /// How llama-server lays out a reranker's input (`format_prompt_rerank`):
@@ -435,7 +427,7 @@ impl Engine {
         g.drop_vocab();
         let backend = match candle_device {
             None if cfg.arch.is_encoder() => {
-                Backend::Encoder(Encoder::load(&mut g, context_of(&cfg, opts.context))?)
+                Backend::Encoder(Box::new(Encoder::load(&mut g, context_of(&cfg, opts.context))?))
             }
             None => Backend::Fast(Model::load(&mut g, context_of(&cfg, opts.context))?),
             Some(_) if cfg.arch.is_encoder() => {
@@ -566,26 +558,40 @@ impl Engine {
     /// The embedding of `tokens` (one input: see [`Engine::embed_text`]):
     /// every token's hidden state after the output norm, pooled as
     /// `pooling` says (else as the file says, else the mean) and normalized
-    /// as llama.cpp's `llama-embedding` does by default (`embed.rs`). The
-    /// input runs from an empty cache in llama.cpp's physical batches of
-    /// [`UBATCH`], every token an output row. Fast path only.
+    /// as llama.cpp's `llama-embedding` does by default (`embed.rs`). A
+    /// decoder's input runs from an empty cache in llama.cpp's physical
+    /// batches of [`UBATCH`], every token an output row; an encoder's in one
+    /// pass (`encoder.rs`). CPU path only.
     pub fn embed(&self, tokens: &[u32], pooling: Option<Pooling>) -> Result<Embedding> {
-        let pooling = pooling.or(self.info.config.pooling).unwrap_or(Pooling::Mean);
-        if pooling == Pooling::Rank {
-            return Err(Error::new(
-                ErrorKind::Input,
-                format!(
-                    "{} is a reranker (its file pools by `rank`): it scores a query against documents (POST /v1/rerank), or embeds with a pooling asked for (mean, cls, last)",
-                    self.info.path.display()
-                ),
-            ));
-        }
-        let hidden = self.hidden(tokens)?;
+        let pooling = self.pooling(pooling)?;
+        self.check_input(tokens)?;
+        let m = match &self.backend {
+            Backend::Fast(m) => m,
+            Backend::Encoder(_) => {
+                let mut one = self.embed_many(&[tokens], Some(pooling))?;
+                return one.pop().ok_or_else(|| Error::new(ErrorKind::Input, "no input"));
+            }
+            Backend::Candle(_) => {
+                return Err(Error::new(
+                    ErrorKind::Device,
+                    "embeddings run on the CPU path only (--device cpu)",
+                ))
+            }
+        };
         let d = self.info.config.n_embd;
         let mut pooler = Pooler::new(pooling, d, tokens.len());
-        match hidden {
-            Hidden::All(rows) => pooler.add(&rows),
-            Hidden::Batches(run) => run(&mut |rows| pooler.add(rows))?,
+        let (mut kv, mut scratch) = (KvCache::default(), Scratch::default());
+        scratch.all_rows = true;
+        let prompt = Prompt::new(tokens.len(), false);
+        let mut at = 0;
+        while at < tokens.len() {
+            let b = prompt.batch(at);
+            let n = b.len();
+            let (gu, wu) = self.mask(thresholds(&b));
+            let part = &tokens[b.clone()];
+            m.forward(&self.pool, part, Mode::for_batch(n), gu, wu, &mut kv, &mut scratch)?;
+            pooler.add(&scratch.hidden[..n * d]);
+            at = b.end;
         }
         Ok(Embedding { vector: pooler.finish(), tokens: tokens.len(), pooling })
     }
@@ -602,56 +608,37 @@ impl Engine {
         let Backend::Encoder(e) = &self.backend else {
             return inputs.iter().map(|t| self.embed(t, pooling)).collect();
         };
-        let pooling = pooling.or(self.info.config.pooling).unwrap_or(Pooling::Mean);
-        if pooling == Pooling::Rank {
-            // The single-input path says why.
-            return inputs.iter().map(|t| self.embed(t, Some(pooling))).collect();
-        }
+        let pooling = self.pooling(pooling)?;
         let d = self.info.config.n_embd;
         let mut out = Vec::with_capacity(inputs.len());
-        let mut rows = Vec::new();
-        let mut at = 0;
-        while at < inputs.len() {
-            // A pass of whole inputs, at least one.
-            let mut end = at + 1;
-            let mut total = inputs[at].len();
-            while end < inputs.len() && total + inputs[end].len() <= ENCODER_BATCH {
-                total += inputs[end].len();
-                end += 1;
-            }
-            for t in &inputs[at..end] {
-                if t.is_empty() {
-                    return Err(Error::new(ErrorKind::Input, "an empty input has no embedding"));
-                }
-                if t.len() > self.info.context {
-                    return Err(Error::new(
-                        ErrorKind::Input,
-                        format!(
-                            "an input of {} tokens does not fit the context of {}",
-                            t.len(),
-                            self.info.context
-                        ),
-                    ));
-                }
-            }
-            {
-                let mut s = self.encoder_scratch.lock().unwrap_or_else(|p| p.into_inner());
-                e.forward(&self.pool, &inputs[at..end], &mut s, &mut rows)?;
-            }
-            let mut row = 0;
-            for t in &inputs[at..end] {
-                let mut pooler = Pooler::new(pooling, d, t.len());
-                pooler.add(&rows[row * d..(row + t.len()) * d]);
-                row += t.len();
-                out.push(Embedding { vector: pooler.finish(), tokens: t.len(), pooling });
-            }
-            at = end;
-        }
+        self.encode(e, inputs, |t, rows| {
+            let mut pooler = Pooler::new(pooling, d, t.len());
+            pooler.add(rows);
+            out.push(Embedding { vector: pooler.finish(), tokens: t.len(), pooling });
+            Ok(())
+        })?;
         Ok(out)
     }
 
-    /// Every token's final state for one input (see [`Engine::embed`]).
-    fn hidden(&self, tokens: &[u32]) -> Result<Hidden<'_>> {
+    /// The pooling an embedding takes: the one asked for, else the file's,
+    /// else the mean; a reranker's `rank` is refused (it scores, it does not
+    /// embed: [`Engine::rerank`]).
+    fn pooling(&self, asked: Option<Pooling>) -> Result<Pooling> {
+        let pooling = asked.or(self.info.config.pooling).unwrap_or(Pooling::Mean);
+        if pooling == Pooling::Rank {
+            return Err(Error::new(
+                ErrorKind::Input,
+                format!(
+                    "{} is a reranker (its file pools by `rank`): it scores a query against documents (POST /v1/rerank), or embeds with a pooling asked for (mean, cls, last)",
+                    self.info.path.display()
+                ),
+            ));
+        }
+        Ok(pooling)
+    }
+
+    /// Refuses an input that has no embedding (empty) or does not fit.
+    fn check_input(&self, tokens: &[u32]) -> Result<()> {
         if tokens.is_empty() {
             return Err(Error::new(ErrorKind::Input, "an empty input has no embedding"));
         }
@@ -665,41 +652,43 @@ impl Engine {
                 ),
             ));
         }
-        let m = match &self.backend {
-            Backend::Fast(m) => m,
-            Backend::Encoder(e) => {
-                let mut out = Vec::new();
-                // The buffers of the last input, reused (none is shared
-                // between calls: each pass sets what it reads).
-                let mut s = self.encoder_scratch.lock().unwrap_or_else(|p| p.into_inner());
-                e.forward(&self.pool, &[tokens], &mut s, &mut out)?;
-                return Ok(Hidden::All(out));
-            }
-            Backend::Candle(_) => {
-                return Err(Error::new(
-                    ErrorKind::Device,
-                    "embeddings run on the CPU path only (--device cpu)",
-                ))
-            }
-        };
+        Ok(())
+    }
+
+    /// Runs `inputs` through the encoder `e` in passes of whole inputs (up
+    /// to [`ENCODER_BATCH`] tokens, at least one input), handing each input
+    /// and its tokens' final states to `each`, in order.
+    fn encode(
+        &self,
+        e: &Encoder,
+        inputs: &[&[u32]],
+        mut each: impl FnMut(&[u32], &[f32]) -> Result<()>,
+    ) -> Result<()> {
+        inputs.iter().try_for_each(|t| self.check_input(t))?;
         let d = self.info.config.n_embd;
-        let tokens = tokens.to_vec();
-        Ok(Hidden::Batches(Box::new(move |add: &mut dyn FnMut(&[f32])| {
-            let (mut kv, mut scratch) = (KvCache::default(), Scratch::default());
-            scratch.all_rows = true;
-            let prompt = Prompt::new(tokens.len(), false);
-            let mut at = 0;
-            while at < tokens.len() {
-                let b = prompt.batch(at);
-                let n = b.len();
-                let (gu, wu) = self.mask(thresholds(&b));
-                let part = &tokens[b.clone()];
-                m.forward(&self.pool, part, Mode::for_batch(n), gu, wu, &mut kv, &mut scratch)?;
-                add(&scratch.hidden[..n * d]);
-                at = b.end;
+        let mut rows = Vec::new();
+        let mut at = 0;
+        while at < inputs.len() {
+            let mut end = at + 1;
+            let mut total = inputs[at].len();
+            while end < inputs.len() && total + inputs[end].len() <= ENCODER_BATCH {
+                total += inputs[end].len();
+                end += 1;
             }
-            Ok(())
-        })))
+            {
+                // The buffers of the last pass, reused (each pass sets
+                // what it reads).
+                let mut s = self.encoder_scratch.lock().unwrap_or_else(|p| p.into_inner());
+                e.forward(&self.pool, &inputs[at..end], &mut s, &mut rows)?;
+            }
+            let mut row = 0;
+            for t in &inputs[at..end] {
+                each(t, &rows[row * d..(row + t.len()) * d])?;
+                row += t.len();
+            }
+            at = end;
+        }
+        Ok(())
     }
 
     /// Whether the model is a reranker: an encoder with a classification
@@ -768,11 +757,11 @@ impl Engine {
         Ok(out)
     }
 
-    /// A reranker's relevance score for `tokens` (from
+    /// A reranker's relevance score for each of `inputs` (from
     /// [`Engine::rerank_tokens`]): its classification head over the first
     /// token's final state, as llama-server's `/v1/rerank` reports it (no
-    /// sigmoid).
-    pub fn rerank(&self, tokens: &[u32]) -> Result<f32> {
+    /// sigmoid). The inputs run together as [`Engine::embed_many`]'s do.
+    pub fn rerank(&self, inputs: &[&[u32]]) -> Result<Vec<f32>> {
         let Backend::Encoder(e) = &self.backend else {
             return Err(Error::new(
                 ErrorKind::Input,
@@ -780,10 +769,12 @@ impl Engine {
             ));
         };
         let d = self.info.config.n_embd;
-        match self.hidden(tokens)? {
-            Hidden::All(rows) => e.score(&rows[..d]),
-            Hidden::Batches(_) => Err(Error::new(ErrorKind::Input, "not a reranker")),
-        }
+        let mut out = Vec::with_capacity(inputs.len());
+        self.encode(e, inputs, |_, rows| {
+            out.push(e.score(&rows[..d])?);
+            Ok(())
+        })?;
+        Ok(out)
     }
 
     /// The embedding of `text`, tokenized as llama.cpp's embedding tools

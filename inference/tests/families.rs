@@ -222,15 +222,21 @@ fn an_unknown_rope_scaling_is_refused_naming_it() {
     refused("bad-scaling");
 }
 
+/// The lines of `tests/data/reference/embed-families.jsonl` (llama.cpp's ids, vectors and
+/// rerank scores on the files of `scripts/synth_embed.py`).
+fn embed_fixture() -> Vec<Value> {
+    let p =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/reference/embed-families.jsonl");
+    let all = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+    all.lines().map(|l| serde_json::from_str(l).expect("JSON")).collect()
+}
+
 /// The WordPiece (`bert`) tokenizer of the embedding families gives llama.cpp's ids, `[CLS]`
 /// and `[SEP]` included, on the files `scripts/synth_embed.py` writes (the fixture
 /// `embed-families.jsonl`, from llama-server's `/tokenize`).
 #[test]
 fn wordpiece_tokenizer_matches_llama_cpp() {
-    let p =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/reference/embed-families.jsonl");
-    let all = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
-    let lines: Vec<Value> = all.lines().map(|l| serde_json::from_str(l).expect("JSON")).collect();
+    let lines = embed_fixture();
     let mut checked = 0;
     for family in ["bert", "nomic-bert"] {
         let Some(made) = make_with("synth_embed.py", family) else { return };
@@ -264,10 +270,7 @@ fn floats(v: &Value) -> Vec<f32> {
 /// `/v1/rerank` scores, its input laid out as llama-server lays it out.
 #[test]
 fn encoders_embed_and_rerank_as_llama_cpp() {
-    let p =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/reference/embed-families.jsonl");
-    let all = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
-    let lines: Vec<Value> = all.lines().map(|l| serde_json::from_str(l).expect("JSON")).collect();
+    let lines = embed_fixture();
     let opts = EngineOptions { threads: Some(2), ..Default::default() };
     let mut worst = 1.0f64;
     let mut checked = 0;
@@ -320,10 +323,14 @@ fn encoders_embed_and_rerank_as_llama_cpp() {
     let docs = l["documents"].as_array().expect("documents");
     assert_eq!(docs.len(), want.len());
     let mut worst_score = 0f32;
-    for (doc, want) in docs.iter().zip(want) {
-        let doc = doc.as_str().expect("a document");
-        let tokens = engine.rerank_tokens(query, doc).expect("tokenizes");
-        let got = engine.rerank(&tokens).expect("scores");
+    let tokens: Vec<Vec<u32>> = docs
+        .iter()
+        .map(|d| engine.rerank_tokens(query, d.as_str().expect("a document")).expect("tokenizes"))
+        .collect();
+    let refs: Vec<&[u32]> = tokens.iter().map(Vec::as_slice).collect();
+    let scores = engine.rerank(&refs).expect("scores");
+    assert_eq!(scores.len(), docs.len());
+    for ((doc, want), got) in docs.iter().zip(want).zip(scores) {
         worst_score = worst_score.max((got - want).abs());
         assert!((got - want).abs() <= 1e-5 * want.abs().max(1.0), "{doc:?}: {got} vs {want}");
     }

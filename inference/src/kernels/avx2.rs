@@ -2430,13 +2430,6 @@ pub(super) unsafe fn dot16_cols(w: &[f32], xs: &[&[f32]], out: &mut [f32]) {
         for j in body..k {
             tail = w[j].mul_add(xs[c][j], tail);
         }
-        let mut width = 16;
-        while width > 1 {
-            width /= 2;
-            for j in 0..width {
-                acc[j] += acc[j + width];
-            }
-        }
-        out[c] = acc[0] + tail;
+        out[c] = super::scalar::sum16(acc) + tail;
     }
 }

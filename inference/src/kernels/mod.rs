@@ -19,7 +19,7 @@ pub(crate) mod attn;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 pub(crate) mod rows;
-mod scalar;
+pub(crate) mod scalar;
 #[cfg(target_arch = "x86_64")]
 mod wide512;
 #[cfg(target_arch = "x86_64")]

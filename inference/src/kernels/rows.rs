@@ -329,8 +329,9 @@ impl RowMat {
 /// a task passes over them.
 pub(crate) const COL_BLOCK: usize = 64;
 
-/// [`matmul`] of f16 and bf16 rows on AVX-512: four rows dequantized at a
-/// time, met by four columns at a time (`x86::dot16_tile`), with
+/// [`matmul`] of f16 and bf16 rows on AVX-512: four rows (f16 as stored,
+/// converted in registers; bf16 dequantized once per task) met by six
+/// columns at a time (`x86::dot16_tile_f16`, `x86::dot16_tile`), with
 /// `scalar::dot_f32`'s numbers.
 ///
 /// # Safety
@@ -344,32 +345,32 @@ unsafe fn float_tiles(
 ) {
     use super::x86::{TILE16_COLS, TILE16_ROWS};
     let k = acts.k;
-    let ty =
-        if w.fmt == Fmt::F16 { crate::gguf::GgmlType::F16 } else { crate::gguf::GgmlType::BF16 };
     let xs = if w.fmt == Fmt::F16 { &acts.xh } else { &acts.x };
     let nr = rows.len();
     let mut tile = [[0f32; TILE16_COLS]; TILE16_ROWS];
     // f16 rows are met as stored (converted in registers); bf16 rows are
     // dequantized once for the task.
-    let mut wf = Vec::new();
-    let mut copies: Vec<Vec<u8>> = Vec::new();
+    let f16 = w.fmt == Fmt::F16;
     let mut rowbuf = Vec::new();
-    if w.fmt == Fmt::F16 && w.direct_row(rows.start).is_none() {
-        copies = rows.clone().map(|r| w.row(r, &mut rowbuf).to_vec()).collect();
-    }
-    // f16 rows as stored, borrowed where the matrix keeps them so.
-    let raw: Vec<&[u8]> = if w.fmt != Fmt::F16 {
-        Vec::new()
-    } else if copies.is_empty() {
-        rows.clone().filter_map(|r| w.direct_row(r)).collect()
+    // f16 rows as stored: borrowed where the matrix keeps them so, else
+    // copied out of its layout.
+    let copies: Vec<Vec<u8>> = if f16 && w.direct_row(rows.start).is_none() {
+        rows.clone().map(|r| w.row(r, &mut rowbuf).to_vec()).collect()
     } else {
-        copies.iter().map(Vec::as_slice).collect()
+        Vec::new()
     };
-    if w.fmt != Fmt::F16 {
+    let raw: Vec<&[u8]> = match (f16, copies.is_empty()) {
+        (false, _) => Vec::new(),
+        (true, true) => rows.clone().filter_map(|r| w.direct_row(r)).collect(),
+        (true, false) => copies.iter().map(Vec::as_slice).collect(),
+    };
+    let mut wf = Vec::new();
+    if !f16 {
         wf = vec![0f32; nr * k];
         for (i, r) in rows.clone().enumerate() {
             let row = w.row(r, &mut rowbuf);
-            crate::quant::dequantize_row(ty, row, &mut wf[i * k..(i + 1) * k]);
+            let bf16 = crate::gguf::GgmlType::BF16;
+            crate::quant::dequantize_row(bf16, row, &mut wf[i * k..(i + 1) * k]);
         }
     }
     // A group of columns stays in the first-level cache while the task's
@@ -384,7 +385,7 @@ unsafe fn float_tiles(
         for g0 in (0..nr).step_by(TILE16_ROWS) {
             let g1 = (g0 + TILE16_ROWS).min(nr);
             let pick = |i: usize| if g0 + i < g1 { g0 + i } else { g0 };
-            if w.fmt == Fmt::F16 {
+            if f16 {
                 let ws: [&[u8]; TILE16_ROWS] = std::array::from_fn(|i| raw[pick(i)]);
                 // SAFETY: AVX-512 and F16C (the caller's); every row holds k
                 // halves and every column k values.

@@ -81,6 +81,13 @@ pub(crate) fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
     for i in chunks * 16..a.len() {
         tail = a[i].mul_add(b[i], tail);
     }
+    sum16(acc) + tail
+}
+
+/// Sixteen lanes summed as a tree — lane i with i + 8, then i + 4, i + 2,
+/// i + 1 — as `_mm512_reduce_add_ps` sums them (`dot_f32`'s lanes, ggml's
+/// LayerNorm squares).
+pub(crate) fn sum16(mut acc: [f32; 16]) -> f32 {
     let mut w = 16;
     while w > 1 {
         w /= 2;
@@ -88,5 +95,5 @@ pub(crate) fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
             acc[j] += acc[j + w];
         }
     }
-    acc[0] + tail
+    acc[0]
 }
