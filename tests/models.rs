@@ -403,6 +403,18 @@ fn embeddings_through_the_openai_and_ollama_clients_are_llama_cpps() {
     assert!(out.contains("agree with llama.cpp"), "{out}");
 }
 
+/// Writes the synthetic embedding-model file of `family` to `out` (`scripts/synth_embed.py`).
+fn synth_embed(python: &std::path::Path, family: &str, out: &std::path::Path) {
+    let script = agentd_tests::workspace_root().join("scripts/synth_embed.py");
+    let ok = std::process::Command::new(python)
+        .arg(&script)
+        .args(["--family", family, "--out"])
+        .arg(out)
+        .status()
+        .expect("the script runs");
+    assert!(ok.success(), "scripts/synth_embed.py --family {family}: {ok}");
+}
+
 /// The BERT-family embedding models and a reranker (the files `scripts/synth_embed.py`
 /// writes) served beside the chat model, through the `openai` and `ollama` clients and the
 /// rerank route (`python/encoder_check.py`): vectors and scores equal llama.cpp's for the same
@@ -415,16 +427,8 @@ fn bert_family_models_embed_and_rerank_beside_the_chat_model() {
     let Some(python) = agentd_tests::dep("AGENTD_TEST_PYTHON", test) else { return };
     let home = Home::new();
     place(&model, &home.path().join("models/smol.gguf"));
-    let script = agentd_tests::workspace_root().join("scripts/synth_embed.py");
     for family in ["bert", "nomic-bert", "bert-rerank"] {
-        let out = home.path().join(format!("models/{family}.gguf"));
-        let ok = std::process::Command::new(&python)
-            .arg(&script)
-            .args(["--family", family, "--out"])
-            .arg(&out)
-            .status()
-            .expect("the script runs");
-        assert!(ok.success(), "scripts/synth_embed.py --family {family}: {ok}");
+        synth_embed(&python, family, &home.path().join(format!("models/{family}.gguf")));
     }
     let (_daemon, port) = serve(&home, &["--model", "smol"]);
     let fixture =
@@ -463,14 +467,7 @@ fn corpus_search_fuses_vectors_when_an_embedding_model_is_configured() {
     let Some(python) = agentd_tests::dep("AGENTD_TEST_PYTHON", test) else { return };
     let home = Home::new();
     let model = home.path().join("bert.gguf");
-    let script = agentd_tests::workspace_root().join("scripts/synth_embed.py");
-    let ok = std::process::Command::new(&python)
-        .arg(&script)
-        .args(["--family", "bert", "--out"])
-        .arg(&model)
-        .status()
-        .expect("the script runs");
-    assert!(ok.success());
+    synth_embed(&python, "bert", &model);
     let corpus = home.path().join("docs");
     std::fs::create_dir_all(&corpus).unwrap();
     for (name, text) in [

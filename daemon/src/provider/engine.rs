@@ -184,9 +184,10 @@ impl Batch {
             .unwrap_or_else(|_| Err(ProviderError::Failed("internal error".into())))
     }
 
-    /// The embeddings of `inputs`, each alone (`inference::Engine::embed`:
-    /// the file's pooling, else the mean). An input longer than the
-    /// context is cut to it with `truncate`, else refused.
+    /// The embeddings of `inputs` (`inference::Engine::embed_many`: the
+    /// file's pooling, else the mean; each input's vector is the one it
+    /// gets alone), or a reranker's scores of `Rerank` inputs. An input
+    /// longer than the context is cut to it with `truncate`, else refused.
     pub(crate) fn embed(
         &self,
         inputs: &[EmbedInput],
@@ -219,20 +220,20 @@ impl Batch {
                 }
                 ids.push(t);
             }
-            if inputs.iter().any(|i| matches!(i, EmbedInput::Rerank { .. })) {
-                return ids
-                    .iter()
-                    .map(|t| {
-                        Ok(inference::Embedding {
-                            vector: vec![engine.rerank(t).map_err(fail)?],
-                            tokens: t.len(),
-                            pooling: inference::Pooling::Rank,
-                        })
-                    })
-                    .collect();
-            }
-            // An encoder runs the inputs together (the same vectors).
+            // An encoder runs the inputs together (the same numbers).
             let refs: Vec<&[u32]> = ids.iter().map(Vec::as_slice).collect();
+            if inputs.iter().any(|i| matches!(i, EmbedInput::Rerank { .. })) {
+                let scores = engine.rerank(&refs).map_err(fail)?;
+                return Ok(scores
+                    .into_iter()
+                    .zip(&ids)
+                    .map(|(score, t)| inference::Embedding {
+                        vector: vec![score],
+                        tokens: t.len(),
+                        pooling: inference::Pooling::Rank,
+                    })
+                    .collect());
+            }
             engine.embed_many(&refs, None).map_err(fail)
         }))
         .unwrap_or_else(|_| Err(ProviderError::Failed("internal error".into())))

@@ -188,16 +188,25 @@ async fn submit(
     }
 }
 
+/// The body of `req` as a `T`, on the model it names (held by the lease
+/// while the request runs); a 400 of `what` and why when it is not one.
+async fn read<T: serde::de::DeserializeOwned>(
+    st: State,
+    req: Request,
+    what: &str,
+) -> Result<(T, State, Option<super::models::Lease>), Response> {
+    let (body, st, lease) = st.read(req).await?;
+    let b = decode(body).map_err(|m| bad(format!("{what}{m}")))?;
+    Ok((b, st, lease))
+}
+
 /// `POST /v1/embeddings`.
 pub(super) async fn openai(AxState(st): AxState<State>, req: Request) -> Response {
-    let (body, st, _lease) = match st.read(req).await {
-        Ok(x) => x,
-        Err(r) => return r,
-    };
-    let b: OpenAiBody = match decode(body) {
-        Ok(b) => b,
-        Err(m) => return bad(format!("the request is not an embeddings request: {m}")),
-    };
+    let (b, st, _lease) =
+        match read::<OpenAiBody>(st, req, "the request is not an embeddings request: ").await {
+            Ok(x) => x,
+            Err(r) => return r,
+        };
     let base64 = match b.encoding_format.as_deref() {
         None | Some("float") => false,
         Some("base64") => true,
@@ -244,14 +253,10 @@ pub(super) async fn openai(AxState(st): AxState<State>, req: Request) -> Respons
 pub(super) async fn ollama(AxState(st): AxState<State>, req: Request) -> Response {
     let started = Instant::now();
     let legacy = req.uri().path().trim_end_matches('/') == "/api/embeddings";
-    let (body, st, _lease) = match st.read(req).await {
+    // Errors come out in Ollama's shape (`http.rs`'s `shaped` layer).
+    let (b, st, _lease) = match read::<OllamaBody>(st, req, "").await {
         Ok(x) => x,
         Err(r) => return r,
-    };
-    // Errors come out in Ollama's shape (`http.rs`'s `shaped` layer).
-    let b: OllamaBody = match decode(body) {
-        Ok(b) => b,
-        Err(m) => return bad(m),
     };
     let inputs = match (b.input, b.prompt) {
         (Some(i), _) => i.list(),
@@ -367,14 +372,11 @@ fn ranked(scores: &[f32], top_n: Option<usize>) -> Vec<(usize, f32)> {
 /// best first. A document whose input is longer than the context is cut
 /// to it.
 pub(super) async fn rerank(AxState(st): AxState<State>, req: Request) -> Response {
-    let (body, st, _lease) = match st.read(req).await {
-        Ok(x) => x,
-        Err(r) => return r,
-    };
-    let b: RerankBody = match decode(body) {
-        Ok(b) => b,
-        Err(m) => return bad(format!("the request is not a rerank request: {m}")),
-    };
+    let (b, st, _lease) =
+        match read::<RerankBody>(st, req, "the request is not a rerank request: ").await {
+            Ok(x) => x,
+            Err(r) => return r,
+        };
     if let Err(m) = check_rerank(&b) {
         return bad(m);
     }
@@ -460,6 +462,33 @@ mod tests {
                     proptest::prop_assert!(dims.is_none_or(|d| d >= 1 && d <= size));
                     let v = truncate(vec![0.5; size], dims);
                     proptest::prop_assert_eq!(v.len(), dims.unwrap_or(size));
+                }
+            }
+        }
+    }
+
+    proptest::proptest! {
+        /// Any rerank body: decoding, the checks and the ranking never
+        /// panic, and what passes is ranked best first, at most `top_n`.
+        #[test]
+        fn any_rerank_body_is_read_or_refused(
+            query in "\\PC{0,8}",
+            docs in proptest::collection::vec("\\PC{0,8}", 0..5),
+            top_n in proptest::option::of(0usize..8),
+            objects in proptest::bool::ANY,
+            scores in proptest::collection::vec(-1e3f32..1e3, 0..5),
+        ) {
+            let documents: Vec<serde_json::Value> = docs
+                .iter()
+                .map(|d| if objects { serde_json::json!({"text": d}) } else { serde_json::json!(d) })
+                .collect();
+            let body = serde_json::json!({"query": query, "documents": documents, "top_n": top_n});
+            if let Ok(b) = decode::<RerankBody>(body) {
+                if check_rerank(&b).is_ok() {
+                    proptest::prop_assert!(!b.documents.is_empty() && !b.query.is_empty());
+                    let r = ranked(&scores, b.top_n);
+                    proptest::prop_assert!(r.len() <= b.top_n.unwrap_or(usize::MAX));
+                    proptest::prop_assert!(r.windows(2).all(|w| w[0].1 >= w[1].1));
                 }
             }
         }

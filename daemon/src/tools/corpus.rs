@@ -269,6 +269,22 @@ fn section_headings(segments: &[String]) -> Vec<String> {
 /// two fewer — a heading word is also in the text it heads).
 const HEADING_BOOST: f32 = 0.5;
 
+/// A file's title and its segments, each with the section headings it
+/// stands under — what the index holds of it (and the vectors embed);
+/// `None` when it cannot be read as UTF-8 text.
+fn file_segments(f: &FileStamp, segment_chars: usize) -> Option<(String, Vec<(String, String)>)> {
+    let text = String::from_utf8(std::fs::read(&f.abs).ok()?).ok()?;
+    let segs = split_segments(&text, segment_chars);
+    let heads = section_headings(&segs);
+    Some((title_of(&f.rel, &text), segs.into_iter().zip(heads).collect()))
+}
+
+/// A segment's first 200 characters: the snippet of a hit the index has no
+/// highlight for.
+fn opening(text: &str) -> String {
+    text.chars().take(200).collect::<String>().trim().to_owned()
+}
+
 /// How deep each ranking goes into a fusion (`Corpus::search`).
 const FUSED: usize = 30;
 
@@ -504,15 +520,12 @@ impl Corpus {
                     format!("cannot open the index writer in {}", dir.display())
                 })?;
                 for f in &files {
-                    let Ok(bytes) = std::fs::read(&f.abs) else { continue };
-                    let Ok(text) = String::from_utf8(bytes) else { continue };
+                    let Some((title, segs)) = file_segments(f, segment_chars) else { continue };
                     // The path's words (folder and file name) are searched
                     // with the title: they name what a file is about.
-                    let title = format!("{} {}", title_of(&f.rel, &text), f.rel);
-                    let segs = split_segments(&text, segment_chars);
-                    let heads = section_headings(&segs);
-                    for (i, (seg, head)) in segs.iter().zip(heads).enumerate() {
-                        w.add_document(doc!(f_title => title.clone(), f_heading => head, f_body => seg.clone(), f_path => f.rel.clone(), f_seg => (i + 1) as u64))?;
+                    let title = format!("{title} {}", f.rel);
+                    for (i, (seg, head)) in segs.into_iter().enumerate() {
+                        w.add_document(doc!(f_title => title.clone(), f_heading => head, f_body => seg, f_path => f.rel.clone(), f_seg => (i + 1) as u64))?;
                     }
                 }
                 w.commit()
@@ -534,16 +547,9 @@ impl Corpus {
                 // The index's segments, as it was built from the same files.
                 let mut out = Vec::new();
                 for f in &files {
-                    let Ok(text) = std::fs::read_to_string(&f.abs) else { continue };
-                    let title = title_of(&f.rel, &text);
-                    let segs = split_segments(&text, segment_chars);
-                    let heads = section_headings(&segs);
-                    for (i, (seg, head)) in segs.into_iter().zip(heads).enumerate() {
-                        let entry = super::vectors::Entry {
-                            path: f.rel.clone(),
-                            segment: i + 1,
-                            title: title.clone(),
-                        };
+                    let Some((title, segs)) = file_segments(f, segment_chars) else { continue };
+                    for (i, (seg, head)) in segs.into_iter().enumerate() {
+                        let entry = super::vectors::Entry { path: f.rel.clone(), segment: i + 1 };
                         out.push((entry, format!("{title}\n{head}\n{seg}")));
                     }
                 }
@@ -585,7 +591,7 @@ impl Corpus {
             }
             // Found by its vector alone: its opening as the snippet.
             let Some(seg) = self.read(&path, segment)? else { continue };
-            let snippet = seg.text.chars().take(200).collect::<String>().trim().to_owned();
+            let snippet = opening(&seg.text);
             hits.push(Hit { path, segment, title: seg.title, snippet });
         }
         Ok(hits)
@@ -622,7 +628,7 @@ impl Corpus {
                 |f: Field| d.get_first(f).and_then(|v| v.as_str()).unwrap_or_default().to_owned();
             let mut snippet = gen.snippet_from_doc(&d).fragment().trim().to_owned();
             if snippet.is_empty() {
-                snippet = s(self.f_body).chars().take(200).collect::<String>().trim().to_owned();
+                snippet = opening(&s(self.f_body));
             }
             let path = s(self.f_path);
             let indexed = s(self.f_title);

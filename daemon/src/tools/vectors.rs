@@ -95,7 +95,6 @@ impl Embedder {
 pub(crate) struct Entry {
     pub(crate) path: String,
     pub(crate) segment: usize,
-    pub(crate) title: String,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -147,12 +146,10 @@ impl Vectors {
         if let Some((m, data)) = stored {
             return Ok(Vectors { embedder, entries: m.entries, dims: m.dims, data });
         }
-        let segs = segments();
-        let texts: Vec<String> = segs.iter().map(|(_, t)| t.clone()).collect();
+        let (entries, texts): (Vec<Entry>, Vec<String>) = segments().into_iter().unzip();
         let vectors = embedder.embed(&texts)?;
         let dims = vectors.first().map_or(0, Vec::len);
         let data: Vec<f32> = vectors.into_iter().flatten().collect();
-        let entries: Vec<Entry> = segs.into_iter().map(|(e, _)| e).collect();
         let meta = Meta {
             manifest: manifest.to_owned(),
             model: embedder.path.display().to_string(),
