@@ -4,7 +4,9 @@
 //! Q5_K_M and Q6_K at 135M and 1B; a qwen3moe mixture of experts, below):
 //! prompt processing (512 tokens) and decode (128 tokens) at 2 threads, and
 //! at 1 thread for the 135M files; peak RSS of both processes; the ratios.
-//! Then, on the default model: decode of 8 sequences together (what `serve`
+//! Then decode and prompt at depth (4,096 and, on the 1B files, 16,384
+//! tokens: `depth_table`). Then, on the default model: decode of 8
+//! sequences together (what `serve`
 //! does) and time to first token when a request extends a cached
 //! 1,000-token conversation.
 //!
@@ -196,6 +198,103 @@ fn llama_bench(bin: &Path, model: &str, threads: usize, reps: usize) -> Option<(
     Some((pp, tg, rss_p.max(rss_t)))
 }
 
+/// llama-bench's tokens/s of one test (`-p`, `-n` at depth `-d`).
+fn llama_bench_at(
+    bin: &Path,
+    model: &str,
+    threads: usize,
+    p: usize,
+    n: usize,
+    d: usize,
+) -> Option<f64> {
+    let arg = |v: usize| v.to_string();
+    let (out, _) = run_measured(Command::new(bin.join("llama-bench")).args([
+        "-m",
+        model,
+        "-t",
+        &arg(threads),
+        "-p",
+        &arg(p),
+        "-n",
+        &arg(n),
+        "-d",
+        &arg(d),
+        "-r",
+        "1",
+        "-o",
+        "json",
+    ]))?;
+    let v: Value = serde_json::from_slice(&out).ok()?;
+    v[0]["avg_ts"].as_f64()
+}
+
+/// Where research runs live: decode of 64 tokens after `depth` tokens of
+/// context (llama-bench `-d`, `agentd bench --depth`) and prompt processing
+/// of `depth` tokens from an empty context, both engines alternating, 2
+/// threads. `AGENTD_BENCH_DEPTHS` (default `4096,16384`) lists the depths;
+/// 16,384 runs only on the 1B files (their context allows it).
+fn depth_table(bin: Option<&Path>, dir: &Path, rounds: usize, only: &str) {
+    let depths: Vec<usize> = std::env::var("AGENTD_BENCH_DEPTHS")
+        .unwrap_or_else(|_| "4096,16384".into())
+        .split(',')
+        .filter_map(|d| d.trim().parse().ok())
+        .collect();
+    println!();
+    println!(
+        "at depth, 2 threads: decode of 64 tokens after D tokens, prompt of D tokens from empty"
+    );
+    println!(
+        "| file | D | llama.cpp tg / pp | agentd tg / pp | ratio tg / pp | agentd KV bytes/token |"
+    );
+    println!("|---|---|---|---|---|---|");
+    for name in ["smollm2-135m-q4_k_m", "synth-1b-q4_k_m"].iter().filter(|n| n.contains(only)) {
+        let path = dir.join(format!("{name}.gguf"));
+        if !path.is_file() {
+            println!("| {name} | – | missing (see the header of benches/engine.rs) | | | |");
+            continue;
+        }
+        let m = path.display().to_string();
+        for &d in depths.iter().filter(|&&d| d <= 8192 || name.contains("1b")) {
+            let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+            let mut kv = 0;
+            for _ in 0..rounds {
+                let ds = d.to_string();
+                let tg = agentd_bench(
+                    &m,
+                    2,
+                    1,
+                    &["--depth", &ds, "--prompt-tokens", "0", "--gen-tokens", "64"],
+                );
+                let pp = agentd_bench(&m, 2, 1, &["--prompt-tokens", &ds, "--gen-tokens", "0"]);
+                kv = tg["kv_bytes_per_token"].as_u64().unwrap_or(0);
+                ours.push((
+                    tg["tg_tok_s"].as_f64().unwrap_or(0.0),
+                    pp["pp_tok_s"].as_f64().unwrap_or(0.0),
+                ));
+                if let Some(b) = bin {
+                    if let (Some(t), Some(p)) =
+                        (llama_bench_at(b, &m, 2, 0, 64, d), llama_bench_at(b, &m, 2, d, 0, 0))
+                    {
+                        theirs.push((t, p));
+                    }
+                }
+            }
+            let med =
+                |v: &[(f64, f64)], f: fn(&(f64, f64)) -> f64| median(v.iter().map(f).collect());
+            let (ot, op) = (med(&ours, |x| x.0), med(&ours, |x| x.1));
+            if theirs.len() == ours.len() {
+                let (lt, lp) = (med(&theirs, |x| x.0), med(&theirs, |x| x.1));
+                let rt = median(ours.iter().zip(&theirs).map(|(o, l)| o.0 / l.0).collect());
+                let rp = median(ours.iter().zip(&theirs).map(|(o, l)| o.1 / l.1).collect());
+                println!("| {name} | {d} | {lt:.1} / {lp:.0} | {ot:.1} / {op:.0} | {rt:.2}× / {rp:.2}× | {kv} |");
+            } else {
+                println!("| {name} | {d} | – | {ot:.1} / {op:.0} | – | {kv} |");
+            }
+        }
+    }
+    println!();
+}
+
 fn models_dir() -> PathBuf {
     if let Some(d) = std::env::var_os("AGENTD_BENCH_MODELS") {
         return PathBuf::from(d);
@@ -318,6 +417,7 @@ fn main() {
             }
         }
     }
+    depth_table(bin.as_deref(), &dir, rounds, &only);
     // What `serve` does with concurrent completions: 8 sequences decoding
     // together, one batched pass per token.
     let model = model();

@@ -258,7 +258,11 @@ enum Command {
         /// as `serve` does); tg is then their aggregate tokens/s
         #[arg(long, default_value_t = 1)]
         parallel: usize,
-        /// Print {"model", "threads", "pp_tok_s", "tg_tok_s", "peak_rss_mb", "parallel"}
+        /// Tokens already in the context before pp and tg are timed (as
+        /// llama-bench's -d); the context grows to hold them
+        #[arg(long, default_value_t = 0)]
+        depth: usize,
+        /// Print {"model", "threads", "pp_tok_s", "tg_tok_s", "peak_rss_mb", "parallel", "depth", "kv_bytes_per_token"}
         #[arg(long)]
         json: bool,
     },
@@ -477,8 +481,9 @@ fn run(cli: Cli, cancel: &AtomicBool) -> anyhow::Result<ExitCode> {
         Command::Embed { engine: e, pooling, texts } => {
             engine::embed(&e, pooling.as_deref(), &texts)?
         }
-        Command::Bench { engine: e, prompt_tokens, gen_tokens, reps, parallel, json } => {
-            engine::bench(&e, prompt_tokens, gen_tokens, reps, parallel, json)?
+        Command::Bench { engine: e, prompt_tokens, gen_tokens, reps, parallel, depth, json } => {
+            let run = engine::BenchRun { pp: prompt_tokens, tg: gen_tokens, reps, parallel, depth };
+            engine::bench(&e, &run, json)?
         }
         Command::Toolparse { command: ToolparseCommand::Replay } => {
             parse::replay(std::io::stdin().lock(), std::io::stdout().lock())?;

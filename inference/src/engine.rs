@@ -555,6 +555,29 @@ impl Engine {
         Ok(())
     }
 
+    /// Forgets what `session` caches from position `len` on, so the next
+    /// [`Engine::eval`] continues from there (benchmarks at a depth rewind
+    /// instead of prefilling again). candle's shared cache cannot be cut:
+    /// there the session is emptied unless `len` keeps all of it.
+    pub fn rewind(&self, session: &mut Session, len: usize) {
+        if matches!(self.backend, Backend::Candle(_)) && len < session.tokens.len() {
+            *session = self.session();
+            return;
+        }
+        let len = len.min(session.tokens.len());
+        session.kv.truncate(len, &self.info.config);
+        session.tokens.truncate(len);
+        session.modes.truncate(len);
+        session.batches.truncate(len);
+    }
+
+    /// Bytes of K/V cache one position takes (every layer's keys and
+    /// values, f16).
+    pub fn kv_bytes_per_token(&self) -> usize {
+        let c = &self.info.config;
+        c.n_layer * 2 * c.n_kv * c.head_dim * 2
+    }
+
     /// The embedding of `tokens` (one input: see [`Engine::embed_text`]):
     /// every token's hidden state after the output norm, pooled as
     /// `pooling` says (else as the file says, else the mean) and normalized

@@ -24,7 +24,9 @@ use crate::arch::Arch;
 pub(crate) use crate::arch::Config;
 use crate::error::{model_err, Error, ErrorKind, Result};
 use crate::gguf::{GgmlType, Gguf};
-use crate::kernels::attn::{attend_tiled, attend_vec, glu, Lane, Mode, TiledRow, TiledScratch};
+use crate::kernels::attn::{
+    attend_heads, attend_tiled, glu, Lane, Mode, TiledRow, TiledScratch, GROUP, MAX_HEAD,
+};
 use crate::kernels::rows::Fmt;
 use crate::kernels::{Acts, Needs, OutRows, Packed};
 use crate::pool::Pool;
@@ -710,6 +712,16 @@ pub(crate) struct Scratch {
     pub(crate) hidden: Vec<f32>,
 }
 
+/// How a pass's one-query attention rows cut their `n_head` heads into
+/// tasks: contiguous ranges, as many per row as the threads need to stay
+/// busy (one per thread for a lone decode row, whole rows once there are
+/// twice as many rows as threads).
+fn head_parts(n_head: usize, rows: usize, threads: usize) -> Vec<std::ops::Range<usize>> {
+    let parts = if rows >= 2 * threads { 1 } else { (2 * threads).div_ceil(rows.max(1)) };
+    let parts = if rows == 1 { threads } else { parts }.clamp(1, n_head.max(1));
+    (0..parts).map(|k| k * n_head / parts..(k + 1) * n_head / parts).collect()
+}
+
 #[inline(always)]
 fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     let scale = rms_scale(x, eps);
@@ -1085,16 +1097,29 @@ impl Model {
         let out = OutRows::new(&mut s.att, qd);
         let q = |i: usize, h: usize| &qkv[i * w + h * hd..i * w + (h + 1) * hd];
         if !vec_rows.is_empty() {
-            pool.run(vec_rows.len() * cfg.n_head, &|task| {
-                let (i, h) = (vec_rows[task / cfg.n_head], task % cfg.n_head);
-                let lane = Lane { stride: kd, offset: (h / group) * hd };
+            // Per task: one row's heads `parts[p]`, run a KV head's query
+            // heads at a time (`attend_heads` reads each key once for them).
+            // A lone decode row is cut into one part per thread.
+            let parts = head_parts(cfg.n_head, vec_rows.len(), pool.threads());
+            pool.run(vec_rows.len() * parts.len(), &|task| {
+                let (i, heads) = (vec_rows[task / parts.len()], parts[task % parts.len()].clone());
                 let (kc, vc) = cache(i);
-                let mut o = [0f32; crate::kernels::attn::MAX_HEAD];
                 let pos = rows[i].1;
-                attend_vec(q(i, h), kc, vc, lane, from(pos), pos + 1, scale, softcap, &mut o[..hd]);
-                for (j, v) in o[..hd].iter().enumerate() {
-                    // SAFETY: task (i, h) alone writes head h of row i.
-                    unsafe { out.set(i, h * hd + j, *v) };
+                let mut o = [0f32; GROUP * MAX_HEAD];
+                let mut h = heads.start;
+                while h < heads.end {
+                    let g = h / group;
+                    let end = heads.end.min((g + 1) * group).min(h + GROUP);
+                    let lane = Lane { stride: kd, offset: g * hd };
+                    let o = &mut o[..(end - h) * hd];
+                    let qs = &qkv[i * w + h * hd..i * w + end * hd];
+                    attend_heads(qs, hd, kc, vc, lane, from(pos), pos + 1, scale, softcap, o);
+                    for (j, v) in o.iter().enumerate() {
+                        // SAFETY: task (i, part) alone writes these heads of
+                        // row i.
+                        unsafe { out.set(i, h * hd + j, *v) };
+                    }
+                    h = end;
                 }
             });
         }

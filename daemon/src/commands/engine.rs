@@ -278,25 +278,48 @@ fn peak_rss_mb() -> Option<f64> {
     Some(kb / 1024.0)
 }
 
-pub(crate) fn bench(
-    engine_args: &EngineArgs,
-    pp: usize,
-    tg: usize,
-    reps: usize,
-    parallel: usize,
-    json_out: bool,
-) -> Result<()> {
+/// What `agentd bench` measures: prompt processing of `pp` tokens and
+/// decode of `tg`, each `reps` times after a warm-up, `depth` tokens into
+/// the context; `parallel` sequences decoding together.
+pub(crate) struct BenchRun {
+    pub(crate) pp: usize,
+    pub(crate) tg: usize,
+    pub(crate) reps: usize,
+    pub(crate) parallel: usize,
+    pub(crate) depth: usize,
+}
+
+pub(crate) fn bench(engine_args: &EngineArgs, run: &BenchRun, json_out: bool) -> Result<()> {
+    let &BenchRun { pp, tg, reps, parallel, depth } = run;
     anyhow::ensure!(
         (1..=256).contains(&parallel),
         "--parallel {parallel} is out of range: use 1 to 256 sequences"
     );
-    let (r, engine) = engine_args.load()?;
+    anyhow::ensure!(
+        depth == 0 || parallel == 1,
+        "--depth {depth} with --parallel {parallel}: a depth is measured on one sequence; drop one of them"
+    );
+    // The context must hold the depth and what is timed after it; past the
+    // default (8192) the model is loaded with a context that does.
+    let need = depth + pp.max(tg) + 1;
+    let (r, engine) = if need > 8192 {
+        engine_args.load_context(need.next_multiple_of(256))?
+    } else {
+        engine_args.load()?
+    };
+    anyhow::ensure!(
+        need <= engine.info().context,
+        "--depth {depth} plus {} timed tokens need a context of {need}, but {} is loaded with {}: lower --depth or the token counts",
+        pp.max(tg),
+        r.name,
+        engine.info().context
+    );
     let vocab = engine.info().config.n_vocab as u32;
     let tok = engine.tokenizer();
     // Ordinary tokens in a fixed pseudo-random order, like llama-bench.
     let mut x = 0x2545_F491_4F6C_DD1Du64;
     let mut ids = Vec::new();
-    while ids.len() < pp.max(tg) + 1 {
+    while ids.len() < depth + pp.max(tg) + 1 {
         x ^= x << 13;
         x ^= x >> 7;
         x ^= x << 17;
@@ -305,15 +328,25 @@ pub(crate) fn bench(
             ids.push(id);
         }
     }
+    let (context, ids) = ids.split_at(depth);
     let median = |mut v: Vec<f64>| {
         v.sort_by(f64::total_cmp);
         v[v.len() / 2]
     };
+    // One session holds the depth (prefilled once, untimed); each timed run
+    // rewinds to it.
+    let mut s = engine.session();
+    if depth > 0 {
+        engine.eval(&mut s, context)?;
+    }
     let mut pps = Vec::new();
     let mut tgs = Vec::new();
     for rep in 0..=reps.max(1) {
         if pp > 0 {
-            let mut s = engine.session();
+            engine.rewind(&mut s, depth);
+            if s.cached().len() < depth {
+                engine.eval(&mut s, context)?;
+            }
             let t = Instant::now();
             engine.eval(&mut s, &ids[..pp])?;
             let v = pp as f64 / t.elapsed().as_secs_f64();
@@ -322,7 +355,10 @@ pub(crate) fn bench(
             }
         }
         if tg > 0 && parallel == 1 {
-            let mut s = engine.session();
+            engine.rewind(&mut s, depth);
+            if s.cached().len() < depth {
+                engine.eval(&mut s, context)?;
+            }
             let t = Instant::now();
             for &id in &ids[..tg] {
                 engine.eval(&mut s, &[id])?;
@@ -332,7 +368,7 @@ pub(crate) fn bench(
                 tgs.push(v);
             }
         } else if tg > 0 {
-            let v = decode_together(&engine, &ids, tg, parallel)?;
+            let v = decode_together(&engine, ids, tg, parallel)?;
             if rep > 0 {
                 tgs.push(v);
             }
@@ -340,25 +376,28 @@ pub(crate) fn bench(
     }
     let pp_s = if pps.is_empty() { 0.0 } else { median(pps) };
     let par = if parallel > 1 { format!(" x{parallel} together") } else { String::new() };
+    let at = if depth > 0 { format!(" @ d{depth}") } else { String::new() };
     let tg_s = if tgs.is_empty() { 0.0 } else { median(tgs) };
     let rss = peak_rss_mb().unwrap_or(0.0);
+    let info = engine.info();
     if json_out {
         println!(
             "{}",
-            json!({"model": r.name, "threads": engine.info().threads, "pp_tok_s": pp_s, "tg_tok_s": tg_s,
+            json!({"model": r.name, "threads": info.threads, "pp_tok_s": pp_s, "tg_tok_s": tg_s,
                    "peak_rss_mb": rss, "prompt_tokens": pp, "gen_tokens": tg, "reps": reps, "parallel": parallel,
-                   "isa": engine.info().isa, "weight_mb": engine.info().weight_bytes as f64 / 1e6,
-                   "kernels": kernels(engine.info()), "architecture": engine.info().config.arch_name,
-                   "rope_scaling": engine.info().config.rope_scaling(engine.info().context)})
+                   "depth": depth, "context": info.context, "kv_bytes_per_token": engine.kv_bytes_per_token(),
+                   "isa": info.isa, "weight_mb": info.weight_bytes as f64 / 1e6,
+                   "kernels": kernels(info), "architecture": info.config.arch_name,
+                   "rope_scaling": info.config.rope_scaling(info.context)})
         );
     } else {
-        let info = engine.info();
         println!(
-            "model {} ({}, RoPE {})  threads {}  pp{pp} {pp_s:.1} tok/s  tg{tg}{par} {tg_s:.1} tok/s  peak RSS {rss:.0} MB",
+            "model {} ({}, RoPE {})  threads {}  pp{pp}{at} {pp_s:.1} tok/s  tg{tg}{at}{par} {tg_s:.1} tok/s  peak RSS {rss:.0} MB  KV {:.1} KiB/token",
             r.name,
             info.config.arch_name,
             info.config.rope_scaling(info.context),
-            info.threads
+            info.threads,
+            engine.kv_bytes_per_token() as f64 / 1024.0
         );
     }
     Ok(())

@@ -118,8 +118,18 @@ impl EngineArgs {
         self.load_with(None)
     }
 
+    /// Loads the model with a context of exactly `context` tokens (whatever
+    /// its registry entry says): for benchmarks that need a longer one.
+    pub(crate) fn load_context(&self, context: usize) -> Result<(Resolved, Engine)> {
+        self.load_inner(Some(context), true)
+    }
+
     /// Loads the model with its context bounded by `cap` tokens.
     pub(crate) fn load_with(&self, cap: Option<usize>) -> Result<(Resolved, Engine)> {
+        self.load_inner(cap, false)
+    }
+
+    fn load_inner(&self, cap: Option<usize>, exact: bool) -> Result<(Resolved, Engine)> {
         if self.provider != "local" {
             anyhow::bail!(
                 "this command runs the local engine; --provider {} is for `ask` and `serve`",
@@ -129,6 +139,7 @@ impl EngineArgs {
         let r = resolve(self.model.as_deref())?;
         let device = self.device.parse()?;
         let context = match (r.entry.as_ref().and_then(|e| e.context), cap) {
+            _ if exact => cap,
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };

@@ -288,6 +288,80 @@ impl Lane {
     }
 }
 
+/// `2^(i/32)` as f64 bits, less `i << 47` (the exponent bits the index adds
+/// back): the table of glibc's `expf` (2^(k/32) for any k as
+/// `tab[k % 32] + (k << 47)`), computed here from the definition (each
+/// entry is 2^(i/32) correctly rounded).
+pub(crate) const EXPF_TAB: [u64; 32] = [
+    0x3ff0000000000000,
+    0x3fefd9b0d3158574,
+    0x3fefb5586cf9890f,
+    0x3fef9301d0125b51,
+    0x3fef72b83c7d517b,
+    0x3fef54873168b9aa,
+    0x3fef387a6e756238,
+    0x3fef1e9df51fdee1,
+    0x3fef06fe0a31b715,
+    0x3feef1a7373aa9cb,
+    0x3feedea64c123422,
+    0x3feece086061892d,
+    0x3feebfdad5362a27,
+    0x3feeb42b569d4f82,
+    0x3feeab07dd485429,
+    0x3feea47eb03a5585,
+    0x3feea09e667f3bcd,
+    0x3fee9f75e8ec5f74,
+    0x3feea11473eb0187,
+    0x3feea589994cce13,
+    0x3feeace5422aa0db,
+    0x3feeb737b0cdc5e5,
+    0x3feec49182a3f090,
+    0x3feed503b23e255d,
+    0x3feee89f995ad3ad,
+    0x3feeff76f2fb5e47,
+    0x3fef199bdd85529c,
+    0x3fef3720dcef9069,
+    0x3fef5818dcfba487,
+    0x3fef7c97337b9b5f,
+    0x3fefa4afa2a490da,
+    0x3fefd0765b6e4540,
+];
+
+/// The constants of [`expf`]: 32/ln 2, the rounding shift 1.5·2^52, and
+/// the cubic for 2^(r/32) - 1 (its coefficients over 32³, 32², 32).
+pub(crate) const EXPF_INV_LN2_N: f64 = f64::from_bits(0x40471547652b82fe); // 0x1.71547652b82fep+0 · 32
+pub(crate) const EXPF_SHIFT: f64 = f64::from_bits(0x4338000000000000); // 0x1.8p52
+pub(crate) const EXPF_POLY: [f64; 3] = [
+    f64::from_bits(0x3ebc6af84b912394), // 0x1.c6af84b912394p-5 / 32³
+    f64::from_bits(0x3f2ebfce50fac4f3), // 0x1.ebfce50fac4f3p-3 / 32²
+    f64::from_bits(0x3f962e42ff0c52d6), // 0x1.62e42ff0c52d6p-1 / 32
+];
+
+/// `expf` as the C library computes it, inline: the value of glibc's
+/// `expf` (2.27 on; its FMA build, which x86-64 CPUs with FMA run) for
+/// |x| < 88, every one of those 2.2·10⁹ inputs checked against it on this
+/// machine (a table of 2^(k/32) and a cubic in double precision, the
+/// scaled argument and its remainder each one fused multiply-add); larger
+/// |x|, infinities and NaN go to the library itself. llama.cpp's one-query
+/// attention calls `expf` per key; called through the library from a SIMD
+/// loop, every live vector register is saved around each call.
+#[inline(always)]
+pub(crate) fn expf(x: f32) -> f32 {
+    if (x.to_bits() >> 20) & 0x7ff >= 0x42b || cfg!(not(target_env = "gnu")) {
+        return x.exp();
+    }
+    let xd = x as f64;
+    let kd = EXPF_INV_LN2_N.mul_add(xd, EXPF_SHIFT);
+    let ki = kd.to_bits();
+    let kd = kd - EXPF_SHIFT;
+    let r = EXPF_INV_LN2_N.mul_add(xd, -kd);
+    let s = f64::from_bits(EXPF_TAB[(ki % 32) as usize].wrapping_add(ki << 47));
+    let [c0, c1, c2] = EXPF_POLY;
+    let z = c0.mul_add(r, c1);
+    let y = c2.mul_add(r, 1.0);
+    (z.mul_add(r * r, y) * s) as f32
+}
+
 /// llama.cpp's sum of 16 lanes (`_mm512_reduce_add_ps`: halves folded).
 #[inline]
 pub(crate) fn reduce16(l: &[f32; 16]) -> f32 {
@@ -319,6 +393,41 @@ fn dot_f16(q: &[f16], k: &[f16]) -> f32 {
     s as f32
 }
 
+/// Most query heads [`attend_heads`] runs together over one KV head.
+pub(crate) const GROUP: usize = 4;
+
+/// [`attend_vec`] for the query heads of one KV head together: `q` and
+/// `out` hold `q.len() / hd` heads (1 to [`GROUP`]) one after another; each
+/// head's numbers are exactly its own [`attend_vec`]'s. On AVX-512 each key
+/// and value row is then read and converted once for all of them, and their
+/// dependency chains interleave.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn attend_heads(
+    q: &[f32],
+    hd: usize,
+    kc: &[f16],
+    vc: &[f16],
+    lane: Lane,
+    from: usize,
+    upto: usize,
+    scale: f32,
+    softcap: Option<f32>,
+    out: &mut [f32],
+) {
+    assert!(hd > 0 && q.len().is_multiple_of(hd) && (1..=GROUP).contains(&(q.len() / hd)));
+    assert!(hd <= MAX_HEAD && out.len() == q.len() && from <= upto);
+    assert!(upto == 0 || lane.at(upto - 1) + hd <= kc.len().min(vc.len()));
+    #[cfg(target_arch = "x86_64")]
+    if softcap.is_none() && hd.is_multiple_of(64) && super::isa() == super::Isa::Avx512Vnni {
+        // SAFETY: the CPU has the features (`isa`); sizes asserted above.
+        unsafe { super::x86::attend_heads(q, hd, kc, vc, lane, from, upto, scale, out) };
+        return;
+    }
+    for (q, out) in q.chunks_exact(hd).zip(out.chunks_exact_mut(hd)) {
+        attend_vec(q, kc, vc, lane, from, upto, scale, softcap, out);
+    }
+}
+
 /// [`Mode::Vec`] for one query over positions `from..upto` (a sliding
 /// window starts at `from`; ggml skips the masked positions). With a
 /// soft-cap (gemma2) each score is `cap · tanh(s · scale / cap)`.
@@ -340,7 +449,7 @@ pub(crate) fn attend_vec(
     if softcap.is_none() && q.len().is_multiple_of(64) {
         if super::isa() == super::Isa::Avx512Vnni {
             // SAFETY: the CPU has the features (`isa`); sizes asserted above.
-            unsafe { super::x86::attend_vec(q, kc, vc, lane, from, upto, scale, out) };
+            unsafe { super::x86::attend_heads(q, q.len(), kc, vc, lane, from, upto, scale, out) };
             return;
         }
         if super::isa().avx2() {
@@ -693,6 +802,66 @@ mod tests {
             let simd = unsafe { crate::kernels::avx2::v_expf_all(&xs) };
             for (x, s) in xs.iter().zip(simd) {
                 assert_eq!(s.to_bits(), v_expf(*x).to_bits(), "avx2 v_expf({x})");
+            }
+        }
+    }
+
+    /// The inline `expf` (scalar and 8-lane) is the C library's, bit for
+    /// bit, on a sweep of every float's neighbourhood (every 61st bit
+    /// pattern, both signs, and the edges of the inline range).
+    #[test]
+    fn inline_expf_is_the_c_librarys() {
+        let mut xs: Vec<f32> = (0..u32::MAX / 61).map(|i| f32::from_bits(i * 61)).collect();
+        xs.extend([0x42af_ffffu32, 0x42b0_0000, 0xc2af_ffff, 0xc2b0_0000].map(f32::from_bits));
+        xs.extend([f32::NEG_INFINITY, f32::INFINITY, f32::NAN, -0.0, 0.0, -103.9, -88.0, 88.0]);
+        for &x in &xs {
+            let (a, b) = (x.exp(), expf(x));
+            assert!(
+                a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()),
+                "expf({x:e}): {a:e} vs {b:e}"
+            );
+        }
+        #[cfg(target_arch = "x86_64")]
+        if isa() == Isa::Avx512Vnni {
+            let mut ys = xs.clone();
+            // SAFETY: `isa()` reports AVX-512 VNNI only when the CPU has it.
+            unsafe { crate::kernels::x86::expf_lanes(&mut ys) };
+            for (x, y) in xs.iter().zip(&ys) {
+                let a = x.exp();
+                assert!(
+                    a.to_bits() == y.to_bits() || (a.is_nan() && y.is_nan()),
+                    "lanes expf({x:e})"
+                );
+            }
+        }
+    }
+
+    /// The query heads of one KV head run together give each head exactly
+    /// its own one-query result, for every group size the kernel takes, the
+    /// common head sizes, windows and an empty range.
+    #[test]
+    fn heads_together_are_each_head_alone() {
+        for hd in [64usize, 128, 256, 96] {
+            let (kv_heads, len) = (2usize, 173usize);
+            let kc = cache(len * kv_heads * hd, 7, 2.0);
+            let vc = cache(len * kv_heads * hd, 8, 1.5);
+            let lane = Lane { stride: kv_heads * hd, offset: hd };
+            for heads in 1..=GROUP {
+                let q = vector(heads * hd, heads as u64 + hd as u64, 3.0);
+                for (from, upto) in [(0usize, len), (40, 100), (5, 5), (0, 1)] {
+                    let mut together = vec![0f32; heads * hd];
+                    attend_heads(&q, hd, &kc, &vc, lane, from, upto, 0.125, None, &mut together);
+                    for h in 0..heads {
+                        let mut alone = vec![0f32; hd];
+                        let qh = &q[h * hd..(h + 1) * hd];
+                        attend_vec_scalar(qh, &kc, &vc, lane, from, upto, 0.125, None, &mut alone);
+                        assert_eq!(
+                            &together[h * hd..(h + 1) * hd],
+                            &alone[..],
+                            "hd {hd}, {heads} heads, head {h}, {from}..{upto}"
+                        );
+                    }
+                }
             }
         }
     }

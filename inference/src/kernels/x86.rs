@@ -578,18 +578,23 @@ unsafe fn q8_0_wide_cols<const N: usize>(
     }
 }
 
-/// See `attn::attend_vec`: llama.cpp's one-query flash attention
+/// See `attn::attend_heads`: llama.cpp's one-query flash attention
 /// (`ggml_vec_dot_f16`, `ggml_vec_scale_f16`, `ggml_vec_mad_f16`) on 512-bit
-/// registers, the f16 accumulator held in registers.
+/// registers for the `q.len() / hd` query heads of one KV head together:
+/// each key and value row is loaded and converted once for all of them, and
+/// their independent chains (score, running max, f16 accumulator held in
+/// registers) interleave, each computing exactly what it computes alone.
 ///
 /// # Safety
-/// The CPU must support avx512f, fma and f16c; `q.len()` is a multiple of
-/// 64, at most 256, `out.len() == q.len()`, and the caches hold `upto`
-/// positions of `lane` (all asserted by the caller).
+/// The CPU must support avx512f, fma and f16c; `hd` is a multiple of 64, at
+/// most 256; `q.len()` is 1 to [`attn::GROUP`](super::attn::GROUP) times
+/// `hd`; `out.len() == q.len()`, and the caches hold `upto` positions of
+/// `lane` (all asserted by the caller).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn attend_vec(
+pub(super) unsafe fn attend_heads(
     q: &[f32],
+    hd: usize,
     kc: &[half::f16],
     vc: &[half::f16],
     lane: super::attn::Lane,
@@ -598,31 +603,56 @@ pub(super) unsafe fn attend_vec(
     scale: f32,
     out: &mut [f32],
 ) {
-    let hd = q.len();
-    let chunks = hd / 16;
-    assert!(out.len() == hd && chunks <= 16 && hd.is_multiple_of(64));
+    let heads = q.len() / hd;
+    assert!(hd.is_multiple_of(64) && hd <= super::attn::MAX_HEAD);
+    assert!(q.len() == heads * hd && out.len() == q.len());
+    assert!((1..=super::attn::GROUP).contains(&heads));
     assert!(upto == 0 || (upto - 1) * lane.stride + lane.offset + hd <= kc.len().min(vc.len()));
-    // The common head sizes with their registers' count fixed (so the
-    // accumulators stay in registers); others up to 256 values through
-    // the widest.
+    // The common head sizes and group sizes with their registers' count
+    // fixed (so the loops unroll); others one head at a time through the
+    // widest.
     // SAFETY: the bounds are asserted above; the features are the caller's.
     unsafe {
-        match chunks {
-            4 => attend_vec_c::<4, true>(q, kc, vc, lane, from, upto, scale, out),
-            8 => attend_vec_c::<8, true>(q, kc, vc, lane, from, upto, scale, out),
-            _ => attend_vec_c::<16, false>(q, kc, vc, lane, from, upto, scale, out),
+        macro_rules! run {
+            ($c:literal, $h:literal) => {
+                attend_heads_c::<$c, $h, true>(q, kc, vc, lane, from, upto, scale, out)
+            };
+        }
+        match (hd / 16, heads) {
+            (4, 1) => run!(4, 1),
+            (4, 2) => run!(4, 2),
+            (4, 3) => run!(4, 3),
+            (4, 4) => run!(4, 4),
+            (8, 1) => run!(8, 1),
+            (8, 2) => run!(8, 2),
+            (8, 3) => run!(8, 3),
+            (8, 4) => run!(8, 4),
+            _ => {
+                for (q, out) in q.chunks_exact(hd).zip(out.chunks_exact_mut(hd)) {
+                    attend_heads_c::<16, 1, false>(q, kc, vc, lane, from, upto, scale, out)
+                }
+            }
         }
     }
 }
 
-/// [`attend_vec`] for heads of at most `16·C` values (`C` registers), of
-/// exactly that many when `EXACT` (the loops' bounds then constants).
+/// Keys per block of [`attend_heads_c`]: their scores and exponentials are
+/// computed before their values are accumulated.
+const BLOCK: usize = 32;
+
+/// Keys ahead whose rows [`attend_heads_c`] asks the cache for.
+const PREFETCH: usize = 12;
+
+/// [`attend_heads`] for `H` heads of at most `16·C` values (`C` registers
+/// each), of exactly that many when `EXACT` (the loops' bounds then
+/// constants).
 ///
 /// # Safety
-/// As [`attend_vec`], whose assertions it relies on; `q.len() <= 16·C`.
+/// As [`attend_heads`], whose assertions it relies on; `q.len() == H · hd`
+/// with `hd <= 16·C` a multiple of 64.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-unsafe fn attend_vec_c<const C: usize, const EXACT: bool>(
+unsafe fn attend_heads_c<const C: usize, const H: usize, const EXACT: bool>(
     q: &[f32],
     kc: &[half::f16],
     vc: &[half::f16],
@@ -632,72 +662,187 @@ unsafe fn attend_vec_c<const C: usize, const EXACT: bool>(
     scale: f32,
     out: &mut [f32],
 ) {
-    let hd = q.len();
+    let hd = q.len() / H;
     let chunks = if EXACT { C } else { hd / 16 };
-    assert!(chunks <= C && hd == 16 * chunks);
+    assert!(chunks <= C && hd == 16 * chunks && q.len() == H * hd);
     // SAFETY: every pointer below stays within the slices asserted by
-    // `attend_vec`.
+    // `attend_heads`.
     unsafe {
-        let mut qv = [_mm512_setzero_ps(); C];
-        for (c, v) in qv.iter_mut().take(chunks).enumerate() {
-            // The query rounded to f16 and back, as llama.cpp converts it.
-            let x = _mm512_loadu_ps(q.as_ptr().add(16 * c));
-            *v = _mm512_cvtph_ps(_mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x));
+        let mut qv = [[_mm512_setzero_ps(); C]; H];
+        for (h, qh) in qv.iter_mut().enumerate() {
+            for (c, v) in qh.iter_mut().take(chunks).enumerate() {
+                // The query rounded to f16 and back, as llama.cpp converts it.
+                let x = _mm512_loadu_ps(q.as_ptr().add(h * hd + 16 * c));
+                *v = _mm512_cvtph_ps(_mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x));
+            }
         }
-        let mut acc = [_mm256_setzero_si256(); C];
-        let (mut s_sum, mut m) = (0f32, f32::NEG_INFINITY);
-        for t in from..upto {
-            let at = t * lane.stride + lane.offset;
-            let kp = kc.as_ptr().add(at) as *const __m256i;
-            // Four 16-lane partial sums per 64 elements.
-            let mut sum = [_mm512_setzero_ps(); 4];
-            for i in (0..chunks).step_by(4) {
-                for (j, sj) in sum.iter_mut().enumerate() {
-                    let k = _mm512_cvtph_ps(_mm256_loadu_si256(kp.add(i + j)));
-                    *sj = _mm512_fmadd_ps(k, qv[i + j], *sj);
+        let mut acc = [[_mm256_setzero_si256(); C]; H];
+        let mut s_sum = [0f32; H];
+        let mut m = [f32::NEG_INFINITY; H];
+        // Keys in blocks: first every score of the block, then each head's
+        // running max and its exponentials (ms when a key raises the max,
+        // else vs), all of them in one loop of `expf` calls (a call keeps
+        // no vector register, so none is saved around it), then the
+        // accumulators key by key. Each head's operations and their order
+        // are those of the one-key-at-a-time loop.
+        let mut t0 = from;
+        while t0 < upto {
+            let n = BLOCK.min(upto - t0);
+            let mut sc = [[0f32; BLOCK]; H];
+            for k in 0..n {
+                let at = (t0 + k) * lane.stride + lane.offset;
+                // The rows are a stride apart: fetch keys ahead, and this
+                // block's values for the pass below.
+                let ahead = kc.as_ptr().wrapping_add(at + PREFETCH * lane.stride) as *const i8;
+                let vrow = vc.as_ptr().wrapping_add(at) as *const i8;
+                for line in (0..2 * hd).step_by(64) {
+                    _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line));
+                    _mm_prefetch::<_MM_HINT_T0>(vrow.wrapping_add(line));
+                }
+                let kp = kc.as_ptr().add(at) as *const __m256i;
+                let mut kv = [_mm512_setzero_ps(); C];
+                for (c, x) in kv.iter_mut().take(chunks).enumerate() {
+                    *x = _mm512_cvtph_ps(_mm256_loadu_si256(kp.add(c)));
+                }
+                for h in 0..H {
+                    // Four 16-lane partial sums per 64 elements.
+                    let mut sum = [_mm512_setzero_ps(); 4];
+                    for i in (0..chunks).step_by(4) {
+                        for (j, sj) in sum.iter_mut().enumerate() {
+                            *sj = _mm512_fmadd_ps(kv[i + j], qv[h][i + j], *sj);
+                        }
+                    }
+                    let x0 =
+                        _mm512_add_ps(_mm512_add_ps(sum[0], sum[2]), _mm512_add_ps(sum[1], sum[3]));
+                    sc[h][k] = reduce16(x0) * scale;
                 }
             }
-            let x0 = _mm512_add_ps(_mm512_add_ps(sum[0], sum[2]), _mm512_add_ps(sum[1], sum[3]));
-            let s = reduce16(x0) * scale;
-            let (mut ms, mut vs) = (1f32, 1f32);
-            if s > m {
-                let old = m;
-                m = s;
-                ms = (old - m).exp();
-                let msv = _mm512_set1_ps(ms);
-                for a in acc.iter_mut().take(chunks) {
-                    let x = _mm512_mul_ps(_mm512_cvtph_ps(*a), msv);
-                    *a = _mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x);
+            // `e[h][k]`: the exponential's argument, then its value; `up`:
+            // whether key k raised head h's max (e is then ms, else vs).
+            let mut e = [[0f32; BLOCK]; H];
+            let mut up = [[false; BLOCK]; H];
+            for h in 0..H {
+                for k in 0..n {
+                    let s = sc[h][k];
+                    if s > m[h] {
+                        e[h][k] = m[h] - s;
+                        up[h][k] = true;
+                        m[h] = s;
+                    } else {
+                        e[h][k] = s - m[h];
+                    }
                 }
-            } else {
-                vs = (s - m).exp();
             }
-            let vsv = _mm512_set1_ps(vs);
-            let vp = vc.as_ptr().add(at) as *const __m256i;
-            for (c, a) in acc.iter_mut().take(chunks).enumerate() {
-                let v = _mm512_cvtph_ps(_mm256_loadu_si256(vp.add(c)));
-                let x = _mm512_fmadd_ps(v, vsv, _mm512_cvtph_ps(*a));
-                *a = _mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x);
+            expf_lanes(e.as_flattened_mut());
+            for k in 0..n {
+                let vp = vc.as_ptr().add((t0 + k) * lane.stride + lane.offset) as *const __m256i;
+                let mut vv = [_mm512_setzero_ps(); C];
+                for (c, x) in vv.iter_mut().take(chunks).enumerate() {
+                    *x = _mm512_cvtph_ps(_mm256_loadu_si256(vp.add(c)));
+                }
+                for h in 0..H {
+                    let (ms, vs) = if up[h][k] { (e[h][k], 1f32) } else { (1f32, e[h][k]) };
+                    if up[h][k] {
+                        let msv = _mm512_set1_ps(ms);
+                        for a in acc[h].iter_mut().take(chunks) {
+                            let x = _mm512_mul_ps(_mm512_cvtph_ps(*a), msv);
+                            *a = _mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x);
+                        }
+                    }
+                    let vsv = _mm512_set1_ps(vs);
+                    for (a, v) in acc[h].iter_mut().zip(&vv).take(chunks) {
+                        let x = _mm512_fmadd_ps(*v, vsv, _mm512_cvtph_ps(*a));
+                        *a = _mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x);
+                    }
+                    s_sum[h] = s_sum[h].mul_add(ms, vs);
+                }
             }
-            s_sum = s_sum.mul_add(ms, vs);
+            t0 += n;
         }
-        let inv = _mm512_set1_ps(if s_sum == 0.0 { 0.0 } else { 1.0 / s_sum });
-        for (c, a) in acc.iter().take(chunks).enumerate() {
-            _mm512_storeu_ps(out.as_mut_ptr().add(16 * c), _mm512_mul_ps(_mm512_cvtph_ps(*a), inv));
+        for h in 0..H {
+            let inv = _mm512_set1_ps(if s_sum[h] == 0.0 { 0.0 } else { 1.0 / s_sum[h] });
+            for (c, a) in acc[h].iter().take(chunks).enumerate() {
+                let o = out.as_mut_ptr().add(h * hd + 16 * c);
+                _mm512_storeu_ps(o, _mm512_mul_ps(_mm512_cvtph_ps(*a), inv));
+            }
         }
     }
 }
 
-/// `attn::reduce16` on a register (`_mm512_reduce_add_ps`'s tree).
+/// [`attn::expf`](super::attn::expf) of every value of `x` in place, 8
+/// lanes at a time in double precision (a length not a multiple of 8 ends
+/// with the scalar one); lanes that function sends to the C library go
+/// there one by one.
+///
+/// # Safety
+/// The CPU has avx512f and fma.
+#[target_feature(enable = "avx512f,fma")]
+pub(super) unsafe fn expf_lanes(x: &mut [f32]) {
+    use super::attn::{expf, EXPF_INV_LN2_N, EXPF_POLY, EXPF_SHIFT, EXPF_TAB};
+    if cfg!(not(target_env = "gnu")) {
+        // Another C library's `expf` is its own: call it.
+        x.iter_mut().for_each(|v| *v = v.exp());
+        return;
+    }
+    let mut chunks = x.chunks_exact_mut(8);
+    for c in &mut chunks {
+        // SAFETY: `c` holds 8 floats; the table index is masked to 0..32.
+        unsafe {
+            let xs = _mm256_loadu_ps(c.as_ptr());
+            let bits = _mm256_castps_si256(xs);
+            let top = _mm256_and_si256(_mm256_srli_epi32::<20>(bits), _mm256_set1_epi32(0x7ff));
+            let special = _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(
+                top,
+                _mm256_set1_epi32(0x42a),
+            )));
+            let xd = _mm512_cvtps_pd(xs);
+            let inv = _mm512_set1_pd(EXPF_INV_LN2_N);
+            let shift = _mm512_set1_pd(EXPF_SHIFT);
+            let kd = _mm512_fmadd_pd(inv, xd, shift);
+            let ki = _mm512_castpd_si512(kd);
+            let kd = _mm512_sub_pd(kd, shift);
+            let r = _mm512_fmsub_pd(inv, xd, kd);
+            let idx = _mm512_and_si512(ki, _mm512_set1_epi64(31));
+            let t = _mm512_i64gather_epi64::<8>(idx, EXPF_TAB.as_ptr() as *const i64);
+            let sc = _mm512_castsi512_pd(_mm512_add_epi64(t, _mm512_slli_epi64::<47>(ki)));
+            let z = _mm512_fmadd_pd(_mm512_set1_pd(EXPF_POLY[0]), r, _mm512_set1_pd(EXPF_POLY[1]));
+            let y = _mm512_fmadd_pd(_mm512_set1_pd(EXPF_POLY[2]), r, _mm512_set1_pd(1.0));
+            let y = _mm512_mul_pd(_mm512_fmadd_pd(z, _mm512_mul_pd(r, r), y), sc);
+            let out = _mm512_cvtpd_ps(y);
+            if special == 0 {
+                _mm256_storeu_ps(c.as_mut_ptr(), out);
+            } else {
+                let keep: [f32; 8] = std::array::from_fn(|i| c[i]);
+                _mm256_storeu_ps(c.as_mut_ptr(), out);
+                for (i, v) in c.iter_mut().enumerate() {
+                    if special & (1 << i) != 0 {
+                        *v = keep[i].exp();
+                    }
+                }
+            }
+        }
+    }
+    for v in chunks.into_remainder() {
+        *v = expf(*v);
+    }
+}
+
+/// `attn::reduce16` on a register: `_mm512_reduce_add_ps`'s tree (halves
+/// folded, 16 → 8 → 4, then `(0+2)+(1+3)`), in registers.
 ///
 /// # Safety
 /// The CPU has avx512f.
 #[inline(always)]
 unsafe fn reduce16(x: __m512) -> f32 {
-    let mut l = [0f32; 16];
-    // SAFETY: 16 floats written to a 16-float array.
-    unsafe { _mm512_storeu_ps(l.as_mut_ptr(), x) };
-    super::attn::reduce16(&l)
+    // SAFETY: register operations only; the features are the caller's.
+    unsafe {
+        let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(x)));
+        let a = _mm256_add_ps(_mm512_castps512_ps256(x), hi);
+        let b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps::<1>(a));
+        // (b0 + b2, b1 + b3), then their sum.
+        let c = _mm_add_ps(b, _mm_movehl_ps(b, b));
+        _mm_cvtss_f32(_mm_add_ss(c, _mm_movehdup_ps(c)))
+    }
 }
 
 /// ggml's `ggml_v_expf` (AVX-512), as written there.
