@@ -113,8 +113,10 @@ impl Dense {
         Ok(Dense { m, bias: (!b.is_empty()).then_some(b) })
     }
 
-    /// `out[c · rows + r]` for the `n` rows of `x`.
-    fn forward(
+    /// The product alone, `out[c · rows + r]` for the `n` rows of `x`: the
+    /// caller adds [`Dense::bias`] in its next pass over the rows (ggml's
+    /// `ggml_add` of the bias, the same sum).
+    fn product(
         &self,
         pool: &Pool,
         x: &[f32],
@@ -122,14 +124,34 @@ impl Dense {
         s: &mut Route,
         out: &mut Vec<f32>,
     ) -> Result<()> {
-        self.m.forward(pool, x, n, &s.grouped, &s.wide, &mut s.acts, out)?;
-        if let Some(b) = &self.bias {
-            rows_mut(pool, &mut out[..n * b.len()], b.len(), |_, row| {
-                row.iter_mut().zip(b).for_each(|(v, b)| *v += b)
-            });
-        }
-        Ok(())
+        self.m.forward(pool, x, n, &s.grouped, &s.wide, &mut s.acts, out)
     }
+
+    fn bias(&self) -> Option<&[f32]> {
+        self.bias.as_deref()
+    }
+}
+
+/// `x ← norm(x + (proj + bias))` row by row: a product's bias, the
+/// residual and the LayerNorm after it, in one pass (ggml's
+/// `add(add(mul_mat, b), inp)` then `norm`).
+fn residual_norm(
+    pool: &Pool,
+    x: &mut [f32],
+    proj: &[f32],
+    bias: Option<&[f32]>,
+    norm: &Norm,
+    eps: f32,
+) {
+    let d = norm.w.len();
+    rows_mut(pool, x, d, |i, x| {
+        let p = &proj[i * d..(i + 1) * d];
+        match bias {
+            Some(b) => x.iter_mut().zip(p).zip(b).for_each(|((x, p), b)| *x += p + b),
+            None => x.iter_mut().zip(p).for_each(|(x, p)| *x += p),
+        }
+        norm.apply(x, eps);
+    });
 }
 
 /// The route of a pass's columns through the matrix kernels: each input's
@@ -435,44 +457,62 @@ impl Encoder {
         }
         // Each row's position in its input.
         let posn: Vec<usize> = s.spans.iter().flat_map(|r| 0..r.len()).collect();
+        // Each matrix's bias is added in the pass over the rows that
+        // follows its product (with RoPE, the residual and the norm, or the
+        // activation): the same sums as ggml's separate adds, in fewer
+        // passes over the rows.
         for layer in &self.layers {
-            layer.qkv.forward(pool, &s.x, n, &mut s.route, &mut s.qkv)?;
-            if self.rope.is_some() {
-                let tab = &rope_tab;
-                let posn = &posn;
+            layer.qkv.product(pool, &s.x, n, &mut s.route, &mut s.qkv)?;
+            if self.rope.is_some() || layer.qkv.bias().is_some() {
+                let (tab, posn, bias) = (&rope_tab, &posn, layer.qkv.bias());
+                let rope = self.rope.is_some();
                 rows_mut(pool, &mut s.qkv[..n * w], w, |i, row| {
-                    let p = posn[i];
-                    let cache = &tab[p * rd..(p + 1) * rd];
-                    crate::rope::rotate(&mut row[..qd], cache, hd, rd, true);
-                    crate::rope::rotate(&mut row[qd..2 * qd], cache, hd, rd, true);
+                    if let Some(b) = bias {
+                        row.iter_mut().zip(b).for_each(|(v, b)| *v += b);
+                    }
+                    if rope {
+                        let p = posn[i];
+                        let cache = &tab[p * rd..(p + 1) * rd];
+                        crate::rope::rotate(&mut row[..qd], cache, hd, rd, true);
+                        crate::rope::rotate(&mut row[qd..2 * qd], cache, hd, rd, true);
+                    }
                 });
             }
             self.attention(pool, n, s);
-            layer.wo.forward(pool, &s.att, n, &mut s.route, &mut s.proj)?;
-            let proj = &s.proj;
-            rows_mut(pool, &mut s.x[..n * d], d, |i, x| {
-                x.iter_mut().zip(&proj[i * d..(i + 1) * d]).for_each(|(x, p)| *x += p);
-                layer.attn_norm.apply(x, eps);
-            });
-            layer.up.forward(pool, &s.x, n, &mut s.route, &mut s.up)?;
+            layer.wo.product(pool, &s.att, n, &mut s.route, &mut s.proj)?;
+            residual_norm(pool, &mut s.x[..n * d], &s.proj, layer.wo.bias(), &layer.attn_norm, eps);
+            layer.up.product(pool, &s.x, n, &mut s.route, &mut s.up)?;
             let ff = cfg.n_ff;
             s.act.resize(n * ff, 0.0);
-            let up = &s.up;
+            let (up, bias) = (&s.up, layer.up.bias());
             match cfg.arch {
                 Arch::NomicBert => rows_mut(pool, &mut s.act[..n * ff], ff, |i, a| {
-                    let (g, u) = up[i * 2 * ff..(i + 1) * 2 * ff].split_at(ff);
-                    swiglu(g, u, a);
+                    let row = &up[i * 2 * ff..(i + 1) * 2 * ff];
+                    match bias {
+                        Some(b) => {
+                            let biased: Vec<f32> = row.iter().zip(b).map(|(v, b)| v + b).collect();
+                            let (g, u) = biased.split_at(ff);
+                            swiglu(g, u, a);
+                        }
+                        None => {
+                            let (g, u) = row.split_at(ff);
+                            swiglu(g, u, a);
+                        }
+                    }
                 }),
                 _ => rows_mut(pool, &mut s.act[..n * ff], ff, |i, a| {
-                    crate::kernels::attn::gelu(&up[i * ff..(i + 1) * ff], a)
+                    crate::kernels::attn::gelu_biased(&up[i * ff..(i + 1) * ff], bias, a)
                 }),
             }
-            layer.down.forward(pool, &s.act, n, &mut s.route, &mut s.proj)?;
-            let proj = &s.proj;
-            rows_mut(pool, &mut s.x[..n * d], d, |i, x| {
-                x.iter_mut().zip(&proj[i * d..(i + 1) * d]).for_each(|(x, p)| *x += p);
-                layer.out_norm.apply(x, eps);
-            });
+            layer.down.product(pool, &s.act, n, &mut s.route, &mut s.proj)?;
+            residual_norm(
+                pool,
+                &mut s.x[..n * d],
+                &s.proj,
+                layer.down.bias(),
+                &layer.out_norm,
+                eps,
+            );
         }
         out.clear();
         out.extend_from_slice(&s.x[..n * d]);

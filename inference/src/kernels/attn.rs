@@ -235,12 +235,26 @@ fn gelu_f32(x: f32) -> f32 {
     (0.5 * x) * (1.0 + (S * x * inner).tanh())
 }
 
-/// ggml's `ggml_table_gelu_f16`: GELU of every f16 value, rounded to f16.
+/// ggml's `ggml_table_gelu_f16`: GELU of every f16 value, rounded to f16
+/// (65,536 entries; one more, zero, lets a 4-byte gather read the last).
 fn gelu_table() -> &'static [f16] {
     static T: std::sync::OnceLock<Vec<f16>> = std::sync::OnceLock::new();
-    T.get_or_init(|| {
-        (0..=u16::MAX).map(|i| f16::from_f32(gelu_f32(f16::from_bits(i).to_f32()))).collect()
-    })
+    let t = T.get_or_init(|| {
+        let mut t: Vec<f16> =
+            (0..=u16::MAX).map(|i| f16::from_f32(gelu_f32(f16::from_bits(i).to_f32()))).collect();
+        t.push(f16::ZERO);
+        t
+    });
+    &t[..65536]
+}
+
+/// [`gelu_table`] with its padding entry, as bits (for the SIMD gather).
+#[cfg(target_arch = "x86_64")]
+fn gelu_table_padded() -> &'static [u16] {
+    let t = gelu_table();
+    // SAFETY: `gelu_table` returns the first 65,536 entries of a Vec of
+    // 65,537 that lives for the program; f16 and u16 share size and layout.
+    unsafe { std::slice::from_raw_parts(t.as_ptr() as *const u16, 65537) }
 }
 
 /// `gelu(g) · u` as ggml's `ggml_vec_geglu_f32` (GGML_GELU_FP16): 0 below
@@ -258,11 +272,21 @@ pub(crate) fn geglu(g: &[f32], u: &[f32], out: &mut [f32]) {
     }
 }
 
-/// `gelu(x)` as ggml's `ggml_vec_gelu_f32` (GGML_GELU_FP16): 0 below −10,
-/// `x` above 10, else the f16 table at `x` (the encoders' feed-forward).
-pub(crate) fn gelu(x: &[f32], out: &mut [f32]) {
+/// `gelu(x + bias)` as ggml's `ggml_add` then `ggml_vec_gelu_f32`
+/// (GGML_GELU_FP16): 0 below −10, the value above 10, else the f16 table
+/// at it (the encoders' feed-forward).
+pub(crate) fn gelu_biased(x: &[f32], bias: Option<&[f32]>, out: &mut [f32]) {
+    assert!(x.len() == out.len() && bias.is_none_or(|b| b.len() == out.len()));
+    #[cfg(target_arch = "x86_64")]
+    if super::isa() == super::Isa::Avx512Vnni {
+        // SAFETY: the CPU has the features (`isa`); lengths asserted above,
+        // the padded table has 65,537 entries.
+        unsafe { super::x86::gelu_biased(x, bias, gelu_table_padded(), out) };
+        return;
+    }
     let t = gelu_table();
-    for (o, &x) in out.iter_mut().zip(x) {
+    for (i, (o, &x)) in out.iter_mut().zip(x).enumerate() {
+        let x = bias.map_or(x, |b| x + b[i]);
         *o = if x <= -10.0 {
             0.0
         } else if x >= 10.0 {
@@ -923,6 +947,25 @@ mod tests {
         }
         assert_eq!(h, 0xdd1e_e17e_273b_67fa, "the GELU table differs from ggml's");
         assert_eq!(gelu_table()[f16::from_f32(1.0).to_bits() as usize].to_f32(), 0.8413086);
+        // The SIMD path (16 at a time, a tail of 7) equals the table
+        // lookup, with and without a bias, across the ±10 ends.
+        let xs = vector(4103, 10, 24.0);
+        let bs = vector(4103, 11, 3.0);
+        for bias in [None, Some(&bs[..])] {
+            let mut got = vec![0f32; xs.len()];
+            gelu_biased(&xs, bias, &mut got);
+            for (i, g) in got.iter().enumerate() {
+                let v = bias.map_or(xs[i], |b| xs[i] + b[i]);
+                let want = if v <= -10.0 {
+                    0.0
+                } else if v >= 10.0 {
+                    v
+                } else {
+                    t[f16::from_f32(v).to_bits() as usize].to_f32()
+                };
+                assert_eq!(g.to_bits(), want.to_bits(), "gelu({v})");
+            }
+        }
         let g = vector(4096, 8, 14.0);
         let u = vector(4096, 9, 2.0);
         let mut out = vec![0f32; 4096];
