@@ -329,8 +329,14 @@ impl RowMat {
 /// a task passes over them.
 pub(crate) const COL_BLOCK: usize = 64;
 
+/// Columns from which [`float_tiles`] converts a task's f16 rows to f32
+/// once instead of in registers for every group of columns.
+#[cfg(target_arch = "x86_64")]
+const PRECONVERT_COLS: usize = 4 * super::x86::TILE16_COLS;
+
 /// [`matmul`] of f16 and bf16 rows on AVX-512: four rows (f16 as stored,
-/// converted in registers; bf16 dequantized once per task) met by six
+/// converted in registers, below [`PRECONVERT_COLS`] columns; else, and
+/// bf16 always, converted to f32 once per task) met by six
 /// columns at a time (`x86::dot16_tile_f16`, `x86::dot16_tile`), with
 /// `scalar::dot_f32`'s numbers.
 ///
@@ -348,9 +354,11 @@ unsafe fn float_tiles(
     let xs = if w.fmt == Fmt::F16 { &acts.xh } else { &acts.x };
     let nr = rows.len();
     let mut tile = [[0f32; TILE16_COLS]; TILE16_ROWS];
-    // f16 rows are met as stored (converted in registers); bf16 rows are
-    // dequantized once for the task.
-    let f16 = w.fmt == Fmt::F16;
+    // f16 rows are met as stored (converted in registers) when few columns
+    // pass over them (decode); else, and always for bf16, the task's rows
+    // are converted to f32 once, so no column group converts them again
+    // (the same values: f16 and bf16 are exact in f32).
+    let f16 = w.fmt == Fmt::F16 && acts.n < PRECONVERT_COLS;
     let mut rowbuf = Vec::new();
     // f16 rows as stored: borrowed where the matrix keeps them so, else
     // copied out of its layout.
@@ -369,8 +377,12 @@ unsafe fn float_tiles(
         wf = vec![0f32; nr * k];
         for (i, r) in rows.clone().enumerate() {
             let row = w.row(r, &mut rowbuf);
-            let bf16 = crate::gguf::GgmlType::BF16;
-            crate::quant::dequantize_row(bf16, row, &mut wf[i * k..(i + 1) * k]);
+            let ty = if w.fmt == Fmt::F16 {
+                crate::gguf::GgmlType::F16
+            } else {
+                crate::gguf::GgmlType::BF16
+            };
+            crate::quant::dequantize_row(ty, row, &mut wf[i * k..(i + 1) * k]);
         }
     }
     // A group of columns stays in the first-level cache while the task's

@@ -1200,15 +1200,70 @@ unsafe fn tile16(
         }
         i += 16;
     }
+    // The 24 sums, sixteen registers at a time (`sum16_tree_x16`).
+    let flat: [__m512; 32] = std::array::from_fn(|a| {
+        // SAFETY: avx512f (the caller's).
+        acc.get(a / TILE16_COLS).map_or(unsafe { _mm512_setzero_ps() }, |r| r[a % TILE16_COLS])
+    });
+    let mut sums = [0f32; 32];
+    for (half, v) in flat.chunks_exact(16).enumerate() {
+        let v: &[__m512; 16] = v.try_into().expect("16 registers");
+        // SAFETY: avx512f (the caller's); 16 floats stored into 16.
+        unsafe { _mm512_storeu_ps(sums.as_mut_ptr().add(16 * half), sum16_tree_x16(v)) };
+    }
     for r in 0..TILE16_ROWS {
         for c in 0..TILE16_COLS {
             let mut tail = 0f32;
             for j in body..k {
                 tail = at(r, j).mul_add(xs[c][j], tail);
             }
-            // SAFETY: avx512f (the caller's).
-            out[r][c] = unsafe { sum16_tree(acc[r][c]) } + tail;
+            out[r][c] = sums[r * TILE16_COLS + c] + tail;
         }
+    }
+}
+
+/// The sums of sixteen registers at once, each as `scalar::dot_f32` sums
+/// its sixteen lanes, lane j of the result the sum of `v[j]`: the four folds (lane i with i + 8, i + 4, i + 2,
+/// i + 1), each on pairs of registers whose halves a shuffle brings
+/// together, so 15 additions and 30 shuffles serve all sixteen instead of
+/// 64 of each. The folds leave lane 4L + j with input 4j + L, so the inputs
+/// go in transposed.
+///
+/// # Safety
+/// The CPU has avx512f.
+#[inline(always)]
+unsafe fn sum16_tree_x16(v: &[__m512; 16]) -> __m512 {
+    // SAFETY: register operations only (avx512f, the caller's).
+    unsafe {
+        let x: [__m512; 16] = std::array::from_fn(|s| v[4 * (s % 4) + s / 4]);
+        // Lane i with i + 8: each register's halves side by side.
+        let p: [__m512; 8] = std::array::from_fn(|k| {
+            let (a, b) = (x[2 * k], x[2 * k + 1]);
+            _mm512_add_ps(
+                _mm512_shuffle_f32x4::<0b01_00_01_00>(a, b),
+                _mm512_shuffle_f32x4::<0b11_10_11_10>(a, b),
+            )
+        });
+        // Lane i with i + 4: 128-bit quarters.
+        let q: [__m512; 4] = std::array::from_fn(|m| {
+            let (a, b) = (p[2 * m], p[2 * m + 1]);
+            _mm512_add_ps(
+                _mm512_shuffle_f32x4::<0b10_00_10_00>(a, b),
+                _mm512_shuffle_f32x4::<0b11_01_11_01>(a, b),
+            )
+        });
+        // Lane i with i + 2, then i with i + 1, within each quarter.
+        let r: [__m512; 2] = std::array::from_fn(|n| {
+            let (a, b) = (q[2 * n], q[2 * n + 1]);
+            _mm512_add_ps(
+                _mm512_shuffle_ps::<0b01_00_01_00>(a, b),
+                _mm512_shuffle_ps::<0b11_10_11_10>(a, b),
+            )
+        });
+        _mm512_add_ps(
+            _mm512_shuffle_ps::<0b10_00_10_00>(r[0], r[1]),
+            _mm512_shuffle_ps::<0b11_01_11_01>(r[0], r[1]),
+        )
     }
 }
 
@@ -1235,17 +1290,4 @@ pub(super) unsafe fn dot16_tile_f16(
         |r: usize, j: usize| half::f16::from_le_bytes([ws[r][2 * j], ws[r][2 * j + 1]]).to_f32();
     // SAFETY: the caller's (avx512f, f16c, fma; columns of k values).
     unsafe { tile16(load, at, xs, k, out) }
-}
-
-/// The sixteen lanes summed as `scalar::dot_f32` sums them: lane i with
-/// i + 8, then i + 4, i + 2, i + 1.
-#[inline]
-#[target_feature(enable = "avx512f")]
-fn sum16_tree(v: __m512) -> f32 {
-    let hi = _mm512_shuffle_f32x4::<0b11_10_11_10>(v, v);
-    let s8 = _mm512_castps512_ps256(_mm512_add_ps(v, hi));
-    let s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps::<1>(s8));
-    let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-    let s1 = _mm_add_ss(s2, _mm_shuffle_ps::<0b01>(s2, s2));
-    _mm_cvtss_f32(s1)
 }
