@@ -334,6 +334,12 @@ pub(crate) const COL_BLOCK: usize = 64;
 #[cfg(target_arch = "x86_64")]
 const PRECONVERT_COLS: usize = 4 * super::x86::TILE16_COLS;
 
+/// The most bytes of f32 rows a task converts: every group of columns
+/// streams all of them again, so they must stay in the second-level cache
+/// (larger tasks meet their f16 rows as stored, half the bytes).
+#[cfg(target_arch = "x86_64")]
+const PRECONVERT_BYTES: usize = 512 * 1024;
+
 /// [`matmul`] of f16 and bf16 rows on AVX-512: four rows (f16 as stored,
 /// converted in registers, below [`PRECONVERT_COLS`] columns; else, and
 /// bf16 always, converted to f32 once per task) met by six
@@ -358,7 +364,7 @@ unsafe fn float_tiles(
     // pass over them (decode); else, and always for bf16, the task's rows
     // are converted to f32 once, so no column group converts them again
     // (the same values: f16 and bf16 are exact in f32).
-    let f16 = w.fmt == Fmt::F16 && acts.n < PRECONVERT_COLS;
+    let f16 = w.fmt == Fmt::F16 && (acts.n < PRECONVERT_COLS || nr * k * 4 > PRECONVERT_BYTES);
     let mut rowbuf = Vec::new();
     // f16 rows as stored: borrowed where the matrix keeps them so, else
     // copied out of its layout.
