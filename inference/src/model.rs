@@ -717,8 +717,12 @@ pub(crate) struct Scratch {
 /// busy (one per thread for a lone decode row, whole rows once there are
 /// twice as many rows as threads).
 fn head_parts(n_head: usize, rows: usize, threads: usize) -> Vec<std::ops::Range<usize>> {
-    let parts = if rows >= 2 * threads { 1 } else { (2 * threads).div_ceil(rows.max(1)) };
-    let parts = if rows == 1 { threads } else { parts }.clamp(1, n_head.max(1));
+    let parts = match rows {
+        0 | 1 => threads,
+        r if r >= 2 * threads => 1,
+        r => (2 * threads).div_ceil(r),
+    };
+    let parts = parts.clamp(1, n_head.max(1));
     (0..parts).map(|k| k * n_head / parts..(k + 1) * n_head / parts).collect()
 }
 

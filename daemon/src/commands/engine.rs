@@ -334,19 +334,20 @@ pub(crate) fn bench(engine_args: &EngineArgs, run: &BenchRun, json_out: bool) ->
         v[v.len() / 2]
     };
     // One session holds the depth (prefilled once, untimed); each timed run
-    // rewinds to it.
+    // rewinds to it (a backend that cannot cut its cache prefills again).
     let mut s = engine.session();
-    if depth > 0 {
-        engine.eval(&mut s, context)?;
-    }
+    let at_depth = |s: &mut inference::Session| -> Result<()> {
+        engine.rewind(s, depth);
+        if s.cached().len() < depth {
+            engine.eval(s, context)?;
+        }
+        Ok(())
+    };
     let mut pps = Vec::new();
     let mut tgs = Vec::new();
     for rep in 0..=reps.max(1) {
         if pp > 0 {
-            engine.rewind(&mut s, depth);
-            if s.cached().len() < depth {
-                engine.eval(&mut s, context)?;
-            }
+            at_depth(&mut s)?;
             let t = Instant::now();
             engine.eval(&mut s, &ids[..pp])?;
             let v = pp as f64 / t.elapsed().as_secs_f64();
@@ -355,10 +356,7 @@ pub(crate) fn bench(engine_args: &EngineArgs, run: &BenchRun, json_out: bool) ->
             }
         }
         if tg > 0 && parallel == 1 {
-            engine.rewind(&mut s, depth);
-            if s.cached().len() < depth {
-                engine.eval(&mut s, context)?;
-            }
+            at_depth(&mut s)?;
             let t = Instant::now();
             for &id in &ids[..tg] {
                 engine.eval(&mut s, &[id])?;

@@ -257,18 +257,26 @@ fn gelu_table_padded() -> &'static [u16] {
     unsafe { std::slice::from_raw_parts(t.as_ptr() as *const u16, 65537) }
 }
 
+/// ggml's GELU of one value (GGML_GELU_FP16): 0 below −10, the value
+/// above 10, else the table `t` ([`gelu_table`]) at it rounded to f16.
+#[inline(always)]
+pub(crate) fn gelu_at(t: &[f16], x: f32) -> f32 {
+    if x <= -10.0 {
+        0.0
+    } else if x >= 10.0 {
+        x
+    } else {
+        t[f16::from_f32(x).to_bits() as usize].to_f32()
+    }
+}
+
 /// `gelu(g) · u` as ggml's `ggml_vec_geglu_f32` (GGML_GELU_FP16): 0 below
-/// −10, `g · u` above 10, else the f16 table at `g` rounded to f16.
+/// −10 (whatever `u`), `g · u` above 10, else the f16 table at `g` rounded
+/// to f16, times `u`.
 pub(crate) fn geglu(g: &[f32], u: &[f32], out: &mut [f32]) {
     let t = gelu_table();
     for ((o, &x), &u) in out.iter_mut().zip(g).zip(u) {
-        *o = if x <= -10.0 {
-            0.0
-        } else if x >= 10.0 {
-            x * u
-        } else {
-            t[f16::from_f32(x).to_bits() as usize].to_f32() * u
-        };
+        *o = if x <= -10.0 { 0.0 } else { gelu_at(t, x) * u };
     }
 }
 
@@ -277,23 +285,23 @@ pub(crate) fn geglu(g: &[f32], u: &[f32], out: &mut [f32]) {
 /// at it (the encoders' feed-forward).
 pub(crate) fn gelu_biased(x: &[f32], bias: Option<&[f32]>, out: &mut [f32]) {
     assert!(x.len() == out.len() && bias.is_none_or(|b| b.len() == out.len()));
+    // Values done 16 at a time on AVX-512; the rest one by one.
     #[cfg(target_arch = "x86_64")]
-    if super::isa() == super::Isa::Avx512Vnni {
-        // SAFETY: the CPU has the features (`isa`); lengths asserted above,
-        // the padded table has 65,537 entries.
-        unsafe { super::x86::gelu_biased(x, bias, gelu_table_padded(), out) };
-        return;
-    }
+    let done = if super::isa() == super::Isa::Avx512Vnni {
+        let n = out.len() / 16 * 16;
+        let b = bias.map(|b| &b[..n]);
+        // SAFETY: the CPU has the features (`isa`); equal lengths, a
+        // multiple of 16; the padded table has 65,537 entries.
+        unsafe { super::x86::gelu_biased(&x[..n], b, gelu_table_padded(), &mut out[..n]) };
+        n
+    } else {
+        0
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let done = 0;
     let t = gelu_table();
-    for (i, (o, &x)) in out.iter_mut().zip(x).enumerate() {
-        let x = bias.map_or(x, |b| x + b[i]);
-        *o = if x <= -10.0 {
-            0.0
-        } else if x >= 10.0 {
-            x
-        } else {
-            t[f16::from_f32(x).to_bits() as usize].to_f32()
-        };
+    for i in done..out.len() {
+        out[i] = gelu_at(t, bias.map_or(x[i], |b| x[i] + b[i]));
     }
 }
 
@@ -956,13 +964,7 @@ mod tests {
             gelu_biased(&xs, bias, &mut got);
             for (i, g) in got.iter().enumerate() {
                 let v = bias.map_or(xs[i], |b| xs[i] + b[i]);
-                let want = if v <= -10.0 {
-                    0.0
-                } else if v >= 10.0 {
-                    v
-                } else {
-                    t[f16::from_f32(v).to_bits() as usize].to_f32()
-                };
+                let want = gelu_at(t, v);
                 assert_eq!(g.to_bits(), want.to_bits(), "gelu({v})");
             }
         }

@@ -71,6 +71,23 @@ impl Fmt {
         })
     }
 
+    /// The GGUF type of this format (`from_ggml`'s inverse).
+    pub(crate) fn ggml(self) -> crate::gguf::GgmlType {
+        use crate::gguf::GgmlType as G;
+        match self {
+            Fmt::Q4_0 => G::Q4_0,
+            Fmt::Q4_1 => G::Q4_1,
+            Fmt::Q5_0 => G::Q5_0,
+            Fmt::Q5_1 => G::Q5_1,
+            Fmt::Q8_0 => G::Q8_0,
+            Fmt::Q4K => G::Q4_K,
+            Fmt::Q5K => G::Q5_K,
+            Fmt::Q6K => G::Q6_K,
+            Fmt::F16 => G::F16,
+            Fmt::BF16 => G::BF16,
+        }
+    }
+
     /// `(elements, bytes)` per block.
     pub(crate) fn block(self) -> (usize, usize) {
         match self {
@@ -364,31 +381,27 @@ unsafe fn float_tiles(
     // pass over them (decode); else, and always for bf16, the task's rows
     // are converted to f32 once, so no column group converts them again
     // (the same values: f16 and bf16 are exact in f32).
-    let f16 = w.fmt == Fmt::F16 && (acts.n < PRECONVERT_COLS || nr * k * 4 > PRECONVERT_BYTES);
+    let in_registers =
+        w.fmt == Fmt::F16 && (acts.n < PRECONVERT_COLS || nr * k * 4 > PRECONVERT_BYTES);
     let mut rowbuf = Vec::new();
     // f16 rows as stored: borrowed where the matrix keeps them so, else
     // copied out of its layout.
-    let copies: Vec<Vec<u8>> = if f16 && w.direct_row(rows.start).is_none() {
+    let copies: Vec<Vec<u8>> = if in_registers && w.direct_row(rows.start).is_none() {
         rows.clone().map(|r| w.row(r, &mut rowbuf).to_vec()).collect()
     } else {
         Vec::new()
     };
-    let raw: Vec<&[u8]> = match (f16, copies.is_empty()) {
+    let raw: Vec<&[u8]> = match (in_registers, copies.is_empty()) {
         (false, _) => Vec::new(),
         (true, true) => rows.clone().filter_map(|r| w.direct_row(r)).collect(),
         (true, false) => copies.iter().map(Vec::as_slice).collect(),
     };
     let mut wf = Vec::new();
-    if !f16 {
+    if !in_registers {
         wf = vec![0f32; nr * k];
         for (i, r) in rows.clone().enumerate() {
             let row = w.row(r, &mut rowbuf);
-            let ty = if w.fmt == Fmt::F16 {
-                crate::gguf::GgmlType::F16
-            } else {
-                crate::gguf::GgmlType::BF16
-            };
-            crate::quant::dequantize_row(ty, row, &mut wf[i * k..(i + 1) * k]);
+            crate::quant::dequantize_row(w.fmt.ggml(), row, &mut wf[i * k..(i + 1) * k]);
         }
     }
     // A group of columns stays in the first-level cache while the task's
@@ -403,7 +416,7 @@ unsafe fn float_tiles(
         for g0 in (0..nr).step_by(TILE16_ROWS) {
             let g1 = (g0 + TILE16_ROWS).min(nr);
             let pick = |i: usize| if g0 + i < g1 { g0 + i } else { g0 };
-            if f16 {
+            if in_registers {
                 let ws: [&[u8]; TILE16_ROWS] = std::array::from_fn(|i| raw[pick(i)]);
                 // SAFETY: AVX-512 and F16C (the caller's); every row holds k
                 // halves and every column k values.
@@ -449,15 +462,7 @@ pub(crate) unsafe fn matmul(
             let row = w.row(r, &mut rowbuf);
             if matches!(w.fmt, Fmt::F16 | Fmt::BF16) {
                 wf.resize(acts.k, 0.0);
-                crate::quant::dequantize_row(
-                    if w.fmt == Fmt::F16 {
-                        crate::gguf::GgmlType::F16
-                    } else {
-                        crate::gguf::GgmlType::BF16
-                    },
-                    row,
-                    &mut wf,
-                );
+                crate::quant::dequantize_row(w.fmt.ggml(), row, &mut wf);
             }
             #[cfg(target_arch = "x86_64")]
             if matches!(w.fmt, Fmt::F16 | Fmt::BF16) && super::isa().avx2() {

@@ -931,14 +931,14 @@ pub(super) unsafe fn swiglu(g: &[f32], u: &[f32], out: &mut [f32]) {
 ///
 /// # Safety
 /// The CPU must support avx512f and f16c; `x`, `out` (and `bias`) are
-/// equally long; `table` holds 65,536 entries and one more, so the 4-byte
-/// gather at the last index stays inside it.
+/// equally long, a multiple of 16 (the caller does the rest); `table` holds
+/// 65,536 entries and one more, so the 4-byte gather at the last index stays
+/// inside it.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
 pub(super) unsafe fn gelu_biased(x: &[f32], bias: Option<&[f32]>, table: &[u16], out: &mut [f32]) {
     assert!(x.len() == out.len() && bias.is_none_or(|b| b.len() == out.len()));
-    assert!(table.len() > 65536);
-    let body = out.len() / 16 * 16;
-    for i in (0..body).step_by(16) {
+    assert!(table.len() > 65536 && out.len().is_multiple_of(16));
+    for i in (0..out.len()).step_by(16) {
         // SAFETY: i + 16 <= len of every slice (asserted above); gather
         // indices are below 65,536 and read 4 bytes of a table of 65,537
         // entries.
@@ -957,16 +957,6 @@ pub(super) unsafe fn gelu_biased(x: &[f32], bias: Option<&[f32]>, table: &[u16],
             let r = _mm512_mask_mov_ps(r, low, _mm512_setzero_ps());
             _mm512_storeu_ps(out.as_mut_ptr().add(i), r);
         }
-    }
-    for i in body..out.len() {
-        let v = bias.map_or(x[i], |b| x[i] + b[i]);
-        out[i] = if v <= -10.0 {
-            0.0
-        } else if v >= 10.0 {
-            v
-        } else {
-            half::f16::from_bits(table[half::f16::from_f32(v).to_bits() as usize]).to_f32()
-        };
     }
 }
 
