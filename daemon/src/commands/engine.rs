@@ -289,6 +289,10 @@ pub(crate) struct BenchRun {
     pub(crate) depth: usize,
 }
 
+/// The most tokens `agentd bench` puts in a context (1M: past any GGUF's
+/// trained context).
+const MAX_DEPTH: usize = 1 << 20;
+
 pub(crate) fn bench(engine_args: &EngineArgs, run: &BenchRun, json_out: bool) -> Result<()> {
     let &BenchRun { pp, tg, reps, parallel, depth } = run;
     anyhow::ensure!(
@@ -298,6 +302,10 @@ pub(crate) fn bench(engine_args: &EngineArgs, run: &BenchRun, json_out: bool) ->
     anyhow::ensure!(
         depth == 0 || parallel == 1,
         "--depth {depth} with --parallel {parallel}: a depth is measured on one sequence; drop one of them"
+    );
+    anyhow::ensure!(
+        depth <= MAX_DEPTH && pp.max(tg) <= MAX_DEPTH,
+        "--depth {depth}, --prompt-tokens {pp} and --gen-tokens {tg} must each be at most {MAX_DEPTH}"
     );
     // The context must hold the depth and what is timed after it; past the
     // default (8192) the model is loaded with a context that does.
