@@ -69,8 +69,8 @@ def names_file(text, file):
     return file.lower() in low or stem in low or (len(short) > 3 and short in low)
 
 
-def ask(agentd, corpus, q, voice, threads, home, timeout):
-    cmd = [agentd, "ask", "--corpus", corpus, "--events", "--threads", str(threads)]
+def ask(agentd, corpus, q, voice, threads, home, timeout, extra=()):
+    cmd = [agentd, "ask", "--corpus", corpus, "--events", "--threads", str(threads), *extra]
     if voice:
         cmd.append("--voice")
     cmd.append(q)
@@ -141,6 +141,9 @@ def main():
     ap.add_argument("--min-strict", type=float, default=0.60)
     ap.add_argument("--min-useful", type=float, default=0.85)
     ap.add_argument("--max-median", type=float, default=20.0)
+    ap.add_argument("--ask-arg", action="append", default=[],
+                    help="an argument added to each `agentd ask` (repeat it), e.g. --ask-arg=--draft=0")
+    ap.add_argument("--save", help="write each question's answer and decoding here (JSON lines)")
     a = ap.parse_args()
     sets = []
     if a.written:
@@ -151,9 +154,18 @@ def main():
         ap.error("give --written and/or --spoken")
     strict = useful = junk = written = 0
     times = []
+    decode = {"tokens": 0, "seconds": 0.0, "drafted": 0, "accepted": 0}
+    save = open(a.save, "w", encoding="utf-8") if a.save else None
     for item, voice in sets:
-        events, secs, code = ask(a.agentd, a.corpus, item["q"], voice, a.threads, a.home, a.timeout)
+        events, secs, code = ask(a.agentd, a.corpus, item["q"], voice, a.threads, a.home, a.timeout,
+                                 a.ask_arg)
         s, u, j, done = judge(item, events, voice)
+        d = done.get("decode") or {}
+        for k in decode:
+            decode[k] += d.get(k, 0)
+        if save:
+            save.write(json.dumps({"q": item["q"], "voice": voice, "answer": done.get("answer"),
+                                   "decode": d}) + "\n")
         times.append(secs)
         if not voice:
             written += 1
@@ -173,6 +185,15 @@ def main():
         f"research-qa: strict {strict}/{written} written, useful {useful}/{total}, junk {junk}, "
         f"median {median:.1f} s per question ({a.threads} threads)"
     )
+    if decode["seconds"] > 0:
+        rate = decode["accepted"] / decode["drafted"] if decode["drafted"] else 0.0
+        print(
+            f"research-qa decoding: {decode['tokens']} tokens in {decode['seconds']:.2f} s "
+            f"({decode['tokens'] / decode['seconds']:.1f} tokens/s), drafts confirmed "
+            f"{decode['accepted']}/{decode['drafted']} ({rate:.0%})"
+        )
+    if save:
+        save.close()
     if a.check:
         bad = []
         if written and strict < a.min_strict * written:

@@ -131,6 +131,27 @@ impl RunError {
     }
 }
 
+/// What a backend's decoding of one or more model requests took: tokens
+/// generated, seconds spent generating them (after each prompt), and the
+/// prompt-lookup drafts verified and confirmed (`GenParams::speculate` in
+/// the inference crate). Zero where the backend does not tell (an upstream).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub(crate) struct Decode {
+    pub(crate) tokens: usize,
+    pub(crate) seconds: f64,
+    pub(crate) drafted: usize,
+    pub(crate) accepted: usize,
+}
+
+impl std::ops::AddAssign for Decode {
+    fn add_assign(&mut self, o: Decode) {
+        self.tokens += o.tokens;
+        self.seconds += o.seconds;
+        self.drafted += o.drafted;
+        self.accepted += o.accepted;
+    }
+}
+
 /// The last event of a run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub(crate) struct Done {
@@ -148,6 +169,9 @@ pub(crate) struct Done {
     pub(crate) invalid_citations: Vec<String>,
     /// The answer cites sources it read (`research::grounding`).
     pub(crate) grounded: bool,
+    /// The run's model requests' decoding, summed.
+    #[serde(default)]
+    pub(crate) decode: Decode,
 }
 
 /// One research event: `{"type": "<snake_case name>", …fields}`.
@@ -323,6 +347,7 @@ mod tests {
                 error: error.then(|| RunError::new("provider_failed", "provider", "it broke")),
                 invalid_citations: if i == 1 { vec!["S9".into()] } else { Vec::new() },
                 grounded: i % 2 == 0,
+                decode: Decode { tokens: 40 + i, seconds: 0.5, drafted: 12, accepted: 9 },
             }));
         }
         v

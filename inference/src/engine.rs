@@ -251,12 +251,24 @@ pub struct Session {
     batches: Vec<(usize, usize)>,
     kv: KvCache,
     scratch: Scratch,
+    /// Rows of logits the last pass left in `scratch.logits`: one, or one
+    /// per token of a speculative step's verification (`Seq::every_row`).
+    logit_rows: usize,
 }
 
 impl Session {
     /// The logits after the last token run (for tests and diagnostics).
     pub fn logits(&self) -> &[f32] {
-        &self.scratch.logits
+        let l = &self.scratch.logits;
+        &l[l.len() - l.len() / self.logit_rows.max(1)..]
+    }
+
+    /// Drops the cached positions from `len` on (rejected drafts).
+    fn cut(&mut self, len: usize, cfg: &Config) {
+        self.kv.truncate(len, cfg);
+        self.tokens.truncate(len);
+        self.modes.truncate(len);
+        self.batches.truncate(len);
     }
 
     /// Tokens currently cached.
@@ -287,6 +299,12 @@ pub struct GenParams {
     pub chunk: usize,
     /// What the output must follow (see [`Constraint`]); none: free text.
     pub constraint: Option<Constraint>,
+    /// Most tokens drafted per step by prompt lookup (0: none). Drafts are
+    /// the tokens that followed the latest earlier occurrence of the
+    /// context's last words (evidence being quoted); one pass verifies them
+    /// and each is kept only if sampling picks it from its own row's logits,
+    /// which are those of a plain decode step: the output never changes.
+    pub speculate: usize,
 }
 
 impl Default for GenParams {
@@ -299,6 +317,7 @@ impl Default for GenParams {
             forbid: Vec::new(),
             chunk: 128,
             constraint: None,
+            speculate: SPECULATE,
         }
     }
 }
@@ -346,6 +365,10 @@ pub struct Output {
     pub first_token: Duration,
     /// Time spent generating after the prompt.
     pub gen_time: Duration,
+    /// Tokens drafted by prompt lookup and verified (`GenParams::speculate`).
+    pub drafted: usize,
+    /// Of those, the ones sampling confirmed (they cost no pass of their own).
+    pub accepted: usize,
 }
 
 impl Engine {
@@ -834,6 +857,7 @@ impl Engine {
             Backend::Encoder(_) => self.can_generate()?,
         }
         session.tokens.extend_from_slice(part);
+        session.logit_rows = 1;
         session.batches.extend((start..start + part.len()).map(|_| (start, start + part.len())));
         session.modes.extend((start..start + part.len()).map(|p| Route {
             attn: mode,
@@ -941,10 +965,7 @@ impl Engine {
             }
         };
         let reuse = if self.moe_batches { reuse.min(batch(reuse).0) } else { reuse };
-        session.kv.truncate(reuse, cfg);
-        session.tokens.truncate(reuse);
-        session.modes.truncate(reuse);
-        session.batches.truncate(reuse);
+        session.cut(reuse, cfg);
         let mut banned = vec![false; cfg.n_vocab];
         for &f in &params.forbid {
             if let Some(b) = banned.get_mut(f as usize) {
@@ -962,6 +983,8 @@ impl Engine {
                 prompt_time: Duration::ZERO,
                 first_token: Duration::ZERO,
                 gen_time: Duration::ZERO,
+                drafted: 0,
+                accepted: 0,
             },
             stops: self.info.stop_tokens.iter().chain(&params.stop_tokens).copied().collect(),
             banned,
@@ -971,6 +994,10 @@ impl Engine {
             started: false,
             text: TextStream::new(params.stop_strings.clone()),
             forced: Vec::new(),
+            drafts: Vec::new(),
+            speculate: if self.speculates() { params.speculate } else { 0 },
+            spec_paused: false,
+            drafter: Drafter::default(),
             params: params.clone(),
             prompt: prompt.to_vec(),
             at: reuse,
@@ -987,11 +1014,7 @@ impl Engine {
     /// batch. A generation's tokens are the same whether it steps alone or
     /// with others. An error fails the whole step.
     pub fn step(&self, items: &mut [Step<'_>]) -> Result<()> {
-        // (item, tokens to run, their attention path, positions below this
-        // grouped, prompt end if a chunk)
-        #[allow(clippy::type_complexity)]
-        let mut go: Vec<(usize, Vec<u32>, Mode, (usize, usize), Option<usize>)> =
-            Vec::with_capacity(items.len());
+        let mut go: Vec<Run> = Vec::with_capacity(items.len());
         for (k, it) in items.iter_mut().enumerate() {
             let (g, session) = (&mut *it.gen, &mut *it.session);
             if g.done {
@@ -1016,20 +1039,119 @@ impl Engine {
                 let end =
                     if self.moe_batches { b.end } else { b.end.min(g.at + g.params.chunk.max(1)) };
                 let upto = thresholds(&b);
-                go.push((k, g.prompt[g.at..end].to_vec(), Mode::for_batch(n), upto, Some(end)));
+                let tokens = g.prompt[g.at..end].to_vec();
+                go.push(Run::new(k, tokens, Mode::for_batch(n), upto, Some(end)));
                 continue;
             }
+            if let Some(r) = self.decode(k, g, session, it.on_text) {
+                go.push(r);
+            }
+        }
+        let rows = go.iter().any(|r| r.every_row);
+        match (&self.backend, go.len()) {
+            (_, 0) => {}
+            (Backend::Fast(m), n) if n > 1 || rows => {
+                let tokens: Vec<u32> = go.iter().flat_map(|r| r.tokens.iter().copied()).collect();
+                let mut seqs = Vec::with_capacity(n);
+                let mut want = go.iter().peekable();
+                for (k, it) in items.iter_mut().enumerate() {
+                    if let Some(r) = want.next_if(|r| r.item == k) {
+                        let session = &mut *it.session;
+                        let (gu, wu) = self.mask(r.upto);
+                        seqs.push(Seq {
+                            kv: &mut session.kv,
+                            n: r.tokens.len(),
+                            mode: r.mode,
+                            grouped_upto: gu,
+                            wide_upto: wu,
+                            every_row: r.every_row,
+                            logits: &mut session.scratch.logits,
+                        });
+                    }
+                }
+                let mut scratch = self.batch.lock().unwrap_or_else(|p| p.into_inner());
+                m.forward_seqs(&self.pool, &tokens, &mut seqs, &mut scratch)?;
+                drop(seqs);
+                for r in &go {
+                    let session = &mut *items[r.item].session;
+                    let start = session.tokens.len();
+                    let (gu, wu) = self.mask(r.upto);
+                    let n = r.tokens.len();
+                    session.tokens.extend_from_slice(&r.tokens);
+                    session.logit_rows = if r.every_row { n } else { 1 };
+                    // A verified row is computed as a decode step of its own.
+                    session.batches.extend((start..start + n).map(|p| match r.every_row {
+                        true => (p, p + 1),
+                        false => (start, start + n),
+                    }));
+                    session.modes.extend((start..start + n).map(|p| Route {
+                        attn: r.mode,
+                        grouped: p < gu,
+                        wide: p < wu,
+                    }));
+                }
+            }
+            _ => {
+                for r in &go {
+                    self.step_one(items[r.item].session, &r.tokens, r.mode, r.upto)?;
+                }
+            }
+        }
+        for r in go {
+            if let Some(end) = r.end {
+                let g = &mut *items[r.item].gen;
+                g.at = end;
+                if end == g.prompt.len() {
+                    g.out.prompt_time = g.t0.elapsed();
+                    g.t1 = Instant::now();
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether drafts can be verified in one pass with each row's numbers
+    /// those of a decode step: the fast path, and no mixture whose numbers
+    /// depend on its batches.
+    fn speculates(&self) -> bool {
+        matches!(self.backend, Backend::Fast(_)) && !self.moe_batches
+    }
+
+    /// One decode step of generation `g` (item `k` of the step), prefill
+    /// done: takes the token(s) its session's logits give (each row of a
+    /// verified draft in turn, as many as sampling confirms, then one more),
+    /// delivers them, and returns what runs next, drafts included; `None`
+    /// when it is done.
+    fn decode(
+        &self,
+        k: usize,
+        g: &mut Generation,
+        session: &mut Session,
+        on_text: &mut dyn FnMut(&str),
+    ) -> Option<Run> {
+        let cfg = &self.info.config;
+        let drafts = std::mem::take(&mut g.drafts);
+        // The drafts are cached after `base` positions; row j of the logits
+        // follows position base - 1 + j.
+        let base = session.tokens.len() - drafts.len();
+        let rows = drafts.len() + 1;
+        let mut logits = std::mem::take(&mut session.scratch.logits);
+        let vocab = logits.len() / rows;
+        let mut run = Vec::new();
+        // Rows consumed: drafts confirmed so far.
+        let mut j = 0;
+        loop {
+            let at = base + j;
             let out = &mut g.out;
             if out.ids.len() >= g.params.max_tokens {
                 out.finish = Finish::Length;
                 g.done = true;
-                continue;
+                break;
             }
             // Room for tokens this step: the limit and the context (a last
             // token is still delivered when the context is full).
             let room = (g.params.max_tokens - out.ids.len())
-                .min(self.info.context.saturating_sub(session.tokens.len() + 1).max(1));
-            let mut run = Vec::new();
+                .min(self.info.context.saturating_sub(at + 1).max(1));
             if !g.started {
                 g.started = true;
                 // Text the grammar fixes before any choice: no sampling.
@@ -1045,29 +1167,24 @@ impl Engine {
             }
             let governed = g.guide.as_ref().is_some_and(Guide::engaged);
             let mut grammar_done = false;
+            let mut confirmed = false;
             if run.is_empty() {
+                let row = &mut logits[j * vocab..(j + 1) * vocab];
                 if let Some(guide) = g.guide.as_mut() {
-                    if !guide.mask(&mut session.scratch.logits, room) {
+                    if !guide.mask(row, room) {
                         // Nothing is allowed: the constraint cannot go on.
                         out.finish = Finish::Stop;
                         g.done = true;
-                        continue;
+                        break;
                     }
                 }
                 // The penalties look at the session's last tokens, prompt
                 // included; the n-gram rule at the output since the last
                 // grammar-governed span, and at nothing while one governs.
-                let recent = &session.tokens
-                    [session.tokens.len().saturating_sub(g.params.sampling.repeat_last_n)..];
+                let recent =
+                    &session.tokens[at.saturating_sub(g.params.sampling.repeat_last_n)..at];
                 let free = if governed { &[][..] } else { &out.ids[g.free_from..] };
-                let id = sample(
-                    &mut session.scratch.logits,
-                    &g.params.sampling,
-                    recent,
-                    free,
-                    &g.banned,
-                    &mut g.rng,
-                );
+                let id = sample(row, &g.params.sampling, recent, free, &g.banned, &mut g.rng);
                 run.push(id);
                 if let Some(guide) = g.guide.as_mut() {
                     match guide.commit(id, self.tok.piece(id), (room - 1).min(MAX_FF)) {
@@ -1078,6 +1195,7 @@ impl Engine {
                         }
                     }
                 }
+                confirmed = run.len() == 1 && drafts.get(j) == Some(&id);
             }
             if out.ids.is_empty() {
                 out.first_token = g.t0.elapsed();
@@ -1085,7 +1203,7 @@ impl Engine {
             let mut ended = false;
             for &id in &run {
                 out.ids.push(id);
-                if g.stops.contains(&id) || g.text.push(self.tok.piece(id), it.on_text) {
+                if g.stops.contains(&id) || g.text.push(self.tok.piece(id), on_text) {
                     ended = true;
                     break;
                 }
@@ -1098,76 +1216,58 @@ impl Engine {
             if ended || grammar_done {
                 out.finish = Finish::Stop;
                 g.done = true;
-                continue;
+                break;
             }
-            if session.tokens.len() + run.len() >= self.info.context {
+            if at + run.len() >= self.info.context {
                 out.finish = Finish::Length;
                 g.done = true;
-                continue;
+                break;
             }
-            if run.len() == 1 {
-                go.push((k, run, Mode::Vec, (0, 0), None));
+            if !confirmed {
+                break;
+            }
+            // The draft is the token sampling picked: already cached, and
+            // the next row's logits follow it.
+            out.accepted += 1;
+            run.clear();
+            j += 1;
+        }
+        g.drafter.verified(drafts.len(), j, g.speculate);
+        session.cut(base + j, cfg);
+        // Row j follows the last cached position: it alone stays.
+        logits.copy_within(j * vocab..(j + 1) * vocab, 0);
+        logits.truncate(vocab);
+        session.scratch.logits = logits;
+        session.logit_rows = 1;
+        if g.done {
+            return None;
+        }
+        if run.len() > 1 {
+            // Forced tokens run together, as one short prompt chunk.
+            let (at, n) = (session.tokens.len(), run.len());
+            return Some(Run::new(k, run, Mode::for_batch(n), thresholds(&(at..at + n)), None));
+        }
+        // Drafts: not while a grammar decides the tokens, nor past the
+        // limit or the context.
+        let left = (g.params.max_tokens - g.out.ids.len())
+            .min(self.info.context.saturating_sub(session.tokens.len() + 2));
+        let spec =
+            if g.speculate == 0 || g.spec_paused || g.guide.as_ref().is_some_and(Guide::engaged) {
+                0
             } else {
-                // Forced tokens run together, as one short prompt chunk.
-                let (at, n) = (session.tokens.len(), run.len());
-                go.push((k, run, Mode::for_batch(n), thresholds(&(at..at + n)), None));
-            }
+                g.drafter.next().min(left)
+            };
+        let mut tokens = run;
+        if spec > 0 {
+            let history: Vec<u32> = session.tokens.iter().chain(&tokens).copied().collect();
+            g.drafts = lookup(&history, spec);
+            g.out.drafted += g.drafts.len();
         }
-        match (&self.backend, go.len()) {
-            (_, 0) => {}
-            (Backend::Fast(m), n) if n > 1 => {
-                let tokens: Vec<u32> = go.iter().flat_map(|(_, t, ..)| t.iter().copied()).collect();
-                let mut seqs = Vec::with_capacity(n);
-                let mut want = go.iter().peekable();
-                for (k, it) in items.iter_mut().enumerate() {
-                    if let Some((_, t, mode, upto, _)) = want.next_if(|(j, ..)| *j == k) {
-                        let session = &mut *it.session;
-                        let (gu, wu) = self.mask(*upto);
-                        seqs.push(Seq {
-                            kv: &mut session.kv,
-                            n: t.len(),
-                            mode: *mode,
-                            grouped_upto: gu,
-                            wide_upto: wu,
-                            logits: &mut session.scratch.logits,
-                        });
-                    }
-                }
-                let mut scratch = self.batch.lock().unwrap_or_else(|p| p.into_inner());
-                m.forward_seqs(&self.pool, &tokens, &mut seqs, &mut scratch)?;
-                drop(seqs);
-                for (k, t, mode, upto, _) in &go {
-                    let session = &mut *items[*k].session;
-                    let start = session.tokens.len();
-                    let (gu, wu) = self.mask(*upto);
-                    session.tokens.extend_from_slice(t);
-                    session
-                        .batches
-                        .extend((start..start + t.len()).map(|_| (start, start + t.len())));
-                    session.modes.extend((start..start + t.len()).map(|p| Route {
-                        attn: *mode,
-                        grouped: p < gu,
-                        wide: p < wu,
-                    }));
-                }
-            }
-            _ => {
-                for (k, t, mode, upto, _) in &go {
-                    self.step_one(items[*k].session, t, *mode, *upto)?;
-                }
-            }
+        if g.drafts.is_empty() {
+            return Some(Run::new(k, tokens, Mode::Vec, (0, 0), None));
         }
-        for (k, _, _, _, end) in go {
-            if let Some(end) = end {
-                let g = &mut *items[k].gen;
-                g.at = end;
-                if end == g.prompt.len() {
-                    g.out.prompt_time = g.t0.elapsed();
-                    g.t1 = Instant::now();
-                }
-            }
-        }
-        Ok(())
+        tokens.extend_from_slice(&g.drafts);
+        Some(Run { every_row: true, ..Run::new(k, tokens, Mode::Vec, (0, 0), None) })
     }
 
     /// Finishes a generation: releases text held back for stop strings and
@@ -1181,6 +1281,107 @@ impl Engine {
         out.gen_time = t1.elapsed();
         out
     }
+}
+
+/// What a step runs for one generation.
+struct Run {
+    /// Its index in the step's items.
+    item: usize,
+    tokens: Vec<u32>,
+    /// Their attention path.
+    mode: Mode,
+    /// Positions below these are grouped, wide (`Route`).
+    upto: (usize, usize),
+    /// The prompt's end if this is a prompt chunk.
+    end: Option<usize>,
+    /// Logits of every token (a draft's verification), not the last alone.
+    every_row: bool,
+}
+
+impl Run {
+    fn new(
+        item: usize,
+        tokens: Vec<u32>,
+        mode: Mode,
+        upto: (usize, usize),
+        end: Option<usize>,
+    ) -> Run {
+        Run { item, tokens, mode, upto, end, every_row: false }
+    }
+}
+
+/// How many tokens a generation drafts next. A verified draft costs part of
+/// a pass per token (its row of every product), so the length follows the
+/// text: it doubles while drafts are confirmed whole, falls to what was
+/// confirmed plus one at a miss, and after drafts rejected outright drafting
+/// pauses for a number of steps that doubles with each such miss in a row
+/// (free text that quotes nothing costs little).
+#[derive(Debug, Clone, Copy)]
+struct Drafter {
+    len: usize,
+    skip: usize,
+    backoff: usize,
+}
+
+impl Default for Drafter {
+    fn default() -> Drafter {
+        Drafter { len: 4, skip: 0, backoff: 1 }
+    }
+}
+
+/// The most steps drafting pauses after rejected drafts.
+const MAX_BACKOFF: usize = 16;
+
+impl Drafter {
+    /// Tokens to draft this step (0 while paused).
+    fn next(&mut self) -> usize {
+        if self.skip > 0 {
+            self.skip -= 1;
+            return 0;
+        }
+        self.len
+    }
+
+    /// `accepted` of `drafted` tokens were confirmed; `max` bounds the length.
+    fn verified(&mut self, drafted: usize, accepted: usize, max: usize) {
+        if drafted == 0 {
+            return;
+        }
+        if accepted == drafted {
+            self.len = (self.len * 2).min(max).max(1);
+            self.backoff = 1;
+        } else if accepted == 0 {
+            self.len = (self.len / 2).max(1);
+            self.skip = self.backoff;
+            self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
+        } else {
+            self.len = (accepted + 1).min(max).max(1);
+            self.backoff = 1;
+        }
+    }
+}
+
+/// Default of [`GenParams::speculate`].
+pub(crate) const SPECULATE: usize = 8;
+
+/// Longest and shortest run of last tokens prompt lookup matches.
+const LOOKUP_MAX: usize = 4;
+const LOOKUP_MIN: usize = 2;
+
+/// Prompt-lookup drafts: the tokens (at most `max`) that followed the latest
+/// earlier occurrence of `history`'s last `LOOKUP_MAX` tokens, else of
+/// fewer, down to `LOOKUP_MIN`; none if no such run recurs.
+fn lookup(history: &[u32], max: usize) -> Vec<u32> {
+    let len = history.len();
+    for n in (LOOKUP_MIN..=LOOKUP_MAX.min(len.saturating_sub(1))).rev() {
+        let tail = &history[len - n..];
+        // Latest first: an occurrence ending before the tail's last token.
+        if let Some(i) = (0..len - n).rev().find(|&i| &history[i..i + n] == tail) {
+            let from = i + n;
+            return history[from..(from + max).min(len)].to_vec();
+        }
+    }
+    Vec::new()
 }
 
 /// A generation in progress: see [`Engine::begin`].
@@ -1208,6 +1409,16 @@ pub struct Generation {
     done: bool,
     /// Tokens to write next instead of sampling them.
     forced: Vec<u32>,
+    /// Drafts the last pass verified: the session caches them, and its
+    /// logits hold a row for each after the row of the token before them.
+    drafts: Vec<u32>,
+    /// Most tokens drafted per step now (`GenParams::speculate`, 0 where the
+    /// model cannot verify drafts).
+    speculate: usize,
+    /// The caller paused speculation (`Generation::set_speculation`).
+    spec_paused: bool,
+    /// How many tokens to draft next.
+    drafter: Drafter,
 }
 
 impl Generation {
@@ -1220,6 +1431,14 @@ impl Generation {
         if !self.constrained() && !self.done {
             self.forced.extend_from_slice(ids);
         }
+    }
+
+    /// Pauses (`false`) or resumes speculation: a caller that decides
+    /// something after each token (a reasoning budget counted in steps)
+    /// pauses it, so every step delivers one token. Resuming never exceeds
+    /// `GenParams::speculate`.
+    pub fn set_speculation(&mut self, on: bool) {
+        self.spec_paused = !on;
     }
 
     /// Whether it has finished (stop, length or cancelled).
@@ -1369,6 +1588,43 @@ impl TextStream {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn lookup_drafts_what_followed_the_latest_match() {
+        // [7, 8] occurs at 1 and 5; the latest is followed by 9, 4, 7, 8.
+        let h = [1, 7, 8, 2, 3, 7, 8, 9, 4, 7, 8];
+        assert_eq!(lookup(&h, 3), vec![9, 4, 7]);
+        assert_eq!(lookup(&h, 10), vec![9, 4, 7, 8]);
+        // The longest match wins over a later, shorter one: [5, 6, 7]
+        // occurs at 0, [6, 7] also at 5.
+        let h = [5, 6, 7, 1, 9, 6, 7, 2, 5, 6, 7];
+        assert_eq!(lookup(&h, 2), vec![1, 9]);
+        // One token alone is not a match; nothing recurs here.
+        assert!(lookup(&[1, 2, 3, 4, 2], 4).is_empty());
+        assert!(lookup(&[], 4).is_empty());
+        assert!(lookup(&[3], 4).is_empty());
+    }
+
+    #[test]
+    fn the_draft_length_follows_what_is_confirmed() {
+        let mut d = Drafter::default();
+        assert_eq!(d.next(), 4);
+        d.verified(4, 4, 8);
+        assert_eq!(d.next(), 8);
+        d.verified(8, 8, 8);
+        assert_eq!(d.next(), 8, "bounded by the most");
+        d.verified(8, 2, 8);
+        assert_eq!(d.next(), 3, "what was confirmed, plus one");
+        // Rejected outright: a pause of 1 step, then 2, then 4 …
+        d.verified(3, 0, 8);
+        assert_eq!((d.next(), d.next()), (0, 1));
+        d.verified(1, 0, 8);
+        assert_eq!((d.next(), d.next(), d.next()), (0, 0, 1));
+        d.verified(1, 1, 8);
+        assert_eq!(d.next(), 2);
+        d.verified(0, 0, 8);
+        assert_eq!(d.next(), 2, "no draft, no change");
+    }
 
     fn run(pieces: &[&[u8]], stops: &[&str]) -> (Vec<String>, bool) {
         let stops: Vec<String> = stops.iter().map(|s| s.to_string()).collect();

@@ -773,6 +773,11 @@ pub(crate) struct Seq<'a> {
     /// other `wide`.
     pub(crate) grouped_upto: usize,
     pub(crate) wide_upto: usize,
+    /// Logits of every row, one after another (a speculative step's
+    /// verification), instead of the last row's alone. Each row's numbers
+    /// are still those of a pass that ended at it: the output rows of the
+    /// last layer and the output matmul are per column.
+    pub(crate) every_row: bool,
     pub(crate) logits: &'a mut Vec<f32>,
 }
 
@@ -794,7 +799,9 @@ impl Model {
         s: &mut Scratch,
     ) -> Result<()> {
         let mut logits = std::mem::take(&mut s.logits);
-        let seq = Seq { kv, n: tokens.len(), mode, grouped_upto, wide_upto, logits: &mut logits };
+        let n = tokens.len();
+        let seq =
+            Seq { kv, n, mode, grouped_upto, wide_upto, every_row: false, logits: &mut logits };
         let r = self.forward_seqs(pool, tokens, &mut [seq], s);
         s.logits = logits;
         r
@@ -883,7 +890,9 @@ impl Model {
             }
             s.grouped.extend((0..q.n).map(|t| q.kv.len + t < q.grouped_upto));
             s.wide.extend((0..q.n).map(|t| q.kv.len + t < q.wide_upto));
-            if q.n > 0 {
+            if q.every_row {
+                s.last.extend(r0..s.rows.len());
+            } else {
                 s.last.push(s.rows.len() - 1);
             }
             // KV storage grows in steps of KV_STEP positions, exactly: Vec's
@@ -1042,12 +1051,12 @@ impl Model {
             });
             return Ok(());
         }
-        // Each sequence's last row (compacted in the last layer): final
-        // norm, then one output matmul.
-        let m = seqs.len();
+        // Each sequence's last row, or all its rows (`Seq::every_row`),
+        // compacted in the last layer: final norm, then one output matmul.
+        let m = s.last.len();
         s.h.resize(m * d, 0.0);
-        for (j, q) in seqs.iter_mut().enumerate() {
-            q.kv.len += q.n;
+        seqs.iter_mut().for_each(|q| q.kv.len += q.n);
+        for j in 0..m {
             rms_norm(
                 &s.x[j * d..(j + 1) * d],
                 &self.out_norm,
@@ -1068,9 +1077,12 @@ impl Model {
             out.iter_mut().for_each(|v| *v = (*v * (1.0 / cap)).tanh() * cap);
         }
         let vocab = out.len() / m;
-        for (j, q) in seqs.iter_mut().enumerate() {
+        let mut j = 0;
+        for q in seqs.iter_mut() {
+            let rows = if q.every_row { q.n } else { 1 };
             q.logits.clear();
-            q.logits.extend_from_slice(&out[j * vocab..(j + 1) * vocab]);
+            q.logits.extend_from_slice(&out[j * vocab..(j + rows) * vocab]);
+            j += rows;
         }
         s.proj = out;
         Ok(())

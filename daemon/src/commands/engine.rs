@@ -222,6 +222,7 @@ pub(crate) fn generate(a: GenerateArgs<'_>, cancel: &AtomicBool) -> Result<infer
             no_repeat_ngram: a.rules.no_repeat_ngram,
             ..Sampling::default()
         },
+        speculate: a.engine.draft.into(),
         ..GenParams::default()
     };
     let mut s = engine.session();
@@ -238,7 +239,9 @@ pub(crate) fn generate(a: GenerateArgs<'_>, cancel: &AtomicBool) -> Result<infer
     if json_out {
         println!(
             "{}",
-            json!({"prompt_ids": prompt, "ids": out.ids, "text": out.text, "finish_reason": out.finish.as_str()})
+            json!({"prompt_ids": prompt, "ids": out.ids, "text": out.text, "finish_reason": out.finish.as_str(),
+                "decode": {"tokens": out.ids.len(), "seconds": out.gen_time.as_secs_f64(),
+                           "drafted": out.drafted, "accepted": out.accepted}})
         );
     } else {
         println!();
@@ -431,6 +434,9 @@ fn decode_together(engine: &inference::Engine, ids: &[u32], tg: usize, n: usize)
     let params = inference::GenParams {
         max_tokens: tg,
         forbid: engine.info().stop_tokens.clone(),
+        // Plain decode steps, as llama-bench's (drafts would measure the
+        // random prompt's repetitions).
+        speculate: 0,
         ..inference::GenParams::default()
     };
     let no = AtomicBool::new(false);

@@ -58,7 +58,16 @@ pub(crate) struct EngineArgs {
     /// model's size (local), else `model`.
     #[arg(long, value_parser = ["model", "host"])]
     pub(crate) research: Option<String>,
+    /// Tokens drafted per decode step by prompt lookup: the words that
+    /// followed the context's last ones where they occurred before (quoted
+    /// evidence), verified in one pass; output is the same with any value,
+    /// 0 turns it off
+    #[arg(long, env = "AGENTD_DRAFT", default_value_t = DRAFT, value_parser = clap::value_parser!(u16).range(0..=64))]
+    pub(crate) draft: u16,
 }
+
+/// Default of `--draft`.
+pub(crate) const DRAFT: u16 = 8;
 
 /// A model to run: its file and, for registry models, the entry.
 #[derive(Debug, Clone)]
@@ -109,6 +118,7 @@ impl Default for EngineArgs {
             tool_format: None,
             script: None,
             research: None,
+            draft: DRAFT,
         }
     }
 }

@@ -8,6 +8,7 @@
 
 use super::constrain::{Constraint, ToolChoice};
 use super::{ProviderError, TurnFinish, TurnRequest};
+use crate::events::Decode;
 use crate::state::registry::SamplingKnobs;
 use toolparse::Mode;
 
@@ -72,6 +73,8 @@ pub(crate) struct ChatOutput {
     /// Which of the request's own stop strings (`ChatParams::stop`, by
     /// index) ended the reply, where one did and the backend knows.
     pub(crate) stop: Option<usize>,
+    /// Its decoding, where the backend tells (the local engine).
+    pub(crate) decode: Decode,
 }
 
 impl ChatOutput {
@@ -83,6 +86,7 @@ impl ChatOutput {
             completion_tokens: 0,
             reused_tokens: 0,
             stop: None,
+            decode: Decode::default(),
         }
     }
 }

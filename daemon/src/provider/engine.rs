@@ -277,8 +277,8 @@ impl Batch {
     }
 
     /// One batched step of every request decoding; the ones that finish
-    /// end (`done` hears each one's completion tokens and time).
-    pub(crate) fn step(&mut self, done: &mut dyn FnMut(usize, Duration)) {
+    /// end (`done` hears each one's output and time).
+    pub(crate) fn step(&mut self, done: &mut dyn FnMut(&ChatOutput, Duration)) {
         if self.active.is_empty() {
             return;
         }
@@ -341,7 +341,7 @@ impl Batch {
                     cancel.store(true, Ordering::Relaxed);
                 }
             });
-            done(out.completion_tokens, started.elapsed());
+            done(&out, started.elapsed());
             let _ = tx.send(ChatMsg::Done(Ok(out)));
         }
     }

@@ -10,6 +10,7 @@ use super::build::{EngineArgs, Resolved};
 use super::chat::{turn_params, with_knobs, ChatOutput, ChatParams};
 use super::constrain::{self, Constraint};
 use super::{tool_specs, Failure, Provider, ProviderError, Research, Tried, Try, TurnFinish};
+use crate::events::Decode;
 use anyhow::{Context, Result};
 use inference::{Engine, ErrorKind, Finish, GenParams, Generation, Sampling, Session, Step};
 use prompts::{ChatTemplate, Message, ToolDef, ToolStyle};
@@ -38,6 +39,8 @@ pub(crate) struct Local {
     /// `<start_of_turn>`, …): what text from users, tools and sources must
     /// never become.
     control_texts: Vec<String>,
+    /// Tokens drafted per step (`--draft`).
+    draft: usize,
 }
 
 impl Local {
@@ -120,6 +123,7 @@ impl Local {
             stop_strings,
             sampling,
             control_texts,
+            draft: args.draft.into(),
         })
     }
 
@@ -333,6 +337,7 @@ impl Local {
             stop_strings: stop,
             forbid,
             constraint,
+            speculate: self.draft,
             ..GenParams::default()
         };
         let slot = self.pick_session(&prompt);
@@ -349,7 +354,11 @@ impl Local {
             _ => None,
         };
         match self.engine.begin(&mut session, &prompt, &gen) {
-            Ok(gen) => Ok(ChatRun { session, gen, parser, budget }),
+            Ok(mut gen) => {
+                // A budget counts steps: one token each while it lasts.
+                gen.set_speculation(budget.is_none());
+                Ok(ChatRun { session, gen, parser, budget })
+            }
             Err(e) => {
                 self.put_back(session);
                 Err(match e.kind() {
@@ -448,6 +457,9 @@ impl Local {
                     run.budget = None;
                 }
             }
+            if run.budget.is_none() {
+                run.gen.set_speculation(true);
+            }
         }
         r
     }
@@ -477,6 +489,12 @@ impl Local {
             reused_tokens: out.reused_tokens,
             // The model's own stop strings come first in the list.
             stop: out.stop_string.and_then(|k| k.checked_sub(self.stop_strings.len())),
+            decode: Decode {
+                tokens: out.ids.len(),
+                seconds: out.gen_time.as_secs_f64(),
+                drafted: out.drafted,
+                accepted: out.accepted,
+            },
         }
     }
 
@@ -528,6 +546,7 @@ impl Provider for Local {
             });
         }
         let mut failed = None;
+        let mut decodes = vec![Decode::default(); tries.len()];
         let mut sinks: Vec<_> = tries
             .iter_mut()
             .map(|t| {
@@ -551,10 +570,15 @@ impl Provider for Local {
         for (i, (run, sink)) in runs.into_iter().zip(sinks.iter_mut()).enumerate() {
             let Some(run) = run else { continue };
             let o = self.end_chat(run, sink);
+            decodes[i] = o.decode;
             out[i] = Some(match &failed {
                 Some(e) => Err(Failure::Final(e.clone())),
                 None => Ok(o.finish),
             });
+        }
+        drop(sinks);
+        for (t, d) in tries.iter_mut().zip(decodes) {
+            t.decode = d;
         }
         out.into_iter()
             .map(|r| {

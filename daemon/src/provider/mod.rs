@@ -74,6 +74,8 @@ pub(crate) struct TurnReply {
     pub(crate) calls: Vec<Call>,
     pub(crate) discarded: Vec<Call>,
     pub(crate) finish: TurnFinish,
+    /// Its decoding, over all its attempts.
+    pub(crate) decode: crate::events::Decode,
 }
 
 impl TurnReply {
@@ -84,6 +86,7 @@ impl TurnReply {
             calls: Vec::new(),
             discarded: Vec::new(),
             finish: TurnFinish::Stop,
+            decode: Default::default(),
         }
     }
 
@@ -237,6 +240,8 @@ pub(crate) struct Try<'r, 'a> {
     /// calls as the parser reports them (a backend handed a whole call
     /// reports it with [`whole_call`]).
     pub(crate) sink: &'r mut dyn FnMut(toolparse::Event),
+    /// What the attempt's decoding took, set by a backend that knows.
+    pub(crate) decode: crate::events::Decode,
 }
 
 /// How an attempt failed.
@@ -477,13 +482,15 @@ fn drive<P: Provider + ?Sized>(
         let mut tries: Vec<Try<'_, '_>> = hears
             .iter_mut()
             .zip(&going)
-            .map(|(h, &i)| Try { id: i, k, req: &reqs[i], sink: h })
+            .map(|(h, &i)| Try { id: i, k, req: &reqs[i], sink: h, decode: Default::default() })
             .collect();
         let results = p.attempt(&mut tries, cancel);
+        let decodes: Vec<_> = tries.iter().map(|t| t.decode).collect();
         drop(tries);
         drop(hears);
         drop(sinks);
         for (n, &i) in going.iter().enumerate() {
+            replies[i].decode += decodes[n];
             match results.get(n).cloned().unwrap_or_else(|| {
                 Err(Failure::Final(ProviderError::Failed("the backend gave no reply".into())))
             }) {

@@ -259,9 +259,15 @@ impl Provider for Scripted {
             if !section.is_empty() {
                 let mut batch: Vec<Try<'_, '_>> = section
                     .iter_mut()
-                    .map(|t| Try { id: t.id, k: t.k, req: t.req, sink: &mut *t.sink })
+                    .map(|t| Try { decode: t.decode, sink: &mut *t.sink, ..**t })
                     .collect();
-                for (i, r) in at.into_iter().zip(local.attempt(&mut batch, cancel)) {
+                let results = local.attempt(&mut batch, cancel);
+                let decodes: Vec<_> = batch.iter().map(|b| b.decode).collect();
+                drop(batch);
+                for (t, d) in section.iter_mut().zip(decodes) {
+                    t.decode = d;
+                }
+                for (i, r) in at.into_iter().zip(results) {
                     out[i] = Some(r);
                 }
             }

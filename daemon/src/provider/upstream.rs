@@ -335,6 +335,7 @@ fn out(prompt_tokens: usize, chunks: usize, completion: Option<usize>) -> ChatOu
         completion_tokens: completion.unwrap_or(chunks),
         reused_tokens: 0,
         stop: None,
+        decode: Default::default(),
     }
 }
 

@@ -211,6 +211,7 @@ fn unrecorded(run_id: &str, chat_id: &str, why: String, emit: &mut dyn FnMut(&Ev
         error: Some(RunError::new(code, class, e.to_string())),
         invalid_citations: Vec::new(),
         grounded: false,
+        decode: Default::default(),
         run_id: run_id.to_owned(),
         chat_id: chat_id.to_owned(),
     };
@@ -243,7 +244,7 @@ mod tests {
         let config = config();
         assert_eq!(
             serde_json::to_string(&config).unwrap(),
-            r#"{"engine":{"model":"m","device":"cpu","threads":null,"provider":"local","base_url":null,"api_key_env":null,"tool_format":null,"script":null,"research":null},"corpus":["/no/such/corpus","/tmp"],"notes":"/no/such/notes","mcp":[]}"#
+            r#"{"engine":{"model":"m","device":"cpu","threads":null,"provider":"local","base_url":null,"api_key_env":null,"tool_format":null,"script":null,"research":null,"draft":8},"corpus":["/no/such/corpus","/tmp"],"notes":"/no/such/notes","mcp":[]}"#
         );
         let policies = Policies::from_snapshot(&Value::Null).unwrap();
         let opts = RunOptions {

@@ -61,6 +61,8 @@ struct Ctx<'a> {
     reply: Reply<'a>,
     /// Why the last request's text was stopped as junk, if it was.
     junk: Option<junk::Junk>,
+    /// The decoding of the run's model requests so far (`Done::decode`).
+    decode: crate::events::Decode,
 }
 
 impl Ctx<'_> {

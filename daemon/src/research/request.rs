@@ -136,6 +136,9 @@ impl Ctx<'_> {
         ledger.settle(attempts, &result);
         ledger.elapsed(budget.elapsed());
         self.junk = junk;
+        if let Ok(r) = &result {
+            self.decode += r.decode;
+        }
         match ledger.fault() {
             // A failed write ends the run, whatever the turn did.
             Some(fault) => Err(ProviderError::Ledger(fault)),

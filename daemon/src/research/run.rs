@@ -80,6 +80,7 @@ pub(super) fn drive(
         ledger,
         reply,
         junk: None,
+        decode: Default::default(),
     };
     cx.emit(Ev::Run {
         run_id: run_id.clone(),
@@ -175,6 +176,7 @@ pub(super) fn done(
         error,
         invalid_citations: Vec::new(),
         grounded: false,
+        decode: cx.decode,
     }
 }
 

@@ -154,7 +154,7 @@ fn run_workers(cx: &mut Ctx<'_>, provider: &mut dyn Provider, views: &[Vec<Messa
             })
             .collect();
         let mut attempts: Vec<Attempts> = (0..n).map(|_| Attempts::default()).collect();
-        let Ctx { budget, ledger, emit, cancel, .. } = &mut *cx;
+        let Ctx { budget, ledger, emit, cancel, decode, .. } = &mut *cx;
         let ledger = *ledger;
         let results = provider.turns(&reqs, cancel, &mut |j, _k| {
             if let Err(refused) = budget.admit(Phase::Section) {
@@ -168,6 +168,9 @@ fn run_workers(cx: &mut Ctx<'_>, provider: &mut dyn Provider, views: &[Vec<Messa
         });
         for (j, (r, a)) in results.iter().zip(attempts).enumerate() {
             ledger.settle(a, r);
+            if let Ok(reply) = r {
+                *decode += reply.decode;
+            }
             texts[i + j] = match r {
                 Ok(reply) if reply.finish != TurnFinish::Cancelled => {
                     Some(reply.content.trim().to_owned())

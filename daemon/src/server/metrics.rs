@@ -14,6 +14,9 @@ pub(crate) struct Metrics {
     decode_micros: AtomicU64,
     last_tok_s_milli: AtomicU64,
     batch: AtomicU64,
+    /// Prompt-lookup drafts verified, and confirmed.
+    drafted: AtomicU64,
+    accepted: AtomicU64,
     rounds: AtomicU64,
     runs: Mutex<BTreeMap<String, u64>>,
     errors: Mutex<BTreeMap<String, u64>>,
@@ -41,6 +44,12 @@ impl Metrics {
             self.last_tok_s_milli
                 .store((n as f64 / took.as_secs_f64() * 1000.0) as u64, Ordering::Relaxed);
         }
+    }
+
+    /// A completion's prompt-lookup drafts: verified, and confirmed.
+    pub(crate) fn drafts(&self, drafted: usize, accepted: usize) {
+        self.drafted.fetch_add(drafted as u64, Ordering::Relaxed);
+        self.accepted.fetch_add(accepted as u64, Ordering::Relaxed);
     }
 
     /// Completions decoding together in the engine's current step.
@@ -100,6 +109,16 @@ impl Metrics {
         s.push_str(&format!("agentd_decode_batch {}\n", self.batch.load(Ordering::Relaxed)));
         s.push_str("# HELP agentd_generation_seconds_total Time spent generating, summed over completions (concurrent ones overlap).\n# TYPE agentd_generation_seconds_total counter\n");
         s.push_str(&format!("agentd_generation_seconds_total {:.3}\n", micros as f64 / 1e6));
+        s.push_str("# HELP agentd_draft_tokens_total Prompt-lookup draft tokens verified.\n# TYPE agentd_draft_tokens_total counter\n");
+        s.push_str(&format!(
+            "agentd_draft_tokens_total {}\n",
+            self.drafted.load(Ordering::Relaxed)
+        ));
+        s.push_str("# HELP agentd_draft_accepted_total Draft tokens sampling confirmed (each saved a decode pass).\n# TYPE agentd_draft_accepted_total counter\n");
+        s.push_str(&format!(
+            "agentd_draft_accepted_total {}\n",
+            self.accepted.load(Ordering::Relaxed)
+        ));
         s.push_str("# HELP agentd_queue_depth Requests waiting for the model.\n# TYPE agentd_queue_depth gauge\n");
         s.push_str(&format!(
             "agentd_queue_depth {queue_depth}\nagentd_queue_capacity {queue_capacity}\n"

@@ -283,6 +283,7 @@ impl EngineLink {
 fn collect(
     rx: &mut UnboundedReceiver<ChatMsg>,
     sink: &mut dyn FnMut(toolparse::Event),
+    decode: &mut crate::events::Decode,
     after: &mut dyn FnMut(),
 ) -> Tried {
     loop {
@@ -291,7 +292,14 @@ fn collect(
                 sink(e);
                 after();
             }
-            Some(ChatMsg::Done(r)) => return r.map(|o| o.finish).map_err(Failure::Final),
+            Some(ChatMsg::Done(r)) => {
+                return r
+                    .map(|o| {
+                        *decode = o.decode;
+                        o.finish
+                    })
+                    .map_err(Failure::Final)
+            }
             None => {
                 return Err(Failure::Final(ProviderError::Failed("the engine has stopped".into())))
             }
@@ -313,7 +321,7 @@ impl Provider for EngineLink {
             .zip(tries.iter_mut())
             .map(|(rx, t)| {
                 let mut rx = rx.map_err(Failure::Final)?;
-                collect(&mut rx, &mut *t.sink, &mut || {
+                collect(&mut rx, &mut *t.sink, &mut t.decode, &mut || {
                     if cancel.load(Ordering::Relaxed) {
                         stop.store(true, Ordering::Relaxed);
                     }
@@ -436,7 +444,10 @@ fn serve_jobs(setup: &mut Setup, rx: &mut UnboundedReceiver<(Job, bool)>, worker
         }
         setup.metrics.batch(batch.len());
         let metrics = &setup.metrics;
-        batch.step(&mut |tokens, took| metrics.tokens(tokens, took));
+        batch.step(&mut |o, took| {
+            metrics.tokens(o.completion_tokens, took);
+            metrics.drafts(o.decode.drafted, o.decode.accepted);
+        });
     }
 }
 
@@ -620,6 +631,7 @@ fn spawn_chat(
             completion_tokens,
             reused_tokens: 0,
             stop: None,
+            decode: Default::default(),
         })));
     });
     if let Err(e) = spawned {

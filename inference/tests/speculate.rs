@@ -1,0 +1,200 @@
+//! Prompt-lookup speculation (`GenParams::speculate`) never changes an
+//! output: on the default model, with prompts that make it quote its
+//! context, every generation equals the one without drafts — greedy or
+//! sampled, with penalties, under a constraint, at every length limit,
+//! batched with another session, and in a continued session — while drafts
+//! are in fact confirmed.
+//!
+//! Needs `AGENTD_TEST_MODEL` (the default model), `AGENTD_TEST_Q4KM` and
+//! `AGENTD_TEST_GEMMA` (the test command sets them):
+//! each test says when it skips, and fails instead under
+//! `AGENTD_TEST_STRICT=1`.
+
+use inference::{Constraint, Engine, EngineOptions, GenParams, Output, Sampling, Step};
+use std::sync::atomic::AtomicBool;
+
+fn engine(test: &str) -> Option<Engine> {
+    engine_of("AGENTD_TEST_MODEL", test)
+}
+
+fn engine_of(var: &str, test: &str) -> Option<Engine> {
+    let Some(p) = std::env::var_os(var).filter(|v| !v.is_empty()) else {
+        assert!(
+            std::env::var("AGENTD_TEST_STRICT").as_deref() != Ok("1"),
+            "{test}: {var} is not set and AGENTD_TEST_STRICT=1 (run ./test.sh)"
+        );
+        eprintln!("SKIPPED {test}: {var} is not set (./test.sh sets it)");
+        return None;
+    };
+    let opts = EngineOptions { threads: Some(2), ..Default::default() };
+    Some(Engine::load(p.as_ref(), &opts).expect("model loads"))
+}
+
+/// Passages the model is asked to quote back, or to answer from.
+const QUOTES: [&str; 3] = [
+    "Copy this text exactly: The river Vell rises in the Harrow Hills, runs 212 kilometres south through the town of Marrick, and meets the sea at Cold Harbour, where the old lighthouse still stands.",
+    "Here is a note: \"The backup job runs at 02:30 every night and keeps the last 14 copies in /srv/backups/daily.\" When does the backup job run and how many copies does it keep? Quote the note.",
+    "Document: The Orrin 4 battery lasts 18 hours of video playback and charges to 80 percent in 35 minutes with the 65 W adapter. Question: how long does the battery last? Answer with the sentence from the document.",
+];
+
+fn prompt(e: &Engine, text: &str) -> Vec<u32> {
+    let chat = format!("<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n");
+    e.tokenize_prompt(&chat, true).expect("tokenizes")
+}
+
+fn run(e: &Engine, prompt: &[u32], p: &GenParams) -> Output {
+    run_logits(e, prompt, p).0
+}
+
+/// The output and the session's last logits row (the one after its last
+/// cached token: a verification row when the limit ends a confirmed run).
+fn run_logits(e: &Engine, prompt: &[u32], p: &GenParams) -> (Output, Vec<f32>) {
+    let mut s = e.session();
+    let out =
+        e.generate(&mut s, prompt, p, &AtomicBool::new(false), &mut |_| {}).expect("generates");
+    (out, s.logits().to_vec())
+}
+
+/// `p` with and without drafts give the same ids and text, and the same
+/// last logits to the bit; returns the drafted output.
+fn same(e: &Engine, prompt: &[u32], p: &GenParams) -> Output {
+    let (plain, lp) = run_logits(e, prompt, &GenParams { speculate: 0, ..p.clone() });
+    let (spec, ls) = run_logits(e, prompt, &GenParams { speculate: 8, ..p.clone() });
+    let bits = |l: &[f32]| l.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    assert!(bits(&ls) == bits(&lp), "last logits differ after {} tokens", spec.ids.len());
+    assert_eq!(spec.ids, plain.ids, "drafted {:?}\n  plain {:?}", spec.text, plain.text);
+    assert_eq!(spec.text, plain.text);
+    assert_eq!(spec.finish, plain.finish);
+    assert_eq!((plain.drafted, plain.accepted), (0, 0));
+    assert!(spec.accepted <= spec.drafted);
+    spec
+}
+
+#[test]
+fn greedy_output_is_the_same_and_drafts_are_confirmed() {
+    let Some(e) = engine("speculate greedy") else { return };
+    let (mut drafted, mut accepted) = (0, 0);
+    for q in QUOTES {
+        let out = same(&e, &prompt(&e, q), &GenParams { max_tokens: 64, ..GenParams::default() });
+        eprintln!("{}/{} drafts confirmed: {:?}", out.accepted, out.drafted, out.text);
+        (drafted, accepted) = (drafted + out.drafted, accepted + out.accepted);
+    }
+    assert!(accepted * 4 >= drafted && accepted > 20, "{accepted}/{drafted} confirmed");
+}
+
+#[test]
+fn sampled_output_with_penalties_is_the_same() {
+    let Some(e) = engine("speculate sampled") else { return };
+    for (i, q) in QUOTES.iter().enumerate() {
+        let sampling = Sampling {
+            temperature: 0.7,
+            repeat_penalty: 1.1,
+            presence_penalty: 0.2,
+            no_repeat_ngram: 6,
+            seed: 11 + i as u64,
+            ..Sampling::default()
+        };
+        same(&e, &prompt(&e, q), &GenParams { max_tokens: 48, sampling, ..GenParams::default() });
+    }
+}
+
+/// Every limit between 1 and 40 tokens ends where decoding without drafts
+/// ends (a limit can fall inside a confirmed run).
+#[test]
+fn every_length_limit_is_the_same() {
+    let Some(e) = engine("speculate limits") else { return };
+    let p = prompt(&e, QUOTES[0]);
+    for max_tokens in 1..=40 {
+        same(&e, &p, &GenParams { max_tokens, ..GenParams::default() });
+    }
+}
+
+/// The Q4_K_M requantization of the default model (K-quant products whose
+/// batched numbers depend on grouping) and gemma3 (sliding-window layers,
+/// soft-capped logits): the same at every limit up to 24 tokens.
+#[test]
+fn other_files_are_the_same() {
+    for var in ["AGENTD_TEST_Q4KM", "AGENTD_TEST_GEMMA"] {
+        let Some(e) = engine_of(var, "speculate other files") else { continue };
+        let mut accepted = 0;
+        for q in QUOTES {
+            let p = e.tokenize_prompt(q, false).expect("tokenizes");
+            for max_tokens in [1, 2, 3, 5, 8, 13, 24] {
+                accepted +=
+                    same(&e, &p, &GenParams { max_tokens, ..GenParams::default() }).accepted;
+            }
+        }
+        assert!(accepted > 0, "{var}: no draft confirmed");
+    }
+}
+
+/// Under a constraint that forbids a marker the model is asked to repeat,
+/// and under a lazy grammar that the marker engages.
+#[test]
+fn constrained_output_is_the_same() {
+    let Some(e) = engine("speculate constrained") else { return };
+    let g = e.grammars().unwrap();
+    let m = g.marker("<tool_call>").unwrap();
+    let text = "Repeat exactly this text twice: <tool_call>{\"name\": \"search\"}</tool_call>";
+    let p = prompt(&e, text);
+    let forbid = Constraint::Forbid(vec![m.clone()]);
+    same(&e, &p, &GenParams { max_tokens: 48, constraint: Some(forbid), ..GenParams::default() });
+    let call = g.compile(r#"start: "<tool_call>" "\n" %json {"type": "object", "properties": {"name": {"const": "search"}}, "required": ["name"]} "\n" "</tool_call>""#).unwrap();
+    let lazy = Constraint::Lazy { marker: m, grammar: call };
+    same(&e, &p, &GenParams { max_tokens: 64, constraint: Some(lazy), ..GenParams::default() });
+}
+
+/// A generation with drafts stepping beside another (one batched pass for
+/// both) gives what each gives alone.
+#[test]
+fn batched_with_another_session_is_the_same() {
+    let Some(e) = engine("speculate batched") else { return };
+    let (pa, pb) = (prompt(&e, QUOTES[0]), prompt(&e, QUOTES[2]));
+    let p = GenParams { max_tokens: 40, ..GenParams::default() };
+    let alone_a = run(&e, &pa, &GenParams { speculate: 0, ..p.clone() });
+    let alone_b = run(&e, &pb, &GenParams { speculate: 0, ..p.clone() });
+    let (mut sa, mut sb) = (e.session(), e.session());
+    let mut ga = e.begin(&mut sa, &pa, &p).unwrap();
+    let mut gb = e.begin(&mut sb, &pb, &GenParams { speculate: 0, ..p.clone() }).unwrap();
+    let no = AtomicBool::new(false);
+    let (mut ta, mut tb) = (String::new(), String::new());
+    while !ga.is_done() || !gb.is_done() {
+        let mut a = |t: &str| ta.push_str(t);
+        let mut b = |t: &str| tb.push_str(t);
+        e.step(&mut [
+            Step { session: &mut sa, gen: &mut ga, cancel: &no, on_text: &mut a },
+            Step { session: &mut sb, gen: &mut gb, cancel: &no, on_text: &mut b },
+        ])
+        .unwrap();
+    }
+    let (oa, ob) = (e.end(ga, &mut |_| {}), e.end(gb, &mut |_| {}));
+    assert_eq!(oa.ids, alone_a.ids);
+    assert_eq!(ob.ids, alone_b.ids);
+    assert!(oa.accepted > 0, "{}/{}", oa.accepted, oa.drafted);
+}
+
+/// A session continued after a drafted turn (rejected drafts cut from its
+/// cache) reuses its cache and answers as a fresh session does.
+#[test]
+fn a_continued_session_is_the_same_as_a_fresh_one() {
+    let Some(e) = engine("speculate continued") else { return };
+    let p = GenParams { max_tokens: 32, ..GenParams::default() };
+    let mut s = e.session();
+    let first = prompt(&e, QUOTES[1]);
+    let out = e.generate(&mut s, &first, &p, &AtomicBool::new(false), &mut |_| {}).unwrap();
+    let mut next = first.clone();
+    next.extend(&out.ids);
+    next.extend(
+        e.tokenize_prompt(
+            "\n<|im_start|>user\nSay it again.<|im_end|>\n<|im_start|>assistant\n",
+            true,
+        )
+        .unwrap(),
+    );
+    let cont = e.generate(&mut s, &next, &p, &AtomicBool::new(false), &mut |_| {}).unwrap();
+    // (What a fresh run of the longer prompt computes alike: most of the
+    // first prompt, `Session`'s invariant.)
+    assert!(cont.reused_tokens > 0, "{} reused", cont.reused_tokens);
+    let fresh = run(&e, &next, &GenParams { speculate: 0, ..p });
+    assert_eq!(cont.ids, fresh.ids);
+}
