@@ -647,8 +647,11 @@ const KV_STEP: usize = 128;
 /// Positions per feed-forward slice of a prompt batch.
 const FFN_SLICE: usize = 64;
 
-/// A session's key/value cache: per layer, `[position][kv head][head size]`
-/// as f16, grown as positions are added.
+/// A session's key/value cache: per layer and KV head (`k[layer · n_kv +
+/// head]`), `[position][head size]` as f16, grown as positions are added.
+/// One head's keys are one contiguous stream, which attention reads front
+/// to back (the hardware prefetchers follow it; rows of all heads
+/// interleaved were a stride apart, and the decode at depth waited on them).
 #[derive(Debug, Default)]
 pub(crate) struct KvCache {
     k: Vec<Vec<f16>>,
@@ -663,7 +666,7 @@ impl KvCache {
 
     /// Forgets positions from `len` on.
     pub(crate) fn truncate(&mut self, len: usize, cfg: &Config) {
-        let row = cfg.n_kv * cfg.head_dim;
+        let row = cfg.head_dim;
         self.len = self.len.min(len);
         for l in self.k.iter_mut().chain(self.v.iter_mut()) {
             l.truncate(self.len * row);
@@ -880,9 +883,9 @@ impl Model {
                     (r0..r0 + q.n).step_by(TILED_ROWS).map(|b| b..(b + TILED_ROWS).min(r0 + q.n)),
                 ),
             }
-            if q.kv.k.len() != cfg.n_layer {
-                q.kv.k = vec![Vec::new(); cfg.n_layer];
-                q.kv.v = vec![Vec::new(); cfg.n_layer];
+            if q.kv.k.len() != cfg.n_layer * cfg.n_kv {
+                q.kv.k = vec![Vec::new(); cfg.n_layer * cfg.n_kv];
+                q.kv.v = vec![Vec::new(); cfg.n_layer * cfg.n_kv];
             }
             s.rows.extend((0..q.n).map(|t| (j, q.kv.len + t)));
             if q.n == 0 {
@@ -897,7 +900,7 @@ impl Model {
             }
             // KV storage grows in steps of KV_STEP positions, exactly: Vec's
             // doubling would hold up to twice the cache (peak RSS is a target).
-            let want = (q.kv.len + q.n).div_ceil(KV_STEP) * KV_STEP * kd;
+            let want = (q.kv.len + q.n).div_ceil(KV_STEP) * KV_STEP * cfg.head_dim;
             for c in q.kv.k.iter_mut().chain(q.kv.v.iter_mut()) {
                 if c.capacity() < want {
                     c.reserve_exact(want - c.len());
@@ -951,11 +954,16 @@ impl Model {
                 }
             };
             crate::kernels::rows_mut(pool, &mut s.qkv[..n * w], w, rope_rows);
+            let hd = cfg.head_dim;
             for i in 0..n {
                 let row = &s.qkv[i * w..(i + 1) * w];
                 let kv = &mut *seqs[s.rows[i].0].kv;
-                kv.k[li].extend(row[qd..qd + kd].iter().map(|&v| f16::from_f32(v)));
-                kv.v[li].extend(row[qd + kd..].iter().map(|&v| f16::from_f32(v)));
+                for g in 0..cfg.n_kv {
+                    let (k, v) = (qd + g * hd, qd + kd + g * hd);
+                    let at = li * cfg.n_kv + g;
+                    kv.k[at].extend(row[k..k + hd].iter().map(|&x| f16::from_f32(x)));
+                    kv.v[at].extend(row[v..v + hd].iter().map(|&x| f16::from_f32(x)));
+                }
             }
             self.attention(pool, li, layer.swa, seqs, s);
             layer.wo.forward(pool, &s.att, n, &s.grouped, &s.wide, &mut s.acts, &mut s.proj)?;
@@ -1105,10 +1113,12 @@ impl Model {
         // The first position a query at `pos` sees.
         let from = |pos: usize| window.map_or(0, |wn| (pos + 1).saturating_sub(wn));
         let (rows, vec_rows, spans) = (&s.rows, &s.vec_rows, &s.spans);
-        let cache = |i: usize| {
+        // Row i's cache of KV head g, one stream of `hd` per position.
+        let cache = |i: usize, g: usize| {
             let kv = &*seqs[rows[i].0].kv;
-            (&kv.k[li][..], &kv.v[li][..])
+            (&kv.k[li * cfg.n_kv + g][..], &kv.v[li * cfg.n_kv + g][..])
         };
+        let lane = Lane { stride: hd, offset: 0 };
         let qkv = &s.qkv;
         let out = OutRows::new(&mut s.att, qd);
         let q = |i: usize, h: usize| &qkv[i * w + h * hd..i * w + (h + 1) * hd];
@@ -1119,14 +1129,13 @@ impl Model {
             let parts = head_parts(cfg.n_head, vec_rows.len(), pool.threads());
             pool.run(vec_rows.len() * parts.len(), &|task| {
                 let (i, heads) = (vec_rows[task / parts.len()], parts[task % parts.len()].clone());
-                let (kc, vc) = cache(i);
                 let pos = rows[i].1;
                 let mut o = [0f32; GROUP * MAX_HEAD];
                 let mut h = heads.start;
                 while h < heads.end {
                     let g = h / group;
                     let end = heads.end.min((g + 1) * group).min(h + GROUP);
-                    let lane = Lane { stride: kd, offset: g * hd };
+                    let (kc, vc) = cache(i, g);
                     let o = &mut o[..(end - h) * hd];
                     let qs = &qkv[i * w + h * hd..i * w + end * hd];
                     attend_heads(qs, hd, kc, vc, lane, from(pos), pos + 1, scale, softcap, o);
@@ -1145,9 +1154,8 @@ impl Model {
             // for all of them.
             pool.run(spans.len() * cfg.n_kv, &|task| {
                 let (b, g) = (task / cfg.n_kv, task % cfg.n_kv);
-                let lane = Lane { stride: kd, offset: g * hd };
                 let pos = spans[b].clone();
-                let (kc, vc) = cache(pos.start);
+                let (kc, vc) = cache(pos.start, g);
                 let heads = g * group..(g + 1) * group;
                 let trows: Vec<TiledRow<'_>> = pos
                     .clone()

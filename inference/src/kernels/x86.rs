@@ -641,7 +641,7 @@ pub(super) unsafe fn attend_heads(
 const BLOCK: usize = 32;
 
 /// Keys ahead whose rows [`attend_heads_c`] asks the cache for.
-const PREFETCH: usize = 12;
+const PREFETCH: usize = 32;
 
 /// [`attend_heads`] for `H` heads of at most `16·C` values (`C` registers
 /// each), of exactly that many when `EXACT` (the loops' bounds then
