@@ -1366,7 +1366,7 @@ pub(crate) const SPECULATE: usize = 8;
 
 /// Longest and shortest run of last tokens prompt lookup matches.
 const LOOKUP_MAX: usize = 4;
-const LOOKUP_MIN: usize = 2;
+const LOOKUP_MIN: usize = 3;
 
 /// Prompt-lookup drafts: the tokens (at most `max`) that followed the latest
 /// earlier occurrence of `history`'s last `LOOKUP_MAX` tokens, else of
@@ -1591,16 +1591,16 @@ mod tests {
 
     #[test]
     fn lookup_drafts_what_followed_the_latest_match() {
-        // [7, 8] occurs at 1 and 5; the latest is followed by 9, 4, 7, 8.
-        let h = [1, 7, 8, 2, 3, 7, 8, 9, 4, 7, 8];
-        assert_eq!(lookup(&h, 3), vec![9, 4, 7]);
-        assert_eq!(lookup(&h, 10), vec![9, 4, 7, 8]);
-        // The longest match wins over a later, shorter one: [5, 6, 7]
-        // occurs at 0, [6, 7] also at 5.
-        let h = [5, 6, 7, 1, 9, 6, 7, 2, 5, 6, 7];
+        // [6, 7, 8] occurs at 1 and 6; the latest is followed by 9, 4, 6, 7, 8.
+        let h = [1, 6, 7, 8, 2, 3, 6, 7, 8, 9, 4, 6, 7, 8];
+        assert_eq!(lookup(&h, 3), vec![9, 4, 6]);
+        assert_eq!(lookup(&h, 10), vec![9, 4, 6, 7, 8]);
+        // The longest match wins over a later, shorter one: [4, 5, 6, 7]
+        // occurs at 0, [5, 6, 7] also at 6.
+        let h = [4, 5, 6, 7, 1, 9, 5, 6, 7, 2, 4, 5, 6, 7];
         assert_eq!(lookup(&h, 2), vec![1, 9]);
-        // One token alone is not a match; nothing recurs here.
-        assert!(lookup(&[1, 2, 3, 4, 2], 4).is_empty());
+        // Two tokens are not a match (`LOOKUP_MIN`); nothing longer recurs.
+        assert!(lookup(&[1, 2, 3, 9, 2, 3], 4).is_empty());
         assert!(lookup(&[], 4).is_empty());
         assert!(lookup(&[3], 4).is_empty());
     }

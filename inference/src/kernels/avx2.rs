@@ -28,6 +28,13 @@ pub(super) fn available() -> bool {
 
 /// Rows per call when the product has one column (decode).
 const DEC_ROWS: usize = 1;
+
+/// Columns up to which `Kern::dec` is tried on a product of several
+/// (below `WIDE_MIN`, where a wide product takes over).
+const MULTI_DEC: usize = WIDE_MIN - 1;
+
+/// Columns `q4k_dec8` runs against one block read.
+const DEC_COLS: usize = 4;
 /// Columns per call on wider products.
 const COLS: usize = 8;
 /// Rows that share a group of columns (their weights stay in L1).
@@ -74,6 +81,21 @@ trait Kern {
     /// As [`Kern::run`].
     #[inline(always)]
     unsafe fn dec(
+        _w: &RowMat,
+        _acts: &Acts,
+        _rows: std::ops::Range<usize>,
+        _out: &OutRows<'_>,
+    ) -> bool {
+        false
+    }
+
+    /// [`Kern::dec`] of several ungrouped columns at once, each with the
+    /// numbers it has alone; `false` when the format has none.
+    ///
+    /// # Safety
+    /// As [`Kern::run`].
+    #[inline(always)]
+    unsafe fn dec_many(
         _w: &RowMat,
         _acts: &Acts,
         _rows: std::ops::Range<usize>,
@@ -169,6 +191,11 @@ unsafe fn drive<K: Kern>(w: &RowMat, acts: &Acts, rows: std::ops::Range<usize>, 
             return;
         }
         if acts.n >= WIDE_MIN && K::wide(w, acts, rows.clone(), out) {
+            return;
+        }
+        // Ungrouped columns of a format whose decode kernel takes several
+        // (weights read once for all of them).
+        if acts.n <= MULTI_DEC && K::dec_many(w, acts, rows.clone(), out) {
             return;
         }
         // A block of rows against each group of columns in turn: the rows'
@@ -1093,6 +1120,21 @@ impl Kern for Q4KChain {
     }
 
     #[inline(always)]
+    unsafe fn dec_many(
+        w: &RowMat,
+        acts: &Acts,
+        rows: std::ops::Range<usize>,
+        out: &OutRows<'_>,
+    ) -> bool {
+        if (0..acts.n).any(|c| acts.grouped(c)) {
+            return false;
+        }
+        // SAFETY: forwarded.
+        unsafe { q4k_dec8(w, acts, rows, out) };
+        true
+    }
+
+    #[inline(always)]
     unsafe fn run<const R: usize, const N: usize>(
         w: &RowMat,
         acts: &Acts,
@@ -1362,26 +1404,29 @@ unsafe fn q4k_wide_in(
     }
 }
 
-/// A one-column Q4_K product on the chain numerics of an ungrouped column
-/// (ggml's repacked gemv), eight rows at once with the rows in the lanes:
-/// per super-block each row's exact integer sum and `Σ min·bsum`, then the
-/// same `fma(isum, d·da, acc)` and `fma(imin, dmin·da, accm)` per lane as
-/// `Q4KChain::run` does per row, so the numbers are identical. The rows of
-/// a group are interleaved block by block (`RowMat::group`), so the eight
-/// rows are one stream of memory. Rows past the last group of eight go
-/// through `Q4KChain::run`.
+/// A Q4_K product of ungrouped columns on the chain numerics (ggml's
+/// repacked gemv, one column at a time), eight rows at once with the rows
+/// in the lanes: per super-block each row's exact integer sum and
+/// `Σ min·bsum`, then the same `fma(isum, d·da, acc)` and
+/// `fma(imin, dmin·da, accm)` per lane as `Q4KChain::run` does per row, so
+/// the numbers are identical. The rows of a group are interleaved block by
+/// block (`RowMat::group`), so the eight rows are one stream of memory; with
+/// several columns (decode steps of several sequences, a verified draft)
+/// each block is read from memory once and its scales unpacked once for
+/// [`DEC_COLS`] columns. Rows past the last group of eight go through
+/// `Q4KChain::run`.
 ///
 /// # Safety
 /// The CPU must support avx2, fma and f16c; rows `rows` of `out` are the
 /// caller's (`OutRows::set`); `w` and `acts` hold them (bounds are
-/// asserted); `acts` has one column.
+/// asserted); no column of `acts` is grouped.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q4k_dec8(w: &RowMat, acts: &Acts, rows: std::ops::Range<usize>, out: &OutRows<'_>) {
     let k = acts.k;
     let nb = k / QK_K;
-    assert!(acts.n == 1);
+    let n = acts.n;
     assert!(w.row_bytes >= nb * 144);
-    assert!(k <= acts.kq.len() && nb <= acts.kd.len() && nb * 16 <= acts.kbs.len());
+    assert!(n * k <= acts.kq.len() && n * nb <= acts.kd.len() && n * nb * 16 <= acts.kbs.len());
     let full = rows.start + (rows.end - rows.start) / 8 * 8;
     // SAFETY: loads stay within the eight rows of each group (asserted
     // rows) and the column's activations (asserted).
@@ -1396,11 +1441,15 @@ unsafe fn q4k_dec8(w: &RowMat, acts: &Acts, rows: std::ops::Range<usize>, out: &
             8, -1, 9, -1, 10, -1, 11, -1, 12, -1, 13, -1, 14, -1, 15, -1, 8, -1, 9, -1, 10, -1, 11,
             -1, 12, -1, 13, -1, 14, -1, 15, -1,
         );
-        for rb in (rows.start..full).step_by(8) {
+        for (rb, c0) in (rows.start..full)
+            .step_by(8)
+            .flat_map(|rb| (0..n).step_by(DEC_COLS).map(move |c0| (rb, c0)))
+        {
+            let cn = (n - c0).min(DEC_COLS);
             let at = w.at(rb, 8);
             let base = w.bytes().as_ptr().add(at.base);
-            let mut acc = _mm256_setzero_ps();
-            let mut accm = _mm256_setzero_ps();
+            let mut acc = [_mm256_setzero_ps(); DEC_COLS];
+            let mut accm = [_mm256_setzero_ps(); DEC_COLS];
             for b in 0..nb {
                 let blk: [*const u8; 8] =
                     std::array::from_fn(|r| base.add(r * at.row + b * at.block));
@@ -1426,17 +1475,8 @@ unsafe fn q4k_dec8(w: &RowMat, acts: &Acts, rows: std::ops::Range<usize>, out: &
                     _mm256_and_si256(dv, _mm256_set1_epi32(0xFFFF)),
                     _mm256_srli_epi32::<16>(dv),
                 ));
-                let da = _mm256_set1_ps(*acts.kd.get_unchecked(b));
-                let dd = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(halves)), da);
-                let ddm = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256::<1>(halves)), da);
-                let a0 = acts.kq.as_ptr().add(b * QK_K);
-                let bs = acts.kbs.as_ptr().add(b * 16);
-                // Sums of bsum pairs, one i16 per sub-block, in both halves.
-                let bsp = _mm_hadd_epi16(
-                    _mm_loadu_si128(bs as *const __m128i),
-                    _mm_loadu_si128(bs.add(8) as *const __m128i),
-                );
-                let bsp = _mm256_setr_m128i(bsp, bsp);
+                let dh = _mm256_cvtph_ps(_mm256_castsi256_si128(halves));
+                let dmh = _mm256_cvtph_ps(_mm256_extracti128_si256::<1>(halves));
                 // Rows p and p + 4's 16 scale and min bytes (`k4_scales`) in
                 // the two halves: from the 12 packed bytes [a, b, c] (u32
                 // lanes 1..4 of `v`), [a & M1, (c & M2) | ((a >> 6) & M3) << 4, b & M1,
@@ -1472,71 +1512,91 @@ unsafe fn q4k_dec8(w: &RowMat, acts: &Acts, rows: std::ops::Range<usize>, out: &
                     ));
                     _mm256_or_si256(lo, hi)
                 });
-                let mut iv = _mm256_setzero_si256();
-                for g in 0..4 {
-                    let mut a = [_mm256_setzero_si256(); 4];
-                    for (h, a) in a.iter_mut().enumerate() {
-                        *a = _mm256_broadcastsi128_si256(_mm_loadu_si128(
-                            a0.add(64 * g + 16 * h) as *const __m128i
-                        ));
-                    }
-                    let mut v = [_mm256_setzero_si256(); 4];
-                    for p in 0..4 {
-                        let qa = blk[p].add(16 + 32 * g);
-                        let qb = blk[p + 4].add(16 + 32 * g);
-                        let q0 = _mm256_setr_m128i(
-                            _mm_loadu_si128(qa as *const __m128i),
-                            _mm_loadu_si128(qb as *const __m128i),
-                        );
-                        let q1 = _mm256_setr_m128i(
-                            _mm_loadu_si128(qa.add(16) as *const __m128i),
-                            _mm_loadu_si128(qb.add(16) as *const __m128i),
-                        );
-                        let l0 = _mm256_maddubs_epi16(_mm256_and_si256(q0, m4), a[0]);
-                        let l1 = _mm256_maddubs_epi16(_mm256_and_si256(q1, m4), a[1]);
-                        let h0 = _mm256_maddubs_epi16(
-                            _mm256_and_si256(_mm256_srli_epi16::<4>(q0), m4),
-                            a[2],
-                        );
-                        let h1 = _mm256_maddubs_epi16(
-                            _mm256_and_si256(_mm256_srli_epi16::<4>(q1), m4),
-                            a[3],
-                        );
-                        // Two maddubs sums of one sub-block add exactly in
-                        // i16 (|x| ≤ 7680); the scale bytes as i16 pairs.
-                        let sl = _mm256_shuffle_epi8(t[p], pick[2 * g]);
-                        let sh = _mm256_shuffle_epi8(t[p], pick[2 * g + 1]);
-                        let pl = _mm256_madd_epi16(_mm256_add_epi16(l0, l1), sl);
-                        let ph = _mm256_madd_epi16(_mm256_add_epi16(h0, h1), sh);
-                        v[p] = _mm256_add_epi32(pl, ph);
-                    }
-                    iv = _mm256_add_epi32(
-                        iv,
-                        _mm256_hadd_epi32(
-                            _mm256_hadd_epi32(v[0], v[1]),
-                            _mm256_hadd_epi32(v[2], v[3]),
-                        ),
+                for j in 0..cn {
+                    let c = c0 + j;
+                    let da = _mm256_set1_ps(*acts.kd.get_unchecked(c * nb + b));
+                    let dd = _mm256_mul_ps(dh, da);
+                    let ddm = _mm256_mul_ps(dmh, da);
+                    let a0 = acts.kq.as_ptr().add(c * k + b * QK_K);
+                    let bs = acts.kbs.as_ptr().add((c * nb + b) * 16);
+                    // Sums of bsum pairs, one i16 per sub-block, in both halves.
+                    let bsp = _mm_hadd_epi16(
+                        _mm_loadu_si128(bs as *const __m128i),
+                        _mm_loadu_si128(bs.add(8) as *const __m128i),
                     );
+                    let bsp = _mm256_setr_m128i(bsp, bsp);
+                    let mut iv = _mm256_setzero_si256();
+                    for g in 0..4 {
+                        let mut a = [_mm256_setzero_si256(); 4];
+                        for (h, a) in a.iter_mut().enumerate() {
+                            *a = _mm256_broadcastsi128_si256(_mm_loadu_si128(
+                                a0.add(64 * g + 16 * h) as *const __m128i,
+                            ));
+                        }
+                        let mut v = [_mm256_setzero_si256(); 4];
+                        for p in 0..4 {
+                            let qa = blk[p].add(16 + 32 * g);
+                            let qb = blk[p + 4].add(16 + 32 * g);
+                            let q0 = _mm256_setr_m128i(
+                                _mm_loadu_si128(qa as *const __m128i),
+                                _mm_loadu_si128(qb as *const __m128i),
+                            );
+                            let q1 = _mm256_setr_m128i(
+                                _mm_loadu_si128(qa.add(16) as *const __m128i),
+                                _mm_loadu_si128(qb.add(16) as *const __m128i),
+                            );
+                            let l0 = _mm256_maddubs_epi16(_mm256_and_si256(q0, m4), a[0]);
+                            let l1 = _mm256_maddubs_epi16(_mm256_and_si256(q1, m4), a[1]);
+                            let h0 = _mm256_maddubs_epi16(
+                                _mm256_and_si256(_mm256_srli_epi16::<4>(q0), m4),
+                                a[2],
+                            );
+                            let h1 = _mm256_maddubs_epi16(
+                                _mm256_and_si256(_mm256_srli_epi16::<4>(q1), m4),
+                                a[3],
+                            );
+                            // Two maddubs sums of one sub-block add exactly in
+                            // i16 (|x| ≤ 7680); the scale bytes as i16 pairs.
+                            let sl = _mm256_shuffle_epi8(t[p], pick[2 * g]);
+                            let sh = _mm256_shuffle_epi8(t[p], pick[2 * g + 1]);
+                            let pl = _mm256_madd_epi16(_mm256_add_epi16(l0, l1), sl);
+                            let ph = _mm256_madd_epi16(_mm256_add_epi16(h0, h1), sh);
+                            v[p] = _mm256_add_epi32(pl, ph);
+                        }
+                        iv = _mm256_add_epi32(
+                            iv,
+                            _mm256_hadd_epi32(
+                                _mm256_hadd_epi32(v[0], v[1]),
+                                _mm256_hadd_epi32(v[2], v[3]),
+                            ),
+                        );
+                    }
+                    // Σ min·bsum per row, the same order of hadds.
+                    let u: [__m256i; 4] = std::array::from_fn(|p| {
+                        _mm256_madd_epi16(_mm256_shuffle_epi8(t[p], mins16), bsp)
+                    });
+                    let im = _mm256_hadd_epi32(
+                        _mm256_hadd_epi32(u[0], u[1]),
+                        _mm256_hadd_epi32(u[2], u[3]),
+                    );
+                    acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iv), dd, acc[j]);
+                    accm[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(im), ddm, accm[j]);
                 }
-                // Σ min·bsum per row, the same order of hadds.
-                let u: [__m256i; 4] = std::array::from_fn(|p| {
-                    _mm256_madd_epi16(_mm256_shuffle_epi8(t[p], mins16), bsp)
-                });
-                let im =
-                    _mm256_hadd_epi32(_mm256_hadd_epi32(u[0], u[1]), _mm256_hadd_epi32(u[2], u[3]));
-                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iv), dd, acc);
-                accm = _mm256_fmadd_ps(_mm256_cvtepi32_ps(im), ddm, accm);
             }
-            let mut o = [0f32; 8];
-            _mm256_storeu_ps(o.as_mut_ptr(), _mm256_sub_ps(acc, accm));
-            for (r, v) in o.iter().enumerate() {
-                out.set(0, rb + r, *v);
+            for j in 0..cn {
+                let mut o = [0f32; 8];
+                _mm256_storeu_ps(o.as_mut_ptr(), _mm256_sub_ps(acc[j], accm[j]));
+                for (r, v) in o.iter().enumerate() {
+                    out.set(c0 + j, rb + r, *v);
+                }
             }
         }
         for r in full..rows.end {
-            let mut o = [[0f32; 1]; 1];
-            Q4KChain::run::<1, 1>(w, acts, r, 0, &mut o);
-            out.set(0, r, o[0][0]);
+            for c in 0..n {
+                let mut o = [[0f32; 1]; 1];
+                Q4KChain::run::<1, 1>(w, acts, r, c, &mut o);
+                out.set(c, r, o[0][0]);
+            }
         }
     }
 }
