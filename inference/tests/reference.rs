@@ -27,19 +27,9 @@ use serde_json::Value;
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 
-fn file(var: &str, test: &str) -> Option<PathBuf> {
-    let Some(p) = std::env::var_os(var).filter(|v| !v.is_empty()) else {
-        assert!(
-            std::env::var("AGENTD_TEST_STRICT").as_deref() != Ok("1"),
-            "{test}: {var} is not set and AGENTD_TEST_STRICT=1 (run ./test.sh)"
-        );
-        eprintln!("SKIPPED {test}: {var} is not set (./test.sh sets it)");
-        return None;
-    };
-    let p = PathBuf::from(p);
-    assert!(p.is_file(), "{var}={} is not a file", p.display());
-    Some(p)
-}
+mod common;
+
+use common::real_file as file;
 
 fn model() -> Option<PathBuf> {
     file("AGENTD_TEST_MODEL", "reference (default model)")

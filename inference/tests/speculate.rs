@@ -10,6 +10,8 @@
 //! each test says when it skips, and fails instead under
 //! `AGENTD_TEST_STRICT=1`.
 
+mod common;
+
 use inference::{Constraint, Engine, EngineOptions, GenParams, Output, Sampling, Step};
 use std::sync::atomic::AtomicBool;
 
@@ -18,16 +20,9 @@ fn engine(test: &str) -> Option<Engine> {
 }
 
 fn engine_of(var: &str, test: &str) -> Option<Engine> {
-    let Some(p) = std::env::var_os(var).filter(|v| !v.is_empty()) else {
-        assert!(
-            std::env::var("AGENTD_TEST_STRICT").as_deref() != Ok("1"),
-            "{test}: {var} is not set and AGENTD_TEST_STRICT=1 (run ./test.sh)"
-        );
-        eprintln!("SKIPPED {test}: {var} is not set (./test.sh sets it)");
-        return None;
-    };
+    let p = common::real_file(var, test)?;
     let opts = EngineOptions { threads: Some(2), ..Default::default() };
-    Some(Engine::load(p.as_ref(), &opts).expect("model loads"))
+    Some(Engine::load(&p, &opts).expect("model loads"))
 }
 
 /// Passages the model is asked to quote back, or to answer from.

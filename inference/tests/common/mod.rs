@@ -268,3 +268,20 @@ pub fn write_tiny_moe(md: Vec<(String, Value)>) -> Tiny {
     gguf_file::write(&mut f, &mdr, &tsr).unwrap();
     Tiny { path, vocab, _dir: dir }
 }
+
+/// The real model file environment variable `var` names (the test command
+/// sets it), or `None` when it is unset: `test` then says it skips, and
+/// fails instead under `AGENTD_TEST_STRICT=1`.
+pub fn real_file(var: &str, test: &str) -> Option<PathBuf> {
+    let Some(p) = std::env::var_os(var).filter(|v| !v.is_empty()) else {
+        assert!(
+            std::env::var("AGENTD_TEST_STRICT").as_deref() != Ok("1"),
+            "{test}: {var} is not set and AGENTD_TEST_STRICT=1 (run ./test.sh)"
+        );
+        eprintln!("SKIPPED {test}: {var} is not set (./test.sh sets it)");
+        return None;
+    };
+    let p = PathBuf::from(p);
+    assert!(p.is_file(), "{var}={} is not a file", p.display());
+    Some(p)
+}
