@@ -1130,7 +1130,12 @@ impl Engine {
         on_text: &mut dyn FnMut(&str),
     ) -> Option<Run> {
         let cfg = &self.info.config;
-        let drafts = std::mem::take(&mut g.drafts);
+        let mut drafts = std::mem::take(&mut g.drafts);
+        if session.logit_rows != drafts.len() + 1 || !session.tokens.ends_with(&drafts) {
+            // The pass that was to verify them did not complete (it failed):
+            // nothing of theirs is there to take.
+            drafts.clear();
+        }
         // The drafts are cached after `base` positions; row j of the logits
         // follows position base - 1 + j.
         let base = session.tokens.len() - drafts.len();
