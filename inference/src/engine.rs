@@ -1264,8 +1264,10 @@ impl Engine {
             };
         let mut tokens = run;
         if spec > 0 {
-            let history: Vec<u32> = session.tokens.iter().chain(&tokens).copied().collect();
-            g.drafts = lookup(&history, spec);
+            // The context with the token about to run, without copying it.
+            session.tokens.extend_from_slice(&tokens);
+            g.drafts = lookup(&session.tokens, spec);
+            session.tokens.truncate(session.tokens.len() - tokens.len());
             g.out.drafted += g.drafts.len();
         }
         if g.drafts.is_empty() {
@@ -1367,7 +1369,7 @@ impl Drafter {
 }
 
 /// Default of [`GenParams::speculate`].
-pub(crate) const SPECULATE: usize = 8;
+pub const SPECULATE: usize = 8;
 
 /// Longest and shortest run of last tokens prompt lookup matches.
 const LOOKUP_MAX: usize = 4;

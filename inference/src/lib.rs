@@ -34,7 +34,7 @@ pub use constraint::{Constraint, Grammar, Grammars, Marker};
 pub use embed::{normalize, Embedding, Pooling};
 pub use engine::{
     inspect, Device, Engine, EngineOptions, Facts, Finish, GenParams, Generation, ModelInfo,
-    Output, Session, Step,
+    Output, Session, Step, SPECULATE,
 };
 pub use error::{Error, ErrorKind, Result};
 pub use pool::Pool;

@@ -66,8 +66,8 @@ pub(crate) struct EngineArgs {
     pub(crate) draft: u16,
 }
 
-/// Default of `--draft`.
-pub(crate) const DRAFT: u16 = 8;
+/// Default of `--draft`: the engine's.
+pub(crate) const DRAFT: u16 = inference::SPECULATE as u16;
 
 /// A model to run: its file and, for registry models, the entry.
 #[derive(Debug, Clone)]
