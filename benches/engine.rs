@@ -198,17 +198,21 @@ fn llama_bench(bin: &Path, model: &str, threads: usize, reps: usize) -> Option<(
     Some((pp, tg, rss_p.max(rss_t)))
 }
 
-/// llama-bench's tokens/s of one test (`-p`, `-n` at depth `-d`).
+/// llama-bench's tokens/s of one test (`-p`, `-n` at depth `-d`) with the
+/// K/V cache type `kv` (`-ctk`, `-ctv`).
 fn llama_bench_at(
     bin: &Path,
     model: &str,
     threads: usize,
-    p: usize,
-    n: usize,
-    d: usize,
+    (p, n, d): (usize, usize, usize),
+    kv: &str,
 ) -> Option<f64> {
     let arg = |v: usize| v.to_string();
     let (out, _) = run_measured(Command::new(bin.join("llama-bench")).args([
+        "-ctk",
+        kv,
+        "-ctv",
+        kv,
         "-m",
         model,
         "-t",
@@ -233,20 +237,28 @@ fn llama_bench_at(
 /// of `depth` tokens from an empty context, both engines alternating, 2
 /// threads. `AGENTD_BENCH_DEPTHS` (default `4096,16384`) lists the depths;
 /// 16,384 runs only on the 1B files (their context allows it).
+/// `AGENTD_BENCH_KV` (default `f16`) lists the K/V cache types, each run
+/// by both engines (`--kv-type`, llama-bench's `-ctk`/`-ctv`).
 fn depth_table(bin: Option<&Path>, dir: &Path, rounds: usize, only: &str) {
     let depths: Vec<usize> = std::env::var("AGENTD_BENCH_DEPTHS")
         .unwrap_or_else(|_| "4096,16384".into())
         .split(',')
         .filter_map(|d| d.trim().parse().ok())
         .collect();
+    let kvs: Vec<String> = std::env::var("AGENTD_BENCH_KV")
+        .unwrap_or_else(|_| "f16".into())
+        .split(',')
+        .map(|k| k.trim().to_owned())
+        .filter(|k| !k.is_empty())
+        .collect();
     println!();
     println!(
         "at depth, 2 threads: decode of 64 tokens after D tokens, prompt of D tokens from empty"
     );
     println!(
-        "| file | D | llama.cpp tg / pp | agentd tg / pp | ratio tg / pp | agentd KV bytes/token |"
+        "| file | D | KV | llama.cpp tg / pp | agentd tg / pp | ratio tg / pp | agentd KV bytes/token |"
     );
-    println!("|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|");
     for name in ["smollm2-135m-q4_k_m", "synth-1b-q4_k_m"].iter().filter(|n| n.contains(only)) {
         let path = dir.join(format!("{name}.gguf"));
         if !path.is_file() {
@@ -254,7 +266,11 @@ fn depth_table(bin: Option<&Path>, dir: &Path, rounds: usize, only: &str) {
             continue;
         }
         let m = path.display().to_string();
-        for &d in depths.iter().filter(|&&d| d <= 8192 || name.contains("1b")) {
+        let runs = depths
+            .iter()
+            .filter(|&&d| d <= 8192 || name.contains("1b"))
+            .flat_map(|&d| kvs.iter().map(move |k| (d, k.as_str())));
+        for (d, ty) in runs {
             let (mut ours, mut theirs) = (Vec::new(), Vec::new());
             let mut kv = 0;
             for _ in 0..rounds {
@@ -263,18 +279,33 @@ fn depth_table(bin: Option<&Path>, dir: &Path, rounds: usize, only: &str) {
                     &m,
                     2,
                     1,
-                    &["--depth", &ds, "--prompt-tokens", "0", "--gen-tokens", "64"],
+                    &[
+                        "--depth",
+                        &ds,
+                        "--prompt-tokens",
+                        "0",
+                        "--gen-tokens",
+                        "64",
+                        "--kv-type",
+                        ty,
+                    ],
                 );
-                let pp = agentd_bench(&m, 2, 1, &["--prompt-tokens", &ds, "--gen-tokens", "0"]);
+                let pp = agentd_bench(
+                    &m,
+                    2,
+                    1,
+                    &["--prompt-tokens", &ds, "--gen-tokens", "0", "--kv-type", ty],
+                );
                 kv = tg["kv_bytes_per_token"].as_u64().unwrap_or(0);
                 ours.push((
                     tg["tg_tok_s"].as_f64().unwrap_or(0.0),
                     pp["pp_tok_s"].as_f64().unwrap_or(0.0),
                 ));
                 if let Some(b) = bin {
-                    if let (Some(t), Some(p)) =
-                        (llama_bench_at(b, &m, 2, 0, 64, d), llama_bench_at(b, &m, 2, d, 0, 0))
-                    {
+                    if let (Some(t), Some(p)) = (
+                        llama_bench_at(b, &m, 2, (0, 64, d), ty),
+                        llama_bench_at(b, &m, 2, (d, 0, 0), ty),
+                    ) {
                         theirs.push((t, p));
                     }
                 }
@@ -286,9 +317,9 @@ fn depth_table(bin: Option<&Path>, dir: &Path, rounds: usize, only: &str) {
                 let (lt, lp) = (med(&theirs, |x| x.0), med(&theirs, |x| x.1));
                 let rt = median(ours.iter().zip(&theirs).map(|(o, l)| o.0 / l.0).collect());
                 let rp = median(ours.iter().zip(&theirs).map(|(o, l)| o.1 / l.1).collect());
-                println!("| {name} | {d} | {lt:.1} / {lp:.0} | {ot:.1} / {op:.0} | {rt:.2}× / {rp:.2}× | {kv} |");
+                println!("| {name} | {d} | {ty} | {lt:.1} / {lp:.0} | {ot:.1} / {op:.0} | {rt:.2}× / {rp:.2}× | {kv} |");
             } else {
-                println!("| {name} | {d} | – | {ot:.1} / {op:.0} | – | {kv} |");
+                println!("| {name} | {d} | {ty} | – | {ot:.1} / {op:.0} | – | {kv} |");
             }
         }
     }

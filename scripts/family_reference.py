@@ -98,12 +98,15 @@ def free_port() -> int:
 class Server:
     """llama-server on one file and one context, at 1 thread."""
 
-    def __init__(self, bin_dir: str, model: str, ctx: int, log: str):
+    def __init__(self, bin_dir: str, model: str, ctx: int, log: str, extra: list[str] = (),
+                 n_predict: int = N_PREDICT):
         self.port = free_port()
+        self.n_predict = n_predict
         self.log = open(log, "wb")
         self.p = subprocess.Popen(
             [os.path.join(bin_dir, "llama-server"), "-m", model, "-t", "1", "-tb", "1",
-             "-c", str(ctx), "-np", "1", "--host", "127.0.0.1", "--port", str(self.port)],
+             "-c", str(ctx), "-np", "1", "--host", "127.0.0.1", "--port", str(self.port),
+             *extra],
             stdout=self.log, stderr=subprocess.STDOUT)
         self.logpath = log
         deadline = time.time() + 120
@@ -127,7 +130,7 @@ class Server:
             return f.read()[-3000:].decode("utf-8", "replace")
 
     def completion(self, ids: list[int], n_probs: int = 0) -> dict:
-        body = {"prompt": ids, "n_predict": N_PREDICT, "top_k": 1, "cache_prompt": False,
+        body = {"prompt": ids, "n_predict": self.n_predict, "top_k": 1, "cache_prompt": False,
                 "return_tokens": True, "seed": 0}
         if n_probs:
             body["n_probs"] = n_probs
@@ -156,7 +159,10 @@ def llama_version(bin_dir: str) -> str:
     return f"llama.cpp {version.removeprefix('version: ')}, {build}, llama-server -t 1 -np 1"
 
 
-def greedy(server: Server, ids: list[int]) -> tuple[list[int], float, str]:
+def greedy(server: Server, ids: list[int], all_probs: bool = True) -> tuple[list[int], float, str]:
+    """llama.cpp's greedy ids after `ids`, the smallest top-2 gap and the stop type. With
+    `all_probs` false, steps whose probabilities llama-server leaves out (it holds back a token
+    that ends inside a UTF-8 character) are allowed."""
     r = server.completion(ids)
     if r.get("tokens_evaluated") != len(ids):
         raise RuntimeError(f"llama.cpp evaluated {r.get('tokens_evaluated')} tokens of {len(ids)}")
@@ -165,7 +171,7 @@ def greedy(server: Server, ids: list[int]) -> tuple[list[int], float, str]:
     if [int(t) for t in p["tokens"]] != got:
         raise RuntimeError("asking for probabilities changed llama.cpp's ids")
     steps = p.get("completion_probabilities", [])
-    if len(steps) != len(got):
+    if len(steps) != len(got) and (all_probs or not steps):
         raise RuntimeError(f"llama.cpp gave probabilities for {len(steps)} of {len(got)} tokens")
     gap = float("inf")
     for step in steps:

@@ -262,7 +262,7 @@ enum Command {
         /// llama-bench's -d); the context grows to hold them
         #[arg(long, default_value_t = 0)]
         depth: usize,
-        /// Print {"model", "threads", "pp_tok_s", "tg_tok_s", "peak_rss_mb", "parallel", "depth", "kv_bytes_per_token"}
+        /// Print {"model", "threads", "pp_tok_s", "tg_tok_s", "peak_rss_mb", "parallel", "depth", "kv_type", "kv_bytes_per_token"}
         #[arg(long)]
         json: bool,
     },

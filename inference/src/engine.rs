@@ -10,7 +10,8 @@ use crate::encoder::Encoder;
 use crate::error::{Error, ErrorKind, Result};
 use crate::gguf::Gguf;
 use crate::kernels::attn::{thresholds, Mode, Prompt, Route, UBATCH};
-use crate::model::{Config, KvCache, Model, Scratch, Seq};
+use crate::kv::{KvCache, KvType};
+use crate::model::{Config, Model, Scratch, Seq};
 use crate::pool::Pool;
 use crate::sampler::{sample, Rng, Sampling};
 use crate::tokenizer::Tok;
@@ -90,6 +91,10 @@ pub struct EngineOptions {
     pub device: Device,
     /// Context length to allow (default: the model's, at most 8192).
     pub context: Option<usize>,
+    /// Element type of the K/V cache; none: [`Engine::load`]'s policy
+    /// (f16 unless the context's cache would take more than a quarter of
+    /// the machine's memory).
+    pub kv_type: Option<KvType>,
 }
 
 /// What a loaded model is.
@@ -101,6 +106,8 @@ pub struct ModelInfo {
     pub config: Config,
     /// Context length in use.
     pub context: usize,
+    /// Element type of the K/V cache in use.
+    pub kv_type: KvType,
     /// The GGUF's chat template, if it has one.
     pub chat_template: Option<String>,
     /// Tokens that end a turn (EOS, EOT, `<|im_end|>`…).
@@ -176,6 +183,36 @@ pub fn inspect(path: &Path, context: Option<usize>) -> Result<Facts> {
 /// model's own, at most 8192.
 fn context_of(cfg: &Config, asked: Option<usize>) -> usize {
     asked.unwrap_or(cfg.n_ctx_train.min(8192)).max(16)
+}
+
+/// The K/V cache type of a model: the one asked for, which a block type's
+/// blocks of 32 must fit (every head's size a multiple of 32); else f16
+/// unless the whole context's f16 cache would take more than a quarter of
+/// the machine's memory, then Q8_0 if that fits, else Q4_0 (`kv::choose`).
+fn kv_policy(cfg: &Config, context: usize, asked: Option<KvType>) -> Result<KvType> {
+    let blocks_fit = cfg.head_dim.is_multiple_of(crate::kv::QK);
+    let per_position = cfg.n_layer * 2 * cfg.n_kv * cfg.head_dim;
+    match asked {
+        Some(t) if t.is_quantized() && (!blocks_fit || cfg.arch.is_encoder()) => Err(Error::new(
+            ErrorKind::Input,
+            format!(
+                "a {t} K/V cache needs heads whose size is a multiple of 32 on a decoder; {} has {} ({}): use f16",
+                cfg.arch_name, cfg.head_dim, if cfg.arch.is_encoder() { "an encoder" } else { "a decoder" }
+            ),
+        )),
+        Some(t) => Ok(t),
+        None if !blocks_fit || cfg.arch.is_encoder() => Ok(KvType::F16),
+        None => Ok(crate::kv::choose(context, per_position, memory_total().map_or(u64::MAX, |m| m / 4))),
+    }
+}
+
+/// The machine's memory in bytes (`MemTotal` of `/proc/meminfo`), where
+/// the system says.
+fn memory_total() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
 }
 
 /// Which forward pass runs the model.
@@ -265,7 +302,7 @@ impl Session {
 
     /// Drops the cached positions from `len` on (rejected drafts).
     fn cut(&mut self, len: usize, cfg: &Config) {
-        self.kv.truncate(len, cfg);
+        self.kv.truncate(len, cfg.head_dim);
         self.tokens.truncate(len);
         self.modes.truncate(len);
         self.batches.truncate(len);
@@ -477,6 +514,18 @@ impl Engine {
                 Backend::Candle(CandleModel::load(path, cfg.arch, d)?)
             }
         };
+        let mut backend = backend;
+        let kv_type = kv_policy(&cfg, context_of(&cfg, opts.context), opts.kv_type)?;
+        match &mut backend {
+            Backend::Fast(m) => m.kv_type = kv_type,
+            _ if kv_type.is_quantized() => {
+                return Err(Error::new(
+                    ErrorKind::Device,
+                    format!("a {kv_type} K/V cache runs on the CPU path only (--device cpu)"),
+                ))
+            }
+            _ => {}
+        }
         let weight_bytes = match &backend {
             Backend::Fast(m) => m.bytes(),
             Backend::Candle(m) => m.bytes(),
@@ -490,6 +539,7 @@ impl Engine {
         let info = ModelInfo {
             path: path.to_owned(),
             context: context_of(&cfg, opts.context),
+            kv_type,
             chat_template,
             stop_tokens,
             bos,
@@ -573,7 +623,7 @@ impl Engine {
         for part in tokens.chunks(UBATCH) {
             let at = session.tokens.len();
             let upto = thresholds(&(at..at + part.len()));
-            self.step_one(session, part, Mode::for_batch(part.len()), upto)?;
+            self.step_one(session, part, self.attn_mode(part.len()), upto)?;
         }
         Ok(())
     }
@@ -588,17 +638,28 @@ impl Engine {
             return;
         }
         let len = len.min(session.tokens.len());
-        session.kv.truncate(len, &self.info.config);
+        session.kv.truncate(len, self.info.config.head_dim);
         session.tokens.truncate(len);
         session.modes.truncate(len);
         session.batches.truncate(len);
     }
 
     /// Bytes of K/V cache one position takes (every layer's keys and
-    /// values, f16).
+    /// values, in the cache's type).
     pub fn kv_bytes_per_token(&self) -> usize {
         let c = &self.info.config;
-        c.n_layer * 2 * c.n_kv * c.head_dim * 2
+        self.info.kv_type.bytes(c.n_layer * 2 * c.n_kv * c.head_dim)
+    }
+
+    /// The attention path of a batch of `n` rows: llama.cpp's for the
+    /// batch (`Mode::for_batch`), and its one-query path for every batch
+    /// over a block-type cache.
+    fn attn_mode(&self, n: usize) -> Mode {
+        if self.info.kv_type.is_quantized() {
+            Mode::Vec
+        } else {
+            Mode::for_batch(n)
+        }
     }
 
     /// The embedding of `tokens` (one input: see [`Engine::embed_text`]):
@@ -937,7 +998,8 @@ impl Engine {
         let fresh = self.prompt(prompt.len());
         let plan = |p: usize| {
             let r = fresh.route(p);
-            Route { grouped: r.grouped && self.route.0, wide: r.wide && self.route.1, ..r }
+            let attn = if self.info.kv_type.is_quantized() { Mode::Vec } else { r.attn };
+            Route { attn, grouped: r.grouped && self.route.0, wide: r.wide && self.route.1 }
         };
         // A mixture's position also needs the batch a fresh run gives it
         // (`Prompt::batch`), and is reused only with all of that batch
@@ -1040,7 +1102,7 @@ impl Engine {
                     if self.moe_batches { b.end } else { b.end.min(g.at + g.params.chunk.max(1)) };
                 let upto = thresholds(&b);
                 let tokens = g.prompt[g.at..end].to_vec();
-                go.push(Run::new(k, tokens, Mode::for_batch(n), upto, Some(end)));
+                go.push(Run::new(k, tokens, self.attn_mode(n), upto, Some(end)));
                 continue;
             }
             if let Some(r) = self.decode(k, g, session, it.on_text) {
@@ -1250,7 +1312,7 @@ impl Engine {
         if run.len() > 1 {
             // Forced tokens run together, as one short prompt chunk.
             let (at, n) = (session.tokens.len(), run.len());
-            return Some(Run::new(k, run, Mode::for_batch(n), thresholds(&(at..at + n)), None));
+            return Some(Run::new(k, run, self.attn_mode(n), thresholds(&(at..at + n)), None));
         }
         // Drafts: not while a grammar decides the tokens, nor past the
         // limit or the context.

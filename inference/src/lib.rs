@@ -21,6 +21,7 @@ mod engine;
 mod error;
 pub mod gguf;
 pub mod kernels;
+mod kv;
 mod model;
 mod moe;
 mod pool;
@@ -37,6 +38,7 @@ pub use engine::{
     Output, Session, Step, SPECULATE,
 };
 pub use error::{Error, ErrorKind, Result};
+pub use kv::KvType;
 pub use pool::Pool;
 pub use sampler::Sampling;
 pub use tokenizer::Tok;

@@ -25,14 +25,15 @@ pub(crate) use crate::arch::Config;
 use crate::error::{model_err, Error, ErrorKind, Result};
 use crate::gguf::{GgmlType, Gguf};
 use crate::kernels::attn::{
-    attend_heads, attend_tiled, glu, Lane, Mode, TiledRow, TiledScratch, GROUP, MAX_HEAD,
+    attend_heads, attend_quant, attend_tiled, fwht, glu, Lane, Mode, Rotation, TiledRow,
+    TiledScratch, GROUP, MAX_HEAD,
 };
 use crate::kernels::rows::Fmt;
 use crate::kernels::{Acts, Needs, OutRows, Packed};
+use crate::kv::{KvCache, KvType};
 use crate::pool::Pool;
 use crate::quant::dequantize_row;
 use candle_core::quantized::QMatMul;
-use half::f16;
 
 /// One tensor of a layer: the fast kernels, or candle's quantized matmul
 /// for tensor types the fast path does not have (Q2_K, Q3_K).
@@ -335,6 +336,8 @@ pub(crate) struct Model {
     /// The RoPE of the layers: the model's, and gemma's sliding-window
     /// layers' when their base or scale differ.
     ropes: Vec<crate::rope::Rope>,
+    /// The element type of the caches it fills (`kv`).
+    pub(crate) kv_type: KvType,
 }
 
 pub(crate) fn vector(g: &mut Gguf, name: &str, len: usize) -> Result<Vec<f32>> {
@@ -533,7 +536,18 @@ impl Model {
             _ => None,
         };
         refuse_unread(g, &cfg)?;
-        Ok(Model { cfg, emb, emb_type, layers, out_norm, output, output_type, output_bias, ropes })
+        Ok(Model {
+            cfg,
+            emb,
+            emb_type,
+            layers,
+            out_norm,
+            output,
+            output_type,
+            output_bias,
+            ropes,
+            kv_type: KvType::F16,
+        })
     }
 
     /// Whether some matrix's numbers depend on llama.cpp's grouping of
@@ -646,37 +660,6 @@ impl Model {
 const KV_STEP: usize = 128;
 /// Positions per feed-forward slice of a prompt batch.
 const FFN_SLICE: usize = 64;
-
-/// A session's key/value cache: per layer and KV head (`k[layer · n_kv +
-/// head]`), `[position][head size]` as f16, grown as positions are added.
-/// One head's keys are one contiguous stream, which attention reads front
-/// to back (the hardware prefetchers follow it; rows of all heads
-/// interleaved were a stride apart, and the decode at depth waited on them).
-#[derive(Debug, Default)]
-pub(crate) struct KvCache {
-    k: Vec<Vec<f16>>,
-    v: Vec<Vec<f16>>,
-    len: usize,
-}
-
-impl KvCache {
-    pub(crate) fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Forgets positions from `len` on.
-    pub(crate) fn truncate(&mut self, len: usize, cfg: &Config) {
-        let row = cfg.head_dim;
-        self.len = self.len.min(len);
-        for l in self.k.iter_mut().chain(self.v.iter_mut()) {
-            l.truncate(self.len * row);
-        }
-    }
-
-    pub(crate) fn bytes(&self) -> usize {
-        self.k.iter().chain(&self.v).map(|l| l.capacity() * 2).sum()
-    }
-}
 
 /// Buffers reused from one forward pass to the next.
 #[derive(Debug, Default)]
@@ -877,16 +860,24 @@ impl Model {
         s.spans.clear();
         for (j, q) in seqs.iter_mut().enumerate() {
             let r0 = s.rows.len();
-            match q.mode {
+            // A block-type cache has one path, llama.cpp's one-query one.
+            let mode = if self.kv_type.is_quantized() { Mode::Vec } else { q.mode };
+            match mode {
                 Mode::Vec => s.vec_rows.extend(r0..r0 + q.n),
                 Mode::Tiled => s.spans.extend(
                     (r0..r0 + q.n).step_by(TILED_ROWS).map(|b| b..(b + TILED_ROWS).min(r0 + q.n)),
                 ),
             }
-            if q.kv.k.len() != cfg.n_layer * cfg.n_kv {
-                q.kv.k = vec![Vec::new(); cfg.n_layer * cfg.n_kv];
-                q.kv.v = vec![Vec::new(); cfg.n_layer * cfg.n_kv];
+            if q.kv.len > 0 && q.kv.ty != self.kv_type {
+                return Err(Error::new(
+                    ErrorKind::Input,
+                    format!(
+                        "a session's cache holds {} keys and values but the model runs a {} cache: start a new session",
+                        q.kv.ty, self.kv_type
+                    ),
+                ));
             }
+            q.kv.prepare(self.kv_type, cfg.n_layer * cfg.n_kv);
             s.rows.extend((0..q.n).map(|t| (j, q.kv.len + t)));
             if q.n == 0 {
                 return Err(Error::new(ErrorKind::Input, "a sequence of the batch has no tokens"));
@@ -898,14 +889,8 @@ impl Model {
             } else {
                 s.last.push(s.rows.len() - 1);
             }
-            // KV storage grows in steps of KV_STEP positions, exactly: Vec's
-            // doubling would hold up to twice the cache (peak RSS is a target).
-            let want = (q.kv.len + q.n).div_ceil(KV_STEP) * KV_STEP * cfg.head_dim;
-            for c in q.kv.k.iter_mut().chain(q.kv.v.iter_mut()) {
-                if c.capacity() < want {
-                    c.reserve_exact(want - c.len());
-                }
-            }
+            // KV storage grows in steps of KV_STEP positions.
+            q.kv.reserve((q.kv.len + q.n).div_ceil(KV_STEP) * KV_STEP, cfg.head_dim);
         }
         s.x.resize(n * d, 0.0);
         for (i, &t) in tokens.iter().enumerate() {
@@ -921,6 +906,7 @@ impl Model {
                 rope.cache(pos, &mut tab[i * rd..(i + 1) * rd]);
             }
         }
+        let rotation = Rotation::of(self.kv_type, cfg.head_dim);
         // Per-row steps (norms, RoPE, residuals, the GLU) run over the pool
         // when a pass has many rows; each row's numbers are its own.
         for (li, layer) in self.layers.iter().enumerate() {
@@ -952,6 +938,11 @@ impl Model {
                 if let Some(qs) = cfg.q_scale {
                     row[..qd].iter_mut().for_each(|v| *v *= qs);
                 }
+                if let Some(rot) = rotation {
+                    // Queries and keys, then values, in llama.cpp's chunks.
+                    row[..qd + kd].chunks_exact_mut(rot.k).for_each(fwht);
+                    row[qd + kd..].chunks_exact_mut(rot.v).for_each(fwht);
+                }
             };
             crate::kernels::rows_mut(pool, &mut s.qkv[..n * w], w, rope_rows);
             let hd = cfg.head_dim;
@@ -961,11 +952,16 @@ impl Model {
                 for g in 0..cfg.n_kv {
                     let (k, v) = (qd + g * hd, qd + kd + g * hd);
                     let at = li * cfg.n_kv + g;
-                    kv.k[at].extend(row[k..k + hd].iter().map(|&x| f16::from_f32(x)));
-                    kv.v[at].extend(row[v..v + hd].iter().map(|&x| f16::from_f32(x)));
+                    kv.push(at, &row[k..k + hd], &row[v..v + hd]);
                 }
             }
             self.attention(pool, li, layer.swa, seqs, s);
+            if let Some(rot) = rotation {
+                // The output back from the values' rotation (its own inverse).
+                crate::kernels::rows_mut(pool, &mut s.att[..n * qd], qd, |_, a| {
+                    a.chunks_exact_mut(rot.v).for_each(fwht)
+                });
+            }
             layer.wo.forward(pool, &s.att, n, &s.grouped, &s.wide, &mut s.acts, &mut s.proj)?;
             if let Some(pn) = &layer.post_attn_norm {
                 crate::kernels::rows_mut(pool, &mut s.proj[..n * d], d, |_, p| {
@@ -1118,6 +1114,11 @@ impl Model {
             let kv = &*seqs[rows[i].0].kv;
             (&kv.k[li * cfg.n_kv + g][..], &kv.v[li * cfg.n_kv + g][..])
         };
+        let qcache = |i: usize, g: usize| {
+            let kv = &*seqs[rows[i].0].kv;
+            (&kv.kq[li * cfg.n_kv + g][..], &kv.vq[li * cfg.n_kv + g][..])
+        };
+        let quant = self.kv_type.is_quantized();
         let lane = Lane { stride: hd, offset: 0 };
         let qkv = &s.qkv;
         let out = OutRows::new(&mut s.att, qd);
@@ -1135,10 +1136,16 @@ impl Model {
                 while h < heads.end {
                     let g = h / group;
                     let end = heads.end.min((g + 1) * group).min(h + GROUP);
-                    let (kc, vc) = cache(i, g);
                     let o = &mut o[..(end - h) * hd];
                     let qs = &qkv[i * w + h * hd..i * w + end * hd];
-                    attend_heads(qs, hd, kc, vc, lane, from(pos), pos + 1, scale, softcap, o);
+                    if quant {
+                        let (kc, vc) = qcache(i, g);
+                        let ty = self.kv_type;
+                        attend_quant(qs, hd, ty, kc, vc, from(pos), pos + 1, scale, softcap, o);
+                    } else {
+                        let (kc, vc) = cache(i, g);
+                        attend_heads(qs, hd, kc, vc, lane, from(pos), pos + 1, scale, softcap, o);
+                    }
                     for (j, v) in o.iter().enumerate() {
                         // SAFETY: task (i, part) alone writes these heads of
                         // row i.

@@ -395,17 +395,19 @@ pub(crate) fn bench(engine_args: &EngineArgs, run: &BenchRun, json_out: bool) ->
             json!({"model": r.name, "threads": info.threads, "pp_tok_s": pp_s, "tg_tok_s": tg_s,
                    "peak_rss_mb": rss, "prompt_tokens": pp, "gen_tokens": tg, "reps": reps, "parallel": parallel,
                    "depth": depth, "context": info.context, "kv_bytes_per_token": engine.kv_bytes_per_token(),
+                   "kv_type": info.kv_type.name(),
                    "isa": info.isa, "weight_mb": info.weight_bytes as f64 / 1e6,
                    "kernels": kernels(info), "architecture": info.config.arch_name,
                    "rope_scaling": info.config.rope_scaling(info.context)})
         );
     } else {
         println!(
-            "model {} ({}, RoPE {})  threads {}  pp{pp}{at} {pp_s:.1} tok/s  tg{tg}{at}{par} {tg_s:.1} tok/s  peak RSS {rss:.0} MB  KV {:.1} KiB/token",
+            "model {} ({}, RoPE {})  threads {}  pp{pp}{at} {pp_s:.1} tok/s  tg{tg}{at}{par} {tg_s:.1} tok/s  peak RSS {rss:.0} MB  KV {} {:.1} KiB/token",
             r.name,
             info.config.arch_name,
             info.config.rope_scaling(info.context),
             info.threads,
+            info.kv_type,
             engine.kv_bytes_per_token() as f64 / 1024.0
         );
     }

@@ -10,7 +10,7 @@ use crate::state::policy::{self, Policies};
 use crate::state::registry::{Entry, Registry};
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use inference::{Engine, EngineOptions};
+use inference::{Engine, EngineOptions, KvType};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::time::Instant;
@@ -64,6 +64,17 @@ pub(crate) struct EngineArgs {
     /// 0 turns it off
     #[arg(long, env = "AGENTD_DRAFT", default_value_t = DRAFT, value_parser = clap::value_parser!(u16).range(0..=64))]
     pub(crate) draft: u16,
+    /// Element type of the K/V cache: f16, q8_0 (half the bytes) or q4_0
+    /// (about a quarter), numbers as llama.cpp's `-ctk T -ctv T`. Default:
+    /// models.toml's `kv_type`, else f16 unless the whole context's f16
+    /// cache would take more than a quarter of the machine's memory
+    #[arg(long, env = "AGENTD_KV_TYPE", value_parser = parse_kv_type)]
+    pub(crate) kv_type: Option<String>,
+}
+
+/// `--kv-type`'s value, checked and spelled as the engine names it.
+fn parse_kv_type(s: &str) -> std::result::Result<String, String> {
+    s.parse::<KvType>().map(|t| t.name().to_owned()).map_err(|e| e.to_string())
 }
 
 /// Default of `--draft`: the engine's.
@@ -119,6 +130,7 @@ impl Default for EngineArgs {
             script: None,
             research: None,
             draft: DRAFT,
+            kv_type: None,
         }
     }
 }
@@ -153,10 +165,18 @@ impl EngineArgs {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
+        let kv_type = match (&self.kv_type, r.entry.as_ref().and_then(|e| e.kv_type.as_deref())) {
+            (Some(t), _) => Some(t.parse::<KvType>()?),
+            (None, Some(name)) => Some(
+                name.parse::<KvType>()
+                    .with_context(|| format!("models.toml: model {}: kv_type", r.name))?,
+            ),
+            (None, None) => None,
+        };
         let t = Instant::now();
-        let engine =
-            Engine::load(&r.path, &EngineOptions { threads: self.threads, device, context })
-                .with_context(|| format!("cannot load {}", r.path.display()))?;
+        let opts = EngineOptions { threads: self.threads, device, context, kv_type };
+        let engine = Engine::load(&r.path, &opts)
+            .with_context(|| format!("cannot load {}", r.path.display()))?;
         tracing_note(&format!("loaded {} in {:.2}s", r.name, t.elapsed().as_secs_f64()));
         Ok((r, engine))
     }

@@ -143,6 +143,10 @@ pub(crate) struct Entry {
     /// chosen by the model's size.
     #[serde(default)]
     pub(crate) research: Option<String>,
+    /// The K/V cache type of this model (`f16`, `q8_0`, `q4_0`); unset:
+    /// the engine's policy (`--kv-type`).
+    #[serde(default)]
+    pub(crate) kv_type: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

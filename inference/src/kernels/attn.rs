@@ -33,6 +33,8 @@
 use half::f16;
 use half::slice::HalfFloatSliceExt;
 
+use crate::kv::{KvType, QK};
+
 /// llama.cpp's flash-attention tile (`GGML_FA_TILE_Q`, `GGML_FA_TILE_KV`):
 /// the tiled path runs for batches of at least this many rows, over keys in
 /// tiles of this many.
@@ -540,6 +542,193 @@ pub(crate) fn attend_vec_scalar(
     }
 }
 
+/// [`Mode::Vec`] over a block-type cache (`KvType::Q8_0`, `Q4_0`), as
+/// llama.cpp's one-query path computes it for such a cache: the query
+/// quantized to Q8_0 (`quantize_row_q8_0`), each score the type's
+/// `vec_dot` with it (eight lanes of four products per block, each lane a
+/// fused multiply-add of the block's two scales, folded as
+/// `hsum_float_8`), the online softmax with the C library's `expf`, and
+/// each value row converted to f32 (exact) and accumulated in f32
+/// (`ggml_vec_mad_f32`). `q` and `out` hold 1 to [`GROUP`] heads of `hd`
+/// values that share the KV head whose rows are `kc` and `vc` (position
+/// `t` at `t · ty.bytes(hd)`).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn attend_quant(
+    q: &[f32],
+    hd: usize,
+    ty: KvType,
+    kc: &[u8],
+    vc: &[u8],
+    from: usize,
+    upto: usize,
+    scale: f32,
+    softcap: Option<f32>,
+    out: &mut [f32],
+) {
+    assert!(ty.is_quantized() && hd > 0 && hd <= MAX_HEAD && hd.is_multiple_of(QK));
+    assert!(q.len().is_multiple_of(hd) && (1..=GROUP).contains(&(q.len() / hd)));
+    assert!(out.len() == q.len() && from <= upto);
+    let row = ty.bytes(hd);
+    assert!(upto * row <= kc.len().min(vc.len()));
+    #[cfg(target_arch = "x86_64")]
+    if softcap.is_none() && super::isa() == super::Isa::Avx512Vnni {
+        // SAFETY: the CPU has the features (`isa`); sizes asserted above.
+        unsafe { super::x86::attend_quant(q, hd, ty, kc, vc, from, upto, scale, out) };
+        return;
+    }
+    for (q, out) in q.chunks_exact(hd).zip(out.chunks_exact_mut(hd)) {
+        attend_quant_scalar(q, ty, kc, vc, from, upto, scale, softcap, out);
+    }
+}
+
+/// The Walsh–Hadamard rotations llama.cpp applies around a block-type
+/// cache (`attn_rot_k`, `attn_rot_v` in `src/llama-kv-cache.cpp`): with
+/// a quantized cache and heads whose size is a multiple of 64, queries and
+/// keys are rotated in chunks of the largest power of two (from 64) that
+/// divides the head size, values in chunks of 64, and the attention output
+/// rotated back in chunks of 64; the rotation spreads a head's outlying
+/// values over its chunk, so the blocks of 32 quantize it with less error.
+/// Dot products are unchanged (the rotation is orthonormal), so the numbers
+/// are attention's, as llama.cpp rounds them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Rotation {
+    /// Chunk of the query and key rotation.
+    pub(crate) k: usize,
+    /// Chunk of the value and output rotation.
+    pub(crate) v: usize,
+}
+
+impl Rotation {
+    /// The rotation of a cache of type `ty` for heads of `hd`, if any.
+    pub(crate) fn of(ty: KvType, hd: usize) -> Option<Rotation> {
+        if !ty.is_quantized() || hd == 0 || !hd.is_multiple_of(64) {
+            return None;
+        }
+        let mut k = 64;
+        while hd.is_multiple_of(2 * k) {
+            k *= 2;
+        }
+        Some(Rotation { k, v: 64 })
+    }
+}
+
+/// Rotates `x` in place by the orthonormal Walsh–Hadamard matrix of its
+/// length (a power of two), as ggml's `ggml_compute_forward_fwht` does: each
+/// value scaled by `1/√n` first, then the butterflies `(u + v, u − v)` at
+/// distances 1, 2, 4 … n/2.
+pub(crate) fn fwht(x: &mut [f32]) {
+    let n = x.len();
+    debug_assert!(n.is_power_of_two());
+    let scale = 1.0 / (n as f32).sqrt();
+    x.iter_mut().for_each(|v| *v *= scale);
+    let mut len = 1;
+    while len < n {
+        for i in (0..n).step_by(2 * len) {
+            let (a, b) = x[i..i + 2 * len].split_at_mut(len);
+            for (u, v) in a.iter_mut().zip(b.iter_mut()) {
+                let (p, q) = (*u, *v);
+                *u = p + q;
+                *v = p - q;
+            }
+        }
+        len *= 2;
+    }
+}
+
+/// A query quantized to Q8_0 for [`attend_quant`]: values and each
+/// block's scale (rounded to f16, as stored).
+pub(crate) fn quantize_query(q: &[f32], qq: &mut [i8], qd: &mut [f32]) {
+    for ((blk, o), d) in q.chunks_exact(QK).zip(qq.chunks_exact_mut(QK)).zip(qd.iter_mut()) {
+        let (v, s, _) = crate::quant::quantize_block_q8(blk);
+        o.copy_from_slice(&v);
+        *d = s;
+    }
+}
+
+/// Block `b`'s scale and 32 values of a Q8_0/Q4_0 row.
+#[inline(always)]
+pub(crate) fn kv_block(ty: KvType, row: &[u8], b: usize) -> (f32, [i8; QK]) {
+    let blk = &row[b * ty.block_bytes()..(b + 1) * ty.block_bytes()];
+    let d = f16::from_le_bytes([blk[0], blk[1]]).to_f32();
+    let mut v = [0i8; QK];
+    match ty {
+        KvType::Q4_0 => {
+            for j in 0..QK / 2 {
+                v[j] = (blk[2 + j] & 15) as i8 - 8;
+                v[j + QK / 2] = (blk[2 + j] >> 4) as i8 - 8;
+            }
+        }
+        _ => v.iter_mut().zip(&blk[2..]).for_each(|(o, &b)| *o = b as i8),
+    }
+    (d, v)
+}
+
+/// `ggml_vec_dot_q8_0_q8_0` / `ggml_vec_dot_q4_0_q8_0` (AVX2 build): per
+/// block, eight lanes of four integer products, each lane
+/// `fma(d_k · d_q, lane, acc)`; the lanes folded as `hsum_float_8`.
+pub(crate) fn dot_kv_block(ty: KvType, k: &[u8], qq: &[i8], qd: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    for (b, (q, &dq)) in qq.chunks_exact(QK).zip(qd).enumerate() {
+        let (dk, kv) = kv_block(ty, k, b);
+        let d = dk * dq;
+        for (j, a) in acc.iter_mut().enumerate() {
+            let l: i32 = (4 * j..4 * j + 4).map(|e| kv[e] as i32 * q[e] as i32).sum();
+            *a = d.mul_add(l as f32, *a);
+        }
+    }
+    super::hsum8(&acc)
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn attend_quant_scalar(
+    q: &[f32],
+    ty: KvType,
+    kc: &[u8],
+    vc: &[u8],
+    from: usize,
+    upto: usize,
+    scale: f32,
+    softcap: Option<f32>,
+    out: &mut [f32],
+) {
+    let hd = q.len();
+    let (nb, row) = (hd / QK, ty.bytes(hd));
+    let (mut qq, mut qd) = ([0i8; MAX_HEAD], [0f32; MAX_HEAD / QK]);
+    let (qq, qd) = (&mut qq[..hd], &mut qd[..nb]);
+    quantize_query(q, qq, qd);
+    let mut acc = [0f32; MAX_HEAD];
+    let acc = &mut acc[..hd];
+    let (mut s_sum, mut m) = (0f32, f32::NEG_INFINITY);
+    let scale = softcap.map_or(scale, |c| scale / c);
+    for t in from..upto {
+        let (k, v) = (&kc[t * row..(t + 1) * row], &vc[t * row..(t + 1) * row]);
+        let mut s = dot_kv_block(ty, k, qq, qd) * scale;
+        if let Some(c) = softcap {
+            s = c * s.tanh();
+        }
+        let (mut ms, mut vs) = (1f32, 1f32);
+        if s > m {
+            let old = m;
+            m = s;
+            ms = expf(old - m);
+            acc.iter_mut().for_each(|a| *a *= ms);
+        } else {
+            vs = expf(s - m);
+        }
+        for b in 0..nb {
+            let (d, vals) = kv_block(ty, v, b);
+            for (a, &x) in acc[b * QK..(b + 1) * QK].iter_mut().zip(&vals) {
+                *a = (x as f32 * d).mul_add(vs, *a);
+            }
+        }
+        s_sum = s_sum.mul_add(ms, vs);
+    }
+    let inv = if s_sum == 0.0 { 0.0 } else { 1.0 / s_sum };
+    for (o, a) in out.iter_mut().zip(acc.iter()) {
+        *o = a * inv;
+    }
+}
+
 /// One query of a [`Mode::Tiled`] batch: its vector and the positions it
 /// sees, `from..upto` (`upto` is its own position + 1).
 #[derive(Debug, Clone, Copy)]
@@ -742,6 +931,129 @@ mod tests {
     use super::*;
     use crate::kernels::tests::rng;
     use crate::kernels::{isa, Isa};
+
+    /// A block-type cache of `len` positions of `hd` random values, and
+    /// the same values dequantized.
+    fn quant_cache(
+        ty: KvType,
+        len: usize,
+        hd: usize,
+        seed: u64,
+        spread: f32,
+    ) -> (Vec<u8>, Vec<f32>) {
+        let mut r = rng(seed);
+        let mut raw = Vec::new();
+        for _ in 0..len {
+            let x: Vec<f32> =
+                (0..hd).map(|_| ((r() % 2001) as f32 / 1000.0 - 1.0) * spread).collect();
+            crate::kv::quantize_row(ty, &x, &mut raw);
+        }
+        let row = ty.bytes(hd);
+        let mut deq = Vec::new();
+        for t in 0..len {
+            for b in 0..hd / QK {
+                let (d, v) = kv_block(ty, &raw[t * row..(t + 1) * row], b);
+                deq.extend(v.iter().map(|&x| x as f32 * d));
+            }
+        }
+        (raw, deq)
+    }
+
+    /// The rotation is the Hadamard matrix (entries ±1/√n by the parity of
+    /// i & j), is its own inverse, and sizes follow llama.cpp's rule.
+    #[test]
+    fn fwht_is_the_orthonormal_hadamard_rotation() {
+        for n in [64usize, 128, 256] {
+            let mut r = rng(n as u64);
+            let x: Vec<f32> = (0..n).map(|_| (r() % 2001) as f32 / 1000.0 - 1.0).collect();
+            let mut y = x.clone();
+            fwht(&mut y);
+            for (i, &yi) in y.iter().enumerate() {
+                let want: f64 = (0..n)
+                    .map(|j| if (i & j).count_ones() % 2 == 0 { x[j] as f64 } else { -x[j] as f64 })
+                    .sum::<f64>()
+                    / (n as f64).sqrt();
+                assert!((yi as f64 - want).abs() < 1e-5, "n {n} [{i}]");
+            }
+            fwht(&mut y);
+            assert!(y.iter().zip(&x).all(|(a, b)| (a - b).abs() < 1e-5));
+        }
+        assert_eq!(Rotation::of(KvType::Q8_0, 64), Some(Rotation { k: 64, v: 64 }));
+        assert_eq!(Rotation::of(KvType::Q4_0, 256), Some(Rotation { k: 256, v: 64 }));
+        assert_eq!(Rotation::of(KvType::Q8_0, 192), Some(Rotation { k: 64, v: 64 }));
+        assert_eq!(Rotation::of(KvType::Q8_0, 96), None);
+        assert_eq!(Rotation::of(KvType::F16, 128), None);
+    }
+
+    /// The AVX-512 quantized path gives the portable one's numbers to the
+    /// bit, for every head size and group it takes.
+    #[test]
+    fn quantized_attention_simd_matches_scalar() {
+        for ty in [KvType::Q8_0, KvType::Q4_0] {
+            for hd in [32, 64, 96, 128, 256] {
+                for heads in 1..=GROUP {
+                    let len = 70;
+                    let (kc, _) = quant_cache(ty, len, hd, 3 + hd as u64, 4.0);
+                    let (vc, _) = quant_cache(ty, len, hd, 9 + heads as u64, 2.0);
+                    let mut r = rng(hd as u64 * 7 + heads as u64);
+                    let q: Vec<f32> = (0..heads * hd)
+                        .map(|_| ((r() % 2001) as f32 / 1000.0 - 1.0) * 2.0)
+                        .collect();
+                    for (from, upto) in [(0, 1), (0, 33), (5, 70)] {
+                        let mut got = vec![0f32; heads * hd];
+                        attend_quant(&q, hd, ty, &kc, &vc, from, upto, 0.125, None, &mut got);
+                        let mut want = vec![0f32; heads * hd];
+                        for (qh, o) in q.chunks_exact(hd).zip(want.chunks_exact_mut(hd)) {
+                            attend_quant_scalar(qh, ty, &kc, &vc, from, upto, 0.125, None, o);
+                        }
+                        let same = got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
+                        assert!(same, "{ty} hd {hd} heads {heads} {from}..{upto}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// The quantized path is attention: against softmax(q·k)·v in f64
+    /// over the dequantized keys and values and the query as quantized.
+    #[test]
+    fn quantized_attention_is_attention() {
+        for ty in [KvType::Q8_0, KvType::Q4_0] {
+            for (hd, len, from) in [(64, 1, 0), (64, 37, 0), (128, 300, 10), (256, 5, 2)] {
+                let (kc, kd) = quant_cache(ty, len, hd, 7 + len as u64, 3.0);
+                let (vc, vd) = quant_cache(ty, len, hd, 11 + hd as u64, 2.0);
+                let mut r = rng(5);
+                let q: Vec<f32> = (0..hd).map(|_| (r() % 2001) as f32 / 1000.0 - 1.0).collect();
+                let (mut qq, mut qd) = (vec![0i8; hd], vec![0f32; hd / QK]);
+                quantize_query(&q, &mut qq, &mut qd);
+                let qf: Vec<f64> = (0..hd).map(|i| qq[i] as f64 * qd[i / QK] as f64).collect();
+                let scale = 1.0 / (hd as f32).sqrt();
+                let s: Vec<f64> = (from..len)
+                    .map(|t| {
+                        (0..hd).map(|i| qf[i] * kd[t * hd + i] as f64).sum::<f64>() * scale as f64
+                    })
+                    .collect();
+                let m = s.iter().cloned().fold(f64::MIN, f64::max);
+                let w: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+                let z: f64 = w.iter().sum();
+                let mut out = vec![0f32; hd];
+                attend_quant(&q, hd, ty, &kc, &vc, from, len, scale, None, &mut out);
+                for i in 0..hd {
+                    let want: f64 = w
+                        .iter()
+                        .enumerate()
+                        .map(|(j, w)| w * vd[(from + j) * hd + i] as f64)
+                        .sum::<f64>()
+                        / z;
+                    assert!(
+                        (out[i] as f64 - want).abs() < 1e-4,
+                        "{ty} hd {hd} len {len} [{i}]: {} vs {want}",
+                        out[i]
+                    );
+                }
+            }
+        }
+    }
 
     fn cache(len: usize, seed: u64, spread: f32) -> Vec<f16> {
         let mut r = rng(seed);

@@ -769,6 +769,218 @@ unsafe fn attend_heads_c<const C: usize, const H: usize, const EXACT: bool>(
     }
 }
 
+/// [`attn::attend_quant`](super::attn::attend_quant) on AVX-512: the
+/// query heads of one KV head over a Q8_0/Q4_0 cache, each key's and
+/// value's blocks read and converted once for all of them. Scores are
+/// `vpdpbusd` lanes of four exact products (llama.cpp's
+/// `mul_sum_us8_pairs_float`), each lane a fused multiply-add of the two
+/// scales' product, folded as `hsum_float_8`; values are converted to f32
+/// (exact) and accumulated with fused multiply-adds in f32. Bit-identical
+/// to `attend_quant_scalar`.
+///
+/// # Safety
+/// The CPU must support avx512f, avx512bw, avx512vl, avx512vnni, fma and
+/// f16c; `ty` is a block type; `hd` is a multiple of 32, at most
+/// [`MAX_HEAD`](super::attn::MAX_HEAD); `q.len()` is 1 to
+/// [`GROUP`](super::attn::GROUP) times `hd`; `out.len() == q.len()`; the
+/// caches hold `upto` positions of `ty.bytes(hd)` bytes (all asserted by
+/// the caller).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn attend_quant(
+    q: &[f32],
+    hd: usize,
+    ty: crate::kv::KvType,
+    kc: &[u8],
+    vc: &[u8],
+    from: usize,
+    upto: usize,
+    scale: f32,
+    out: &mut [f32],
+) {
+    let heads = q.len() / hd;
+    assert!(ty.is_quantized() && hd.is_multiple_of(32) && hd <= super::attn::MAX_HEAD);
+    assert!(q.len() == heads * hd && out.len() == q.len());
+    assert!((1..=super::attn::GROUP).contains(&heads));
+    assert!(upto * ty.bytes(hd) <= kc.len().min(vc.len()));
+    // SAFETY: the bounds are asserted above; the features are the caller's.
+    unsafe {
+        macro_rules! run {
+            ($c:literal, $h:literal) => {
+                attend_quant_c::<$c, $h>(q, hd, ty, kc, vc, from, upto, scale, out)
+            };
+        }
+        match (hd.div_ceil(64), heads) {
+            (1, 1) => run!(4, 1),
+            (1, 2) => run!(4, 2),
+            (1, 3) => run!(4, 3),
+            (1, 4) => run!(4, 4),
+            (2, 1) => run!(8, 1),
+            (2, 2) => run!(8, 2),
+            (2, 3) => run!(8, 3),
+            (2, 4) => run!(8, 4),
+            _ => {
+                for (q, out) in q.chunks_exact(hd).zip(out.chunks_exact_mut(hd)) {
+                    attend_quant_c::<16, 1>(q, hd, ty, kc, vc, from, upto, scale, out)
+                }
+            }
+        }
+    }
+}
+
+/// A block's 32 values of a Q8_0/Q4_0 row as signed bytes, and its scale.
+///
+/// # Safety
+/// `p` points at a whole block of `ty`; the CPU has avx2 and f16c.
+#[inline(always)]
+unsafe fn kv_block_bytes(ty: crate::kv::KvType, p: *const u8) -> (__m256i, f32) {
+    // SAFETY: the block's bytes are readable (the caller's).
+    unsafe {
+        let d = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(
+            u16::from_le_bytes([*p, *p.add(1)]) as i32
+        )));
+        let v = match ty {
+            crate::kv::KvType::Q4_0 => {
+                let raw = _mm_loadu_si128(p.add(2) as *const __m128i);
+                let mask = _mm_set1_epi8(0x0f);
+                let lo = _mm_and_si128(raw, mask);
+                let hi = _mm_and_si128(_mm_srli_epi16::<4>(raw), mask);
+                _mm256_sub_epi8(_mm256_set_m128i(hi, lo), _mm256_set1_epi8(8))
+            }
+            _ => _mm256_loadu_si256(p.add(2) as *const __m256i),
+        };
+        (v, d)
+    }
+}
+
+/// [`attend_quant`] for `H` heads of at most `16·C` values.
+///
+/// # Safety
+/// As [`attend_quant`], whose assertions it relies on; `hd <= 16·C`.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn attend_quant_c<const C: usize, const H: usize>(
+    q: &[f32],
+    hd: usize,
+    ty: crate::kv::KvType,
+    kc: &[u8],
+    vc: &[u8],
+    from: usize,
+    upto: usize,
+    scale: f32,
+    out: &mut [f32],
+) {
+    const QK: usize = crate::kv::QK;
+    let (nb, row, bb) = (hd / QK, ty.bytes(hd), ty.block_bytes());
+    assert!(hd <= 16 * C && q.len() == H * hd);
+    // SAFETY: every pointer below stays within the slices asserted by
+    // `attend_quant` (`upto` rows of `row` bytes, `nb` blocks each).
+    unsafe {
+        // Each head's query as Q8_0 blocks: values and scale.
+        let mut qb = [[_mm256_setzero_si256(); 8]; H];
+        let mut qd = [[0f32; 8]; H];
+        for h in 0..H {
+            let (mut qq, mut d) = ([0i8; super::attn::MAX_HEAD], [0f32; 8]);
+            super::attn::quantize_query(&q[h * hd..(h + 1) * hd], &mut qq[..hd], &mut d[..nb]);
+            for b in 0..nb {
+                qb[h][b] = _mm256_loadu_si256(qq.as_ptr().add(b * QK) as *const __m256i);
+            }
+            qd[h] = d;
+        }
+        let mut acc = [[_mm512_setzero_ps(); C]; H];
+        let mut s_sum = [0f32; H];
+        let mut m = [f32::NEG_INFINITY; H];
+        // As `attend_heads_c`: a block of keys' scores, then the heads'
+        // running maxima and exponentials in one pass, then the values.
+        let mut t0 = from;
+        while t0 < upto {
+            let n = BLOCK.min(upto - t0);
+            let mut sc = [[0f32; BLOCK]; H];
+            for k in 0..n {
+                let kp = kc.as_ptr().add((t0 + k) * row);
+                _mm_prefetch::<_MM_HINT_T0>(kp.wrapping_add(PREFETCH * row) as *const i8);
+                _mm_prefetch::<_MM_HINT_T0>(vc.as_ptr().add((t0 + k) * row) as *const i8);
+                let mut lanes = [_mm256_setzero_ps(); H];
+                for b in 0..nb {
+                    let (kv, dk) = kv_block_bytes(ty, kp.add(b * bb));
+                    let ax = _mm256_sign_epi8(kv, kv);
+                    for h in 0..H {
+                        let sy = _mm256_sign_epi8(qb[h][b], kv);
+                        let dot = _mm256_dpbusd_epi32(_mm256_setzero_si256(), ax, sy);
+                        let d = _mm256_set1_ps(dk * qd[h][b]);
+                        lanes[h] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot), lanes[h]);
+                    }
+                }
+                for h in 0..H {
+                    sc[h][k] = hsum256(lanes[h]) * scale;
+                }
+            }
+            let mut e = [[0f32; BLOCK]; H];
+            let mut up = [[false; BLOCK]; H];
+            for h in 0..H {
+                for k in 0..n {
+                    let s = sc[h][k];
+                    if s > m[h] {
+                        e[h][k] = m[h] - s;
+                        up[h][k] = true;
+                        m[h] = s;
+                    } else {
+                        e[h][k] = s - m[h];
+                    }
+                }
+            }
+            expf_lanes(e.as_flattened_mut());
+            for k in 0..n {
+                let vp = vc.as_ptr().add((t0 + k) * row);
+                let mut vv = [_mm512_setzero_ps(); C];
+                for b in 0..nb {
+                    let (x, d) = kv_block_bytes(ty, vp.add(b * bb));
+                    let dv = _mm512_set1_ps(d);
+                    let lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(x)));
+                    let hi =
+                        _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256::<1>(x)));
+                    vv[2 * b] = _mm512_mul_ps(lo, dv);
+                    vv[2 * b + 1] = _mm512_mul_ps(hi, dv);
+                }
+                for h in 0..H {
+                    let (ms, vs) = if up[h][k] { (e[h][k], 1f32) } else { (1f32, e[h][k]) };
+                    if up[h][k] {
+                        let msv = _mm512_set1_ps(ms);
+                        for a in acc[h].iter_mut().take(2 * nb) {
+                            *a = _mm512_mul_ps(*a, msv);
+                        }
+                    }
+                    let vsv = _mm512_set1_ps(vs);
+                    for (a, v) in acc[h].iter_mut().zip(&vv).take(2 * nb) {
+                        *a = _mm512_fmadd_ps(*v, vsv, *a);
+                    }
+                    s_sum[h] = s_sum[h].mul_add(ms, vs);
+                }
+            }
+            t0 += n;
+        }
+        for h in 0..H {
+            let inv = _mm512_set1_ps(if s_sum[h] == 0.0 { 0.0 } else { 1.0 / s_sum[h] });
+            for (c, a) in acc[h].iter().take(2 * nb).enumerate() {
+                let o = out.as_mut_ptr().add(h * hd + 16 * c);
+                _mm512_storeu_ps(o, _mm512_mul_ps(*a, inv));
+            }
+        }
+    }
+}
+
+/// ggml's `hsum_float_8`: the high half added to the low, then
+/// `(0+2)+(1+3)`.
+#[inline(always)]
+unsafe fn hsum256(x: __m256) -> f32 {
+    // SAFETY: register operations only; the features are the caller's.
+    unsafe {
+        let r = _mm_add_ps(_mm256_extractf128_ps::<1>(x), _mm256_castps256_ps128(x));
+        let r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+        _mm_cvtss_f32(_mm_add_ss(r, _mm_movehdup_ps(r)))
+    }
+}
+
 /// [`attn::expf`](super::attn::expf) of every value of `x` in place, 8
 /// lanes at a time in double precision (a length not a multiple of 8 ends
 /// with the scalar one); lanes that function sends to the C library go
