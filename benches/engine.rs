@@ -5,7 +5,8 @@
 //! prompt processing (512 tokens) and decode (128 tokens) at 2 threads, and
 //! at 1 thread for the 135M files; peak RSS of both processes; the ratios.
 //! Then decode and prompt at depth (4,096 and, on the 1B files, 16,384
-//! tokens: `depth_table`). Then, on the default model: decode of 8
+//! tokens: `depth_table`), after start to first token of a fresh process
+//! (`first_token_table`). Then, on the default model: decode of 8
 //! sequences together (what `serve`
 //! does) and time to first token when a request extends a cached
 //! 1,000-token conversation.
@@ -40,7 +41,10 @@
 //! `phi3-bench` (Phi-4-mini's layout at n_embd 1024: fused `attn_qkv` and
 //! gate/up, longrope factors) and `phi3-twin-bench` (a llama file of the
 //! same sizes with separate q/k/v and gate/up) are made the same way: the
-//! fused tensors must run at the twin's speed.
+//! fused tensors must run at the twin's speed. `llama3-8b-bench-q4_k_m`
+//! has Llama-3.1-8B's layers (`--shape 8b`: n_embd 4096, 32 layers, 8 KV
+//! heads, feed-forward 14336, `rope_freqs`; the script's small vocabulary):
+//! ~15 GB of F16 written and quantized on first use (minutes), then deleted.
 //!
 //! `AGENTD_BENCH_ONLY=q4_k_m` keeps the files whose name contains the word;
 //! `AGENTD_BENCH_ROUNDS` (3): agentd and llama.cpp alternate that many times
@@ -57,7 +61,7 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
-const FILES: [&str; 14] = [
+const FILES: [&str; 15] = [
     "smollm2-135m-q4_1",
     "smollm2-135m-q4_k_m",
     "smollm2-135m-q8_0",
@@ -75,19 +79,25 @@ const FILES: [&str; 14] = [
     "qwen3moe-twin-bench-q4_k_m",
     "phi3-bench-q4_k_m",
     "phi3-twin-bench-q4_k_m",
+    // Llama-3.1-8B's layers (`--shape 8b`; its F16 is deleted once quantized).
+    "llama3-8b-bench-q4_k_m",
 ];
 
 /// Makes `name` (a `FAMILY-bench-q4_k_m` file of the list) when missing:
 /// `scripts/synth_families.py` writes the family's bench shape in F16, and
 /// llama-quantize makes the Q4_K_M.
 fn synth_file(bin: Option<&Path>, dir: &Path, name: &str) {
-    let (Some(bin), Some(family)) = (bin, name.strip_suffix("-bench-q4_k_m")) else { return };
+    let (Some(bin), Some(file)) = (bin, name.strip_suffix("-bench-q4_k_m")) else { return };
     let dst = dir.join(format!("{name}.gguf"));
     if dst.is_file() {
         return;
     }
+    let (family, shape) = match file.strip_suffix("-8b") {
+        Some(f) => (f, "8b"),
+        None => (file, "bench"),
+    };
     let py = std::env::var_os("AGENTD_TEST_PYTHON").unwrap_or_else(|| "python3".into());
-    let f16 = dir.join(format!("{family}-bench-f16.gguf"));
+    let f16 = dir.join(format!("{file}-bench-f16.gguf"));
     let part = dir.join(format!("{name}.gguf.part"));
     let quiet = |c: &mut Command| {
         c.stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok_and(|s| s.success())
@@ -96,12 +106,16 @@ fn synth_file(bin: Option<&Path>, dir: &Path, name: &str) {
         || quiet(
             Command::new(py)
                 .arg(root().join("scripts/synth_families.py"))
-                .args(["--family", family, "--shape", "bench", "--out"])
+                .args(["--family", family, "--shape", shape, "--out"])
                 .arg(&f16),
         ))
         && quiet(Command::new(bin.join("llama-quantize")).args([&f16, &part]).arg("Q4_K_M"));
     if made {
         let _ = std::fs::rename(&part, &dst);
+        if shape == "8b" {
+            // 14 GB; the script makes the same bytes again if ever needed.
+            let _ = std::fs::remove_file(&f16);
+        }
     }
 }
 
@@ -326,6 +340,65 @@ fn depth_table(bin: Option<&Path>, dir: &Path, rounds: usize, only: &str) {
     println!();
 }
 
+/// Wall seconds of `cmd` (it must succeed), its stdout discarded.
+fn wall(cmd: &mut Command) -> Option<f64> {
+    let t = Instant::now();
+    let ok = cmd.stdout(Stdio::null()).stderr(Stdio::null()).stdin(Stdio::null()).status();
+    ok.ok().filter(|s| s.success()).map(|_| t.elapsed().as_secs_f64())
+}
+
+/// Start to first token: a fresh process loads the file and generates one
+/// token after a short prompt, 2 threads, page cache warm (a run of each
+/// first): `agentd generate --max-tokens 1` against `llama-cli -n 1 -st`
+/// (which applies the chat template: a few more prompt tokens), wall
+/// seconds, medians of `rounds` alternating runs.
+fn first_token_table(bin: Option<&Path>, dir: &Path, rounds: usize, only: &str) {
+    let Some(bin) = bin else { return };
+    println!("start to first token (a new process, 2 threads, warm page cache), seconds:");
+    println!("| file | llama.cpp | agentd | ratio |");
+    println!("|---|---|---|---|");
+    let prompt = "The three most useful facts about memory bandwidth are";
+    for name in ["smollm2-135m-q4_k_m", "synth-1b-q4_k_m", "llama3-8b-bench-q4_k_m"]
+        .iter()
+        .filter(|n| n.contains(only))
+    {
+        let path = dir.join(format!("{name}.gguf"));
+        if !path.is_file() {
+            println!("| {name} | missing | | |");
+            continue;
+        }
+        let ours = || {
+            wall(
+                Command::new(agentd())
+                    .args(["generate", "--threads", "2", "--max-tokens", "1"])
+                    .arg("--model")
+                    .arg(&path)
+                    .arg(prompt),
+            )
+        };
+        let theirs = || {
+            wall(
+                Command::new(bin.join("llama-cli"))
+                    .args(["-t", "2", "-n", "1", "-st", "-p", prompt, "-m"])
+                    .arg(&path),
+            )
+        };
+        let (_, _) = (ours(), theirs());
+        let (mut o, mut t) = (Vec::new(), Vec::new());
+        for _ in 0..rounds {
+            o.extend(ours());
+            t.extend(theirs());
+        }
+        if o.len() == rounds && t.len() == rounds {
+            let (o, t) = (median(o), median(t));
+            println!("| {name} | {t:.2} | {o:.2} | {:.2}× |", o / t);
+        } else {
+            println!("| {name} | failed | | |");
+        }
+    }
+    println!();
+}
+
 fn models_dir() -> PathBuf {
     if let Some(d) = std::env::var_os("AGENTD_BENCH_MODELS") {
         return PathBuf::from(d);
@@ -448,6 +521,7 @@ fn main() {
             }
         }
     }
+    first_token_table(bin.as_deref(), &dir, rounds, &only);
     depth_table(bin.as_deref(), &dir, rounds, &only);
     // What `serve` does with concurrent completions: 8 sequences decoding
     // together, one batched pass per token.

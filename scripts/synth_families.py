@@ -44,8 +44,11 @@ builds):
   bad-scaling a llama file whose rope.scaling.type is `dynamic`, a scaling the engine does not
               implement and must refuse, naming it
 
-Shapes: `test` (default: n_embd 128, 3 or 4 layers, 512-token vocabulary, for the tests) and
-`bench` (n_embd 1024: qwen3moe with 16 experts, 4 active, and its twin; phi3 and its twin).
+Shapes: `test` (default: n_embd 128, 3 or 4 layers, 512-token vocabulary, for the tests),
+`bench` (n_embd 1024: qwen3moe with 16 experts, 4 active, and its twin; phi3 and its twin) and
+`8b` (llama3 only: Llama-3.1-8B's layers — n_embd 4096, 32 layers, 32 heads, 8 KV heads, head
+size 128, feed-forward 14336, context 131072 with `rope_freqs` — and this script's vocabulary;
+about 15 GB of F16, held in memory while written).
 
 Every file has the same small byte-level BPE vocabulary (`gpt2` model, 256 byte tokens, 253
 merges learnt from the text below, `<|endoftext|>`, `<|im_start|>`, `<|im_end|>`; no BOS
@@ -299,6 +302,8 @@ SHAPES = {
     },
     "bench": {
         "phi3": dict(d=1024, heads=8, kv=4, hd=128, ff=2752, layers=8),
+        # Llama-3.1-8B's layers (the vocabulary stays this script's): `--shape 8b`.
+        "llama3-8b": dict(d=4096, heads=32, kv=8, hd=128, ff=14336, layers=32),
         "qwen3moe": dict(d=1024, heads=16, kv=4, hd=128, ff=3072, layers=4, experts=16, used=4,
                          ff_exp=768),
     },
@@ -617,6 +622,8 @@ def write(family: str, out: str, shape: str = "test", mutate: str | None = None,
     """Writes FAMILY's file at OUT (replacing it); SEED replaces the family's (to search
     for one, scripts/family_reference.py --search-seed)."""
     arch, entry, fn = WRITERS[family]
+    if shape == "8b":
+        shape, entry = "bench", f"{entry}-8b"
     shapes = SHAPES[shape]
     if entry not in shapes:
         raise SystemExit(f"family {family} has no {shape} shape (bench: {', '.join(SHAPES['bench'])} and their twins)")
@@ -632,7 +639,7 @@ def write(family: str, out: str, shape: str = "test", mutate: str | None = None,
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--family", choices=FAMILIES)
-    ap.add_argument("--shape", choices=list(SHAPES), default="test")
+    ap.add_argument("--shape", choices=[*SHAPES, "8b"], default="test")
     ap.add_argument("--mutate", choices=list(MUTATIONS),
                     default=os.environ.get("AGENTD_FAMILIES_MUTATE") or None)
     ap.add_argument("--out", help="the GGUF to write")

@@ -1114,8 +1114,14 @@ impl Kern for Q4KChain {
         if acts.grouped(0) {
             return false;
         }
-        // SAFETY: forwarded.
-        unsafe { q4k_dec8(w, acts, rows, out) };
+        // SAFETY: forwarded; the 512-bit variant only where the CPU has it.
+        unsafe {
+            if super::isa() == super::Isa::Avx512Vnni {
+                q4k_dec8_512(w, acts, rows, out)
+            } else {
+                q4k_dec8(w, acts, rows, out)
+            }
+        };
         true
     }
 
@@ -1129,8 +1135,14 @@ impl Kern for Q4KChain {
         if (0..acts.n).any(|c| acts.grouped(c)) {
             return false;
         }
-        // SAFETY: forwarded.
-        unsafe { q4k_dec8(w, acts, rows, out) };
+        // SAFETY: forwarded; the 512-bit variant only where the CPU has it.
+        unsafe {
+            if super::isa() == super::Isa::Avx512Vnni {
+                q4k_dec8_512(w, acts, rows, out)
+            } else {
+                q4k_dec8(w, acts, rows, out)
+            }
+        };
         true
     }
 
@@ -1572,6 +1584,195 @@ unsafe fn q4k_dec8(w: &RowMat, acts: &Acts, rows: std::ops::Range<usize>, out: &
                         );
                     }
                     // Σ min·bsum per row, the same order of hadds.
+                    let u: [__m256i; 4] = std::array::from_fn(|p| {
+                        _mm256_madd_epi16(_mm256_shuffle_epi8(t[p], mins16), bsp)
+                    });
+                    let im = _mm256_hadd_epi32(
+                        _mm256_hadd_epi32(u[0], u[1]),
+                        _mm256_hadd_epi32(u[2], u[3]),
+                    );
+                    acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iv), dd, acc[j]);
+                    accm[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(im), ddm, accm[j]);
+                }
+            }
+            for j in 0..cn {
+                let mut o = [0f32; 8];
+                _mm256_storeu_ps(o.as_mut_ptr(), _mm256_sub_ps(acc[j], accm[j]));
+                for (r, v) in o.iter().enumerate() {
+                    out.set(c0 + j, rb + r, *v);
+                }
+            }
+        }
+        for r in full..rows.end {
+            for c in 0..n {
+                let mut o = [[0f32; 1]; 1];
+                Q4KChain::run::<1, 1>(w, acts, r, c, &mut o);
+                out.set(c, r, o[0][0]);
+            }
+        }
+    }
+}
+
+/// [`q4k_dec8`] with its integer work in 512-bit registers (AVX-512BW):
+/// one register holds a row's 32 nibble bytes of a sub-block pair and
+/// those of the row four on, so each `maddubs`/`madd` covers 64 values of
+/// two rows (twice `q4k_dec8`'s), and each row's sum is folded once per
+/// super-block instead of per 64 values. Integer sums are exact whatever
+/// their order, so the float steps per lane, and the numbers, are
+/// `q4k_dec8`'s.
+///
+/// # Safety
+/// As [`q4k_dec8`]; the CPU must also support avx512f, avx512bw and
+/// avx512vl.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn q4k_dec8_512(w: &RowMat, acts: &Acts, rows: std::ops::Range<usize>, out: &OutRows<'_>) {
+    let k = acts.k;
+    let nb = k / QK_K;
+    let n = acts.n;
+    assert!(w.row_bytes >= nb * 144);
+    assert!(n * k <= acts.kq.len() && n * nb <= acts.kd.len() && n * nb * 16 <= acts.kbs.len());
+    let full = rows.start + (rows.end - rows.start) / 8 * 8;
+    // SAFETY: loads stay within the eight rows of each group (asserted
+    // rows) and the column's activations (asserted).
+    unsafe {
+        let m4 = _mm512_set1_epi8(0x0F);
+        // Byte s of each 128-bit lane's scale bytes as an i16 in every
+        // i16 of the lane (the high byte's index has its top bit set: 0).
+        let pick: [__m512i; 8] =
+            std::array::from_fn(|s| _mm512_set1_epi16((0xFF00u16 | s as u16) as i16));
+        let mins16 = _mm256_setr_epi8(
+            8, -1, 9, -1, 10, -1, 11, -1, 12, -1, 13, -1, 14, -1, 15, -1, 8, -1, 9, -1, 10, -1, 11,
+            -1, 12, -1, 13, -1, 14, -1, 15, -1,
+        );
+        for (rb, c0) in (rows.start..full)
+            .step_by(8)
+            .flat_map(|rb| (0..n).step_by(DEC_COLS).map(move |c0| (rb, c0)))
+        {
+            let cn = (n - c0).min(DEC_COLS);
+            let at = w.at(rb, 8);
+            let base = w.bytes().as_ptr().add(at.base);
+            let mut acc = [_mm256_setzero_ps(); DEC_COLS];
+            let mut accm = [_mm256_setzero_ps(); DEC_COLS];
+            for b in 0..nb {
+                let blk: [*const u8; 8] =
+                    std::array::from_fn(|r| base.add(r * at.row + b * at.block));
+                for p in blk {
+                    for l in 0..3 {
+                        prefetch(p.wrapping_add(2 * PF_DIST + 64 * l));
+                    }
+                }
+                // As `q4k_dec8`: d, dmin and the unpacked scale/min bytes of
+                // rows p and p + 4 in the two halves of `t[p]`.
+                let v: [__m256i; 4] = std::array::from_fn(|p| {
+                    _mm256_setr_m128i(
+                        _mm_loadu_si128(blk[p] as *const __m128i),
+                        _mm_loadu_si128(blk[p + 4] as *const __m128i),
+                    )
+                });
+                let dv = _mm256_unpacklo_epi64(
+                    _mm256_unpacklo_epi32(v[0], v[1]),
+                    _mm256_unpacklo_epi32(v[2], v[3]),
+                );
+                let halves = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packus_epi32(
+                    _mm256_and_si256(dv, _mm256_set1_epi32(0xFFFF)),
+                    _mm256_srli_epi32::<16>(dv),
+                ));
+                let dh = _mm256_cvtph_ps(_mm256_castsi256_si128(halves));
+                let dmh = _mm256_cvtph_ps(_mm256_extracti128_si256::<1>(halves));
+                let t: [__m256i; 4] = std::array::from_fn(|p| {
+                    let x = _mm256_shuffle_epi32::<0b11_10_11_01>(v[p]);
+                    let y = _mm256_shuffle_epi32::<0b10_10_01_01>(v[p]);
+                    let lo = _mm256_and_si256(
+                        _mm256_srlv_epi32(x, _mm256_setr_epi32(0, 0, 0, 4, 0, 0, 0, 4)),
+                        _mm256_setr_epi32(
+                            0x3f3f_3f3f,
+                            0x0f0f_0f0f,
+                            0x3f3f_3f3f,
+                            0x0f0f_0f0f,
+                            0x3f3f_3f3f,
+                            0x0f0f_0f0f,
+                            0x3f3f_3f3f,
+                            0x0f0f_0f0f,
+                        ),
+                    );
+                    let hi = _mm256_slli_epi32::<4>(_mm256_and_si256(
+                        _mm256_srli_epi32::<6>(y),
+                        _mm256_setr_epi32(
+                            0,
+                            0x0303_0303,
+                            0,
+                            0x0303_0303,
+                            0,
+                            0x0303_0303,
+                            0,
+                            0x0303_0303,
+                        ),
+                    ));
+                    _mm256_or_si256(lo, hi)
+                });
+                // Row p's scale bytes in 128-bit lanes 0 and 1, row p + 4's
+                // in lanes 2 and 3: each half of a 512-bit register below.
+                let t2: [__m512i; 4] = std::array::from_fn(|p| {
+                    let z = _mm512_castsi256_si512(t[p]);
+                    _mm512_shuffle_i32x4::<0x50>(z, z)
+                });
+                for j in 0..cn {
+                    let c = c0 + j;
+                    let da = _mm256_set1_ps(*acts.kd.get_unchecked(c * nb + b));
+                    let dd = _mm256_mul_ps(dh, da);
+                    let ddm = _mm256_mul_ps(dmh, da);
+                    let a0 = acts.kq.as_ptr().add(c * k + b * QK_K);
+                    let bs = acts.kbs.as_ptr().add((c * nb + b) * 16);
+                    let bsp = _mm_hadd_epi16(
+                        _mm_loadu_si128(bs as *const __m128i),
+                        _mm_loadu_si128(bs.add(8) as *const __m128i),
+                    );
+                    let bsp = _mm256_setr_m128i(bsp, bsp);
+                    // Per p: rows p (i32 lanes 0..8) and p + 4 (8..16).
+                    let mut iv = [_mm512_setzero_si512(); 4];
+                    for g in 0..4 {
+                        let alo = _mm512_broadcast_i64x4(_mm256_loadu_si256(
+                            a0.add(64 * g) as *const __m256i
+                        ));
+                        let ahi = _mm512_broadcast_i64x4(_mm256_loadu_si256(
+                            a0.add(64 * g + 32) as *const __m256i
+                        ));
+                        for p in 0..4 {
+                            let z = _mm512_inserti64x4::<1>(
+                                _mm512_castsi256_si512(_mm256_loadu_si256(
+                                    blk[p].add(16 + 32 * g) as *const __m256i
+                                )),
+                                _mm256_loadu_si256(blk[p + 4].add(16 + 32 * g) as *const __m256i),
+                            );
+                            let lo = _mm512_maddubs_epi16(_mm512_and_si512(z, m4), alo);
+                            let hi = _mm512_maddubs_epi16(
+                                _mm512_and_si512(_mm512_srli_epi16::<4>(z), m4),
+                                ahi,
+                            );
+                            let pl = _mm512_madd_epi16(lo, _mm512_shuffle_epi8(t2[p], pick[2 * g]));
+                            let ph =
+                                _mm512_madd_epi16(hi, _mm512_shuffle_epi8(t2[p], pick[2 * g + 1]));
+                            iv[p] = _mm512_add_epi32(iv[p], _mm512_add_epi32(pl, ph));
+                        }
+                    }
+                    // Each row's 8 lanes summed, rows in order 0..8: the two
+                    // 128-bit lanes of each half added, then transposed sums.
+                    let y: [__m512i; 4] = std::array::from_fn(|p| {
+                        _mm512_add_epi32(iv[p], _mm512_shuffle_i32x4::<0b10_11_00_01>(iv[p], iv[p]))
+                    });
+                    let t01 = _mm512_add_epi32(
+                        _mm512_unpacklo_epi32(y[0], y[1]),
+                        _mm512_unpackhi_epi32(y[0], y[1]),
+                    );
+                    let t23 = _mm512_add_epi32(
+                        _mm512_unpacklo_epi32(y[2], y[3]),
+                        _mm512_unpackhi_epi32(y[2], y[3]),
+                    );
+                    let u = _mm512_add_epi32(
+                        _mm512_unpacklo_epi64(t01, t23),
+                        _mm512_unpackhi_epi64(t01, t23),
+                    );
+                    let iv = _mm512_castsi512_si256(_mm512_shuffle_i32x4::<0b10_00_10_00>(u, u));
                     let u: [__m256i; 4] = std::array::from_fn(|p| {
                         _mm256_madd_epi16(_mm256_shuffle_epi8(t[p], mins16), bsp)
                     });
