@@ -350,8 +350,10 @@ fn wall(cmd: &mut Command) -> Option<f64> {
 /// Start to first token: a fresh process loads the file and generates one
 /// token after a short prompt, 2 threads, page cache warm (a run of each
 /// first): `agentd generate --max-tokens 1` against `llama-cli -n 1 -st`
-/// (which applies the chat template: a few more prompt tokens), wall
-/// seconds, medians of `rounds` alternating runs.
+/// (which applies the chat template: a few more prompt tokens), both with
+/// a context of 8,192 (agentd's default; llama-cli's is the file's, 131,072
+/// on the 8B shape: 16 GB of cache), wall seconds, medians of `rounds`
+/// alternating runs.
 fn first_token_table(bin: Option<&Path>, dir: &Path, rounds: usize, only: &str) {
     let Some(bin) = bin else { return };
     println!("start to first token (a new process, 2 threads, warm page cache), seconds:");
@@ -379,7 +381,7 @@ fn first_token_table(bin: Option<&Path>, dir: &Path, rounds: usize, only: &str) 
         let theirs = || {
             wall(
                 Command::new(bin.join("llama-cli"))
-                    .args(["-t", "2", "-n", "1", "-st", "-p", prompt, "-m"])
+                    .args(["-t", "2", "-c", "8192", "-n", "1", "-st", "-p", prompt, "-m"])
                     .arg(&path),
             )
         };
