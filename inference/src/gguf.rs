@@ -612,6 +612,18 @@ impl Gguf {
         Ok(buf)
     }
 
+    /// A handle on the file and the byte where tensor `name`'s data starts,
+    /// for rows read on demand instead of copied into memory (the tensor
+    /// counts as read).
+    pub(crate) fn data_handle(&mut self, name: &str) -> Result<(File, u64)> {
+        let start = self.info(name)?.start;
+        let file = self.file.get_ref().try_clone().map_err(|e| {
+            Error::new(ErrorKind::Io, format!("cannot reopen {}: {e}", self.path.display()))
+        })?;
+        self.read.insert(name.to_owned());
+        Ok((file, start))
+    }
+
     /// Whole rows `row0..row0 + buf.len() / row_bytes` of a tensor into
     /// `buf`, so that large tensors can be read a slice at a time.
     pub(crate) fn read_rows(&mut self, name: &str, row0: usize, buf: &mut [u8]) -> Result<()> {

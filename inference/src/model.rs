@@ -272,6 +272,12 @@ pub(crate) enum Embedding {
     Tied,
     /// Raw GGUF rows, dequantized on lookup.
     Raw { ty: GgmlType, data: Vec<u8>, row_bytes: usize },
+    /// Raw GGUF rows read from the file on lookup (a decoder's token
+    /// table): the table is not held in memory — llama.cpp maps the file
+    /// and touches only the rows a prompt uses; a 128k vocabulary at n_embd
+    /// 4096 is ~280 MB of Q4_K that no step reads whole.
+    #[cfg(unix)]
+    File { ty: GgmlType, file: std::fs::File, start: u64, row_bytes: usize, rows: usize },
     /// Dequantized rows (types the fast path cannot read).
     F32(Vec<f32>),
 }
@@ -291,6 +297,44 @@ impl Embedding {
         }
     }
 
+    /// [`Embedding::table`], a table whose rows are read from the file on
+    /// lookup where the system reads at an offset (unix) and `quant.rs`
+    /// reads the type.
+    pub(crate) fn table_on_file(g: &mut Gguf, name: &str, d: usize) -> Result<Embedding> {
+        #[cfg(unix)]
+        {
+            let (ty, rows, _) = g.shape(name)?;
+            if crate::quant::dequantizes(ty) {
+                let (file, start) = g.data_handle(name)?;
+                let row_bytes = ty.row_bytes(d).unwrap_or(0);
+                return Ok(Embedding::File { ty, file, start, row_bytes, rows });
+            }
+        }
+        Embedding::table(g, name, d)
+    }
+
+    /// Row `t` of a file-backed table into `out` (`d` values).
+    #[cfg(unix)]
+    fn read_row(
+        (ty, file, start, row_bytes, rows): (GgmlType, &std::fs::File, u64, usize, usize),
+        t: usize,
+        out: &mut [f32],
+    ) -> Result<()> {
+        use std::os::unix::fs::FileExt;
+        if t >= rows {
+            return Err(Error::new(ErrorKind::Input, format!("row {t} of a {rows}-row table")));
+        }
+        let mut raw = vec![0u8; row_bytes];
+        let at = start + (t * row_bytes) as u64;
+        file.read_exact_at(&mut raw, at).map_err(|e| {
+            model_err(format!(
+                "cannot read token row {t} at byte {at} of the model file: {e}; the file may have been truncated, re-download it with `agentd pull`"
+            ))
+        })?;
+        dequantize_row(ty, &raw, out);
+        Ok(())
+    }
+
     /// Row `t` (of `d` values) of a table read by [`Embedding::table`];
     /// false when it has no such row (or the table is tied to the output
     /// matrix, which only [`Model`] reads).
@@ -306,6 +350,15 @@ impl Embedding {
                 Some(r) => out[..d].copy_from_slice(r),
                 None => return false,
             },
+            #[cfg(unix)]
+            Embedding::File { ty, file, start, row_bytes, rows } => {
+                return Embedding::read_row(
+                    (*ty, file, *start, *row_bytes, *rows),
+                    t,
+                    &mut out[..d],
+                )
+                .is_ok();
+            }
             Embedding::Tied => return false,
         }
         true
@@ -317,6 +370,8 @@ impl Embedding {
             Embedding::Tied => 0,
             Embedding::Raw { data, .. } => data.len(),
             Embedding::F32(v) => 4 * v.len(),
+            #[cfg(unix)]
+            Embedding::File { .. } => 0,
         }
     }
 }
@@ -510,7 +565,7 @@ impl Model {
         }
         let out_norm = vector(g, "output_norm.weight", d)?;
         let (emb_type, _, _) = g.shape("token_embd.weight")?;
-        let raw_emb = |g: &mut Gguf| Embedding::table(g, "token_embd.weight", d);
+        let raw_emb = |g: &mut Gguf| Embedding::table_on_file(g, "token_embd.weight", d);
         let (output, output_type, emb) = if g.has("output.weight") {
             let (ot, _, _) = g.shape("output.weight")?;
             (Linear::load(g, &["output.weight"])?, ot, raw_emb(g)?)
@@ -595,11 +650,7 @@ impl Model {
             n += l.qkv.bytes() + l.wo.bytes() + l.gate_up.bytes() + l.down.bytes();
             n += l.moe.as_ref().map_or(0, |m| m.bytes());
         }
-        n + match &self.emb {
-            Embedding::Tied => 0,
-            Embedding::Raw { data, .. } => data.len(),
-            Embedding::F32(v) => 4 * v.len(),
-        }
+        n + self.emb.bytes()
     }
 
     /// Which kernel runs each tensor type, with how many tensors of it
@@ -617,6 +668,8 @@ impl Model {
         let emb = match &self.emb {
             Embedding::Tied => None,
             Embedding::Raw { ty, .. } => Some((*ty, "dequantize-rows".to_owned())),
+            #[cfg(unix)]
+            Embedding::File { ty, .. } => Some((*ty, "dequantize-rows-from-file".to_owned())),
             Embedding::F32(_) => Some((self.emb_type, "f32-rows".to_owned())),
         };
         all.extend(emb);
@@ -646,6 +699,10 @@ impl Model {
             },
             Embedding::Raw { ty, data, row_bytes } => {
                 dequantize_row(*ty, &data[t * row_bytes..(t + 1) * row_bytes], out)
+            }
+            #[cfg(unix)]
+            Embedding::File { ty, file, start, row_bytes, rows } => {
+                Embedding::read_row((*ty, file, *start, *row_bytes, *rows), t, &mut out[..d])?
             }
             Embedding::F32(v) => out.copy_from_slice(&v[t * d..(t + 1) * d]),
         }
