@@ -253,6 +253,15 @@ fn files_the_engine_cannot_compute_exactly_are_refused_naming_what() {
     ]));
     assert_eq!(bench["architecture"], "llama", "{bench}");
     assert_eq!(bench["rope_scaling"], "llama3 (rope_freqs)", "{bench}");
+    // Its heads of 16 values cannot hold blocks of 32: a quantized K/V
+    // cache is refused at load, naming the head size.
+    let out = home.run(&["bench", "--model", good.to_str().expect("path"), "--kv-type", "q8_0"]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("multiple of 32") && err.contains("16") && !err.contains("panicked"),
+        "{err}"
+    );
 
     // `agentd embed`: one unit vector of n_embd values per text, mean-pooled
     // (the file names no pooling); an unknown pooling is a clear error.

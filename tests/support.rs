@@ -110,6 +110,7 @@ impl Home {
             .env("AGENTD_HOME", self.path())
             .env("AGENTD_NO_HUB", "1")
             .env_remove("AGENTD_CHAT_MAX_TOOL_ITERS")
+            .env_remove("AGENTD_KV_TYPE")
             .env_remove("AGENTD_LOG")
             .env_remove("RUST_LOG");
         c
