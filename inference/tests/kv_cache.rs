@@ -14,18 +14,10 @@ use std::sync::atomic::AtomicBool;
 
 mod common;
 
-fn lines() -> Vec<Value> {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/reference/kv-greedy.jsonl");
-    std::fs::read_to_string(&p)
-        .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(|l| serde_json::from_str(l).expect("fixture line is JSON"))
-        .collect()
-}
+use common::ids;
 
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array().expect("ids").iter().map(|x| x.as_u64().expect("id") as u32).collect()
+fn lines() -> Vec<Value> {
+    common::reference_lines("kv-greedy.jsonl")
 }
 
 fn file(model: &str) -> Option<PathBuf> {

@@ -23,30 +23,15 @@
 //! fails instead under `AGENTD_TEST_STRICT=1`.
 
 use inference::{Engine, EngineOptions, GenParams};
-use serde_json::Value;
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 
 mod common;
 
-use common::real_file as file;
+use common::{ids, real_file as file, reference_lines as lines};
 
 fn model() -> Option<PathBuf> {
     file("AGENTD_TEST_MODEL", "reference (default model)")
-}
-
-fn lines(name: &str) -> Vec<Value> {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/reference").join(name);
-    std::fs::read_to_string(&p)
-        .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(|l| serde_json::from_str(l).expect("fixture line is JSON"))
-        .collect()
-}
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array().expect("ids").iter().map(|x| x.as_u64().expect("id") as u32).collect()
 }
 
 #[test]

@@ -1470,60 +1470,7 @@ unsafe fn q4k_dec8(w: &RowMat, acts: &Acts, rows: std::ops::Range<usize>, out: &
                         prefetch(p.wrapping_add(2 * PF_DIST + 64 * l));
                     }
                 }
-                // Rows p and p + 4's first 16 bytes (d, dmin, the 12 packed
-                // scale bytes) in the two halves.
-                let v: [__m256i; 4] = std::array::from_fn(|p| {
-                    _mm256_setr_m128i(
-                        _mm_loadu_si128(blk[p] as *const __m128i),
-                        _mm_loadu_si128(blk[p + 4] as *const __m128i),
-                    )
-                });
-                // d and dmin of the eight rows, in row order (lane 0 of each).
-                let dv = _mm256_unpacklo_epi64(
-                    _mm256_unpacklo_epi32(v[0], v[1]),
-                    _mm256_unpacklo_epi32(v[2], v[3]),
-                );
-                let halves = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packus_epi32(
-                    _mm256_and_si256(dv, _mm256_set1_epi32(0xFFFF)),
-                    _mm256_srli_epi32::<16>(dv),
-                ));
-                let dh = _mm256_cvtph_ps(_mm256_castsi256_si128(halves));
-                let dmh = _mm256_cvtph_ps(_mm256_extracti128_si256::<1>(halves));
-                // Rows p and p + 4's 16 scale and min bytes (`k4_scales`) in
-                // the two halves: from the 12 packed bytes [a, b, c] (u32
-                // lanes 1..4 of `v`), [a & M1, (c & M2) | ((a >> 6) & M3) << 4, b & M1,
-                // ((c >> 4) & M2) | ((b >> 6) & M3) << 4].
-                let t: [__m256i; 4] = std::array::from_fn(|p| {
-                    let x = _mm256_shuffle_epi32::<0b11_10_11_01>(v[p]); // a c b c
-                    let y = _mm256_shuffle_epi32::<0b10_10_01_01>(v[p]); // a a b b
-                    let lo = _mm256_and_si256(
-                        _mm256_srlv_epi32(x, _mm256_setr_epi32(0, 0, 0, 4, 0, 0, 0, 4)),
-                        _mm256_setr_epi32(
-                            0x3f3f_3f3f,
-                            0x0f0f_0f0f,
-                            0x3f3f_3f3f,
-                            0x0f0f_0f0f,
-                            0x3f3f_3f3f,
-                            0x0f0f_0f0f,
-                            0x3f3f_3f3f,
-                            0x0f0f_0f0f,
-                        ),
-                    );
-                    let hi = _mm256_slli_epi32::<4>(_mm256_and_si256(
-                        _mm256_srli_epi32::<6>(y),
-                        _mm256_setr_epi32(
-                            0,
-                            0x0303_0303,
-                            0,
-                            0x0303_0303,
-                            0,
-                            0x0303_0303,
-                            0,
-                            0x0303_0303,
-                        ),
-                    ));
-                    _mm256_or_si256(lo, hi)
-                });
+                let (dh, dmh, t) = q4k_group_header(&blk);
                 for j in 0..cn {
                     let c = c0 + j;
                     let da = _mm256_set1_ps(*acts.kd.get_unchecked(c * nb + b));
@@ -1613,6 +1560,66 @@ unsafe fn q4k_dec8(w: &RowMat, acts: &Acts, rows: std::ops::Range<usize>, out: &
     }
 }
 
+/// A group's super-block header, as `q4k_dec8` and `q4k_dec8_512` read it
+/// from the eight rows' blocks `blk`: `d` and `dmin` of rows 0..8 in lane
+/// order, and per p < 4 the 16 unpacked scale and min bytes (`k4_scales`)
+/// of rows p and p + 4 in the two halves.
+///
+/// # Safety
+/// Each pointer has 16 readable bytes; the CPU has avx2 and f16c.
+#[inline(always)]
+unsafe fn q4k_group_header(blk: &[*const u8; 8]) -> (__m256, __m256, [__m256i; 4]) {
+    // SAFETY: 16 bytes at each pointer (the caller's); register work.
+    unsafe {
+        // Rows p and p + 4's first 16 bytes (d, dmin, the 12 packed
+        // scale bytes) in the two halves.
+        let v: [__m256i; 4] = std::array::from_fn(|p| {
+            _mm256_setr_m128i(
+                _mm_loadu_si128(blk[p] as *const __m128i),
+                _mm_loadu_si128(blk[p + 4] as *const __m128i),
+            )
+        });
+        // d and dmin of the eight rows, in row order (lane 0 of each).
+        let dv = _mm256_unpacklo_epi64(
+            _mm256_unpacklo_epi32(v[0], v[1]),
+            _mm256_unpacklo_epi32(v[2], v[3]),
+        );
+        let halves = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packus_epi32(
+            _mm256_and_si256(dv, _mm256_set1_epi32(0xFFFF)),
+            _mm256_srli_epi32::<16>(dv),
+        ));
+        let dh = _mm256_cvtph_ps(_mm256_castsi256_si128(halves));
+        let dmh = _mm256_cvtph_ps(_mm256_extracti128_si256::<1>(halves));
+        // Rows p and p + 4's 16 scale and min bytes (`k4_scales`) in
+        // the two halves: from the 12 packed bytes [a, b, c] (u32
+        // lanes 1..4 of `v`), [a & M1, (c & M2) | ((a >> 6) & M3) << 4, b & M1,
+        // ((c >> 4) & M2) | ((b >> 6) & M3) << 4].
+        let t: [__m256i; 4] = std::array::from_fn(|p| {
+            let x = _mm256_shuffle_epi32::<0b11_10_11_01>(v[p]); // a c b c
+            let y = _mm256_shuffle_epi32::<0b10_10_01_01>(v[p]); // a a b b
+            let lo = _mm256_and_si256(
+                _mm256_srlv_epi32(x, _mm256_setr_epi32(0, 0, 0, 4, 0, 0, 0, 4)),
+                _mm256_setr_epi32(
+                    0x3f3f_3f3f,
+                    0x0f0f_0f0f,
+                    0x3f3f_3f3f,
+                    0x0f0f_0f0f,
+                    0x3f3f_3f3f,
+                    0x0f0f_0f0f,
+                    0x3f3f_3f3f,
+                    0x0f0f_0f0f,
+                ),
+            );
+            let hi = _mm256_slli_epi32::<4>(_mm256_and_si256(
+                _mm256_srli_epi32::<6>(y),
+                _mm256_setr_epi32(0, 0x0303_0303, 0, 0x0303_0303, 0, 0x0303_0303, 0, 0x0303_0303),
+            ));
+            _mm256_or_si256(lo, hi)
+        });
+        (dh, dmh, t)
+    }
+}
+
 /// [`q4k_dec8`] with its integer work in 512-bit registers (AVX-512BW):
 /// one register holds a row's 32 nibble bytes of a sub-block pair and
 /// those of the row four on, so each `maddubs`/`madd` covers 64 values of
@@ -1661,55 +1668,7 @@ unsafe fn q4k_dec8_512(w: &RowMat, acts: &Acts, rows: std::ops::Range<usize>, ou
                         prefetch(p.wrapping_add(2 * PF_DIST + 64 * l));
                     }
                 }
-                // As `q4k_dec8`: d, dmin and the unpacked scale/min bytes of
-                // rows p and p + 4 in the two halves of `t[p]`.
-                let v: [__m256i; 4] = std::array::from_fn(|p| {
-                    _mm256_setr_m128i(
-                        _mm_loadu_si128(blk[p] as *const __m128i),
-                        _mm_loadu_si128(blk[p + 4] as *const __m128i),
-                    )
-                });
-                let dv = _mm256_unpacklo_epi64(
-                    _mm256_unpacklo_epi32(v[0], v[1]),
-                    _mm256_unpacklo_epi32(v[2], v[3]),
-                );
-                let halves = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packus_epi32(
-                    _mm256_and_si256(dv, _mm256_set1_epi32(0xFFFF)),
-                    _mm256_srli_epi32::<16>(dv),
-                ));
-                let dh = _mm256_cvtph_ps(_mm256_castsi256_si128(halves));
-                let dmh = _mm256_cvtph_ps(_mm256_extracti128_si256::<1>(halves));
-                let t: [__m256i; 4] = std::array::from_fn(|p| {
-                    let x = _mm256_shuffle_epi32::<0b11_10_11_01>(v[p]);
-                    let y = _mm256_shuffle_epi32::<0b10_10_01_01>(v[p]);
-                    let lo = _mm256_and_si256(
-                        _mm256_srlv_epi32(x, _mm256_setr_epi32(0, 0, 0, 4, 0, 0, 0, 4)),
-                        _mm256_setr_epi32(
-                            0x3f3f_3f3f,
-                            0x0f0f_0f0f,
-                            0x3f3f_3f3f,
-                            0x0f0f_0f0f,
-                            0x3f3f_3f3f,
-                            0x0f0f_0f0f,
-                            0x3f3f_3f3f,
-                            0x0f0f_0f0f,
-                        ),
-                    );
-                    let hi = _mm256_slli_epi32::<4>(_mm256_and_si256(
-                        _mm256_srli_epi32::<6>(y),
-                        _mm256_setr_epi32(
-                            0,
-                            0x0303_0303,
-                            0,
-                            0x0303_0303,
-                            0,
-                            0x0303_0303,
-                            0,
-                            0x0303_0303,
-                        ),
-                    ));
-                    _mm256_or_si256(lo, hi)
-                });
+                let (dh, dmh, t) = q4k_group_header(&blk);
                 // Row p's scale bytes in 128-bit lanes 0 and 1, row p + 4's
                 // in lanes 2 and 3: each half of a 512-bit register below.
                 let t2: [__m512i; 4] = std::array::from_fn(|p| {

@@ -719,21 +719,7 @@ unsafe fn attend_heads_c<const C: usize, const H: usize, const EXACT: bool>(
             }
             // `e[h][k]`: the exponential's argument, then its value; `up`:
             // whether key k raised head h's max (e is then ms, else vs).
-            let mut e = [[0f32; BLOCK]; H];
-            let mut up = [[false; BLOCK]; H];
-            for h in 0..H {
-                for k in 0..n {
-                    let s = sc[h][k];
-                    if s > m[h] {
-                        e[h][k] = m[h] - s;
-                        up[h][k] = true;
-                        m[h] = s;
-                    } else {
-                        e[h][k] = s - m[h];
-                    }
-                }
-            }
-            expf_lanes(e.as_flattened_mut());
+            let (e, up) = softmax_block(&sc, n, &mut m);
             for k in 0..n {
                 let vp = vc.as_ptr().add((t0 + k) * lane.stride + lane.offset) as *const __m256i;
                 let mut vv = [_mm512_setzero_ps(); C];
@@ -915,21 +901,7 @@ unsafe fn attend_quant_c<const C: usize, const H: usize>(
                     sc[h][k] = hsum256(lanes[h]) * scale;
                 }
             }
-            let mut e = [[0f32; BLOCK]; H];
-            let mut up = [[false; BLOCK]; H];
-            for h in 0..H {
-                for k in 0..n {
-                    let s = sc[h][k];
-                    if s > m[h] {
-                        e[h][k] = m[h] - s;
-                        up[h][k] = true;
-                        m[h] = s;
-                    } else {
-                        e[h][k] = s - m[h];
-                    }
-                }
-            }
-            expf_lanes(e.as_flattened_mut());
+            let (e, up) = softmax_block(&sc, n, &mut m);
             for k in 0..n {
                 let vp = vc.as_ptr().add((t0 + k) * row);
                 let mut vv = [_mm512_setzero_ps(); C];
@@ -979,6 +951,39 @@ unsafe fn hsum256(x: __m256) -> f32 {
         let r = _mm_add_ps(r, _mm_movehl_ps(r, r));
         _mm_cvtss_f32(_mm_add_ss(r, _mm_movehdup_ps(r)))
     }
+}
+
+/// The online softmax's steps over a block of `n` keys' scores `sc`, head
+/// by head in key order: `up[h][k]` whether key k raised head h's running
+/// max `m[h]` (then `e[h][k]` is `ms = expf(old − new)`, else `vs = expf(s
+/// − max)`), the maxima updated, every exponential taken in one pass
+/// ([`expf_lanes`]: a call keeps no vector register, so none is saved).
+///
+/// # Safety
+/// The CPU has avx512f and fma.
+#[inline(always)]
+unsafe fn softmax_block<const H: usize>(
+    sc: &[[f32; BLOCK]; H],
+    n: usize,
+    m: &mut [f32; H],
+) -> ([[f32; BLOCK]; H], [[bool; BLOCK]; H]) {
+    let mut e = [[0f32; BLOCK]; H];
+    let mut up = [[false; BLOCK]; H];
+    for h in 0..H {
+        for k in 0..n {
+            let s = sc[h][k];
+            if s > m[h] {
+                e[h][k] = m[h] - s;
+                up[h][k] = true;
+                m[h] = s;
+            } else {
+                e[h][k] = s - m[h];
+            }
+        }
+    }
+    // SAFETY: the features are the caller's.
+    unsafe { expf_lanes(e.as_flattened_mut()) };
+    (e, up)
 }
 
 /// [`attn::expf`](super::attn::expf) of every value of `x` in place, 8

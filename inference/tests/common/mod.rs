@@ -285,3 +285,20 @@ pub fn real_file(var: &str, test: &str) -> Option<PathBuf> {
     assert!(p.is_file(), "{var}={} is not a file", p.display());
     Some(p)
 }
+
+/// The lines of the JSON-lines fixture `name` in `tests/data/reference/`
+/// (its README says how each was made).
+pub fn reference_lines(name: &str) -> Vec<serde_json::Value> {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/reference").join(name);
+    std::fs::read_to_string(&p)
+        .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).expect("fixture line is JSON"))
+        .collect()
+}
+
+/// A fixture's array of token ids.
+pub fn ids(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array().expect("ids").iter().map(|x| x.as_u64().expect("id") as u32).collect()
+}
