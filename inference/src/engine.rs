@@ -193,16 +193,25 @@ fn kv_policy(cfg: &Config, context: usize, asked: Option<KvType>) -> Result<KvTy
     let blocks_fit = cfg.head_dim.is_multiple_of(crate::kv::QK);
     let per_position = cfg.n_layer * 2 * cfg.n_kv * cfg.head_dim;
     match asked {
-        Some(t) if t.is_quantized() && (!blocks_fit || cfg.arch.is_encoder()) => Err(Error::new(
+        Some(t) if t.is_quantized() && cfg.arch.is_encoder() => Err(Error::new(
             ErrorKind::Input,
             format!(
-                "a {t} K/V cache needs heads whose size is a multiple of 32 on a decoder; {} has {} ({}): use f16",
-                cfg.arch_name, cfg.head_dim, if cfg.arch.is_encoder() { "an encoder" } else { "a decoder" }
+                "{} is an encoder, which keeps no K/V cache: drop --kv-type {t}",
+                cfg.arch_name
+            ),
+        )),
+        Some(t) if t.is_quantized() && !blocks_fit => Err(Error::new(
+            ErrorKind::Input,
+            format!(
+                "a {t} K/V cache needs heads whose size is a multiple of 32; {} has {}: use f16",
+                cfg.arch_name, cfg.head_dim
             ),
         )),
         Some(t) => Ok(t),
         None if !blocks_fit || cfg.arch.is_encoder() => Ok(KvType::F16),
-        None => Ok(crate::kv::choose(context, per_position, memory_total().map_or(u64::MAX, |m| m / 4))),
+        None => {
+            Ok(crate::kv::choose(context, per_position, memory_total().map_or(u64::MAX, |m| m / 4)))
+        }
     }
 }
 
@@ -655,10 +664,16 @@ impl Engine {
     /// batch (`Mode::for_batch`), and its one-query path for every batch
     /// over a block-type cache.
     fn attn_mode(&self, n: usize) -> Mode {
+        self.attn_path(Mode::for_batch(n))
+    }
+
+    /// `f16`, the path an f16 cache takes, as this engine's cache takes it
+    /// (a block-type cache has the one-query path alone).
+    fn attn_path(&self, f16: Mode) -> Mode {
         if self.info.kv_type.is_quantized() {
             Mode::Vec
         } else {
-            Mode::for_batch(n)
+            f16
         }
     }
 
@@ -998,7 +1013,7 @@ impl Engine {
         let fresh = self.prompt(prompt.len());
         let plan = |p: usize| {
             let r = fresh.route(p);
-            let attn = if self.info.kv_type.is_quantized() { Mode::Vec } else { r.attn };
+            let attn = self.attn_path(r.attn);
             Route { attn, grouped: r.grouped && self.route.0, wide: r.wide && self.route.1 }
         };
         // A mixture's position also needs the batch a fresh run gives it
