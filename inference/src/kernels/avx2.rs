@@ -273,11 +273,34 @@ unsafe fn hsum8_x8(a: &[__m256; 8]) -> __m256 {
 /// # Safety
 /// The CPU has avx2, fma and f16c (it is called from the AVX2 kernels);
 /// rows `rows` of `out` are the caller's.
-#[inline(always)]
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
 unsafe fn decode_rows(
     rows: std::ops::Range<usize>,
     out: &OutRows<'_>,
     mut row: impl FnMut(usize) -> (__m256, f32),
+) {
+    // SAFETY: forwarded (the caller's rows).
+    unsafe {
+        decode_rows_n::<1>(rows, 0, out, |r| {
+            let (a, o) = row(r);
+            ([a], [o])
+        })
+    }
+}
+
+/// [`decode_rows`] for columns `c0..c0 + N`: `row(r)` gives each column's
+/// accumulator and offset.
+///
+/// # Safety
+/// As [`decode_rows`]; the columns exist in `out`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn decode_rows_n<const N: usize>(
+    rows: std::ops::Range<usize>,
+    c0: usize,
+    out: &OutRows<'_>,
+    mut row: impl FnMut(usize) -> ([__m256; N], [f32; N]),
 ) {
     // SAFETY: register arithmetic and stores into local arrays; `out.set`
     // on rows of `rows`, which are the caller's.
@@ -285,18 +308,23 @@ unsafe fn decode_rows(
         let mut r0 = rows.start;
         while r0 < rows.end {
             let n = (rows.end - r0).min(8);
-            let mut acc = [_mm256_setzero_ps(); 8];
-            let mut off = [0f32; 8];
+            let mut acc = [[_mm256_setzero_ps(); 8]; N];
+            let mut off = [[0f32; 8]; N];
             for i in 0..n {
-                (acc[i], off[i]) = row(r0 + i);
+                let (a, o) = row(r0 + i);
+                for j in 0..N {
+                    (acc[j][i], off[j][i]) = (a[j], o[j]);
+                }
             }
-            let mut v = [0f32; 8];
-            _mm256_storeu_ps(
-                v.as_mut_ptr(),
-                _mm256_add_ps(hsum8_x8(&acc), _mm256_loadu_ps(off.as_ptr())),
-            );
-            for (i, &x) in v.iter().take(n).enumerate() {
-                out.set(0, r0 + i, x);
+            for j in 0..N {
+                let mut v = [0f32; 8];
+                _mm256_storeu_ps(
+                    v.as_mut_ptr(),
+                    _mm256_add_ps(hsum8_x8(&acc[j]), _mm256_loadu_ps(off[j].as_ptr())),
+                );
+                for (i, &x) in v.iter().take(n).enumerate() {
+                    out.set(c0 + j, r0 + i, x);
+                }
             }
             r0 += n;
         }
@@ -417,50 +445,46 @@ unsafe fn q5_high_of(q: __m256i) -> __m256i {
     }
 }
 
-/// A decode (one column) of paired Q5_0 rows, a pair of blocks per step:
-/// one 32-byte load gives both blocks' nibbles, one broadcast their high
-/// bits, one conversion both scales. The lanes and the fused multiply-adds
-/// are [`B32::run`]'s (values + 16 less `Acts::g16`), block after block.
-/// `false` (nothing done) when the rows are not paired.
+/// A decode of paired Q5_0 rows against columns `c0..c0 + N`, a pair of
+/// blocks per step: one 32-byte load gives both blocks' nibbles, one
+/// broadcast their high bits, one conversion both scales, for all the
+/// columns. Each column's lanes and fused multiply-adds are [`B32::run`]'s
+/// (values + 16 less `Acts::g16`), block after block, so a column has the
+/// numbers it has alone. `false` (nothing done) when the rows are not
+/// paired or the columns have no `g16`.
 ///
 /// # Safety
 /// The CPU has avx2, fma and f16c (it is called from the AVX2 kernels);
 /// rows `rows` of `out` are the caller's.
-#[inline(always)]
-unsafe fn q5_decode_pairs(
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn q5_decode_pairs<const N: usize>(
     w: &RowMat,
     acts: &Acts,
     rows: std::ops::Range<usize>,
+    c0: usize,
     out: &OutRows<'_>,
 ) -> bool {
     let k = acts.k;
     let nb = k / QK;
-    if !w.pairs() || !nb.is_multiple_of(2) || nb * 8 > acts.g16.len() {
+    if !w.pairs() || !nb.is_multiple_of(2) || (c0 + N) * nb * 8 > acts.g16.len() {
         return false;
     }
-    assert!(k <= acts.q.len() && nb <= acts.d.len() && w.row_bytes >= nb * 22);
+    assert!((c0 + N) * k <= acts.q.len() && (c0 + N) * nb <= acts.d.len());
+    assert!(w.row_bytes >= nb * 22);
     assert!(rows.end * w.row_bytes <= w.bytes().len());
     // SAFETY: every load is within the rows (asserted: nb/2 pairs of 44
-    // bytes per row) or column 0's activations (asserted above).
+    // bytes per row) or the columns' activations (asserted above).
     unsafe {
         let low = _mm256_set1_epi8(0x0F);
         let second = _mm256_set1_epi32(1);
-        decode_rows(rows, out, |r| {
+        decode_rows_n::<N>(rows, c0, out, |r| {
             let row = w.bytes().as_ptr().add(r * w.row_bytes);
-            let mut acc = _mm256_setzero_ps();
+            let mut acc = [_mm256_setzero_ps(); N];
             for p in 0..nb / 2 {
                 let pp = row.add(p * rows::Q5_PAIR);
                 prefetch(pp.wrapping_add(DEC_PF));
-                // Both blocks' `d · d_a` in one conversion and one product
-                // (the same f32 products as one at a time).
                 let dw = _mm_cvtph_ps(_mm_cvtsi32_si128((pp as *const i32).read_unaligned()));
-                let da =
-                    _mm_castsi128_ps(_mm_loadl_epi64(acts.d.as_ptr().add(2 * p) as *const __m128i));
-                let s = _mm_mul_ps(dw, da);
-                let (sa, sb) = (
-                    _mm256_broadcastss_ps(s),
-                    _mm256_permutevar8x32_ps(_mm256_castps128_ps256(s), second),
-                );
                 let v = _mm256_loadu_si256(pp.add(12) as *const __m256i);
                 let lo = _mm256_and_si256(v, low);
                 let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), low);
@@ -470,19 +494,34 @@ unsafe fn q5_decode_pairs(
                     _mm256_permute2x128_si256::<0x31>(lo, hi),
                     q5_high_of(_mm256_slli_epi16::<4>(q)),
                 );
-                let y = acts.q.as_ptr().add(2 * p * QK) as *const __m256i;
-                let g = acts.g16.as_ptr().add(2 * p * 8) as *const __m256i;
-                let la =
-                    _mm256_sub_epi32(us_lanes(xa, _mm256_loadu_si256(y)), _mm256_loadu_si256(g));
-                let lb = _mm256_sub_epi32(
-                    us_lanes(xb, _mm256_loadu_si256(y.add(1))),
-                    _mm256_loadu_si256(g.add(1)),
-                );
-                acc = _mm256_fmadd_ps(sa, _mm256_cvtepi32_ps(la), acc);
-                acc = _mm256_fmadd_ps(sb, _mm256_cvtepi32_ps(lb), acc);
+                for (j, acc) in acc.iter_mut().enumerate() {
+                    let c = c0 + j;
+                    // Both blocks' `d · d_a` in one conversion and one
+                    // product (the same f32 products as one at a time).
+                    let da = _mm_castsi128_ps(_mm_loadl_epi64(
+                        acts.d.as_ptr().add(c * nb + 2 * p) as *const __m128i
+                    ));
+                    let s = _mm_mul_ps(dw, da);
+                    let (sa, sb) = (
+                        _mm256_broadcastss_ps(s),
+                        _mm256_permutevar8x32_ps(_mm256_castps128_ps256(s), second),
+                    );
+                    let y = acts.q.as_ptr().add(c * k + 2 * p * QK) as *const __m256i;
+                    let g = acts.g16.as_ptr().add((c * nb + 2 * p) * 8) as *const __m256i;
+                    let la = _mm256_sub_epi32(
+                        us_lanes(xa, _mm256_loadu_si256(y)),
+                        _mm256_loadu_si256(g),
+                    );
+                    let lb = _mm256_sub_epi32(
+                        us_lanes(xb, _mm256_loadu_si256(y.add(1))),
+                        _mm256_loadu_si256(g.add(1)),
+                    );
+                    *acc = _mm256_fmadd_ps(sa, _mm256_cvtepi32_ps(la), *acc);
+                    *acc = _mm256_fmadd_ps(sb, _mm256_cvtepi32_ps(lb), *acc);
+                }
             }
             // `+ 0.0` as `B32::run` finishes a signed format's row.
-            (acc, 0.0)
+            (acc, [0.0; N])
         });
     }
     true
@@ -718,9 +757,48 @@ impl<const F: u8, const CH: bool> Kern for B32<F, CH> {
             // SAFETY: forwarded.
             3 => unsafe { q4_1_decode_pairs(w, acts, rows, out) },
             // SAFETY: forwarded.
-            2 => !CH && unsafe { q5_decode_pairs(w, acts, rows, out) },
+            2 => !CH && unsafe { q5_decode_pairs::<1>(w, acts, rows, 0, out) },
             _ => false,
         }
+    }
+
+    #[inline(always)]
+    unsafe fn dec_many(
+        w: &RowMat,
+        acts: &Acts,
+        rows: std::ops::Range<usize>,
+        out: &OutRows<'_>,
+    ) -> bool {
+        if F != 2 || CH || (0..acts.n).any(|c| acts.grouped(c)) {
+            return false;
+        }
+        // Blocks of rows, each against the columns four at a time (a
+        // chunk's accumulators stay in registers): a block's pairs come
+        // from memory for the first chunk, from the cache for the others.
+        for rb in rows.clone().step_by(ROW_BLOCK) {
+            let block = rb..(rb + ROW_BLOCK).min(rows.end);
+            let mut c = 0;
+            while c < acts.n {
+                let n = (acts.n - c).min(4);
+                // SAFETY: forwarded; each call checks its columns' bounds.
+                let done = unsafe {
+                    match n {
+                        4 => q5_decode_pairs::<4>(w, acts, block.clone(), c, out),
+                        3 => q5_decode_pairs::<3>(w, acts, block.clone(), c, out),
+                        2 => q5_decode_pairs::<2>(w, acts, block.clone(), c, out),
+                        _ => q5_decode_pairs::<1>(w, acts, block.clone(), c, out),
+                    }
+                };
+                if !done {
+                    // Decided by the rows' layout and `g16`, the same for
+                    // every call: nothing has been written yet.
+                    debug_assert!(c == 0 && rb == rows.start);
+                    return false;
+                }
+                c += n;
+            }
+        }
+        true
     }
 
     #[inline(always)]
@@ -1567,7 +1645,11 @@ unsafe fn q4k_dec8(w: &RowMat, acts: &Acts, rows: std::ops::Range<usize>, out: &
 ///
 /// # Safety
 /// Each pointer has 16 readable bytes; the CPU has avx2 and f16c.
-#[inline(always)]
+// The features named (not `inline(always)` alone) so that the closures
+// below inherit them and their intrinsics inline: without them each
+// intrinsic was a call (perf: `_mm256_and_si256` 3% of a decode).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
 unsafe fn q4k_group_header(blk: &[*const u8; 8]) -> (__m256, __m256, [__m256i; 4]) {
     // SAFETY: 16 bytes at each pointer (the caller's); register work.
     unsafe {

@@ -33,8 +33,9 @@ use rows::{ActKind, RowMat};
 /// from here.
 pub(crate) const WIDE_MIN: usize = 16;
 
-/// Columns up to which `Acts::g16` is kept (decode steps).
-pub(crate) const G16_COLS: usize = 4;
+/// Columns up to which `Acts::g16` is kept (decode steps, verified drafts,
+/// a few sequences decoded together: the multi-column decode kernels).
+pub(crate) const G16_COLS: usize = WIDE_MIN - 1;
 
 pub(crate) fn u16_at(b: &[u8], at: usize) -> u16 {
     u16::from_le_bytes([b[at], b[at + 1]])
@@ -1029,11 +1030,25 @@ mod tests {
     }
 
     fn run(w: &Packed, x: &[f32], n: usize, forced: Option<Isa>) -> Vec<f32> {
-        let mut acts = Acts::default();
-        acts.prepare(x, n, w.cols, w.needs(), &crate::pool::Pool::new(2));
         // As ggml batches a matmul of n columns: groups of four, then one by one.
         let grouped: Vec<bool> = (0..n).map(|c| c < n - n % 4).collect();
-        acts.set_route(&grouped, &vec![n >= attn::WIDE; n]);
+        run_routed(w, x, &grouped, &vec![n >= attn::WIDE; n], forced)
+    }
+
+    /// `run` with each column's route given: columns neither grouped nor
+    /// wide have the numbers of a decode step (verified drafts, sequences
+    /// decoded together).
+    fn run_routed(
+        w: &Packed,
+        x: &[f32],
+        grouped: &[bool],
+        wide: &[bool],
+        forced: Option<Isa>,
+    ) -> Vec<f32> {
+        let n = grouped.len();
+        let mut acts = Acts::default();
+        acts.prepare(x, n, w.cols, w.needs(), &crate::pool::Pool::new(2));
+        acts.set_route(grouped, wide);
         let mut out = vec![f32::NAN; n * w.rows];
         {
             let o = OutRows::new(&mut out, w.rows);
@@ -1435,6 +1450,20 @@ mod tests {
                     let simd = run(&w, &x, n, None);
                     let sc = run(&w, &x, n, Some(Isa::Scalar));
                     assert!(simd.iter().all(|v| v.is_finite()), "{fmt:?} {rows} rows n={n}");
+                    if n < WIDE_MIN {
+                        // Several decode columns at once (the multi-column
+                        // decode kernels): each column's numbers alone.
+                        let one = vec![false; n];
+                        let many = run_routed(&w, &x, &one, &one, None);
+                        let alone: Vec<f32> = (0..n)
+                            .flat_map(|c| run(&w, &x[c * cols..(c + 1) * cols], 1, None))
+                            .collect();
+                        assert_eq!(
+                            many.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                            alone.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                            "{fmt:?} {rows} rows, {n} decode columns"
+                        );
+                    }
                     for (i, (a, b)) in simd.iter().zip(&sc).enumerate() {
                         assert_eq!(
                             a.to_bits(),
@@ -1467,8 +1496,17 @@ mod tests {
                     crate::gguf::GgmlType::Q8_0
                 };
                 // Decode, short prompts, and wide ones (`x86::q8_0_wide`).
-                for n in [1usize, 3, 7, 16, 17, 40] {
+                for n in [1usize, 2, 3, 5, 7, 8, 16, 17, 40] {
                     let x = random_x(n * cols, 3);
+                    if n <= 8 {
+                        // Decode columns together (`q4_1_gemv8`,
+                        // `q8_0_gemv8`): each column's numbers alone.
+                        let many = run_routed(&packed, &x, &vec![false; n], &vec![false; n], None);
+                        let alone: Vec<f32> = (0..n)
+                            .flat_map(|c| run(&packed, &x[c * cols..(c + 1) * cols], 1, None))
+                            .collect();
+                        assert_eq!(many, alone, "{name} {rows}x{cols}: {n} decode columns");
+                    }
                     let simd = run(&packed, &x, n, None);
                     let sc = run(&packed, &x, n, Some(Isa::Scalar));
                     assert_eq!(simd, sc, "{name} {rows}x{cols} n={n}");
