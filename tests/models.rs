@@ -571,4 +571,40 @@ fn kv_cache_types_are_chosen_reported_and_refused() {
     let err = String::from_utf8_lossy(&out.stderr).into_owned();
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("f16, q8_0 or q4_0") && !err.contains("panicked"), "{err}");
+    // A model's `kv_type` in the user's models.toml: an entry for the
+    // same file (its sha256 computed here), the flag over it, and a bad
+    // name refused naming the file and the model.
+    let models = home.path().join("models");
+    std::fs::create_dir_all(&models).expect("models dir");
+    let file = "kv-entry.gguf";
+    std::fs::copy(&model, models.join(file)).expect("copy the model");
+    let sha = format!("{:x}", Sha256::digest(std::fs::read(&model).expect("read the model")));
+    let entry = |kv: &str| {
+        let toml = format!(
+            "[models.kv-entry]\nrepo = \"local/none\"\nfile = \"{file}\"\nsha256 = \"{sha}\"\narchitecture = \"llama\"\nkv_type = \"{kv}\"\n"
+        );
+        std::fs::write(home.path().join("models.toml"), toml).expect("models.toml");
+    };
+    let by_name = |extra: &[&str]| {
+        let mut args = vec!["bench", "--model", "kv-entry", "--prompt-tokens", "8"];
+        args.extend_from_slice(&["--gen-tokens", "2", "--reps", "1", "--json"]);
+        args.extend_from_slice(extra);
+        home.run(&args)
+    };
+    entry("q4_0");
+    let out = by_name(&[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(v["kv_type"], "q4_0", "models.toml's kv_type: {v}");
+    let out = by_name(&["--kv-type", "q8_0"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(v["kv_type"], "q8_0", "the flag over models.toml: {v}");
+    entry("q3_k");
+    let out = by_name(&[]);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success() && !err.contains("panicked"), "{err}");
+    assert!(
+        err.contains("models.toml") && err.contains("kv-entry") && err.contains("q3_k"),
+        "the refusal names the file, the model and the value: {err}"
+    );
 }

@@ -324,15 +324,21 @@ impl Embedding {
         if t >= rows {
             return Err(Error::new(ErrorKind::Input, format!("row {t} of a {rows}-row table")));
         }
-        let mut raw = vec![0u8; row_bytes];
+        thread_local! {
+            // One row's bytes, kept between lookups (a lookup per token).
+            static RAW: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+        }
         let at = start + (t * row_bytes) as u64;
-        file.read_exact_at(&mut raw, at).map_err(|e| {
-            model_err(format!(
-                "cannot read token row {t} at byte {at} of the model file: {e}; the file may have been truncated, re-download it with `agentd pull`"
-            ))
-        })?;
-        dequantize_row(ty, &raw, out);
-        Ok(())
+        RAW.with_borrow_mut(|raw| {
+            raw.resize(row_bytes, 0);
+            file.read_exact_at(raw, at).map_err(|e| {
+                model_err(format!(
+                    "cannot read token row {t} at byte {at} of the model file: {e}; the file may have been truncated, re-download it with `agentd pull`"
+                ))
+            })?;
+            dequantize_row(ty, raw, out);
+            Ok(())
+        })
     }
 
     /// Row `t` (of `d` values) of a table read by [`Embedding::table`];
