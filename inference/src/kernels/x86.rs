@@ -254,6 +254,44 @@ unsafe fn store_q8_pair(acc: __m512, c: usize, row: usize, out: &OutRows<'_>) {
     }
 }
 
+/// Pair register `i` (0 or 1: rows 0-1 or 2-3) of a Q4_1 tile record at
+/// `rec`: its 64 values as bytes (lanes as [`Q4_PATTERN`]) and each lane's
+/// row scale.
+///
+/// # Safety
+/// The CPU has the AVX-512 features `matmul_tiles` enables; `rec` is a
+/// whole record (`Q4_REC` readable bytes).
+#[inline(always)]
+unsafe fn q4_1_pair(rec: *const u8, i: usize, pat: __m512i) -> (__m512i, __m512) {
+    // SAFETY: loads within the record (the caller's); register work.
+    unsafe {
+        let low = _mm256_set1_epi8(0x0F);
+        let raw = _mm256_loadu_si256(rec.add(i * 32) as *const __m256i);
+        let lo = _mm256_and_si256(raw, low);
+        let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(raw), low);
+        (
+            _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi),
+            _mm512_permutexvar_ps(pat, load2(rec.add(64 + i * 4) as *const u16)),
+        )
+    }
+}
+
+/// Pair register `i` of a Q8_0 tile record at `rec`: its values and each
+/// lane's row scale (lanes as [`Q8_PATTERN`]).
+///
+/// # Safety
+/// As [`q4_1_pair`], with a `Q8_REC`-byte record.
+#[inline(always)]
+unsafe fn q8_0_pair(rec: *const u8, i: usize, pat: __m512i) -> (__m512i, __m512) {
+    // SAFETY: loads within the record (the caller's).
+    unsafe {
+        (
+            _mm512_loadu_si512(rec.add(i * 64) as *const _),
+            _mm512_permutexvar_ps(pat, load2(rec.add(128 + i * 4) as *const u16)),
+        )
+    }
+}
+
 /// Columns `c0..c0 + N` against the eight rows of tiles `t` and `t + 1`
 /// (two record streams), `Σ fma(m, s)` folded into the same pass. Per lane
 /// the arithmetic is that of `q4_1_tile`, so the results are identical
@@ -281,7 +319,6 @@ unsafe fn q4_1_gemv8<const N: usize>(
     );
     // SAFETY: all loads below are within the slices (asserted above).
     unsafe {
-        let low = _mm256_set1_epi8(0x0F);
         let pat = _mm512_loadu_si512(Q4_PATTERN.as_ptr() as *const _);
         let zero = _mm512_setzero_si512();
         let mut acc = [[_mm512_setzero_ps(); N]; 4];
@@ -299,12 +336,7 @@ unsafe fn q4_1_gemv8<const N: usize>(
             let mut wz = [zero; 4];
             let mut dw = [_mm512_setzero_ps(); 4];
             for i in 0..4 {
-                let rec = recs[i / 2];
-                let raw = _mm256_loadu_si256(rec.add((i % 2) * 32) as *const __m256i);
-                let lo = _mm256_and_si256(raw, low);
-                let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(raw), low);
-                wz[i] = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
-                dw[i] = _mm512_permutexvar_ps(pat, load2(rec.add(64 + (i % 2) * 4) as *const u16));
+                (wz[i], dw[i]) = q4_1_pair(recs[i / 2], i % 2, pat);
             }
             let m = _mm256_cvtph_ps(_mm_unpacklo_epi64(
                 _mm_loadl_epi64(recs[0].add(72) as *const __m128i),
@@ -372,9 +404,7 @@ unsafe fn q8_0_gemv8<const N: usize>(
             let mut wz = [zero; 4];
             let mut dw = [_mm512_setzero_ps(); 4];
             for i in 0..4 {
-                let rec = recs[i / 2];
-                wz[i] = _mm512_loadu_si512(rec.add((i % 2) * 64) as *const _);
-                dw[i] = _mm512_permutexvar_ps(pat, load2(rec.add(128 + (i % 2) * 4) as *const u16));
+                (wz[i], dw[i]) = q8_0_pair(recs[i / 2], i % 2, pat);
             }
             for j in 0..N {
                 let c = c0 + j;
@@ -423,7 +453,6 @@ unsafe fn q4_1_tile<const N: usize>(
     );
     // SAFETY: all loads below are within the slices (asserted above).
     unsafe {
-        let low = _mm256_set1_epi8(0x0F);
         let pat = _mm512_loadu_si512(Q4_PATTERN.as_ptr() as *const _);
         let zero = _mm512_setzero_si512();
         let mut acc = [[_mm512_setzero_ps(); N]; 2];
@@ -433,11 +462,7 @@ unsafe fn q4_1_tile<const N: usize>(
             let mut wz = [zero; 2];
             let mut dw = [_mm512_setzero_ps(); 2];
             for i in 0..2 {
-                let raw = _mm256_loadu_si256(rec.add(i * 32) as *const __m256i);
-                let lo = _mm256_and_si256(raw, low);
-                let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(raw), low);
-                wz[i] = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
-                dw[i] = _mm512_permutexvar_ps(pat, load2(rec.add(64 + i * 4) as *const u16));
+                (wz[i], dw[i]) = q4_1_pair(rec, i, pat);
             }
             let mv = _mm_cvtph_ps(_mm_loadl_epi64(rec.add(72) as *const __m128i));
             for j in 0..N {
@@ -501,8 +526,7 @@ unsafe fn q8_0_tile<const N: usize>(
             let mut wz = [zero; 2];
             let mut dw = [_mm512_setzero_ps(); 2];
             for i in 0..2 {
-                wz[i] = _mm512_loadu_si512(rec.add(i * 64) as *const _);
-                dw[i] = _mm512_permutexvar_ps(pat, load2(rec.add(128 + i * 4) as *const u16));
+                (wz[i], dw[i]) = q8_0_pair(rec, i, pat);
             }
             for j in 0..N {
                 let c = c0 + j;
