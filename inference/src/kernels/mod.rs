@@ -1499,8 +1499,8 @@ mod tests {
                 for n in [1usize, 2, 3, 5, 7, 8, 16, 17, 40] {
                     let x = random_x(n * cols, 3);
                     if n <= 8 {
-                        // Decode columns together (`q4_1_gemv8`,
-                        // `q8_0_gemv8`): each column's numbers alone.
+                        // Decode columns together (`q4_1_rows`,
+                        // `q8_0_rows`): each column's numbers alone.
                         let many = run_routed(&packed, &x, &vec![false; n], &vec![false; n], None);
                         let alone: Vec<f32> = (0..n)
                             .flat_map(|c| run(&packed, &x[c * cols..(c + 1) * cols], 1, None))

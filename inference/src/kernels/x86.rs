@@ -26,7 +26,8 @@ pub(super) fn available() -> bool {
 /// Columns processed together: each weight block is loaded once per group.
 const COLS: usize = 6;
 
-/// Most columns the streaming kernels (`q4_1_gemv8`, `q8_0_gemv8`) take:
+/// Most columns the streaming kernels (`q4_1_rows`, `q8_0_rows` over two
+/// tiles) take:
 /// a decode step, drafts being verified, a few sequences decoded together.
 /// They read each pair of tiles from memory once, with prefetch, for the
 /// first chunk of columns, the later chunks from L1; the tile kernels,
@@ -59,17 +60,17 @@ pub(super) unsafe fn matmul_tiles(w: &Packed, acts: &Acts, tiles: Range<usize>, 
                         while c < acts.n {
                             let n = (acts.n - c).min(STREAM_CHUNK);
                             match n {
-                                4 => q4_1_gemv8::<4>(data, acts, t, c, out),
-                                3 => q4_1_gemv8::<3>(data, acts, t, c, out),
-                                2 => q4_1_gemv8::<2>(data, acts, t, c, out),
-                                _ => q4_1_gemv8::<1>(data, acts, t, c, out),
+                                4 => q4_1_rows::<2, 4, true>(data, acts, t, c, out),
+                                3 => q4_1_rows::<2, 3, true>(data, acts, t, c, out),
+                                2 => q4_1_rows::<2, 2, true>(data, acts, t, c, out),
+                                _ => q4_1_rows::<2, 1, true>(data, acts, t, c, out),
                             }
                             c += n;
                         }
                         t += 2;
                     } else {
                         for c in 0..acts.n {
-                            q4_1_tile::<1>(data, acts, t, c, out);
+                            q4_1_rows::<1, 1, false>(data, acts, t, c, out);
                         }
                         t += 1;
                     }
@@ -86,17 +87,17 @@ pub(super) unsafe fn matmul_tiles(w: &Packed, acts: &Acts, tiles: Range<usize>, 
                         while c < acts.n {
                             let n = (acts.n - c).min(STREAM_CHUNK);
                             match n {
-                                4 => q8_0_gemv8::<4>(data, acts, t, c, out),
-                                3 => q8_0_gemv8::<3>(data, acts, t, c, out),
-                                2 => q8_0_gemv8::<2>(data, acts, t, c, out),
-                                _ => q8_0_gemv8::<1>(data, acts, t, c, out),
+                                4 => q8_0_rows::<2, 4, true>(data, acts, t, c, out),
+                                3 => q8_0_rows::<2, 3, true>(data, acts, t, c, out),
+                                2 => q8_0_rows::<2, 2, true>(data, acts, t, c, out),
+                                _ => q8_0_rows::<2, 1, true>(data, acts, t, c, out),
                             }
                             c += n;
                         }
                         t += 2;
                     } else {
                         for c in 0..acts.n {
-                            q8_0_tile::<1>(data, acts, t, c, out);
+                            q8_0_rows::<1, 1, false>(data, acts, t, c, out);
                         }
                         t += 1;
                     }
@@ -112,12 +113,12 @@ pub(super) unsafe fn matmul_tiles(w: &Packed, acts: &Acts, tiles: Range<usize>, 
                     // from the packed sizes (asserted inside).
                     unsafe {
                         match n {
-                            6 => q4_1_tile::<6>(data, acts, t, c, out),
-                            5 => q4_1_tile::<5>(data, acts, t, c, out),
-                            4 => q4_1_tile::<4>(data, acts, t, c, out),
-                            3 => q4_1_tile::<3>(data, acts, t, c, out),
-                            2 => q4_1_tile::<2>(data, acts, t, c, out),
-                            _ => q4_1_tile::<1>(data, acts, t, c, out),
+                            6 => q4_1_rows::<1, 6, false>(data, acts, t, c, out),
+                            5 => q4_1_rows::<1, 5, false>(data, acts, t, c, out),
+                            4 => q4_1_rows::<1, 4, false>(data, acts, t, c, out),
+                            3 => q4_1_rows::<1, 3, false>(data, acts, t, c, out),
+                            2 => q4_1_rows::<1, 2, false>(data, acts, t, c, out),
+                            _ => q4_1_rows::<1, 1, false>(data, acts, t, c, out),
                         }
                     }
                     c += n;
@@ -136,12 +137,12 @@ pub(super) unsafe fn matmul_tiles(w: &Packed, acts: &Acts, tiles: Range<usize>, 
                     // SAFETY: as above.
                     unsafe {
                         match n {
-                            6 => q8_0_tile::<6>(data, acts, t, c, out),
-                            5 => q8_0_tile::<5>(data, acts, t, c, out),
-                            4 => q8_0_tile::<4>(data, acts, t, c, out),
-                            3 => q8_0_tile::<3>(data, acts, t, c, out),
-                            2 => q8_0_tile::<2>(data, acts, t, c, out),
-                            _ => q8_0_tile::<1>(data, acts, t, c, out),
+                            6 => q8_0_rows::<1, 6, false>(data, acts, t, c, out),
+                            5 => q8_0_rows::<1, 5, false>(data, acts, t, c, out),
+                            4 => q8_0_rows::<1, 4, false>(data, acts, t, c, out),
+                            3 => q8_0_rows::<1, 3, false>(data, acts, t, c, out),
+                            2 => q8_0_rows::<1, 2, false>(data, acts, t, c, out),
+                            _ => q8_0_rows::<1, 1, false>(data, acts, t, c, out),
                         }
                     }
                     c += n;
@@ -292,18 +293,18 @@ unsafe fn q8_0_pair(rec: *const u8, i: usize, pat: __m512i) -> (__m512i, __m512)
     }
 }
 
-/// Columns `c0..c0 + N` against the eight rows of tiles `t` and `t + 1`
-/// (two record streams), `Σ fma(m, s)` folded into the same pass. Per lane
-/// the arithmetic is that of `q4_1_tile`, so the results are identical
-/// whatever the number of columns (a verified draft's row is its decode
-/// step's).
+/// Columns `c0..c0 + N` against the `4·T` rows of tiles `t..t + T` (`T` is
+/// 1 or 2: one or two record streams, prefetched ahead when `PF`), `Σ fma(m,
+/// s)` folded into the same pass. Per lane the arithmetic is the same
+/// whatever `T` and `N`, so a column has the numbers it has alone (a
+/// verified draft's row is its decode step's).
 ///
 /// # Safety
 /// The CPU has the AVX-512 features `matmul_tiles` enables (it is called from there);
-/// the rows of tiles `t` and `t + 1` of `out` are the caller's (`OutRows::set`);
+/// the rows of tiles `t..t + T` of `out` are the caller's (`OutRows::set`);
 /// `data` and `acts` hold them (bounds are asserted).
 #[inline(always)]
-unsafe fn q4_1_gemv8<const N: usize>(
+unsafe fn q4_1_rows<const T: usize, const N: usize, const PF: bool>(
     data: &[u8],
     acts: &Acts,
     t: usize,
@@ -311,7 +312,7 @@ unsafe fn q4_1_gemv8<const N: usize>(
     out: &OutRows<'_>,
 ) {
     let nb = acts.blocks();
-    assert!(((t + 1) * nb + nb) * Q4_REC <= data.len());
+    assert!((1..=2).contains(&T) && ((t + T - 1) * nb + nb) * Q4_REC <= data.len());
     assert!(
         (c0 + N) * nb * 64 <= acts.nib.len()
             && (c0 + N) * nb <= acts.d.len()
@@ -324,29 +325,37 @@ unsafe fn q4_1_gemv8<const N: usize>(
         let mut acc = [[_mm512_setzero_ps(); N]; 4];
         let mut summs = [_mm256_setzero_ps(); N];
         for b in 0..nb {
+            // With one tile both streams are the same record.
             let recs = [
                 data.as_ptr().add((t * nb + b) * Q4_REC),
-                data.as_ptr().add(((t + 1) * nb + b) * Q4_REC),
+                data.as_ptr().add(((t + T - 1) * nb + b) * Q4_REC),
             ];
-            // A record is 80 bytes: two hints so that no line is skipped.
-            for r in recs {
-                prefetch(r.wrapping_add(PF_DIST));
-                prefetch(r.wrapping_add(PF_DIST + 64));
+            if PF {
+                // A record is 80 bytes: two hints so that no line is skipped.
+                for r in &recs[..T] {
+                    prefetch(r.wrapping_add(PF_DIST));
+                    prefetch(r.wrapping_add(PF_DIST + 64));
+                }
             }
             let mut wz = [zero; 4];
             let mut dw = [_mm512_setzero_ps(); 4];
-            for i in 0..4 {
+            for i in 0..2 * T {
                 (wz[i], dw[i]) = q4_1_pair(recs[i / 2], i % 2, pat);
             }
+            // The tiles' four row minimums each (lanes 4-7 zero for one).
             let m = _mm256_cvtph_ps(_mm_unpacklo_epi64(
                 _mm_loadl_epi64(recs[0].add(72) as *const __m128i),
-                _mm_loadl_epi64(recs[1].add(72) as *const __m128i),
+                if T == 2 {
+                    _mm_loadl_epi64(recs[1].add(72) as *const __m128i)
+                } else {
+                    _mm_setzero_si128()
+                },
             ));
             for j in 0..N {
                 let c = c0 + j;
                 let az = _mm512_loadu_si512(acts.nib.as_ptr().add((c * nb + b) * 64) as *const _);
                 let da = _mm512_set1_ps(*acts.d.get_unchecked(c * nb + b));
-                for i in 0..4 {
+                for i in 0..2 * T {
                     let lanes = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(zero, wz[i], az));
                     acc[i][j] = _mm512_fmadd_ps(_mm512_mul_ps(dw[i], da), lanes, acc[i][j]);
                 }
@@ -357,7 +366,7 @@ unsafe fn q4_1_gemv8<const N: usize>(
         for j in 0..N {
             let mut sm = [0f32; 8];
             _mm256_storeu_ps(sm.as_mut_ptr(), summs[j]);
-            for i in 0..4 {
+            for i in 0..2 * T {
                 let row = t * ROW_TILE + 2 * i;
                 store_q4_pair(acc[i][j], sm[2 * i], sm[2 * i + 1], c0 + j, row, usize::MAX, out);
             }
@@ -365,15 +374,13 @@ unsafe fn q4_1_gemv8<const N: usize>(
     }
 }
 
-/// Columns `c0..c0 + N` against the eight rows of tiles `t` and `t + 1`;
-/// per lane the arithmetic of `q8_0_tile`.
+/// Columns `c0..c0 + N` against the `4·T` rows of tiles `t..t + T`; as
+/// [`q4_1_rows`] for Q8_0 records.
 ///
 /// # Safety
-/// The CPU has the AVX-512 features `matmul_tiles` enables (it is called from there);
-/// the rows of tiles `t` and `t + 1` of `out` are the caller's (`OutRows::set`);
-/// `data` and `acts` hold them (bounds are asserted).
+/// As [`q4_1_rows`].
 #[inline(always)]
-unsafe fn q8_0_gemv8<const N: usize>(
+unsafe fn q8_0_rows<const T: usize, const N: usize, const PF: bool>(
     data: &[u8],
     acts: &Acts,
     t: usize,
@@ -381,7 +388,7 @@ unsafe fn q8_0_gemv8<const N: usize>(
     out: &OutRows<'_>,
 ) {
     let nb = acts.blocks();
-    assert!(((t + 1) * nb + nb) * Q8_REC <= data.len());
+    assert!((1..=2).contains(&T) && ((t + T - 1) * nb + nb) * Q8_REC <= data.len());
     assert!(
         (c0 + N) * nb * 64 <= acts.dup.len()
             && (c0 + N) * nb * 16 <= acts.corr.len()
@@ -395,15 +402,17 @@ unsafe fn q8_0_gemv8<const N: usize>(
         for b in 0..nb {
             let recs = [
                 data.as_ptr().add((t * nb + b) * Q8_REC),
-                data.as_ptr().add(((t + 1) * nb + b) * Q8_REC),
+                data.as_ptr().add(((t + T - 1) * nb + b) * Q8_REC),
             ];
-            for r in recs {
-                prefetch(r.wrapping_add(PF_DIST));
-                prefetch(r.wrapping_add(PF_DIST + 64));
+            if PF {
+                for r in &recs[..T] {
+                    prefetch(r.wrapping_add(PF_DIST));
+                    prefetch(r.wrapping_add(PF_DIST + 64));
+                }
             }
             let mut wz = [zero; 4];
             let mut dw = [_mm512_setzero_ps(); 4];
-            for i in 0..4 {
+            for i in 0..2 * T {
                 (wz[i], dw[i]) = q8_0_pair(recs[i / 2], i % 2, pat);
             }
             for j in 0..N {
@@ -412,7 +421,7 @@ unsafe fn q8_0_gemv8<const N: usize>(
                 let corr =
                     _mm512_loadu_si512(acts.corr.as_ptr().add((c * nb + b) * 16) as *const _);
                 let da = _mm512_set1_ps(*acts.d.get_unchecked(c * nb + b));
-                for i in 0..4 {
+                for i in 0..2 * T {
                     let isum = _mm512_sub_epi32(_mm512_dpbusd_epi32(zero, wz[i], az), corr);
                     acc[i][j] = _mm512_fmadd_ps(
                         _mm512_mul_ps(dw[i], da),
@@ -423,128 +432,8 @@ unsafe fn q8_0_gemv8<const N: usize>(
             }
         }
         for j in 0..N {
-            for i in 0..4 {
+            for i in 0..2 * T {
                 store_q8_pair(acc[i][j], c0 + j, t * ROW_TILE + 2 * i, out);
-            }
-        }
-    }
-}
-
-/// `N` columns against the four rows of tile `tile` (one record stream).
-///
-/// # Safety
-/// The CPU has the AVX-512 features `matmul_tiles` enables (it is called from there);
-/// the rows of tile `tile` of `out` are the caller's (`OutRows::set`);
-/// `data` and `acts` hold them (bounds are asserted).
-#[inline(always)]
-unsafe fn q4_1_tile<const N: usize>(
-    data: &[u8],
-    acts: &Acts,
-    tile: usize,
-    c0: usize,
-    out: &OutRows<'_>,
-) {
-    let nb = acts.blocks();
-    assert!((tile * nb + nb) * Q4_REC <= data.len());
-    assert!(
-        (c0 + N) * nb * 64 <= acts.nib.len()
-            && (c0 + N) * nb <= acts.d.len()
-            && (c0 + N) * nb <= acts.s.len()
-    );
-    // SAFETY: all loads below are within the slices (asserted above).
-    unsafe {
-        let pat = _mm512_loadu_si512(Q4_PATTERN.as_ptr() as *const _);
-        let zero = _mm512_setzero_si512();
-        let mut acc = [[_mm512_setzero_ps(); N]; 2];
-        let mut summs = [_mm_setzero_ps(); N];
-        for b in 0..nb {
-            let rec = data.as_ptr().add((tile * nb + b) * Q4_REC);
-            let mut wz = [zero; 2];
-            let mut dw = [_mm512_setzero_ps(); 2];
-            for i in 0..2 {
-                (wz[i], dw[i]) = q4_1_pair(rec, i, pat);
-            }
-            let mv = _mm_cvtph_ps(_mm_loadl_epi64(rec.add(72) as *const __m128i));
-            for j in 0..N {
-                let c = c0 + j;
-                let az = _mm512_loadu_si512(acts.nib.as_ptr().add((c * nb + b) * 64) as *const _);
-                let da = _mm512_set1_ps(*acts.d.get_unchecked(c * nb + b));
-                for i in 0..2 {
-                    let lanes = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(zero, wz[i], az));
-                    acc[i][j] = _mm512_fmadd_ps(_mm512_mul_ps(dw[i], da), lanes, acc[i][j]);
-                }
-                summs[j] =
-                    _mm_fmadd_ps(mv, _mm_set1_ps(*acts.s.get_unchecked(c * nb + b)), summs[j]);
-            }
-        }
-        for j in 0..N {
-            let mut sm = [0f32; 4];
-            _mm_storeu_ps(sm.as_mut_ptr(), summs[j]);
-            for i in 0..2 {
-                store_q4_pair(
-                    acc[i][j],
-                    sm[2 * i],
-                    sm[2 * i + 1],
-                    c0 + j,
-                    tile * ROW_TILE + 2 * i,
-                    usize::MAX,
-                    out,
-                );
-            }
-        }
-    }
-}
-
-/// `N` columns against the four rows of tile `tile`.
-///
-/// # Safety
-/// The CPU has the AVX-512 features `matmul_tiles` enables (it is called from there);
-/// the rows of tile `tile` of `out` are the caller's (`OutRows::set`);
-/// `data` and `acts` hold them (bounds are asserted).
-#[inline(always)]
-unsafe fn q8_0_tile<const N: usize>(
-    data: &[u8],
-    acts: &Acts,
-    tile: usize,
-    c0: usize,
-    out: &OutRows<'_>,
-) {
-    let nb = acts.blocks();
-    assert!((tile * nb + nb) * Q8_REC <= data.len());
-    assert!(
-        (c0 + N) * nb * 64 <= acts.dup.len()
-            && (c0 + N) * nb * 16 <= acts.corr.len()
-            && (c0 + N) * nb <= acts.d.len()
-    );
-    // SAFETY: all loads below are within the slices (asserted above).
-    unsafe {
-        let pat = _mm512_loadu_si512(Q8_PATTERN.as_ptr() as *const _);
-        let zero = _mm512_setzero_si512();
-        let mut acc = [[_mm512_setzero_ps(); N]; 2];
-        for b in 0..nb {
-            let rec = data.as_ptr().add((tile * nb + b) * Q8_REC);
-            let mut wz = [zero; 2];
-            let mut dw = [_mm512_setzero_ps(); 2];
-            for i in 0..2 {
-                (wz[i], dw[i]) = q8_0_pair(rec, i, pat);
-            }
-            for j in 0..N {
-                let c = c0 + j;
-                let az = _mm512_loadu_si512(acts.dup.as_ptr().add((c * nb + b) * 64) as *const _);
-                let corr =
-                    _mm512_loadu_si512(acts.corr.as_ptr().add((c * nb + b) * 16) as *const _);
-                let da = _mm512_set1_ps(*acts.d.get_unchecked(c * nb + b));
-                for i in 0..2 {
-                    let isum = _mm512_sub_epi32(_mm512_dpbusd_epi32(zero, wz[i], az), corr);
-                    let lanes = _mm512_cvtepi32_ps(isum);
-                    acc[i][j] = _mm512_fmadd_ps(_mm512_mul_ps(dw[i], da), lanes, acc[i][j]);
-                }
-            }
-        }
-        for j in 0..N {
-            let c = c0 + j;
-            for i in 0..2 {
-                store_q8_pair(acc[i][j], c, tile * ROW_TILE + 2 * i, out);
             }
         }
     }
@@ -564,7 +453,7 @@ const WIDE_COLS: usize = 3;
 /// registers) at a time against three columns, so each column's
 /// activations are loaded once for sixteen rows, not four; the tiles'
 /// scales are put in the lane pattern once for every column. Per register
-/// the arithmetic is `q8_0_tile`'s, so the results are identical.
+/// the arithmetic is `q8_0_rows`'s, so the results are identical.
 ///
 /// # Safety
 /// As [`matmul_tiles`] (the CPU has its features; the tiles' rows of `out`
