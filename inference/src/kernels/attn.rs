@@ -744,6 +744,7 @@ pub(crate) struct TiledRow<'a> {
 #[derive(Debug, Default)]
 pub(crate) struct TiledScratch {
     krow: Vec<f32>,
+    at: Vec<usize>,
     kt: Vec<f32>,
     v32: Vec<f32>,
     m: Vec<f32>,
@@ -793,22 +794,73 @@ pub(crate) fn attend_tiled(
         // The tile's keys transposed (`[head][TILE]`) and its values, in
         // f32 (exact); whole rows converted at once.
         let nk = TILE.min(upto - c);
-        for t in 0..nk {
-            let at = lane.at(c + t);
-            kc[at..at + hd].convert_to_f32_slice(&mut tile.krow);
-            for (row, &k) in tile.kt.chunks_exact_mut(TILE).zip(&tile.krow) {
-                row[t] = k;
+        if simd {
+            tile.at.clear();
+            tile.at.extend((c..c + nk).map(|t| lane.at(t)));
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: the CPU has the features (`isa`); `hd % 16 == 0`,
+            // every key's head lies within the caches (asserted above),
+            // `kt` and `v32` hold `hd · TILE` values.
+            unsafe {
+                super::x86::tiled_load(kc, vc, &tile.at, hd, &mut tile.kt, &mut tile.v32)
+            };
+        } else {
+            for t in 0..nk {
+                let at = lane.at(c + t);
+                kc[at..at + hd].convert_to_f32_slice(&mut tile.krow);
+                for (row, &k) in tile.kt.chunks_exact_mut(TILE).zip(&tile.krow) {
+                    row[t] = k;
+                }
+                vc[at..at + hd].convert_to_f32_slice(&mut tile.v32[t * hd..(t + 1) * hd]);
             }
-            vc[at..at + hd].convert_to_f32_slice(&mut tile.v32[t * hd..(t + 1) * hd]);
         }
-        for (r, row) in rows.iter().enumerate() {
-            if row.upto <= c {
+        // The keys of this tile row `x` sees: positions `lo..valid` of it,
+        // `valid == 0` when it sees none.
+        let seen = |x: &TiledRow<'_>| {
+            if x.upto <= c || x.from >= c + TILE {
+                (0, 0)
+            } else {
+                (x.from.saturating_sub(c), TILE.min(x.upto - c))
+            }
+        };
+        let mut r = 0;
+        while r < rows.len() {
+            let row = &rows[r];
+            let (lo, valid) = seen(row);
+            if valid == 0 {
+                r += 1;
                 continue;
             }
-            if row.from >= c + TILE {
+            if simd && softcap.is_none() {
+                // The run of (up to four) rows from `r` that see the same
+                // keys, through one pass over the tile.
+                let n = rows[r..].iter().take(4).take_while(|x| seen(x) == (lo, valid)).count();
+                let (m, s) = (&mut tile.m[r..r + n], &mut tile.s[r..r + n]);
+                let acc = &mut out[r * hd..(r + n) * hd];
+                let (kt, v32) = (&tile.kt[..], &tile.v32[..]);
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: the CPU has the features (`isa`); every query
+                // holds `hd` values (asserted above), a multiple of 16;
+                // `kt` and `v32` hold `hd · TILE` values; `m`, `s` and
+                // `acc` are the `n` rows'; `lo < valid <= TILE` (a row's
+                // window ends after it starts).
+                unsafe {
+                    let q = |k: usize| rows[r + k].q;
+                    macro_rules! group {
+                        ($($k:literal),+) => {
+                            super::x86::tiled_group([$(q($k)),+], kt, v32, scale, (lo, valid), m, s, acc)
+                        };
+                    }
+                    match n {
+                        4 => group!(0, 1, 2, 3),
+                        3 => group!(0, 1, 2),
+                        2 => group!(0, 1),
+                        _ => group!(0),
+                    }
+                }
+                r += n;
                 continue;
             }
-            let valid = TILE.min(row.upto - c);
             let acc = &mut out[r * hd..(r + 1) * hd];
             if simd {
                 #[cfg(target_arch = "x86_64")]
@@ -830,9 +882,7 @@ pub(crate) fn attend_tiled(
                 kq.iter_mut().for_each(|v| *v = cap * v.tanh());
             }
             kq[valid..].iter_mut().for_each(|v| *v = f32::NEG_INFINITY);
-            kq[..row.from.saturating_sub(c).min(TILE)]
-                .iter_mut()
-                .for_each(|v| *v = f32::NEG_INFINITY);
+            kq[..lo].iter_mut().for_each(|v| *v = f32::NEG_INFINITY);
             let tile_max = kq[..valid].iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
             let (m, s) = (&mut tile.m[r], &mut tile.s[r]);
             let mnew = m.max(tile_max);
@@ -877,6 +927,7 @@ pub(crate) fn attend_tiled(
             } else {
                 tiled_accumulate(&kq[..valid], &tile.v32, acc);
             }
+            r += 1;
         }
     }
     for (r, acc) in out[..rows.len() * hd].chunks_exact_mut(hd).enumerate() {
@@ -1366,8 +1417,48 @@ mod tests {
                 );
                 assert_eq!(&out[hd..2 * hd], &tiled[..], "tiled rows hd={hd} upto={upto}");
                 let mut portable = vec![0f32; hd];
-                tiled_portable(&q, &kc, &vc, lane, upto, scale, &mut portable);
+                tiled_portable(&q, &kc, &vc, lane, (0, upto), scale, &mut portable);
                 assert_eq!(portable, tiled, "tiled simd hd={hd} upto={upto}");
+            }
+        }
+    }
+
+    /// Many rows of one KV head — runs that see the same keys of a tile
+    /// (one position's query heads, whole tiles inside every window) and
+    /// rows that see other keys — each give what the portable kernels give
+    /// it alone, bit for bit.
+    #[test]
+    fn tiled_rows_together_are_each_row_alone() {
+        for hd in [64usize, 128, 48, 256] {
+            let (heads, len) = (2usize, 300usize);
+            let kc = cache(len * heads * hd, hd as u64 + 5, 2.0);
+            let vc = cache(len * heads * hd, hd as u64 + 6, 1.5);
+            let scale = 1.0 / (hd as f32).sqrt();
+            let lane = Lane { stride: heads * hd, offset: hd };
+            // (from, upto) per position; three query heads each.
+            let spans: Vec<(usize, usize)> = (0..23)
+                .map(|i| match i % 5 {
+                    0 => (0, 1 + i * 13 % len),
+                    1 => (i * 7 % 100, 150 + i),
+                    2 => (0, 300),
+                    3 => (63, 64 + i),
+                    _ => (0, 64 * (1 + i % 4)),
+                })
+                .collect();
+            let qs: Vec<Vec<f32>> =
+                (0..spans.len() * 3).map(|i| vector(hd, 31 * i as u64 + hd as u64, 3.0)).collect();
+            let rows: Vec<TiledRow<'_>> = qs
+                .iter()
+                .enumerate()
+                .map(|(i, q)| TiledRow { q, from: spans[i / 3].0, upto: spans[i / 3].1 })
+                .collect();
+            let mut out = vec![0f32; rows.len() * hd];
+            let mut tile = TiledScratch::default();
+            attend_tiled(&rows, &kc, &vc, lane, scale, None, &mut tile, &mut out);
+            for (i, row) in rows.iter().enumerate() {
+                let mut alone = vec![0f32; hd];
+                tiled_portable(row.q, &kc, &vc, lane, (row.from, row.upto), scale, &mut alone);
+                assert_eq!(&out[i * hd..(i + 1) * hd], &alone[..], "hd={hd} row {i}");
             }
         }
     }
@@ -1378,7 +1469,7 @@ mod tests {
         kc: &[f16],
         vc: &[f16],
         lane: Lane,
-        upto: usize,
+        (from, upto): (usize, usize),
         scale: f32,
         out: &mut [f32],
     ) {
@@ -1388,7 +1479,7 @@ mod tests {
         let (mut m, mut s) = (f32::NEG_INFINITY, 0f32);
         out.iter_mut().for_each(|v| *v = 0.0);
         let mut kq = [0f32; TILE];
-        for c in (0..upto).step_by(TILE) {
+        for c in (from / TILE * TILE..upto).step_by(TILE) {
             let valid = TILE.min(upto - c);
             for t in 0..valid {
                 for d in 0..hd {
@@ -1398,6 +1489,7 @@ mod tests {
             }
             tiled_scores(q, &kt, scale, &mut kq);
             kq[valid..].iter_mut().for_each(|v| *v = f32::NEG_INFINITY);
+            kq[..from.saturating_sub(c)].iter_mut().for_each(|v| *v = f32::NEG_INFINITY);
             let mnew = m.max(kq[..valid].iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)));
             if mnew > m {
                 let ms = (m - mnew).exp();

@@ -1273,6 +1273,232 @@ unsafe fn accumulate_slab<const S: usize>(
     }
 }
 
+/// One key tile of [`attn::attend_tiled`] for `N` query rows that see the
+/// same keys of it (positions `lo..valid` of the tile unmasked): their
+/// scores, running maxima and sums, and outputs, each row's values the
+/// same operations in the same order as one row alone
+/// (`attn::tiled_scores`, the masks, the tile maximum, the rescale,
+/// `tiled_softmax`, `tiled_accumulate`) — four rows share each load of
+/// the tile and keep four times the fused multiply-add chains in flight.
+///
+/// # Safety
+/// The CPU must support avx512f and fma; every `qs[n]` holds `hd` values,
+/// a multiple of 16; `kt` holds `hd · 64` values, `v32` `valid · hd`;
+/// `m` and `s` hold `N` values, `acc` `N · hd`; `lo < valid <= 64`.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f,fma")]
+pub(super) unsafe fn tiled_group<const N: usize>(
+    qs: [&[f32]; N],
+    kt: &[f32],
+    v32: &[f32],
+    scale: f32,
+    (lo, valid): (usize, usize),
+    m: &mut [f32],
+    s: &mut [f32],
+    acc: &mut [f32],
+) {
+    let hd = qs[0].len();
+    assert!(hd.is_multiple_of(16) && qs.iter().all(|q| q.len() == hd));
+    assert!(kt.len() >= hd * 64 && v32.len() >= valid * hd && lo < valid && valid <= 64);
+    assert!(m.len() >= N && s.len() >= N && acc.len() >= N * hd);
+    let mut p = [[0f32; 64]; N];
+    // SAFETY: row d of `kt` is 64 floats within it; `qs[n][d]` is within
+    // each row (asserted above).
+    unsafe {
+        let mut kq = [[_mm512_setzero_ps(); 4]; N];
+        for d in 0..hd {
+            let col = kt.as_ptr().add(d * 64);
+            let k = [
+                _mm512_loadu_ps(col),
+                _mm512_loadu_ps(col.add(16)),
+                _mm512_loadu_ps(col.add(32)),
+                _mm512_loadu_ps(col.add(48)),
+            ];
+            for n in 0..N {
+                let qv = _mm512_set1_ps(*qs[n].get_unchecked(d));
+                for j in 0..4 {
+                    kq[n][j] = _mm512_fmadd_ps(k[j], qv, kq[n][j]);
+                }
+            }
+        }
+        // The keys before `lo` and from `valid` on are masked out.
+        let keep = (u64::MAX >> (64 - valid)) & (u64::MAX << lo);
+        let (sv, ninf) = (_mm512_set1_ps(scale), _mm512_set1_ps(f32::NEG_INFINITY));
+        for n in 0..N {
+            let mut x = kq[n];
+            for (j, x) in x.iter_mut().enumerate() {
+                let k = (keep >> (16 * j)) as u16;
+                *x = _mm512_mask_blend_ps(k, ninf, _mm512_mul_ps(*x, sv));
+            }
+            // The maximum is exact in any order.
+            let tile_max = _mm512_reduce_max_ps(_mm512_max_ps(
+                _mm512_max_ps(x[0], x[1]),
+                _mm512_max_ps(x[2], x[3]),
+            ));
+            let mnew = m[n].max(tile_max);
+            if mnew > m[n] {
+                let ms = (m[n] - mnew).exp();
+                acc[n * hd..(n + 1) * hd].iter_mut().for_each(|v| *v *= ms);
+                s[n] *= ms;
+            }
+            m[n] = mnew;
+            let mv = _mm512_set1_ps(mnew);
+            let mut sum = 0f64;
+            for (j, x) in x.iter().enumerate() {
+                let e = v_expf(_mm512_sub_ps(*x, mv));
+                _mm512_storeu_ps(p[n].as_mut_ptr().add(16 * j), e);
+                sum += reduce16(e) as f64;
+            }
+            s[n] = (s[n] as f64 + sum) as f32;
+        }
+        // Values in slabs of 64 (four registers a row), then 16.
+        let mut c = 0;
+        while c < hd {
+            if hd - c >= 64 {
+                accumulate_group::<N, 4>(&p, valid, v32, hd, c, acc);
+                c += 64;
+            } else {
+                accumulate_group::<N, 1>(&p, valid, v32, hd, c, acc);
+                c += 16;
+            }
+        }
+    }
+}
+
+/// Values `c..c + 16·S` of [`tiled_group`]'s `N` outputs: `acc[n][d] +=
+/// p[n][t] · v[t][d]` for `t < valid`, in key order.
+///
+/// # Safety
+/// The CPU must support avx512f and fma; `c + 16·S <= hd`, `acc` holds
+/// `N · hd` values and `v32` `valid · hd`.
+#[inline]
+#[target_feature(enable = "avx512f,fma")]
+unsafe fn accumulate_group<const N: usize, const S: usize>(
+    p: &[[f32; 64]; N],
+    valid: usize,
+    v32: &[f32],
+    hd: usize,
+    c: usize,
+    acc: &mut [f32],
+) {
+    // SAFETY: offsets `c..c + 16·S` of each of the `N` rows of `acc` and
+    // of each of the `valid` rows of `v32` (the caller's contract).
+    unsafe {
+        let mut a = [[_mm512_setzero_ps(); S]; N];
+        for n in 0..N {
+            for j in 0..S {
+                a[n][j] = _mm512_loadu_ps(acc.as_ptr().add(n * hd + c + 16 * j));
+            }
+        }
+        for t in 0..valid {
+            let row = v32.as_ptr().add(t * hd + c);
+            let mut v = [_mm512_setzero_ps(); S];
+            for (j, v) in v.iter_mut().enumerate() {
+                *v = _mm512_loadu_ps(row.add(16 * j));
+            }
+            for n in 0..N {
+                let pv = _mm512_set1_ps(p[n][t]);
+                for j in 0..S {
+                    a[n][j] = _mm512_fmadd_ps(v[j], pv, a[n][j]);
+                }
+            }
+        }
+        for n in 0..N {
+            for j in 0..S {
+                _mm512_storeu_ps(acc.as_mut_ptr().add(n * hd + c + 16 * j), a[n][j]);
+            }
+        }
+    }
+}
+
+/// A key tile's keys transposed (`kt[d · 64 + t]`) and its values
+/// (`v32[t · hd + d]`) in f32 (exact), for the `at.len()` keys whose
+/// head starts at `kc[at[t]]` / `vc[at[t]]`: sixteen keys at a time by a
+/// register transpose, the rest one value at a time.
+///
+/// # Safety
+/// The CPU must support avx512f; `hd` is a multiple of 16, `at.len() <=
+/// 64`, `kc[at[t]..at[t] + hd]` and `vc[..]` lie within the caches, `kt`
+/// holds `hd · 64` values and `v32` `at.len() · hd`.
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn tiled_load(
+    kc: &[half::f16],
+    vc: &[half::f16],
+    at: &[usize],
+    hd: usize,
+    kt: &mut [f32],
+    v32: &mut [f32],
+) {
+    assert!(hd.is_multiple_of(16) && at.len() <= 64);
+    assert!(kt.len() >= hd * 64 && v32.len() >= at.len() * hd);
+    assert!(at.iter().all(|&a| a + hd <= kc.len() && a + hd <= vc.len()));
+    // SAFETY: every read is within a key's or value's `hd` values and every
+    // write within `kt`/`v32` (asserted above).
+    unsafe {
+        for (t, &a) in at.iter().enumerate() {
+            let (src, dst) = (vc.as_ptr().add(a) as *const __m256i, v32.as_mut_ptr().add(t * hd));
+            for i in 0..hd / 16 {
+                _mm512_storeu_ps(dst.add(16 * i), _mm512_cvtph_ps(_mm256_loadu_si256(src.add(i))));
+            }
+        }
+        let whole = at.len() / 16 * 16;
+        for t0 in (0..whole).step_by(16) {
+            for d0 in (0..hd).step_by(16) {
+                let mut r = [_mm512_setzero_ps(); 16];
+                for (i, r) in r.iter_mut().enumerate() {
+                    let src = kc.as_ptr().add(at[t0 + i] + d0) as *const __m256i;
+                    *r = _mm512_cvtph_ps(_mm256_loadu_si256(src));
+                }
+                let r = transpose16(r);
+                for (i, r) in r.iter().enumerate() {
+                    _mm512_storeu_ps(kt.as_mut_ptr().add((d0 + i) * 64 + t0), *r);
+                }
+            }
+        }
+        for (t, &a) in at.iter().enumerate().skip(whole) {
+            for d in 0..hd {
+                *kt.get_unchecked_mut(d * 64 + t) = kc.get_unchecked(a + d).to_f32();
+            }
+        }
+    }
+}
+
+/// The 16 × 16 transpose of sixteen registers: `out[i]` lane `j` is
+/// `r[j]` lane `i`.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn transpose16(r: [__m512; 16]) -> [__m512; 16] {
+    // Pairs of rows interleaved, then fours, within each 128-bit lane:
+    // `b[4g + e]` lane-block `L` holds element `4L + e` of rows 4g..4g+3.
+    let mut a = [_mm512_setzero_ps(); 16];
+    for g in 0..8 {
+        a[2 * g] = _mm512_unpacklo_ps(r[2 * g], r[2 * g + 1]);
+        a[2 * g + 1] = _mm512_unpackhi_ps(r[2 * g], r[2 * g + 1]);
+    }
+    let mut b = [_mm512_setzero_ps(); 16];
+    for g in 0..4 {
+        let (x, y) = (4 * g, 4 * g + 2);
+        b[4 * g] = _mm512_shuffle_ps::<0x44>(a[x], a[y]);
+        b[4 * g + 1] = _mm512_shuffle_ps::<0xEE>(a[x], a[y]);
+        b[4 * g + 2] = _mm512_shuffle_ps::<0x44>(a[x + 1], a[y + 1]);
+        b[4 * g + 3] = _mm512_shuffle_ps::<0xEE>(a[x + 1], a[y + 1]);
+    }
+    // Then the 128-bit blocks: element 4L + e gathers block L of
+    // b[e], b[4 + e], b[8 + e], b[12 + e].
+    let mut out = [_mm512_setzero_ps(); 16];
+    for e in 0..4 {
+        let c = _mm512_shuffle_f32x4::<0x88>(b[e], b[4 + e]);
+        let d = _mm512_shuffle_f32x4::<0xDD>(b[e], b[4 + e]);
+        let c2 = _mm512_shuffle_f32x4::<0x88>(b[8 + e], b[12 + e]);
+        let d2 = _mm512_shuffle_f32x4::<0xDD>(b[8 + e], b[12 + e]);
+        out[e] = _mm512_shuffle_f32x4::<0x88>(c, c2);
+        out[8 + e] = _mm512_shuffle_f32x4::<0xDD>(c, c2);
+        out[4 + e] = _mm512_shuffle_f32x4::<0x88>(d, d2);
+        out[12 + e] = _mm512_shuffle_f32x4::<0xDD>(d, d2);
+    }
+    out
+}
+
 /// Quantizes one column as `quant::quantize_q8` does (bit for bit) and
 /// writes the kernels' layouts (`Acts`): 4-bit layout, or 8-bit layout and
 /// lane corrections.
