@@ -1705,15 +1705,15 @@ unsafe fn q4k_group_header(blk: &[*const u8; 8]) -> (__m256, __m256, [__m256i; 4
 /// [`q4k_dec8`] with its integer work in 512-bit registers (AVX-512BW):
 /// one register holds a row's 32 nibble bytes of a sub-block pair and
 /// those of the row four on, so each `maddubs`/`madd` covers 64 values of
-/// two rows (twice `q4k_dec8`'s), and each row's sum is folded once per
-/// super-block instead of per 64 values. Integer sums are exact whatever
-/// their order, so the float steps per lane, and the numbers, are
-/// `q4k_dec8`'s.
+/// two rows (twice `q4k_dec8`'s), each scale's multiply-add and the sum
+/// are one `vpdpwssd`, and each row's sum is folded once per super-block
+/// instead of per 64 values. Integer sums are exact whatever their order,
+/// so the float steps per lane, and the numbers, are `q4k_dec8`'s.
 ///
 /// # Safety
-/// As [`q4k_dec8`]; the CPU must also support avx512f, avx512bw and
-/// avx512vl.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+/// As [`q4k_dec8`]; the CPU must also support avx512f, avx512bw, avx512vl
+/// and avx512vnni.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn q4k_dec8_512(w: &RowMat, acts: &Acts, rows: std::ops::Range<usize>, out: &OutRows<'_>) {
     let k = acts.k;
     let nb = k / QK_K;
@@ -1745,10 +1745,10 @@ unsafe fn q4k_dec8_512(w: &RowMat, acts: &Acts, rows: std::ops::Range<usize>, ou
             for b in 0..nb {
                 let blk: [*const u8; 8] =
                     std::array::from_fn(|r| base.add(r * at.row + b * at.block));
-                for p in blk {
-                    for l in 0..3 {
-                        prefetch(p.wrapping_add(2 * PF_DIST + 64 * l));
-                    }
+                // The group's eight blocks are one run of 1152 bytes: its
+                // lines further on.
+                for l in 0..18 {
+                    prefetch(blk[0].wrapping_add(2 * PF_DIST + 64 * l));
                 }
                 let (dh, dmh, t) = q4k_group_header(&blk);
                 // Row p's scale bytes in 128-bit lanes 0 and 1, row p + 4's
@@ -1790,10 +1790,11 @@ unsafe fn q4k_dec8_512(w: &RowMat, acts: &Acts, rows: std::ops::Range<usize>, ou
                                 _mm512_and_si512(_mm512_srli_epi16::<4>(z), m4),
                                 ahi,
                             );
-                            let pl = _mm512_madd_epi16(lo, _mm512_shuffle_epi8(t2[p], pick[2 * g]));
-                            let ph =
-                                _mm512_madd_epi16(hi, _mm512_shuffle_epi8(t2[p], pick[2 * g + 1]));
-                            iv[p] = _mm512_add_epi32(iv[p], _mm512_add_epi32(pl, ph));
+                            // Each scale's multiply-add and the sum in one
+                            // (`vpdpwssd`; integer, so exact in any order).
+                            let sl = _mm512_shuffle_epi8(t2[p], pick[2 * g]);
+                            let sh = _mm512_shuffle_epi8(t2[p], pick[2 * g + 1]);
+                            iv[p] = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(iv[p], lo, sl), hi, sh);
                         }
                     }
                     // Each row's 8 lanes summed, rows in order 0..8: the two
@@ -2220,11 +2221,218 @@ unsafe fn q6k_cols<const M: usize>(
     }
 }
 
+/// Q6_K decode columns (ungrouped, not wide) on 512-bit registers, eight
+/// rows a pass: one register holds a 32-value chunk of row p and of row
+/// p + 4, so each `maddubs` and `vpdpwssd` (the scale's multiply-add and
+/// the sum in one) covers two rows, and the header work is shared. Each
+/// row keeps its eight i32 lanes of `Q6K::run` (integer sums are exact in
+/// any order) and its float steps per lane — `(da · dw) · lanes + acc`,
+/// then `hsum8_reg` — so its numbers.
+///
+/// # Safety
+/// The CPU must support avx512f, avx512bw, avx512vl, avx512vnni, avx2,
+/// fma and f16c; rows `rows` of `out` are the caller's (`OutRows::set`);
+/// `w` and `acts` hold them (bounds are asserted).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn q6k_dec8_512(w: &RowMat, acts: &Acts, rows: std::ops::Range<usize>, out: &OutRows<'_>) {
+    let k = acts.k;
+    let nb = k / QK_K;
+    let n = acts.n;
+    assert!(w.row_bytes >= nb * 210 && w.bytes().len() >= rows.end * w.row_bytes);
+    assert!(n * k <= acts.kq.len() && n * nb <= acts.kd.len() && n * nb * 16 <= acts.kbs.len());
+    let full = rows.start + (rows.end - rows.start) / 8 * 8;
+    // Per chunk i = 4h + kk (scales s = 2i and s + 1): the i16 indices of
+    // scale s eight times then s + 1 eight times, in row p's sixteen
+    // scales (the low half) and in row p + 4's (the high half).
+    let mut pick = [[0i16; 32]; 8];
+    for (i, p) in pick.iter_mut().enumerate() {
+        for (l, v) in p.iter_mut().enumerate() {
+            *v = (l / 16 * 16 + 2 * i + l % 16 / 8) as i16;
+        }
+    }
+    // SAFETY: the groups' rows are within `rows` (asserted against `w`),
+    // the columns within `acts` (asserted); the features are this
+    // function's.
+    unsafe {
+        for rb in (rows.start..full).step_by(8) {
+            for c0 in (0..n).step_by(DEC_COLS) {
+                match (n - c0).min(DEC_COLS) {
+                    1 => q6k_group_512::<1>(w, acts, rb, c0, &pick, out),
+                    2 => q6k_group_512::<2>(w, acts, rb, c0, &pick, out),
+                    3 => q6k_group_512::<3>(w, acts, rb, c0, &pick, out),
+                    _ => q6k_group_512::<4>(w, acts, rb, c0, &pick, out),
+                }
+            }
+        }
+        for r in full..rows.end {
+            for c in 0..n {
+                let mut o = [[0f32; 1]; 1];
+                Q6K::run::<1, 1>(w, acts, r, c, &mut o);
+                out.set(c, r, o[0][0]);
+            }
+        }
+    }
+}
+
+/// Rows `rb..rb + 8` and columns `c0..c0 + N` of [`q6k_dec8_512`] (the
+/// column count fixed, so the sums stay in registers).
+///
+/// # Safety
+/// As [`q6k_dec8_512`], whose assertions it relies on: the eight rows and
+/// the `N` columns are within `w` and `acts`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn q6k_group_512<const N: usize>(
+    w: &RowMat,
+    acts: &Acts,
+    rb: usize,
+    c0: usize,
+    pick: &[[i16; 32]; 8],
+    out: &OutRows<'_>,
+) {
+    let k = acts.k;
+    let nb = k / QK_K;
+    // SAFETY: loads stay within the eight rows' blocks and the columns'
+    // activations (the caller's contract).
+    unsafe {
+        let m15 = _mm512_set1_epi8(15);
+        let mut pk = [_mm512_setzero_si512(); 8];
+        for (v, p) in pk.iter_mut().zip(pick) {
+            *v = _mm512_loadu_si512(p.as_ptr().cast());
+        }
+        let at = w.at(rb, 8);
+        let grouped = at.row < at.block;
+        let base = w.bytes().as_ptr().add(at.base);
+        let mut acc = [[_mm512_setzero_ps(); 4]; N];
+        for b in 0..nb {
+            let mut blk = [base; 8];
+            for (r, p) in blk.iter_mut().enumerate() {
+                *p = base.add(r * at.row + b * at.block);
+            }
+            if grouped {
+                // The eight blocks are one run of 1680 bytes: its lines
+                // further on.
+                for l in 0..27 {
+                    prefetch(blk[0].wrapping_add(2 * PF_DIST + 64 * l));
+                }
+            } else {
+                for p in blk {
+                    for l in 0..4 {
+                        prefetch(p.wrapping_add(2 * PF_DIST + 64 * l));
+                    }
+                }
+            }
+            let mut iv = [[_mm512_setzero_si512(); 4]; N];
+            let mut sc = [_mm512_setzero_si512(); 4];
+            for p in 0..4 {
+                // Rows p and p + 4's 32 bytes at offset `o` in one register.
+                let pair = |o: usize| {
+                    _mm512_inserti64x4::<1>(
+                        _mm512_castsi256_si512(_mm256_loadu_si256(blk[p].add(o) as *const __m256i)),
+                        _mm256_loadu_si256(blk[p + 4].add(o) as *const __m256i),
+                    )
+                };
+                sc[p] = _mm512_inserti64x4::<1>(
+                    _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128(
+                        blk[p].add(192) as *const __m128i
+                    ))),
+                    _mm256_cvtepi8_epi16(_mm_loadu_si128(blk[p + 4].add(192) as *const __m128i)),
+                );
+                for h in 0..2 {
+                    let ql = [pair(64 * h), pair(64 * h + 32)];
+                    let qh = pair(128 + 32 * h);
+                    for kk in 0..4 {
+                        // `q6k_chunk` on both rows.
+                        let low = if kk < 2 {
+                            _mm512_and_si512(ql[kk & 1], m15)
+                        } else {
+                            _mm512_and_si512(_mm512_srli_epi16::<4>(ql[kk & 1]), m15)
+                        };
+                        let hb = match kk {
+                            0 => _mm512_slli_epi16::<4>(_mm512_and_si512(qh, _mm512_set1_epi8(3))),
+                            1 => _mm512_slli_epi16::<2>(_mm512_and_si512(qh, _mm512_set1_epi8(12))),
+                            2 => _mm512_and_si512(qh, _mm512_set1_epi8(48)),
+                            _ => {
+                                _mm512_srli_epi16::<2>(_mm512_and_si512(qh, _mm512_set1_epi8(-64)))
+                            }
+                        };
+                        let q = _mm512_or_si512(low, hb);
+                        let s = _mm512_permutexvar_epi16(pk[4 * h + kk], sc[p]);
+                        for (j, iv) in iv.iter_mut().enumerate() {
+                            let a = _mm512_broadcast_i64x4(_mm256_loadu_si256(
+                                acts.kq.as_ptr().add((c0 + j) * k + b * QK_K + 128 * h + 32 * kk)
+                                    as *const __m256i,
+                            ));
+                            iv[p] = _mm512_dpwssd_epi32(iv[p], _mm512_maddubs_epi16(q, a), s);
+                        }
+                    }
+                }
+            }
+            // Each pair's `dw` in its half.
+            let mut dw = [_mm512_setzero_ps(); 4];
+            for (p, d) in dw.iter_mut().enumerate() {
+                *d = _mm512_castpd_ps(_mm512_insertf64x4::<1>(
+                    _mm512_castpd256_pd512(_mm256_castps_pd(_mm256_set1_ps(f16_at(
+                        blk[p].add(208),
+                    )))),
+                    _mm256_castps_pd(_mm256_set1_ps(f16_at(blk[p + 4].add(208)))),
+                ));
+            }
+            for (j, acc) in acc.iter_mut().enumerate() {
+                let col = c0 + j;
+                let da = _mm512_set1_ps(*acts.kd.get_unchecked(col * nb + b));
+                let bs = _mm512_broadcast_i64x4(_mm256_loadu_si256(
+                    acts.kbs.as_ptr().add((col * nb + b) * 16) as *const __m256i,
+                ));
+                for p in 0..4 {
+                    let corr = _mm512_slli_epi32::<5>(_mm512_madd_epi16(bs, sc[p]));
+                    let s = _mm512_sub_epi32(iv[j][p], corr);
+                    acc[p] =
+                        _mm512_fmadd_ps(_mm512_mul_ps(dw[p], da), _mm512_cvtepi32_ps(s), acc[p]);
+                }
+            }
+        }
+        for (j, acc) in acc.iter().enumerate() {
+            for (p, a) in acc.iter().enumerate() {
+                out.set(c0 + j, rb + p, hsum8_reg(_mm512_castps512_ps256(*a)));
+                let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(*a)));
+                out.set(c0 + j, rb + p + 4, hsum8_reg(hi));
+            }
+        }
+    }
+}
+
 /// Q6_K (ggml's AVX2 `ggml_vec_dot_q6_K_q8_K`, or its tiled kernel for a
 /// wide product).
 struct Q6K;
 
 impl Kern for Q6K {
+    #[inline(always)]
+    unsafe fn dec(
+        w: &RowMat,
+        acts: &Acts,
+        rows: std::ops::Range<usize>,
+        out: &OutRows<'_>,
+    ) -> bool {
+        // SAFETY: forwarded.
+        unsafe { Self::dec_many(w, acts, rows, out) }
+    }
+
+    #[inline(always)]
+    unsafe fn dec_many(
+        w: &RowMat,
+        acts: &Acts,
+        rows: std::ops::Range<usize>,
+        out: &OutRows<'_>,
+    ) -> bool {
+        if super::isa() != super::Isa::Avx512Vnni || (0..acts.n).any(|c| acts.wide(c)) {
+            return false;
+        }
+        // SAFETY: forwarded; the CPU has the 512-bit features (`isa`).
+        unsafe { q6k_dec8_512(w, acts, rows, out) };
+        true
+    }
+
     #[inline(always)]
     unsafe fn wide(
         w: &RowMat,

@@ -1264,7 +1264,9 @@ mod tests {
                         f.name
                     );
                 }
-                if f.ty == crate::gguf::GgmlType::Q4_K && f.rows % 8 == 0 {
+                if matches!(f.ty, crate::gguf::GgmlType::Q4_K | crate::gguf::GgmlType::Q6_K)
+                    && f.rows % 8 == 0
+                {
                     assert_eq!(m.group(), 8, "{}", f.name);
                 }
             }

@@ -144,8 +144,9 @@ pub(crate) struct RowMat {
     data: Vec<u8>,
     pub(crate) row_bytes: usize,
     rows: usize,
-    /// Rows per group: 8 for chain Q4_K (`q4k_dec8` reads eight rows at
-    /// once), else 1 (plain rows).
+    /// Rows per group: 8 for chain Q4_K and for Q6_K whose rows come in
+    /// eights (`q4k_dec8` and `q6k_dec8_512` read eight rows at once), else
+    /// 1 (plain rows).
     group: usize,
     /// Bytes per block.
     bb: usize,
@@ -249,7 +250,11 @@ impl RowMat {
     pub(crate) fn new(fmt: Fmt, mut data: Vec<u8>, rows: usize, cols: usize) -> RowMat {
         let row_bytes = fmt.row_bytes(cols);
         let chain = fmt.chain(rows);
-        let group = if fmt == Fmt::Q4K && chain { 8 } else { 1 };
+        let group = if chain && fmt == Fmt::Q4K || fmt == Fmt::Q6K && rows.is_multiple_of(8) {
+            8
+        } else {
+            1
+        };
         let bb = fmt.block().1;
         assert!(data.len() >= rows * row_bytes, "{} bytes for {rows} rows", data.len());
         let pairs = paired(fmt, row_bytes / bb);
