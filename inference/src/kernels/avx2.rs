@@ -528,12 +528,12 @@ unsafe fn q5_decode_pairs<const N: usize>(
 }
 
 /// Block `b` of a paired row at `row` (`RowMat::pairs`; `F` as [`B32`]):
-/// its scale `d`, its minimum `m` (Q4_1; 0 else) and its 32 values (Q5_0:
-/// plus 16, unsigned, as the decode lanes take them).
+/// its scale `d`, its minimum `m` (Q4_1, Q5_1; 0 else) and its 32 values
+/// (Q5_0: plus 16, unsigned, as the decode lanes take them).
 ///
 /// # Safety
 /// The CPU has avx2, fma and f16c (it is called from the AVX2 kernels);
-/// the row holds block `b`'s pair; `F` is 0, 2 or 3.
+/// the row holds block `b`'s pair; `F` is 0, 2, 3 or 4.
 #[inline(always)]
 pub(super) unsafe fn pair_block<const F: u8>(row: *const u8, b: usize) -> (f32, f32, __m256i) {
     let h = b % 2;
@@ -556,22 +556,30 @@ pub(super) unsafe fn pair_block<const F: u8>(row: *const u8, b: usize) -> (f32, 
                 let p = row.add((b / 2) * rows::Q4_1_PAIR);
                 (f16_at(p.add(2 * h)), f16_at(p.add(4 + 2 * h)), nibbles(p.add(8 + 16 * h)))
             }
+            4 => {
+                let p = row.add((b / 2) * rows::Q5_1_PAIR);
+                let q = _mm256_set1_epi64x((p.add(8) as *const i64).read_unaligned());
+                let q = if h == 1 { _mm256_slli_epi16::<4>(q) } else { q };
+                let x = _mm256_or_si256(nibbles(p.add(16 + 16 * h)), q5_high_of(q));
+                (f16_at(p.add(2 * h)), f16_at(p.add(4 + 2 * h)), x)
+            }
             _ => unreachable!("no pairs of format {F}"),
         }
     }
 }
 
-/// A decode (one column) of paired Q4_1 rows, a pair of blocks per step:
-/// both scales and minimums converted at once, both blocks' nibbles from
-/// one 32-byte load. The lanes, the fused multiply-adds and the `Σ m·s`
-/// chain are [`B32::run`]'s, block after block. `false` (nothing done)
-/// when the rows are not paired.
+/// A decode (one column) of paired Q4_1 (`F` = 3) or Q5_1 (4) rows, a pair
+/// of blocks per step: both scales and minimums converted at once, both
+/// blocks' nibbles from one 32-byte load (Q5_1: their high bits from one
+/// broadcast). The lanes, the fused multiply-adds and the `Σ m·s` chain
+/// are [`B32::run`]'s, block after block. `false` (nothing done) when the
+/// rows are not paired.
 ///
 /// # Safety
 /// The CPU has avx2, fma and f16c (it is called from the AVX2 kernels);
 /// rows `rows` of `out` are the caller's.
 #[inline(always)]
-unsafe fn q4_1_decode_pairs(
+unsafe fn q4_1_decode_pairs<const F: u8>(
     w: &RowMat,
     acts: &Acts,
     rows: std::ops::Range<usize>,
@@ -582,9 +590,14 @@ unsafe fn q4_1_decode_pairs(
     if !w.pairs() || !nb.is_multiple_of(2) {
         return false;
     }
-    assert!(k <= acts.q.len() && nb <= acts.d.len().min(acts.s.len()) && w.row_bytes >= nb * 20);
+    // Bytes of a pair, and the offset of its nibbles.
+    let (pb, qs) = if F == 4 { (rows::Q5_1_PAIR, 16) } else { (rows::Q4_1_PAIR, 8) };
+    assert!(F == 3 || F == 4);
+    assert!(
+        k <= acts.q.len() && nb <= acts.d.len().min(acts.s.len()) && w.row_bytes >= nb / 2 * pb
+    );
     assert!(rows.end * w.row_bytes <= w.bytes().len());
-    // SAFETY: every load is within the rows (asserted: nb/2 pairs of 40
+    // SAFETY: every load is within the rows (asserted: nb/2 pairs of `pb`
     // bytes per row) or column 0's activations (asserted above).
     unsafe {
         let low = _mm256_set1_epi8(0x0F);
@@ -595,7 +608,7 @@ unsafe fn q4_1_decode_pairs(
             // `Σ m·s` in lane 0, one scalar fused multiply-add a block.
             let mut summs = _mm_setzero_ps();
             for p in 0..nb / 2 {
-                let pp = row.add(p * rows::Q4_1_PAIR);
+                let pp = row.add(p * pb);
                 prefetch(pp.wrapping_add(DEC_PF));
                 // d_a d_b m_a m_b.
                 let dm = _mm_cvtph_ps(_mm_loadl_epi64(pp as *const __m128i));
@@ -606,11 +619,16 @@ unsafe fn q4_1_decode_pairs(
                     _mm256_broadcastss_ps(s),
                     _mm256_permutevar8x32_ps(_mm256_castps128_ps256(s), second),
                 );
-                let v = _mm256_loadu_si256(pp.add(8) as *const __m256i);
+                let v = _mm256_loadu_si256(pp.add(qs) as *const __m256i);
                 let lo = _mm256_and_si256(v, low);
                 let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), low);
-                let xa = _mm256_permute2x128_si256::<0x20>(lo, hi);
-                let xb = _mm256_permute2x128_si256::<0x31>(lo, hi);
+                let mut xa = _mm256_permute2x128_si256::<0x20>(lo, hi);
+                let mut xb = _mm256_permute2x128_si256::<0x31>(lo, hi);
+                if F == 4 {
+                    let q = _mm256_set1_epi64x((pp.add(8) as *const i64).read_unaligned());
+                    xa = _mm256_or_si256(xa, q5_high_of(q));
+                    xb = _mm256_or_si256(xb, q5_high_of(_mm256_slli_epi16::<4>(q)));
+                }
                 let y = acts.q.as_ptr().add(2 * p * QK) as *const __m256i;
                 let la = us_lanes(xa, _mm256_loadu_si256(y));
                 let lb = us_lanes(xb, _mm256_loadu_si256(y.add(1)));
@@ -755,7 +773,9 @@ impl<const F: u8, const CH: bool> Kern for B32<F, CH> {
             // SAFETY: forwarded.
             0 => unsafe { q8_decode_pairs(w, acts, rows, out) },
             // SAFETY: forwarded.
-            3 => unsafe { q4_1_decode_pairs(w, acts, rows, out) },
+            3 => unsafe { q4_1_decode_pairs::<3>(w, acts, rows, out) },
+            // SAFETY: forwarded.
+            4 => unsafe { q4_1_decode_pairs::<4>(w, acts, rows, out) },
             // SAFETY: forwarded.
             2 => !CH && unsafe { q5_decode_pairs::<1>(w, acts, rows, 0, out) },
             _ => false,

@@ -1377,15 +1377,16 @@ mod tests {
         }
     }
 
-    /// Block pairs keep every bit of both blocks: random Q4_1, Q5_0 and
-    /// Q8_0 pairs through `pair_blocks` and back, and each Q5_0 value's high bit
-    /// where `pair_blocks` says.
+    /// Block pairs keep every bit of both blocks: random Q4_1, Q5_0, Q5_1
+    /// and Q8_0 pairs through `pair_blocks` and back, and each Q5_0 and Q5_1
+    /// value's high bit where `pair_blocks` says.
     #[test]
     fn block_pairs_round_trip() {
         let mut r = rng(55);
         for (fmt, pb) in [
             (rows::Fmt::Q4_1, rows::Q4_1_PAIR),
             (rows::Fmt::Q5_0, rows::Q5_PAIR),
+            (rows::Fmt::Q5_1, rows::Q5_1_PAIR),
             (rows::Fmt::Q8_0, rows::Q8_PAIR),
         ] {
             for _ in 0..2000 {
@@ -1396,14 +1397,18 @@ mod tests {
                 rows::unpair_blocks(fmt, &pair, &mut back);
                 assert_eq!(file, back, "{fmt:?}");
                 assert_eq!((&pair[..2], &pair[2..4]), (&file[..2], &file[pb / 2..pb / 2 + 2]));
-                if fmt != rows::Fmt::Q5_0 {
-                    continue;
-                }
+                // Where each format keeps its high bits in a block, and in
+                // a pair.
+                let (h, at) = match fmt {
+                    rows::Fmt::Q5_0 => (2, 4),
+                    rows::Fmt::Q5_1 => (4, 8),
+                    _ => continue,
+                };
                 for (blk, shift) in [(0usize, 4u32), (1, 0)] {
-                    let qh =
-                        u32::from_le_bytes(file[22 * blk + 2..22 * blk + 6].try_into().unwrap());
+                    let o = pb / 2 * blk + h;
+                    let qh = u32::from_le_bytes(file[o..o + 4].try_into().unwrap());
                     for j in 0..32 {
-                        let got = (pair[4 + j % 8] >> (shift + j as u32 / 8)) & 1;
+                        let got = (pair[at + j % 8] >> (shift + j as u32 / 8)) & 1;
                         assert_eq!(got as u32, (qh >> j) & 1, "block {blk} value {j}");
                     }
                 }
@@ -1432,7 +1437,7 @@ mod tests {
                 if cols % qk != 0 {
                     continue;
                 }
-                if matches!(fmt, Fmt::Q4_1 | Fmt::Q5_0 | Fmt::Q8_0) {
+                if matches!(fmt, Fmt::Q4_1 | Fmt::Q5_0 | Fmt::Q5_1 | Fmt::Q8_0) {
                     let w = Packed::rows(fmt, vec![0; rows * cols / qk * bb], rows, cols);
                     let PackedKind::Rows(m) = &w.kind else { unreachable!() };
                     assert_eq!(m.pairs(), (cols / qk) % 2 == 0, "{cols} columns");

@@ -126,16 +126,16 @@ impl Fmt {
 /// A GGUF matrix: the file's blocks, rows interleaved block by block in
 /// groups of [`RowMat::group`] rows (the bytes and their count unchanged,
 /// only their order), so that a kernel reading a group's rows together
-/// reads one stream, as ggml's repacked `q4_K_8x8` layout does; Q4_1, Q5_0
-/// and Q8_0 rows of an even block count hold their blocks in pairs
+/// reads one stream, as ggml's repacked `q4_K_8x8` layout does; Q4_1, Q5_0,
+/// Q5_1 and Q8_0 rows of an even block count hold their blocks in pairs
 /// ([`RowMat::pairs`]).
 #[derive(Debug)]
 pub(crate) struct RowMat {
     pub(crate) fmt: Fmt,
     pub(crate) chain: bool,
-    /// Q4_1, Q5_0 and Q8_0 blocks stored two by two within each row, both
-    /// scales first ([`pair_blocks`]): the AVX2 decode converts and scales
-    /// both with one instruction each, and decodes a Q5_0 pair with whole
+    /// Q4_1, Q5_0, Q5_1 and Q8_0 blocks stored two by two within each row,
+    /// both scales first ([`pair_blocks`]): the AVX2 decode converts and
+    /// scales both with one instruction each, and decodes a Q5_0/Q5_1 pair with whole
     /// registers (one 32-byte load of nibbles, the high bits from one
     /// broadcast with no shuffle). The values are the file's.
     pairs: bool,
@@ -158,10 +158,12 @@ pub(crate) const Q5_PAIR: usize = 44;
 pub(crate) const Q8_PAIR: usize = 68;
 /// Bytes of a pair of Q4_1 blocks.
 pub(crate) const Q4_1_PAIR: usize = 40;
+/// Bytes of a pair of Q5_1 blocks.
+pub(crate) const Q5_1_PAIR: usize = 48;
 
 /// Whether rows of `fmt` with `nb` blocks are stored in pairs.
 fn paired(fmt: Fmt, nb: usize) -> bool {
-    matches!(fmt, Fmt::Q4_1 | Fmt::Q5_0 | Fmt::Q8_0) && nb.is_multiple_of(2)
+    matches!(fmt, Fmt::Q4_1 | Fmt::Q5_0 | Fmt::Q5_1 | Fmt::Q8_0) && nb.is_multiple_of(2)
 }
 
 /// Two blocks `a ‖ b` as the file stores them into their pair form
@@ -176,6 +178,9 @@ fn paired(fmt: Fmt, nb: usize) -> bool {
 /// to bit `4 + j / 8` of byte `j % 8`, block b's to bit `j / 8` of the same
 /// byte: byte `j` of a register holding the eight bytes four times then
 /// needs only a mask to isolate the bit of value `j` (`avx2::q5_high_of`).
+///
+/// Q5_1 (24 bytes: `d`, `m`, `qh`, `qs`): `d_a d_b m_a m_b`, the high bits
+/// as Q5_0's, `qs_a qs_b`.
 pub(crate) fn pair_blocks(fmt: Fmt, file: &[u8], pair: &mut [u8]) {
     let bb = fmt.block().1;
     assert!(file.len() == 2 * bb && pair.len() == 2 * bb, "a pair of {fmt:?} blocks");
@@ -194,15 +199,23 @@ pub(crate) fn pair_blocks(fmt: Fmt, file: &[u8], pair: &mut [u8]) {
         pair[36..68].copy_from_slice(&b[2..34]);
         return;
     }
-    let qh = |blk: &[u8]| u32::from_le_bytes([blk[2], blk[3], blk[4], blk[5]]);
+    // Q5_0 and Q5_1: the high bits from `h`, the nibbles from `h + 4`.
+    let (h, at) = if fmt == Fmt::Q5_1 {
+        pair[4..6].copy_from_slice(&a[2..4]);
+        pair[6..8].copy_from_slice(&b[2..4]);
+        (4, 8)
+    } else {
+        (2, 4)
+    };
+    let qh = |blk: &[u8]| u32::from_le_bytes([blk[h], blk[h + 1], blk[h + 2], blk[h + 3]]);
     let (ha, hb) = (qh(a), qh(b));
-    for (k, o) in pair[4..12].iter_mut().enumerate() {
+    for (k, o) in pair[at..at + 8].iter_mut().enumerate() {
         *o = (0..4)
             .map(|q| (((ha >> (8 * q + k)) & 1) << (4 + q)) | (((hb >> (8 * q + k)) & 1) << q))
             .fold(0u32, |x, y| x | y) as u8;
     }
-    pair[12..28].copy_from_slice(&a[6..22]);
-    pair[28..44].copy_from_slice(&b[6..22]);
+    pair[at + 8..at + 24].copy_from_slice(&a[h + 4..h + 20]);
+    pair[at + 24..at + 40].copy_from_slice(&b[h + 4..h + 20]);
 }
 
 /// The inverse of [`pair_blocks`].
@@ -223,17 +236,24 @@ pub(crate) fn unpair_blocks(fmt: Fmt, pair: &[u8], file: &mut [u8]) {
         file[36..68].copy_from_slice(&pair[36..68]);
         return;
     }
+    let (h, at) = if fmt == Fmt::Q5_1 {
+        file[2..4].copy_from_slice(&pair[4..6]);
+        file[bb + 2..bb + 4].copy_from_slice(&pair[6..8]);
+        (4, 8)
+    } else {
+        (2, 4)
+    };
     let (mut ha, mut hb) = (0u32, 0u32);
-    for (k, &v) in pair[4..12].iter().enumerate() {
+    for (k, &v) in pair[at..at + 8].iter().enumerate() {
         for q in 0..4 {
             ha |= ((v as u32 >> (4 + q)) & 1) << (8 * q + k);
             hb |= ((v as u32 >> q) & 1) << (8 * q + k);
         }
     }
-    file[2..6].copy_from_slice(&ha.to_le_bytes());
-    file[6..22].copy_from_slice(&pair[12..28]);
-    file[24..28].copy_from_slice(&hb.to_le_bytes());
-    file[28..44].copy_from_slice(&pair[28..44]);
+    file[h..h + 4].copy_from_slice(&ha.to_le_bytes());
+    file[h + 4..h + 20].copy_from_slice(&pair[at + 8..at + 24]);
+    file[bb + h..bb + h + 4].copy_from_slice(&hb.to_le_bytes());
+    file[bb + h + 4..bb + h + 20].copy_from_slice(&pair[at + 24..at + 40]);
 }
 
 /// Where a run of rows lies in a [`RowMat`]: block `b` of row `r0 + r` is
