@@ -621,3 +621,71 @@ fn kv_cache_types_are_chosen_reported_and_refused() {
         "the refusal names the file, the model and the value: {err}"
     );
 }
+
+/// A draft model (`--draft-model`, env `AGENTD_DRAFT_MODEL`, models.toml's
+/// `draft`): `agentd generate` with it gives the ids it gives without
+/// drafts, and says its drafts were verified and confirmed; one of another
+/// vocabulary, or a missing file, is refused at load (exit 1, no panic).
+#[test]
+fn draft_models_change_no_output_and_other_vocabularies_are_refused() {
+    let test = "draft_models_change_no_output_and_other_vocabularies_are_refused";
+    let Some(model) = agentd_tests::dep("AGENTD_TEST_MODEL", test) else { return };
+    let Some(q8) = agentd_tests::dep("AGENTD_TEST_Q8", test) else { return };
+    let Some(gemma) = agentd_tests::dep("AGENTD_TEST_GEMMA", test) else { return };
+    let home = Home::new();
+    let (m, q) = (model.to_str().expect("path"), q8.to_str().expect("path"));
+    let prompt = "<|im_start|>user\nWrite a short story about a lighthouse keeper.<|im_end|>\n<|im_start|>assistant\n";
+    let generate = |target: &str, extra: &[&str], env: &[(&str, &str)]| {
+        let mut args = vec!["generate", "--model", target, "--threads", "2", "--max-tokens", "48"];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&["--json", prompt]);
+        let mut cmd = home.cmd(&args);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let out = cmd.output().expect("agentd runs");
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{extra:?}: {err}");
+        serde_json::from_slice::<Value>(&out.stdout).expect("JSON")
+    };
+    let plain = generate(q, &["--draft", "0"], &[]);
+    let confirmed = |v: &Value, how: &str| {
+        assert_eq!(v["ids"], plain["ids"], "{how}: {v}");
+        let d = &v["decode"];
+        let (drafted, accepted) = (d["drafted"].as_u64(), d["accepted"].as_u64());
+        assert!(accepted > Some(4) && drafted >= accepted, "{how}: {d}");
+    };
+    confirmed(&generate(q, &["--draft-model", m], &[]), "--draft-model");
+    confirmed(&generate(q, &[], &[("AGENTD_DRAFT_MODEL", m)]), "AGENTD_DRAFT_MODEL");
+    // models.toml: an entry for the Q8_0 file whose `draft` is the default
+    // model's path; `--draft 0` turns drafting off.
+    std::fs::create_dir_all(home.path().join("models")).expect("models dir");
+    std::fs::copy(&q8, home.path().join("models/drafted.gguf")).expect("copy");
+    let sha = format!("{:x}", Sha256::digest(std::fs::read(&q8).expect("read the model")));
+    home.write(
+        "models.toml",
+        &format!("[models.drafted]\nrepo = \"local/none\"\nfile = \"drafted.gguf\"\nsha256 = \"{sha}\"\narchitecture = \"llama\"\ndraft = \"{m}\"\n"),
+    );
+    confirmed(&generate("drafted", &[], &[]), "models.toml");
+    let off = generate("drafted", &["--draft", "0"], &[]);
+    assert_eq!(
+        (off["ids"].clone(), off["decode"]["drafted"].as_u64()),
+        (plain["ids"].clone(), Some(0))
+    );
+    let bad = gemma.to_str().expect("path");
+    for (draft, says) in [(bad, "vocabulary"), ("/no/such/draft.gguf", "does not exist")] {
+        let out = home.run(&[
+            "generate",
+            "--model",
+            q,
+            "--draft-model",
+            draft,
+            "--max-tokens",
+            "2",
+            "hi",
+        ]);
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(1), "{draft}: {err}");
+        assert!(err.contains(says) && err.contains("draft") && !err.contains("panicked"), "{err}");
+    }
+}

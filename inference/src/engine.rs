@@ -268,9 +268,16 @@ pub struct Engine {
     tok: Arc<Tok>,
     /// The grammar compiler over this vocabulary, built on first use.
     grammars: OnceLock<Arc<Grammars>>,
-    pool: Pool,
+    /// Shared with a draft model loaded for this one (`Engine::load_draft`):
+    /// the two never run at once, and one pool keeps idle workers of one
+    /// from spinning while the other computes.
+    pool: Arc<Pool>,
     info: ModelInfo,
     rerank: RerankFormat,
+    /// A smaller model of the same vocabulary whose greedy tokens are the
+    /// drafts verified in a decode step (`Engine::load_draft`); none:
+    /// prompt lookup drafts.
+    draft: Option<Box<Engine>>,
 }
 
 /// Per-conversation state: the tokens whose keys and values are cached.
@@ -300,6 +307,18 @@ pub struct Session {
     /// Rows of logits the last pass left in `scratch.logits`: one, or one
     /// per token of a speculative step's verification (`Seq::every_row`).
     logit_rows: usize,
+    /// The draft model's cache of this conversation (`Engine::load_draft`).
+    draft: Option<Box<DraftCache>>,
+}
+
+/// What a draft model has cached of a session's context: its tokens from
+/// `start` on. Its numbers follow no path of llama.cpp's (a draft is only
+/// a proposal, verified by the target's own rows), so it is kept and cut
+/// by token prefix alone, not by `Session`'s INVARIANT.
+#[derive(Debug, Default)]
+struct DraftCache {
+    start: usize,
+    session: Session,
 }
 
 impl Session {
@@ -420,6 +439,72 @@ pub struct Output {
 impl Engine {
     /// Loads a GGUF model.
     pub fn load(path: &Path, opts: &EngineOptions) -> Result<Engine> {
+        Engine::load_in(path, opts, None)
+    }
+
+    /// Loads `path` as this engine's draft model: from then on a decode
+    /// step's drafts are its greedy tokens after the context (the last
+    /// [`DRAFT_WINDOW`] tokens of it at most) instead of prompt lookup's,
+    /// verified as those are — output never changes; a draft that sampling
+    /// confirms spares a pass of this model. The draft runs on this
+    /// engine's threads (one pool) and must have the same vocabulary, token
+    /// for token; both must run on the CPU path.
+    pub fn load_draft(&mut self, path: &Path) -> Result<()> {
+        if !self.speculates() {
+            return Err(Error::new(
+                ErrorKind::Input,
+                format!(
+                    "{} cannot verify drafts (only the CPU path of a dense model can): load it without a draft model",
+                    self.info.path.display()
+                ),
+            ));
+        }
+        let opts = EngineOptions {
+            threads: Some(self.info.threads),
+            device: Device::Cpu,
+            context: Some(self.info.context),
+            kv_type: None,
+        };
+        let draft = Engine::load_in(path, &opts, Some(Arc::clone(&self.pool)))?;
+        if !matches!(draft.backend, Backend::Fast(_)) {
+            return Err(Error::new(
+                ErrorKind::Input,
+                format!("draft model {}: it does not generate text", path.display()),
+            ));
+        }
+        let (a, b) = (&*self.tok, &*draft.tok);
+        let differs = (a.len() != b.len())
+            .then_some(None)
+            .or_else(|| (0..a.len() as u32).find(|&i| a.piece(i) != b.piece(i)).map(Some));
+        if let Some(at) = differs {
+            let what = match at {
+                None => format!("{} tokens against {}", b.len(), a.len()),
+                Some(i) => format!(
+                    "token {i} is {:?} there and {:?} here",
+                    String::from_utf8_lossy(b.piece(i)),
+                    String::from_utf8_lossy(a.piece(i))
+                ),
+            };
+            return Err(Error::new(
+                ErrorKind::Input,
+                format!(
+                    "draft model {} has another vocabulary than {} ({what}): a draft model must share the model's tokenizer (a smaller model of the same family)",
+                    path.display(),
+                    self.info.path.display()
+                ),
+            ));
+        }
+        self.draft = Some(Box::new(draft));
+        Ok(())
+    }
+
+    /// The draft model, if one is loaded ([`Engine::load_draft`]).
+    pub fn draft(&self) -> Option<&Engine> {
+        self.draft.as_deref()
+    }
+
+    /// [`Engine::load`] on `pool` when one is given (a draft model's).
+    fn load_in(path: &Path, opts: &EngineOptions, pool: Option<Arc<Pool>>) -> Result<Engine> {
         let device = match opts.device {
             Device::Auto if cfg!(feature = "cuda") && candle_core::utils::cuda_is_available() => {
                 Device::Cuda(0)
@@ -572,9 +657,10 @@ impl Engine {
             encoder_scratch: Default::default(),
             tok: Arc::new(tok),
             grammars: OnceLock::new(),
-            pool: Pool::new(threads),
+            pool: pool.unwrap_or_else(|| Arc::new(Pool::new(threads))),
             info,
             rerank,
+            draft: None,
         })
     }
 
@@ -1343,7 +1429,12 @@ impl Engine {
         if spec > 0 {
             // The context with the token about to run, without copying it.
             session.tokens.extend_from_slice(&tokens);
-            g.drafts = lookup(&session.tokens, spec);
+            g.drafts = match &self.draft {
+                Some(d) => {
+                    d.propose(&mut session.draft, &session.tokens, spec, &self.info.stop_tokens)
+                }
+                None => lookup(&session.tokens, spec),
+            };
             session.tokens.truncate(session.tokens.len() - tokens.len());
             g.out.drafted += g.drafts.len();
         }
@@ -1352,6 +1443,53 @@ impl Engine {
         }
         tokens.extend_from_slice(&g.drafts);
         Some(Run { every_row: true, ..Run::new(k, tokens, Mode::Vec, (0, 0), None) })
+    }
+
+    /// Up to `max` greedy tokens of this (draft) model after `context`,
+    /// ending at one of `stops`: its cache (`cache`, made on first use) is
+    /// cut to what it shares with the context and the rest run; it sees the
+    /// context from where its cache starts, a start moved to the last
+    /// [`DRAFT_WINDOW`] tokens when more than that would run (or the cache
+    /// would outgrow its context). None when a pass fails: drafts are only
+    /// proposals.
+    fn propose(
+        &self,
+        cache: &mut Option<Box<DraftCache>>,
+        context: &[u32],
+        max: usize,
+        stops: &[u32],
+    ) -> Vec<u32> {
+        let c = cache.get_or_insert_with(Default::default);
+        let seen = context.get(c.start..).unwrap_or(&[]);
+        let mut common = c.session.tokens.iter().zip(seen).take_while(|(a, b)| a == b).count();
+        if c.start >= context.len()
+            || seen.len() - common > DRAFT_WINDOW
+            || seen.len() + max >= self.info.context
+        {
+            c.start = context.len().saturating_sub(DRAFT_WINDOW);
+            common = 0;
+        }
+        // At least the last token runs, for its logits.
+        let common = common.min(context.len() - c.start - 1);
+        self.rewind(&mut c.session, common);
+        let mut out = Vec::with_capacity(max);
+        if self.eval(&mut c.session, &context[c.start + common..]).is_err() {
+            c.session = self.session();
+            return out;
+        }
+        while out.len() < max {
+            let l = c.session.logits();
+            let id = (0..l.len()).fold(0, |b, i| if l[i] > l[b] { i } else { b }) as u32;
+            out.push(id);
+            if stops.contains(&id) || out.len() == max {
+                break;
+            }
+            if self.eval(&mut c.session, &[id]).is_err() {
+                c.session = self.session();
+                break;
+            }
+        }
+        out
     }
 
     /// Finishes a generation: releases text held back for stop strings and
@@ -1447,6 +1585,11 @@ impl Drafter {
 
 /// Default of [`GenParams::speculate`].
 pub const SPECULATE: usize = 8;
+
+/// The most context tokens a draft model runs to catch up with a session
+/// ([`Engine::load_draft`]): it sees the context from at most this far back
+/// when it starts, so its prefill stays a fraction of the model's.
+pub const DRAFT_WINDOW: usize = 1024;
 
 /// Longest and shortest run of last tokens prompt lookup matches.
 const LOOKUP_MAX: usize = 4;

@@ -35,7 +35,7 @@ pub use constraint::{Constraint, Grammar, Grammars, Marker};
 pub use embed::{normalize, Embedding, Pooling};
 pub use engine::{
     inspect, Device, Engine, EngineOptions, Facts, Finish, GenParams, Generation, ModelInfo,
-    Output, Session, Step, SPECULATE,
+    Output, Session, Step, DRAFT_WINDOW, SPECULATE,
 };
 pub use error::{Error, ErrorKind, Result};
 pub use kv::KvType;

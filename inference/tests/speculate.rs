@@ -3,10 +3,11 @@
 //! context, every generation equals the one without drafts — greedy or
 //! sampled, with penalties, under a constraint, at every length limit,
 //! batched with another session, and in a continued session — while drafts
-//! are in fact confirmed.
+//! are in fact confirmed. The same with a draft model (`Engine::load_draft`)
+//! proposing the drafts: the default checkpoint's Q8_0 drafted by its Q4_1.
 //!
-//! Needs `AGENTD_TEST_MODEL` (the default model), `AGENTD_TEST_Q4KM` and
-//! `AGENTD_TEST_GEMMA` (the test command sets them):
+//! Needs `AGENTD_TEST_MODEL` (the default model), `AGENTD_TEST_Q4KM`,
+//! `AGENTD_TEST_Q8` and `AGENTD_TEST_GEMMA` (the test command sets them):
 //! each test says when it skips, and fails instead under
 //! `AGENTD_TEST_STRICT=1`.
 
@@ -192,4 +193,94 @@ fn a_continued_session_is_the_same_as_a_fresh_one() {
     assert!(cont.reused_tokens > 0, "{} reused", cont.reused_tokens);
     let fresh = run(&e, &next, &GenParams { speculate: 0, ..p });
     assert_eq!(cont.ids, fresh.ids);
+}
+
+/// The target of the draft-model tests: the default checkpoint in Q8_0,
+/// drafted by the default model itself (Q4_1 of the same weights, the same
+/// vocabulary).
+fn drafted_engine(test: &str) -> Option<Engine> {
+    let mut e = engine_of("AGENTD_TEST_Q8", test)?;
+    let draft = common::real_file("AGENTD_TEST_MODEL", test)?;
+    e.load_draft(&draft).expect("the draft model loads");
+    Some(e)
+}
+
+/// With a draft model the drafts are its greedy tokens — on free text too,
+/// where prompt lookup finds nothing to quote — and output is still the
+/// same as decoding without drafts, greedy and sampled, at every limit.
+#[test]
+fn a_draft_model_changes_no_output_and_its_drafts_are_confirmed() {
+    let Some(e) = drafted_engine("speculate draft model") else { return };
+    let free = "Write a short story about a lighthouse keeper and his cat.";
+    let (mut drafted, mut accepted) = (0, 0);
+    for q in QUOTES.iter().chain([&free]) {
+        let out = same(&e, &prompt(&e, q), &GenParams { max_tokens: 64, ..GenParams::default() });
+        eprintln!("draft model: {}/{} confirmed: {:?}", out.accepted, out.drafted, out.text);
+        (drafted, accepted) = (drafted + out.drafted, accepted + out.accepted);
+    }
+    assert!(accepted * 2 >= drafted && accepted > 60, "{accepted}/{drafted} confirmed");
+    let p = prompt(&e, free);
+    for max_tokens in [1, 2, 3, 5, 8, 13] {
+        same(&e, &p, &GenParams { max_tokens, ..GenParams::default() });
+    }
+    let sampling =
+        Sampling { temperature: 0.8, repeat_penalty: 1.1, seed: 5, ..Sampling::default() };
+    same(&e, &p, &GenParams { max_tokens: 48, sampling, ..GenParams::default() });
+}
+
+/// A context longer than the draft model's window (`DRAFT_WINDOW`), a
+/// session continued after a drafted turn, and two sessions stepping
+/// together (each with its own draft cache) give what plain decoding gives.
+#[test]
+fn a_draft_model_follows_long_continued_and_batched_sessions() {
+    let Some(e) = drafted_engine("speculate draft sessions") else { return };
+    let p = GenParams { max_tokens: 32, ..GenParams::default() };
+    let mut long = String::new();
+    while e.tokenize(&long, false).unwrap().len() < inference::DRAFT_WINDOW + 300 {
+        long.push_str(QUOTES[long.len() % 3]);
+        long.push('\n');
+    }
+    same(&e, &prompt(&e, &format!("{long}Quote the first note.")), &p);
+    let mut s = e.session();
+    let first = prompt(&e, QUOTES[1]);
+    let out = e.generate(&mut s, &first, &p, &AtomicBool::new(false), &mut |_| {}).unwrap();
+    let mut next = first.clone();
+    next.extend(&out.ids);
+    next.extend(
+        e.tokenize_prompt("\n<|im_start|>user\nAgain.<|im_end|>\n<|im_start|>assistant\n", true)
+            .unwrap(),
+    );
+    let cont = e.generate(&mut s, &next, &p, &AtomicBool::new(false), &mut |_| {}).unwrap();
+    assert_eq!(cont.ids, run(&e, &next, &GenParams { speculate: 0, ..p.clone() }).ids);
+    let (pa, pb) = (prompt(&e, QUOTES[0]), prompt(&e, QUOTES[2]));
+    let alone_a = run(&e, &pa, &GenParams { speculate: 0, ..p.clone() });
+    let alone_b = run(&e, &pb, &GenParams { speculate: 0, ..p.clone() });
+    let (mut sa, mut sb) = (e.session(), e.session());
+    let mut ga = e.begin(&mut sa, &pa, &p).unwrap();
+    let mut gb = e.begin(&mut sb, &pb, &p).unwrap();
+    let no = AtomicBool::new(false);
+    while !ga.is_done() || !gb.is_done() {
+        e.step(&mut [
+            Step { session: &mut sa, gen: &mut ga, cancel: &no, on_text: &mut |_| {} },
+            Step { session: &mut sb, gen: &mut gb, cancel: &no, on_text: &mut |_| {} },
+        ])
+        .unwrap();
+    }
+    let (oa, ob) = (e.end(ga, &mut |_| {}), e.end(gb, &mut |_| {}));
+    assert_eq!((oa.ids, ob.ids), (alone_a.ids, alone_b.ids));
+    assert!(oa.accepted > 0 && ob.accepted > 0);
+}
+
+/// A draft model of another vocabulary is refused, naming the first token
+/// that differs.
+#[test]
+fn a_draft_model_of_another_vocabulary_is_refused() {
+    let Some(mut e) = engine("speculate draft vocabulary") else { return };
+    let Some(gemma) = common::real_file("AGENTD_TEST_GEMMA", "speculate draft vocabulary") else {
+        return;
+    };
+    let err = e.load_draft(&gemma).expect_err("gemma's vocabulary is not SmolLM2's");
+    assert_eq!(err.kind(), inference::ErrorKind::Input);
+    assert!(err.to_string().contains("vocabulary"), "{err}");
+    assert!(e.draft().is_none());
 }

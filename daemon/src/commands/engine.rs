@@ -316,7 +316,7 @@ pub(crate) fn bench(engine_args: &EngineArgs, run: &BenchRun, json_out: bool) ->
     let (r, engine) = if need > 8192 {
         engine_args.load_context(need.next_multiple_of(256))?
     } else {
-        engine_args.load()?
+        engine_args.load_plain()?
     };
     anyhow::ensure!(
         need <= engine.info().context,

@@ -64,6 +64,12 @@ pub(crate) struct EngineArgs {
     /// 0 turns it off
     #[arg(long, env = "AGENTD_DRAFT", default_value_t = DRAFT, value_parser = clap::value_parser!(u16).range(0..=64))]
     pub(crate) draft: u16,
+    /// A smaller model of the same vocabulary (registry name or .gguf path)
+    /// whose greedy tokens are the drafts, instead of prompt lookup's:
+    /// verified the same way, so output is the same. Default: models.toml's
+    /// `draft` for the model, else none
+    #[arg(long, env = "AGENTD_DRAFT_MODEL")]
+    pub(crate) draft_model: Option<String>,
     /// Element type of the K/V cache: f16, q8_0 (half the bytes) or q4_0
     /// (about a quarter), numbers as llama.cpp's `-ctk T -ctv T`. Default:
     /// models.toml's `kv_type`, else f16 unless the whole context's f16
@@ -130,6 +136,7 @@ impl Default for EngineArgs {
             script: None,
             research: None,
             draft: DRAFT,
+            draft_model: None,
             kv_type: None,
         }
     }
@@ -140,18 +147,32 @@ impl EngineArgs {
         self.load_with(None)
     }
 
+    /// Loads the model alone, without a draft model: for benchmarks, which
+    /// never draft.
+    pub(crate) fn load_plain(&self) -> Result<(Resolved, Engine)> {
+        self.load_inner(None, false, false)
+    }
+
     /// Loads the model with a context of exactly `context` tokens (whatever
-    /// its registry entry says): for benchmarks that need a longer one.
+    /// its registry entry says), without a draft model: for benchmarks that
+    /// need a longer one.
     pub(crate) fn load_context(&self, context: usize) -> Result<(Resolved, Engine)> {
-        self.load_inner(Some(context), true)
+        self.load_inner(Some(context), true, false)
     }
 
-    /// Loads the model with its context bounded by `cap` tokens.
+    /// Loads the model with its context bounded by `cap` tokens, and its
+    /// draft model when one is named (`--draft-model`, models.toml's
+    /// `draft`) and drafting is on.
     pub(crate) fn load_with(&self, cap: Option<usize>) -> Result<(Resolved, Engine)> {
-        self.load_inner(cap, false)
+        self.load_inner(cap, false, true)
     }
 
-    fn load_inner(&self, cap: Option<usize>, exact: bool) -> Result<(Resolved, Engine)> {
+    fn load_inner(
+        &self,
+        cap: Option<usize>,
+        exact: bool,
+        with_draft: bool,
+    ) -> Result<(Resolved, Engine)> {
         if self.provider != "local" {
             anyhow::bail!(
                 "this command runs the local engine; --provider {} is for `ask` and `serve`",
@@ -175,9 +196,19 @@ impl EngineArgs {
         };
         let t = Instant::now();
         let opts = EngineOptions { threads: self.threads, device, context, kv_type };
-        let engine = Engine::load(&r.path, &opts)
+        let mut engine = Engine::load(&r.path, &opts)
             .with_context(|| format!("cannot load {}", r.path.display()))?;
         tracing_note(&format!("loaded {} in {:.2}s", r.name, t.elapsed().as_secs_f64()));
+        let draft =
+            self.draft_model.as_deref().or(r.entry.as_ref().and_then(|e| e.draft.as_deref()));
+        if let Some(name) = draft.filter(|_| with_draft && self.draft > 0) {
+            let t = Instant::now();
+            let d = resolve(Some(name)).with_context(|| format!("draft model {name}"))?;
+            engine.load_draft(&d.path).with_context(|| {
+                format!("cannot load {} as the draft model of {}", d.path.display(), r.name)
+            })?;
+            tracing_note(&format!("loaded draft {} in {:.2}s", d.name, t.elapsed().as_secs_f64()));
+        }
         Ok((r, engine))
     }
 }

@@ -244,7 +244,7 @@ mod tests {
         let config = config();
         assert_eq!(
             serde_json::to_string(&config).unwrap(),
-            r#"{"engine":{"model":"m","device":"cpu","threads":null,"provider":"local","base_url":null,"api_key_env":null,"tool_format":null,"script":null,"research":null,"draft":8,"kv_type":null},"corpus":["/no/such/corpus","/tmp"],"notes":"/no/such/notes","mcp":[]}"#
+            r#"{"engine":{"model":"m","device":"cpu","threads":null,"provider":"local","base_url":null,"api_key_env":null,"tool_format":null,"script":null,"research":null,"draft":8,"draft_model":null,"kv_type":null},"corpus":["/no/such/corpus","/tmp"],"notes":"/no/such/notes","mcp":[]}"#
         );
         let policies = Policies::from_snapshot(&Value::Null).unwrap();
         let opts = RunOptions {

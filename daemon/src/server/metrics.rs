@@ -109,7 +109,7 @@ impl Metrics {
         s.push_str(&format!("agentd_decode_batch {}\n", self.batch.load(Ordering::Relaxed)));
         s.push_str("# HELP agentd_generation_seconds_total Time spent generating, summed over completions (concurrent ones overlap).\n# TYPE agentd_generation_seconds_total counter\n");
         s.push_str(&format!("agentd_generation_seconds_total {:.3}\n", micros as f64 / 1e6));
-        s.push_str("# HELP agentd_draft_tokens_total Prompt-lookup draft tokens verified.\n# TYPE agentd_draft_tokens_total counter\n");
+        s.push_str("# HELP agentd_draft_tokens_total Draft tokens verified (prompt lookup or a draft model).\n# TYPE agentd_draft_tokens_total counter\n");
         s.push_str(&format!(
             "agentd_draft_tokens_total {}\n",
             self.drafted.load(Ordering::Relaxed)

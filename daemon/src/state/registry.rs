@@ -147,6 +147,10 @@ pub(crate) struct Entry {
     /// the engine's policy (`--kv-type`).
     #[serde(default)]
     pub(crate) kv_type: Option<String>,
+    /// The draft model of this one (a registry name or a .gguf path: a
+    /// smaller model of the same vocabulary, `--draft-model`); unset: none.
+    #[serde(default)]
+    pub(crate) draft: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

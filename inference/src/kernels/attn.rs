@@ -1417,7 +1417,7 @@ mod tests {
                 );
                 assert_eq!(&out[hd..2 * hd], &tiled[..], "tiled rows hd={hd} upto={upto}");
                 let mut portable = vec![0f32; hd];
-                tiled_portable(&q, &kc, &vc, lane, (0, upto), scale, &mut portable);
+                tiled_portable(&q, &kc, &vc, lane, (0, upto), (scale, None), &mut portable);
                 assert_eq!(portable, tiled, "tiled simd hd={hd} upto={upto}");
             }
         }
@@ -1452,13 +1452,18 @@ mod tests {
                 .enumerate()
                 .map(|(i, q)| TiledRow { q, from: spans[i / 3].0, upto: spans[i / 3].1 })
                 .collect();
-            let mut out = vec![0f32; rows.len() * hd];
-            let mut tile = TiledScratch::default();
-            attend_tiled(&rows, &kc, &vc, lane, scale, None, &mut tile, &mut out);
-            for (i, row) in rows.iter().enumerate() {
-                let mut alone = vec![0f32; hd];
-                tiled_portable(row.q, &kc, &vc, lane, (row.from, row.upto), scale, &mut alone);
-                assert_eq!(&out[i * hd..(i + 1) * hd], &alone[..], "hd={hd} row {i}");
+            // Without and with Gemma 2's soft cap (50: scores reach it).
+            for softcap in [None, Some(50.0)] {
+                let mut out = vec![0f32; rows.len() * hd];
+                let mut tile = TiledScratch::default();
+                attend_tiled(&rows, &kc, &vc, lane, scale, softcap, &mut tile, &mut out);
+                for (i, row) in rows.iter().enumerate() {
+                    let mut alone = vec![0f32; hd];
+                    let span = (row.from, row.upto);
+                    tiled_portable(row.q, &kc, &vc, lane, span, (scale, softcap), &mut alone);
+                    let got = &out[i * hd..(i + 1) * hd];
+                    assert_eq!(got, &alone[..], "hd={hd} row {i} softcap {softcap:?}");
+                }
             }
         }
     }
@@ -1470,10 +1475,11 @@ mod tests {
         vc: &[f16],
         lane: Lane,
         (from, upto): (usize, usize),
-        scale: f32,
+        (scale, softcap): (f32, Option<f32>),
         out: &mut [f32],
     ) {
         let hd = q.len();
+        let scale = softcap.map_or(scale, |c| scale / c);
         let mut kt = vec![0f32; hd * TILE];
         let mut v32 = vec![0f32; TILE * hd];
         let (mut m, mut s) = (f32::NEG_INFINITY, 0f32);
@@ -1488,6 +1494,9 @@ mod tests {
                 }
             }
             tiled_scores(q, &kt, scale, &mut kq);
+            if let Some(cap) = softcap {
+                kq.iter_mut().for_each(|v| *v = cap * v.tanh());
+            }
             kq[valid..].iter_mut().for_each(|v| *v = f32::NEG_INFINITY);
             kq[..from.saturating_sub(c)].iter_mut().for_each(|v| *v = f32::NEG_INFINITY);
             let mnew = m.max(kq[..valid].iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)));
