@@ -1198,7 +1198,16 @@ impl Kern for Q4KChain {
         out: &OutRows<'_>,
     ) -> bool {
         // SAFETY: forwarded.
-        unsafe { q4k_wide(w, acts, rows, out) };
+        unsafe {
+            // No column grouped (a mixture's experts always take ggml's
+            // gemv): the one-column kernel over every column, each block
+            // read once for several, instead of the wide kernel's per-row
+            // fallback.
+            if !(0..acts.n).any(|c| acts.grouped(c)) {
+                return Self::dec_many(w, acts, rows, out);
+            }
+            q4k_wide(w, acts, rows, out)
+        };
         true
     }
 
