@@ -351,6 +351,14 @@ impl Packed {
                 // are this call's (its contract).
                 unsafe { x86::matmul_tiles(self, acts, tiles, out) }
             }
+            // Compiled for FMA where the CPU has it (an f32 router's
+            // `mul_add`s are then instructions, not library calls).
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => {
+                // SAFETY: `isa()` reports AVX2 only after checking for FMA
+                // and F16C; the tiles are this call's (its contract).
+                unsafe { scalar::matmul_tiles_fma(self, acts, tiles, out) }
+            }
             // SAFETY: the tiles are this call's (its contract).
             _ => unsafe { scalar::matmul_tiles(self, acts, tiles, out) },
         }

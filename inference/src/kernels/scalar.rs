@@ -4,11 +4,29 @@
 use super::{h2f, hsum8, u16_at, Acts, OutRows, Packed, PackedKind, Q4_REC, Q8_REC, ROW_TILE};
 use std::ops::Range;
 
+/// [`matmul_tiles`] compiled for AVX2, FMA and F16C: the same numbers,
+/// its `mul_add`s single instructions instead of library calls.
+///
+/// # Safety
+/// The CPU must support avx2, fma and f16c; as [`matmul_tiles`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn matmul_tiles_fma(
+    w: &Packed,
+    acts: &Acts,
+    tiles: Range<usize>,
+    out: &OutRows<'_>,
+) {
+    // SAFETY: the caller's contract is `matmul_tiles`'s.
+    unsafe { matmul_tiles(w, acts, tiles, out) }
+}
+
 /// See `Packed::matmul_tiles`.
 ///
 /// # Safety
 /// No other thread reads or writes the rows of `tiles` in `out` during the
 /// call (threads sharing `out` own disjoint tiles).
+#[inline(always)]
 pub(super) unsafe fn matmul_tiles(w: &Packed, acts: &Acts, tiles: Range<usize>, out: &OutRows<'_>) {
     let nb = acts.blocks();
     for r in tiles.start * ROW_TILE..tiles.end * ROW_TILE {
