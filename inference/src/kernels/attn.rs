@@ -787,7 +787,7 @@ pub(crate) fn attend_tiled(
     let simd2 = false;
     let from = rows.iter().map(|r| r.from).min().unwrap_or(0);
     let scale = softcap.map_or(scale, |c| scale / c);
-    let mut kq = [0f32; TILE];
+    let mut kqs = [[0f32; TILE]; 2];
     // Tiles of keys from position 0, as ggml's; tiles wholly before every
     // row's window are masked entirely and skipped.
     for c in (from / TILE * TILE..upto).step_by(TILE) {
@@ -861,73 +861,97 @@ pub(crate) fn attend_tiled(
                 r += n;
                 continue;
             }
-            let acc = &mut out[r * hd..(r + 1) * hd];
+            // On AVX2, the run of (up to two) rows from `r` that see the
+            // same keys: their scores and values share each load of the
+            // tile. Each row's operations are those of a row alone.
+            let n = match simd2 {
+                true => rows[r..].iter().take(2).take_while(|x| seen(x) == (lo, valid)).count(),
+                false => 1,
+            };
             if simd {
                 #[cfg(target_arch = "x86_64")]
                 // SAFETY: the CPU has the features (`isa`); `kt` holds
                 // `hd · TILE` values, `v32` `TILE · hd`, `hd % 16 == 0`.
                 unsafe {
-                    super::x86::tiled_scores(row.q, &tile.kt, scale, &mut kq)
+                    super::x86::tiled_scores(row.q, &tile.kt, scale, &mut kqs[0])
                 };
             } else if simd2 {
                 #[cfg(target_arch = "x86_64")]
-                // SAFETY: as above, for AVX2.
+                // SAFETY: as above, for AVX2; the queries hold `hd` values.
                 unsafe {
-                    super::avx2::tiled_scores(row.q, &tile.kt, scale, &mut kq)
+                    let kt = &tile.kt[..];
+                    if n == 2 {
+                        super::avx2::tiled_scores([row.q, rows[r + 1].q], kt, scale, &mut kqs)
+                    } else {
+                        let one = <&mut [[f32; TILE]; 1]>::try_from(&mut kqs[..1]);
+                        super::avx2::tiled_scores([row.q], kt, scale, one.expect("one row"))
+                    }
                 };
             } else {
-                tiled_scores(row.q, &tile.kt, scale, &mut kq);
+                tiled_scores(row.q, &tile.kt, scale, &mut kqs[0]);
             }
-            if let Some(cap) = softcap {
-                kq.iter_mut().for_each(|v| *v = cap * v.tanh());
-            }
-            kq[valid..].iter_mut().for_each(|v| *v = f32::NEG_INFINITY);
-            kq[..lo].iter_mut().for_each(|v| *v = f32::NEG_INFINITY);
-            let tile_max = kq[..valid].iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-            let (m, s) = (&mut tile.m[r], &mut tile.s[r]);
-            let mnew = m.max(tile_max);
-            if mnew > *m {
-                let ms = (*m - mnew).exp();
-                acc.iter_mut().for_each(|v| *v *= ms);
-                *s *= ms;
-            }
-            *m = mnew;
-            let sum = if simd {
-                #[cfg(target_arch = "x86_64")]
-                // SAFETY: as above.
-                unsafe {
-                    super::x86::tiled_softmax(&mut kq, mnew)
+            for (i, kq) in kqs.iter_mut().enumerate().take(n) {
+                let acc = &mut out[(r + i) * hd..(r + i + 1) * hd];
+                if let Some(cap) = softcap {
+                    kq.iter_mut().for_each(|v| *v = cap * v.tanh());
                 }
-                #[cfg(not(target_arch = "x86_64"))]
-                unreachable!()
-            } else if simd2 {
-                #[cfg(target_arch = "x86_64")]
-                // SAFETY: as above.
-                unsafe {
-                    super::avx2::tiled_softmax(&mut kq, mnew)
+                kq[valid..].iter_mut().for_each(|v| *v = f32::NEG_INFINITY);
+                kq[..lo].iter_mut().for_each(|v| *v = f32::NEG_INFINITY);
+                let tile_max = kq[..valid].iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+                let (m, s) = (&mut tile.m[r + i], &mut tile.s[r + i]);
+                let mnew = m.max(tile_max);
+                if mnew > *m {
+                    let ms = (*m - mnew).exp();
+                    acc.iter_mut().for_each(|v| *v *= ms);
+                    *s *= ms;
                 }
-                #[cfg(not(target_arch = "x86_64"))]
-                unreachable!()
-            } else {
-                tiled_softmax(&mut kq, mnew)
-            };
-            *s = (*s as f64 + sum) as f32;
-            if simd {
-                #[cfg(target_arch = "x86_64")]
-                // SAFETY: as above.
-                unsafe {
-                    super::x86::tiled_accumulate(&kq[..valid], &tile.v32, acc)
+                *m = mnew;
+                let sum = if simd {
+                    #[cfg(target_arch = "x86_64")]
+                    // SAFETY: as above.
+                    unsafe {
+                        super::x86::tiled_softmax(kq, mnew)
+                    }
+                    #[cfg(not(target_arch = "x86_64"))]
+                    unreachable!()
+                } else if simd2 {
+                    #[cfg(target_arch = "x86_64")]
+                    // SAFETY: as above.
+                    unsafe {
+                        super::avx2::tiled_softmax(kq, mnew)
+                    }
+                    #[cfg(not(target_arch = "x86_64"))]
+                    unreachable!()
+                } else {
+                    tiled_softmax(kq, mnew)
                 };
-            } else if simd2 {
-                #[cfg(target_arch = "x86_64")]
-                // SAFETY: as above.
-                unsafe {
-                    super::avx2::tiled_accumulate(&kq[..valid], &tile.v32, acc)
-                };
-            } else {
-                tiled_accumulate(&kq[..valid], &tile.v32, acc);
+                *s = (*s as f64 + sum) as f32;
+                if simd {
+                    #[cfg(target_arch = "x86_64")]
+                    // SAFETY: as above.
+                    unsafe {
+                        super::x86::tiled_accumulate(&kq[..valid], &tile.v32, acc)
+                    };
+                } else if !simd2 {
+                    tiled_accumulate(&kq[..valid], &tile.v32, acc);
+                }
             }
-            r += 1;
+            if simd2 {
+                let acc = &mut out[r * hd..(r + n) * hd];
+                let v32 = &tile.v32[..];
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: as above; `acc` holds the `n` rows' outputs and
+                // `v32` at least `valid` rows of `hd` values.
+                unsafe {
+                    let p = |i: usize| &kqs[i][..valid];
+                    if n == 2 {
+                        super::avx2::tiled_accumulate([p(0), p(1)], v32, hd, acc)
+                    } else {
+                        super::avx2::tiled_accumulate([p(0)], v32, hd, acc)
+                    }
+                };
+            }
+            r += n;
         }
     }
     for (r, acc) in out[..rows.len() * hd].chunks_exact_mut(hd).enumerate() {

@@ -2801,27 +2801,49 @@ pub(super) unsafe fn swiglu(g: &[f32], u: &[f32], out: &mut [f32]) {
     }
 }
 
-/// See `attn::tiled_scores`: 64 keys in eight registers, one fma per head
-/// element.
+/// See `attn::tiled_scores`, for `N` query rows that share the tile: 32
+/// keys at a time in four registers per row, each key loaded once for the
+/// `N` rows; every score the same fma chain over the head, then the scale.
 ///
 /// # Safety
-/// The CPU must support avx2 and fma; `kt` holds `q.len() · 64` values.
+/// The CPU must support avx2 and fma; every `qs[n]` holds `hd` values and
+/// `kt` `hd · 64`.
 #[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn tiled_scores(q: &[f32], kt: &[f32], scale: f32, kq: &mut [f32; 64]) {
-    assert!(kt.len() >= q.len() * 64);
-    // SAFETY: row d of `kt` is 64 floats within it (asserted above).
+pub(super) unsafe fn tiled_scores<const N: usize>(
+    qs: [&[f32]; N],
+    kt: &[f32],
+    scale: f32,
+    kq: &mut [[f32; 64]; N],
+) {
+    let hd = qs[0].len();
+    assert!(qs.iter().all(|q| q.len() == hd) && kt.len() >= hd * 64);
+    // SAFETY: row d of `kt` is 64 floats within it; `qs[n][d]` lies within
+    // each query (asserted above).
     unsafe {
-        let mut acc = [_mm256_setzero_ps(); 8];
-        for (d, &qd) in q.iter().enumerate() {
-            let p = _mm256_set1_ps(qd);
-            let col = kt.as_ptr().add(d * 64);
-            for (j, a) in acc.iter_mut().enumerate() {
-                *a = _mm256_fmadd_ps(_mm256_loadu_ps(col.add(8 * j)), p, *a);
-            }
-        }
         let sv = _mm256_set1_ps(scale);
-        for (j, a) in acc.iter().enumerate() {
-            _mm256_storeu_ps(kq.as_mut_ptr().add(8 * j), _mm256_mul_ps(*a, sv));
+        for half in 0..2 {
+            let mut acc = [[_mm256_setzero_ps(); 4]; N];
+            for d in 0..hd {
+                let col = kt.as_ptr().add(d * 64 + 32 * half);
+                let k = [
+                    _mm256_loadu_ps(col),
+                    _mm256_loadu_ps(col.add(8)),
+                    _mm256_loadu_ps(col.add(16)),
+                    _mm256_loadu_ps(col.add(24)),
+                ];
+                for n in 0..N {
+                    let p = _mm256_set1_ps(*qs[n].get_unchecked(d));
+                    for j in 0..4 {
+                        acc[n][j] = _mm256_fmadd_ps(k[j], p, acc[n][j]);
+                    }
+                }
+            }
+            for n in 0..N {
+                for j in 0..4 {
+                    let at = kq[n].as_mut_ptr().add(32 * half + 8 * j);
+                    _mm256_storeu_ps(at, _mm256_mul_ps(acc[n][j], sv));
+                }
+            }
         }
     }
 }
@@ -2850,61 +2872,82 @@ pub(super) unsafe fn tiled_softmax(kq: &mut [f32; 64], max: f32) -> f64 {
     sum
 }
 
-/// See `attn::tiled_accumulate`.
+/// See `attn::tiled_accumulate`, for `N` rows that share the tile: row
+/// `n`'s output is `acc[n · hd ..]`, its weights `ps[n]` (one per key, the
+/// same count for all); each value row is loaded once for the `N` rows,
+/// and every output value meets the same fused multiply-adds in key order.
 ///
 /// # Safety
-/// The CPU must support avx2 and fma; `acc.len()` is a multiple of 8, at
-/// most 256, and `v32` holds `p.len() · acc.len()` values.
+/// The CPU must support avx2 and fma; `hd` is a multiple of 8, at most 256,
+/// `acc` holds `N · hd` values and `v32` `ps[0].len() · hd`.
 #[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn tiled_accumulate(p: &[f32], v32: &[f32], acc: &mut [f32]) {
-    let hd = acc.len();
-    assert!(hd.is_multiple_of(8) && hd <= 256 && v32.len() >= p.len() * hd);
-    // Slabs of 64 values (eight registers, a fixed count so they stay in
-    // registers), then the rest eight at a time; every value meets the same
-    // fused multiply-adds in the same order whatever the slab.
+pub(super) unsafe fn tiled_accumulate<const N: usize>(
+    ps: [&[f32]; N],
+    v32: &[f32],
+    hd: usize,
+    acc: &mut [f32],
+) {
+    let t = ps[0].len();
+    assert!(hd.is_multiple_of(8) && hd <= 256 && v32.len() >= t * hd && acc.len() >= N * hd);
+    assert!(ps.iter().all(|p| p.len() == t));
+    // Slabs of 32 values (four registers a row, a fixed count so they stay
+    // in registers), then the rest eight at a time.
     let mut c = 0;
     while c < hd {
-        // SAFETY: `c + 64 <= hd` or `c + 8 <= hd` (hd is a multiple of 8),
-        // within `acc` and every row of `v32` (asserted above).
+        // SAFETY: `c + 32 <= hd` or `c + 8 <= hd` (hd is a multiple of 8),
+        // within every row of `acc` and of `v32` (asserted above).
         unsafe {
-            if hd - c >= 64 {
-                accumulate_slab::<8>(p, v32, hd, c, acc);
-                c += 64;
+            if hd - c >= 32 {
+                accumulate_slab::<N, 4>(&ps, v32, hd, c, acc);
+                c += 32;
             } else {
-                accumulate_slab::<1>(p, v32, hd, c, acc);
+                accumulate_slab::<N, 1>(&ps, v32, hd, c, acc);
                 c += 8;
             }
         }
     }
 }
 
-/// Values `c..c + 8·S` of [`tiled_accumulate`].
+/// Values `c..c + 8·S` of [`tiled_accumulate`]'s `N` rows.
 ///
 /// # Safety
-/// The CPU must support avx2 and fma; `c + 8·S <= hd = acc.len()` and
-/// `v32` holds `p.len() · hd` values.
+/// The CPU must support avx2 and fma; `c + 8·S <= hd`, `acc` holds `N · hd`
+/// values and `v32` `ps[0].len() · hd`.
 #[inline(always)]
-unsafe fn accumulate_slab<const S: usize>(
-    p: &[f32],
+unsafe fn accumulate_slab<const N: usize, const S: usize>(
+    ps: &[&[f32]; N],
     v32: &[f32],
     hd: usize,
     c: usize,
     acc: &mut [f32],
 ) {
-    // SAFETY: offsets `c..c + 8·S` of `acc` and of each of the `p.len()`
-    // rows of `v32` (the caller's contract).
+    // SAFETY: offsets `c..c + 8·S` of each of the `N` rows of `acc` and of
+    // each of the `ps[0].len()` rows of `v32` (the caller's contract).
     unsafe {
         let o = acc.as_mut_ptr().add(c);
-        let mut a: [__m256; S] = std::array::from_fn(|j| _mm256_loadu_ps(o.add(8 * j)));
-        for (t, &pt) in p.iter().enumerate() {
-            let pv = _mm256_set1_ps(pt);
-            let row = v32.as_ptr().add(t * hd + c);
+        let mut a = [[_mm256_setzero_ps(); S]; N];
+        for n in 0..N {
             for j in 0..S {
-                a[j] = _mm256_fmadd_ps(_mm256_loadu_ps(row.add(8 * j)), pv, a[j]);
+                a[n][j] = _mm256_loadu_ps(o.add(n * hd + 8 * j));
             }
         }
-        for j in 0..S {
-            _mm256_storeu_ps(o.add(8 * j), a[j]);
+        for t in 0..ps[0].len() {
+            let row = v32.as_ptr().add(t * hd + c);
+            let mut v = [_mm256_setzero_ps(); S];
+            for (j, v) in v.iter_mut().enumerate() {
+                *v = _mm256_loadu_ps(row.add(8 * j));
+            }
+            for n in 0..N {
+                let pv = _mm256_set1_ps(*ps[n].get_unchecked(t));
+                for j in 0..S {
+                    a[n][j] = _mm256_fmadd_ps(v[j], pv, a[n][j]);
+                }
+            }
+        }
+        for n in 0..N {
+            for j in 0..S {
+                _mm256_storeu_ps(o.add(n * hd + 8 * j), a[n][j]);
+            }
         }
     }
 }
