@@ -1478,8 +1478,7 @@ impl Engine {
             return out;
         }
         while out.len() < max {
-            let l = c.session.logits();
-            let id = (0..l.len()).fold(0, |b, i| if l[i] > l[b] { i } else { b }) as u32;
+            let id = crate::sampler::argmax(c.session.logits());
             out.push(id);
             if stops.contains(&id) || out.len() == max {
                 break;

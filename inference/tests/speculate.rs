@@ -66,6 +66,37 @@ fn same(e: &Engine, prompt: &[u32], p: &GenParams) -> Output {
     spec
 }
 
+/// Two generations stepping together (one batched pass for both), each
+/// `(prompt, params)` in a session of its own: their outputs.
+fn together(e: &Engine, runs: [(&[u32], &GenParams); 2]) -> [Output; 2] {
+    let (mut sa, mut sb) = (e.session(), e.session());
+    let mut ga = e.begin(&mut sa, runs[0].0, runs[0].1).unwrap();
+    let mut gb = e.begin(&mut sb, runs[1].0, runs[1].1).unwrap();
+    let no = AtomicBool::new(false);
+    while !ga.is_done() || !gb.is_done() {
+        e.step(&mut [
+            Step { session: &mut sa, gen: &mut ga, cancel: &no, on_text: &mut |_| {} },
+            Step { session: &mut sb, gen: &mut gb, cancel: &no, on_text: &mut |_| {} },
+        ])
+        .unwrap();
+    }
+    [e.end(ga, &mut |_| {}), e.end(gb, &mut |_| {})]
+}
+
+/// `first` generated in a session, then in the same session the longer
+/// prompt (`first`, its answer, and a user turn saying `user`): that
+/// continuation and the longer prompt.
+fn continued(e: &Engine, first: &[u32], p: &GenParams, user: &str) -> (Output, Vec<u32>) {
+    let mut s = e.session();
+    let out = e.generate(&mut s, first, p, &AtomicBool::new(false), &mut |_| {}).unwrap();
+    let mut next = first.to_vec();
+    next.extend(&out.ids);
+    let turn = format!("\n<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n");
+    next.extend(e.tokenize_prompt(&turn, true).unwrap());
+    let cont = e.generate(&mut s, &next, p, &AtomicBool::new(false), &mut |_| {}).unwrap();
+    (cont, next)
+}
+
 #[test]
 fn greedy_output_is_the_same_and_drafts_are_confirmed() {
     let Some(e) = engine("speculate greedy") else { return };
@@ -149,21 +180,7 @@ fn batched_with_another_session_is_the_same() {
     let p = GenParams { max_tokens: 40, ..GenParams::default() };
     let alone_a = run(&e, &pa, &GenParams { speculate: 0, ..p.clone() });
     let alone_b = run(&e, &pb, &GenParams { speculate: 0, ..p.clone() });
-    let (mut sa, mut sb) = (e.session(), e.session());
-    let mut ga = e.begin(&mut sa, &pa, &p).unwrap();
-    let mut gb = e.begin(&mut sb, &pb, &GenParams { speculate: 0, ..p.clone() }).unwrap();
-    let no = AtomicBool::new(false);
-    let (mut ta, mut tb) = (String::new(), String::new());
-    while !ga.is_done() || !gb.is_done() {
-        let mut a = |t: &str| ta.push_str(t);
-        let mut b = |t: &str| tb.push_str(t);
-        e.step(&mut [
-            Step { session: &mut sa, gen: &mut ga, cancel: &no, on_text: &mut a },
-            Step { session: &mut sb, gen: &mut gb, cancel: &no, on_text: &mut b },
-        ])
-        .unwrap();
-    }
-    let (oa, ob) = (e.end(ga, &mut |_| {}), e.end(gb, &mut |_| {}));
+    let [oa, ob] = together(&e, [(&pa, &p), (&pb, &GenParams { speculate: 0, ..p.clone() })]);
     assert_eq!(oa.ids, alone_a.ids);
     assert_eq!(ob.ids, alone_b.ids);
     assert!(oa.accepted > 0, "{}/{}", oa.accepted, oa.drafted);
@@ -175,19 +192,7 @@ fn batched_with_another_session_is_the_same() {
 fn a_continued_session_is_the_same_as_a_fresh_one() {
     let Some(e) = engine("speculate continued") else { return };
     let p = GenParams { max_tokens: 32, ..GenParams::default() };
-    let mut s = e.session();
-    let first = prompt(&e, QUOTES[1]);
-    let out = e.generate(&mut s, &first, &p, &AtomicBool::new(false), &mut |_| {}).unwrap();
-    let mut next = first.clone();
-    next.extend(&out.ids);
-    next.extend(
-        e.tokenize_prompt(
-            "\n<|im_start|>user\nSay it again.<|im_end|>\n<|im_start|>assistant\n",
-            true,
-        )
-        .unwrap(),
-    );
-    let cont = e.generate(&mut s, &next, &p, &AtomicBool::new(false), &mut |_| {}).unwrap();
+    let (cont, next) = continued(&e, &prompt(&e, QUOTES[1]), &p, "Say it again.");
     // (What a fresh run of the longer prompt computes alike: most of the
     // first prompt, `Session`'s invariant.)
     assert!(cont.reused_tokens > 0, "{} reused", cont.reused_tokens);
@@ -241,32 +246,12 @@ fn a_draft_model_follows_long_continued_and_batched_sessions() {
         long.push('\n');
     }
     same(&e, &prompt(&e, &format!("{long}Quote the first note.")), &p);
-    let mut s = e.session();
-    let first = prompt(&e, QUOTES[1]);
-    let out = e.generate(&mut s, &first, &p, &AtomicBool::new(false), &mut |_| {}).unwrap();
-    let mut next = first.clone();
-    next.extend(&out.ids);
-    next.extend(
-        e.tokenize_prompt("\n<|im_start|>user\nAgain.<|im_end|>\n<|im_start|>assistant\n", true)
-            .unwrap(),
-    );
-    let cont = e.generate(&mut s, &next, &p, &AtomicBool::new(false), &mut |_| {}).unwrap();
+    let (cont, next) = continued(&e, &prompt(&e, QUOTES[1]), &p, "Again.");
     assert_eq!(cont.ids, run(&e, &next, &GenParams { speculate: 0, ..p.clone() }).ids);
     let (pa, pb) = (prompt(&e, QUOTES[0]), prompt(&e, QUOTES[2]));
     let alone_a = run(&e, &pa, &GenParams { speculate: 0, ..p.clone() });
     let alone_b = run(&e, &pb, &GenParams { speculate: 0, ..p.clone() });
-    let (mut sa, mut sb) = (e.session(), e.session());
-    let mut ga = e.begin(&mut sa, &pa, &p).unwrap();
-    let mut gb = e.begin(&mut sb, &pb, &p).unwrap();
-    let no = AtomicBool::new(false);
-    while !ga.is_done() || !gb.is_done() {
-        e.step(&mut [
-            Step { session: &mut sa, gen: &mut ga, cancel: &no, on_text: &mut |_| {} },
-            Step { session: &mut sb, gen: &mut gb, cancel: &no, on_text: &mut |_| {} },
-        ])
-        .unwrap();
-    }
-    let (oa, ob) = (e.end(ga, &mut |_| {}), e.end(gb, &mut |_| {}));
+    let [oa, ob] = together(&e, [(&pa, &p), (&pb, &p)]);
     assert_eq!((oa.ids, ob.ids), (alone_a.ids, alone_b.ids));
     assert!(oa.accepted > 0 && ob.accepted > 0);
 }
