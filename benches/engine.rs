@@ -41,7 +41,10 @@
 //! `phi3-bench` (Phi-4-mini's layout at n_embd 1024: fused `attn_qkv` and
 //! gate/up, longrope factors) and `phi3-twin-bench` (a llama file of the
 //! same sizes with separate q/k/v and gate/up) are made the same way: the
-//! fused tensors must run at the twin's speed. `llama3-8b-bench-q4_k_m`
+//! fused tensors must run at the twin's speed (the script's F16 of
+//! `phi3-bench` stays beside it, and is a row of its own with
+//! `synth-1b-f16`: files users convert and run unquantized).
+//! `llama3-8b-bench-q4_k_m`
 //! has Llama-3.1-8B's layers (`--shape 8b`: n_embd 4096, 32 layers, 8 KV
 //! heads, feed-forward 14336, `rope_freqs`; the script's small vocabulary):
 //! ~15 GB of F16 written and quantized on first use (minutes), then deleted.
@@ -61,7 +64,7 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
-const FILES: [&str; 15] = [
+const FILES: [&str; 17] = [
     "smollm2-135m-q4_1",
     "smollm2-135m-q4_k_m",
     "smollm2-135m-q8_0",
@@ -79,6 +82,10 @@ const FILES: [&str; 15] = [
     "qwen3moe-twin-bench-q4_k_m",
     "phi3-bench-q4_k_m",
     "phi3-twin-bench-q4_k_m",
+    // Unquantized weights: the 1B file above, and the phi3 one the
+    // synthetic-families script leaves beside its Q4_K_M.
+    "synth-1b-f16",
+    "phi3-bench-f16",
     // Llama-3.1-8B's layers (`--shape 8b`; its F16 is deleted once quantized).
     "llama3-8b-bench-q4_k_m",
 ];

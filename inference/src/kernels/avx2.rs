@@ -128,9 +128,20 @@ pub(super) unsafe fn matmul(
     rows: std::ops::Range<usize>,
     out: &OutRows<'_>,
 ) {
-    if matches!(w.fmt, Fmt::F16 | Fmt::BF16) || (w.fmt == Fmt::Q4K && !w.chain) {
-        // Rare: f16/bf16 matrices and Q4_K with a row count ggml does not
-        // repack take the portable path (compiled here with AVX2 and FMA).
+    if matches!(w.fmt, Fmt::F16 | Fmt::BF16) {
+        if super::isa() == super::Isa::Avx512Vnni {
+            // Sixteen-lane registers (`rows::float_tiles`).
+            // SAFETY: the rows are this call's (its contract).
+            unsafe { super::rows::matmul(w, acts, rows, out) };
+        } else {
+            // SAFETY: the caller's features and rows.
+            unsafe { float_matmul(w, acts, rows, out) };
+        }
+        return;
+    }
+    if w.fmt == Fmt::Q4K && !w.chain {
+        // Rare: Q4_K with a row count ggml does not repack takes the
+        // portable path (compiled here with AVX2 and FMA).
         // SAFETY: the rows are this call's (its contract).
         unsafe { super::rows::matmul(w, acts, rows, out) };
         return;
@@ -2968,50 +2979,191 @@ pub(super) unsafe fn hsum8_x8_all(x: &[[f32; 8]; 8]) -> [f32; 8] {
     }
 }
 
-/// Columns per call of [`dot16_cols`].
-pub(super) const DOT16_COLS: usize = 4;
+/// Rows per tile of [`float_matmul`] on a decode (one or two columns):
+/// eight accumulators, four rows streaming.
+const FLOAT_DEC_ROWS: usize = 4;
+/// How far ahead of each row a decode of f16/bf16 rows asks for memory:
+/// the tile's rows lie one after another, so this runs ahead of the four
+/// of them together (phi3-bench-f16 decode, 2 threads: 2 KiB 110 tok/s,
+/// 8–32 KiB 124–137).
+const FLOAT_PF: usize = 16 * 1024;
+/// Rows × columns per tile of [`float_matmul`] on wider products: twelve
+/// accumulators (each pair's sixteen lanes in two registers). Measured on
+/// a 1B f16 file's pp512 (2 threads): 3 × 2 73 tok/s, 2 × 3 64; one row
+/// against five or six columns, or the twelve sums kept in memory between
+/// slices of k, spill a register and fall to ~41.
+const FLOAT_ROWS: usize = 3;
+const FLOAT_COLS: usize = 2;
+/// Bytes of rows (as stored) a wide [`float_matmul`] keeps in the
+/// second-level cache while every pair of columns passes over them (32 KiB
+/// to 1 MiB measured within 8% of each other).
+const FLOAT_BLOCK_BYTES: usize = 256 * 1024;
 
-/// `scalar::dot_f32(w, x)` for up to [`DOT16_COLS`] columns `xs` at once
-/// (the f16 and bf16 rows of `rows.rs`, dequantized): per column sixteen
-/// lanes, each a fused multiply-add chain over its elements, summed as a
-/// tree (8, 4, 2, 1), the tail chained apart and added last — the same
-/// numbers, the weight chunk loaded once for all columns.
+/// f16 and bf16 rows against every column with `scalar::dot_f32`'s numbers
+/// (sixteen lanes, each a fused multiply-add chain, summed as a tree, the
+/// tail chained apart), the rows as stored and widened in registers
+/// (exact), so they stream at two bytes a weight and need no f32 copy
+/// (widening a block of rows into an f32 buffer once doubled what the
+/// tiles read and measured 25% slower). f16 rows meet the activations
+/// rounded through f16 (`Acts::xh`, as ggml does), bf16 rows the f32
+/// values.
 ///
 /// # Safety
-/// The CPU must support avx2 and fma; every `xs[c]` holds `w.len()` values.
-#[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn dot16_cols(w: &[f32], xs: &[&[f32]], out: &mut [f32]) {
-    let k = w.len();
-    let n = xs.len().min(DOT16_COLS).min(out.len());
-    assert!(xs[..n].iter().all(|x| x.len() >= k));
-    let mut lo = [_mm256_setzero_ps(); DOT16_COLS];
-    let mut hi = [_mm256_setzero_ps(); DOT16_COLS];
+/// The CPU must support avx2, fma and f16c (the caller's features, into
+/// which this is inlined); no other thread reads or writes rows `rows` of
+/// `out` during the call.
+#[inline(always)]
+unsafe fn float_matmul(w: &RowMat, acts: &Acts, rows: std::ops::Range<usize>, out: &OutRows<'_>) {
+    let (k, n) = (acts.k, acts.n);
+    let f16 = w.fmt == Fmt::F16;
+    let xs = if f16 { &acts.xh } else { &acts.x };
+    assert!(xs.len() >= n * k);
+    // Rows as stored: borrowed where the matrix keeps them so, else copied
+    // out of its layout.
+    let mut buf = Vec::new();
+    let copies: Vec<Vec<u8>> = if w.direct_row(rows.start).is_none() {
+        rows.clone().map(|r| w.row(r, &mut buf).to_vec()).collect()
+    } else {
+        Vec::new()
+    };
+    let raw: Vec<&[u8]> = if copies.is_empty() {
+        rows.clone().filter_map(|r| w.direct_row(r)).collect()
+    } else {
+        copies.iter().map(Vec::as_slice).collect()
+    };
+    assert!(raw.len() == rows.len() && raw.iter().all(|r| r.len() >= 2 * k));
+    let col = |c: usize| &xs[c * k..(c + 1) * k];
+    // `R` rows from `g` (of `g..ge`) against `C` columns from `c` (of
+    // `c..ce`); the missing rows and columns of an edge tile repeat the
+    // first and are not written.
+    macro_rules! tile {
+        ($g:expr, $ge:expr, $c:expr, $ce:expr, $R:expr, $C:expr) => {{
+            let (g, ge, c, ce) = ($g, $ge, $c, $ce);
+            let ws: [&[u8]; $R] = std::array::from_fn(|i| raw[if g + i < ge { g + i } else { g }]);
+            let cs: [&[f32]; $C] = std::array::from_fn(|j| col(if c + j < ce { c + j } else { c }));
+            let mut o = [[0f32; $C]; $R];
+            // SAFETY: the caller's features; every row holds 2k bytes and
+            // every column k values (asserted above).
+            unsafe {
+                if f16 {
+                    float_tile::<$R, $C, true>(&ws, &cs, k, &mut o);
+                } else {
+                    float_tile::<$R, $C, false>(&ws, &cs, k, &mut o);
+                }
+            }
+            for (i, row) in o.iter().enumerate().take(ge - g) {
+                for (j, v) in row.iter().enumerate().take(ce - c) {
+                    // SAFETY: row `rows.start + g + i` is in `rows`, this call's.
+                    unsafe { out.set(c + j, rows.start + g + i, *v) };
+                }
+            }
+        }};
+    }
+    let nr = rows.len();
+    if n < FLOAT_COLS {
+        // A decode: the rows stream from memory.
+        for g in (0..nr).step_by(FLOAT_DEC_ROWS) {
+            tile!(g, (g + FLOAT_DEC_ROWS).min(nr), 0, 1, FLOAT_DEC_ROWS, 1);
+        }
+        return;
+    }
+    let block = (FLOAT_BLOCK_BYTES / (2 * k)).max(FLOAT_ROWS) / FLOAT_ROWS * FLOAT_ROWS;
+    for rb in (0..nr).step_by(block) {
+        let re = (rb + block).min(nr);
+        for c in (0..n).step_by(FLOAT_COLS) {
+            let ce = (c + FLOAT_COLS).min(n);
+            for g in (rb..re).step_by(FLOAT_ROWS) {
+                tile!(g, (g + FLOAT_ROWS).min(re), c, ce, FLOAT_ROWS, FLOAT_COLS);
+            }
+        }
+    }
+}
+
+/// Eight f16 (`f16`) or bf16 weights from `p`, widened (exact).
+///
+/// # Safety
+/// The CPU has avx2 and f16c (the caller's); `p` points to 16 readable bytes.
+#[inline(always)]
+unsafe fn widen8(p: *const u8, f16: bool) -> __m256 {
+    // SAFETY: 16 bytes at p (the caller's).
+    unsafe {
+        let h = _mm_loadu_si128(p as *const __m128i);
+        if f16 {
+            _mm256_cvtph_ps(h)
+        } else {
+            _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)))
+        }
+    }
+}
+
+/// Weight j of an f16 (`f16`) or bf16 row as f32.
+#[inline(always)]
+fn widen1(raw: &[u8], j: usize, f16: bool) -> f32 {
+    let b = [raw[2 * j], raw[2 * j + 1]];
+    if f16 {
+        half::f16::from_le_bytes(b).to_f32()
+    } else {
+        half::bf16::from_le_bytes(b).to_f32()
+    }
+}
+
+/// `R` rows of f16 (`F16`) or bf16 weights, as stored, against `C`
+/// columns: `out[r][c]` is `scalar::dot_f32` of the widened row and the
+/// column (the same sixteen lanes, tree and tail), each row chunk widened
+/// once for all columns.
+///
+/// # Safety
+/// The CPU must support avx2, fma and f16c; every `ws[r]` holds at least
+/// `2k` bytes and every `xs[c]` at least `k` values.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn float_tile<const R: usize, const C: usize, const F16: bool>(
+    ws: &[&[u8]; R],
+    xs: &[&[f32]; C],
+    k: usize,
+    out: &mut [[f32; C]; R],
+) {
+    assert!(ws.iter().all(|v| v.len() >= 2 * k) && xs.iter().all(|v| v.len() >= k));
+    let mut lo = [[_mm256_setzero_ps(); C]; R];
+    let mut hi = lo;
     let body = k / 16 * 16;
     let mut i = 0;
     while i < body {
-        // SAFETY: i + 16 <= body <= k, within w and every xs[c].
-        unsafe {
-            let w0 = _mm256_loadu_ps(w.as_ptr().add(i));
-            let w1 = _mm256_loadu_ps(w.as_ptr().add(i + 8));
-            for c in 0..n {
-                let x = xs[c].as_ptr().add(i);
-                lo[c] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x), lo[c]);
-                hi[c] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x.add(8)), hi[c]);
+        if C == 1 && i % 32 == 0 {
+            // A decode streams its rows: ask ahead for each.
+            for w in ws {
+                prefetch(w.as_ptr().wrapping_add(2 * i + FLOAT_PF));
+            }
+        }
+        for r in 0..R {
+            // SAFETY: row r holds 2k bytes: 32 read from 2i, i + 16 <= k.
+            let (w0, w1) = unsafe {
+                let p = ws[r].as_ptr().add(2 * i);
+                (widen8(p, F16), widen8(p.add(16), F16))
+            };
+            for c in 0..C {
+                // SAFETY: i + 16 <= body <= k, within every column.
+                unsafe {
+                    let x = xs[c].as_ptr().add(i);
+                    lo[r][c] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x), lo[r][c]);
+                    hi[r][c] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x.add(8)), hi[r][c]);
+                }
             }
         }
         i += 16;
     }
-    for c in 0..n {
-        let mut acc = [0f32; 16];
-        // SAFETY: acc holds 16 values.
-        unsafe {
-            _mm256_storeu_ps(acc.as_mut_ptr(), lo[c]);
-            _mm256_storeu_ps(acc.as_mut_ptr().add(8), hi[c]);
+    for r in 0..R {
+        for c in 0..C {
+            let mut acc = [0f32; 16];
+            // SAFETY: acc holds 16 values.
+            unsafe {
+                _mm256_storeu_ps(acc.as_mut_ptr(), lo[r][c]);
+                _mm256_storeu_ps(acc.as_mut_ptr().add(8), hi[r][c]);
+            }
+            let mut tail = 0f32;
+            for j in body..k {
+                tail = widen1(ws[r], j, F16).mul_add(xs[c][j], tail);
+            }
+            out[r][c] = super::scalar::sum16(acc) + tail;
         }
-        let mut tail = 0f32;
-        for j in body..k {
-            tail = w[j].mul_add(xs[c][j], tail);
-        }
-        out[c] = super::scalar::sum16(acc) + tail;
     }
 }

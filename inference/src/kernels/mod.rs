@@ -251,9 +251,13 @@ impl Packed {
             }
             PackedKind::F32 { .. } => "f32".to_owned(),
             PackedKind::Rows(m) => {
-                let portable = matches!(m.fmt, rows::Fmt::F16 | rows::Fmt::BF16)
-                    || (m.fmt == rows::Fmt::Q4K && !m.chain);
-                let path = if isa().avx2() && !portable { "avx2" } else { "scalar" };
+                let float = matches!(m.fmt, rows::Fmt::F16 | rows::Fmt::BF16);
+                let portable = m.fmt == rows::Fmt::Q4K && !m.chain;
+                let path = match isa() {
+                    Isa::Avx512Vnni if float => "avx512",
+                    _ if isa().avx2() && !portable => "avx2",
+                    _ => "scalar",
+                };
                 let wide = isa() == Isa::Avx512Vnni
                     && matches!(
                         m.fmt,
@@ -1146,6 +1150,41 @@ mod tests {
         Packed::rows(rows::Fmt::from_ggml(f.ty).unwrap(), f.w.clone(), f.rows, f.cols)
     }
 
+    /// f16 and bf16 matrices give the portable path's numbers bit for bit
+    /// on this CPU's path, for decode and prompt widths, row counts that
+    /// leave a partial tile and lengths with a tail.
+    #[test]
+    fn float_rows_agree_with_the_portable_path_at_every_width() {
+        for (fmt, rows, cols) in
+            [(rows::Fmt::F16, 13, 200), (rows::Fmt::BF16, 11, 576), (rows::Fmt::F16, 8, 1000)]
+        {
+            let vals = random_x(rows * cols, 7 + rows as u64);
+            let data: Vec<u8> = vals
+                .iter()
+                .flat_map(|v| match fmt {
+                    rows::Fmt::F16 => half::f16::from_f32(*v / 4.0).to_le_bytes(),
+                    _ => half::bf16::from_f32(*v / 4.0).to_le_bytes(),
+                })
+                .collect();
+            let w = Packed::rows(fmt, data, rows, cols);
+            for n in [1, 2, 3, 4, 5, 7, 16] {
+                let x = random_x(n * cols, 100 + n as u64);
+                let want = run(&w, &x, n, Some(Isa::Scalar));
+                let got = run(&w, &x, n, None);
+                for (i, (g, e)) in got.iter().zip(&want).enumerate() {
+                    assert_eq!(
+                        g.to_bits(),
+                        e.to_bits(),
+                        "{fmt:?} {rows}x{cols} n {n} ({}): row {} column {}: {g} vs {e}",
+                        w.kernel(),
+                        i % rows,
+                        i / rows
+                    );
+                }
+            }
+        }
+    }
+
     /// Every quantized format gives llama.cpp's numbers bit for bit, on every
     /// path this CPU has, for one column (decode) and for several (prompt);
     /// f16/bf16/f32 weights, which ggml rounds through f16 activations, agree
@@ -1328,29 +1367,70 @@ mod tests {
         }
     }
 
-    /// The f16/bf16 rows' four-column kernel gives `scalar::dot_f32`'s sums
-    /// bit for bit, for every length (tails included) and column count.
+    /// The f16/bf16 rows' AVX2 tiles give `scalar::dot_f32`'s sums of the
+    /// widened rows bit for bit, for every length (tails included) and
+    /// every tile shape the driver uses; the AVX-512 tiles likewise.
     #[cfg(target_arch = "x86_64")]
     #[test]
-    fn sixteen_lane_dots_of_four_columns_are_dot_f32() {
+    fn sixteen_lane_float_tiles_are_dot_f32() {
         if !avx2::available() {
             return;
         }
         let mut r = rng(16);
         let mut val = || (r() % 2000) as f32 / 97.0 - 10.0;
-        for k in [1, 15, 16, 17, 64, 100, 384, 1000] {
-            let w: Vec<f32> = (0..k).map(|_| val()).collect();
-            let xs: Vec<Vec<f32>> = (0..4).map(|_| (0..k).map(|_| val()).collect()).collect();
-            for n in 1..=4 {
-                let cols: Vec<&[f32]> = xs[..n].iter().map(Vec::as_slice).collect();
-                let mut got = [0f32; 4];
-                // SAFETY: AVX2 and FMA checked above; every column has k values.
-                unsafe { avx2::dot16_cols(&w, &cols, &mut got) };
-                for c in 0..n {
-                    let want = scalar::dot_f32(&w, &xs[c]);
-                    assert_eq!(got[c].to_bits(), want.to_bits(), "k {k}, column {c} of {n}");
+        fn check<const R: usize, const C: usize>(ws: &[Vec<f32>], xs: &[Vec<f32>], k: usize) {
+            for bf16 in [false, true] {
+                // The rows as a GGUF stores them, and their exact values.
+                let (raw, exact): (Vec<Vec<u8>>, Vec<Vec<f32>>) = ws[..R]
+                    .iter()
+                    .map(|w| {
+                        if bf16 {
+                            let h: Vec<half::bf16> =
+                                w.iter().map(|v| half::bf16::from_f32(*v)).collect();
+                            (
+                                h.iter().flat_map(|v| v.to_le_bytes()).collect(),
+                                h.iter().map(|v| v.to_f32()).collect(),
+                            )
+                        } else {
+                            let h: Vec<half::f16> =
+                                w.iter().map(|v| half::f16::from_f32(*v)).collect();
+                            (
+                                h.iter().flat_map(|v| v.to_le_bytes()).collect(),
+                                h.iter().map(|v| v.to_f32()).collect(),
+                            )
+                        }
+                    })
+                    .unzip();
+                let wr: [&[u8]; R] = std::array::from_fn(|i| raw[i].as_slice());
+                let xr: [&[f32]; C] = std::array::from_fn(|j| xs[j].as_slice());
+                let mut tile = [[0f32; C]; R];
+                // SAFETY: AVX2, FMA and F16C checked by the caller; every row
+                // holds k halves and every column k values.
+                unsafe {
+                    if bf16 {
+                        avx2::float_tile::<R, C, false>(&wr, &xr, k, &mut tile);
+                    } else {
+                        avx2::float_tile::<R, C, true>(&wr, &xr, k, &mut tile);
+                    }
+                }
+                for r in 0..R {
+                    for c in 0..C {
+                        let want = scalar::dot_f32(&exact[r], &xs[c]);
+                        assert_eq!(
+                            tile[r][c].to_bits(),
+                            want.to_bits(),
+                            "bf16 {bf16}, k {k}, {R}x{C} tile {r},{c}"
+                        );
+                    }
                 }
             }
+        }
+        for k in [1, 15, 16, 17, 64, 100, 384, 1000] {
+            let ws: Vec<Vec<f32>> = (0..4).map(|_| (0..k).map(|_| val()).collect()).collect();
+            let xs: Vec<Vec<f32>> = (0..6).map(|_| (0..k).map(|_| val()).collect()).collect();
+            check::<4, 1>(&ws, &xs, k);
+            check::<3, 2>(&ws, &xs, k);
+            check::<1, 3>(&ws, &xs, k);
             if isa() == Isa::Avx512Vnni {
                 let ws: Vec<Vec<f32>> = (0..4).map(|_| (0..k).map(|_| val()).collect()).collect();
                 let wr: [&[f32]; 4] = std::array::from_fn(|i| ws[i].as_slice());

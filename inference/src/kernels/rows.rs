@@ -490,25 +490,6 @@ pub(crate) unsafe fn matmul(
                 wf.resize(acts.k, 0.0);
                 crate::quant::dequantize_row(w.fmt.ggml(), row, &mut wf);
             }
-            #[cfg(target_arch = "x86_64")]
-            if matches!(w.fmt, Fmt::F16 | Fmt::BF16) && super::isa().avx2() {
-                // The same sums as `scalar::dot_f32`, four columns a call.
-                let xs = if w.fmt == Fmt::F16 { &acts.xh } else { &acts.x };
-                let k = acts.k;
-                let mut v = [0f32; super::avx2::DOT16_COLS];
-                for cs in (c0..c1).step_by(super::avx2::DOT16_COLS) {
-                    let ce = (cs + super::avx2::DOT16_COLS).min(c1);
-                    let cols: Vec<&[f32]> = (cs..ce).map(|c| &xs[c * k..(c + 1) * k]).collect();
-                    // SAFETY: the CPU has AVX2 and FMA (`isa`); every column
-                    // holds k values, as the dequantized row does.
-                    unsafe { super::avx2::dot16_cols(&wf, &cols, &mut v) };
-                    for (c, v) in (cs..ce).zip(v) {
-                        // SAFETY: `r` is in `rows`, which this call owns.
-                        unsafe { out.set(c, r, v) };
-                    }
-                }
-                continue;
-            }
             for c in c0..c1 {
                 let v = match w.fmt {
                     // ggml meets f16 weights with activations rounded to
