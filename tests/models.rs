@@ -546,7 +546,8 @@ fn corpus_search_fuses_vectors_when_an_embedding_model_is_configured() {
 /// its bytes per position — q8_0 53% and q4_0 28% of f16's on the default
 /// model — and generation with each type runs; `AGENTD_KV_TYPE` sets it as
 /// the flag does; an unknown type is refused by the argument parser, naming
-/// the three.
+/// the three; a models.toml entry's `kv_type` applies by the model's name
+/// and by its file's path.
 #[test]
 fn kv_cache_types_are_chosen_reported_and_refused() {
     let test = "kv_cache_types_are_chosen_reported_and_refused";
@@ -609,6 +610,26 @@ fn kv_cache_types_are_chosen_reported_and_refused() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
     assert_eq!(v["kv_type"], "q4_0", "models.toml's kv_type: {v}");
+    // The entry's file named by its path (as `serve` loads every model it
+    // serves) keeps the entry; another copy of the same bytes has none.
+    let by_path = |path: &std::path::Path| {
+        let p = path.to_str().expect("path");
+        let out = home.run(&[
+            "bench",
+            "--model",
+            p,
+            "--prompt-tokens",
+            "8",
+            "--gen-tokens",
+            "2",
+            "--json",
+        ]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+        v["kv_type"].as_str().unwrap_or("").to_owned()
+    };
+    assert_eq!(by_path(&models.join(file)), "q4_0", "the entry's file by its path");
+    assert_eq!(by_path(&model), "f16", "a file no entry names");
     let out = by_name(&["--kv-type", "q8_0"]);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
     assert_eq!(v["kv_type"], "q8_0", "the flag over models.toml: {v}");

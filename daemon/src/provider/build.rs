@@ -105,7 +105,8 @@ pub(crate) fn resolve(model: Option<&str>) -> Result<Resolved> {
         if !as_path.is_file() {
             bail!("model file {} does not exist", as_path.display());
         }
-        return Ok(Resolved { path: as_path, entry: None, name: name.to_owned() });
+        let entry = reg.by_file(&as_path).cloned();
+        return Ok(Resolved { path: as_path, entry, name: name.to_owned() });
     }
     if !reg.entries.contains_key(name) {
         // A file in the models folder, by its name or stem (`agentd pull
@@ -113,7 +114,8 @@ pub(crate) fn resolve(model: Option<&str>) -> Result<Resolved> {
         let dir = crate::state::home::models_dir();
         for file in [dir.join(name), dir.join(format!("{name}.gguf"))] {
             if file.is_file() && file.extension().is_some_and(|x| x == "gguf") {
-                return Ok(Resolved { path: file, entry: None, name: name.to_owned() });
+                let entry = reg.by_file(&file).cloned();
+                return Ok(Resolved { path: file, entry, name: name.to_owned() });
             }
         }
     }

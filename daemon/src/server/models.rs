@@ -365,12 +365,11 @@ impl Models {
         drop(slots);
         let mut args = self.template.engine.clone();
         args.model = Some(want.path.to_string_lossy().into_owned());
-        // `--draft-model` drafts for the default model; a model loaded by
-        // its path here takes its registry entry's `draft`.
-        if want.path != self.default_path || args.draft_model.is_none() {
-            args.draft_model = crate::state::registry::Registry::load()
-                .ok()
-                .and_then(|r| r.entries.get(&want.name).and_then(|e| e.draft.clone()));
+        // `--draft-model` drafts for the default model; any other takes its
+        // registry entry's `draft` (`resolve` finds the entry of a file
+        // named by its path, with its context, KV type and the rest).
+        if want.path != self.default_path {
+            args.draft_model = None;
         }
         let started = self.template.load(args);
         let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());

@@ -216,6 +216,15 @@ impl Registry {
         Ok(Registry { default, entries })
     }
 
+    /// The entry whose pulled file is `path` (the same file, however the
+    /// path spells it): a model named by its file keeps its entry's
+    /// context, KV type, draft, template, stops and sampling.
+    pub(crate) fn by_file(&self, path: &std::path::Path) -> Option<&Entry> {
+        let canon = |p: &std::path::Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_owned());
+        let want = canon(path);
+        self.entries.values().find(|e| canon(&e.local_path()) == want)
+    }
+
     /// The entry called `name`, with a message listing the known ones.
     pub(crate) fn get(&self, name: &str) -> Result<&Entry> {
         self.entries.get(name).with_context(|| {
