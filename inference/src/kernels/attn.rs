@@ -804,6 +804,16 @@ pub(crate) fn attend_tiled(
             unsafe {
                 super::x86::tiled_load(kc, vc, &tile.at, hd, &mut tile.kt, &mut tile.v32)
             };
+        } else if simd2 {
+            tile.at.clear();
+            tile.at.extend((c..c + nk).map(|t| lane.at(t)));
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: the CPU has AVX2 and F16C (`isa`); `hd % 16 == 0`,
+            // every key's head lies within the caches (asserted above),
+            // `kt` and `v32` hold `hd · TILE` values.
+            unsafe {
+                super::avx2::tiled_load(kc, vc, &tile.at, hd, &mut tile.kt, &mut tile.v32)
+            };
         } else {
             for t in 0..nk {
                 let at = lane.at(c + t);

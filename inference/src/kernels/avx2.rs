@@ -2859,6 +2859,94 @@ pub(super) unsafe fn tiled_scores<const N: usize>(
     }
 }
 
+/// See `x86::tiled_load`: the tile's keys transposed (`kt[d · 64 + t]`)
+/// and its values (`v32[t · hd + d]`) in f32 (exact), for the `at.len()`
+/// keys whose head starts at `kc[at[t]]` / `vc[at[t]]`: eight keys at a
+/// time by a register transpose, the rest one value at a time.
+///
+/// # Safety
+/// The CPU must support avx2 and f16c; `hd` is a multiple of 8, `at.len()
+/// <= 64`, `kc[at[t]..at[t] + hd]` and `vc[..]` lie within the caches, `kt`
+/// holds `hd · 64` values and `v32` `at.len() · hd`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn tiled_load(
+    kc: &[half::f16],
+    vc: &[half::f16],
+    at: &[usize],
+    hd: usize,
+    kt: &mut [f32],
+    v32: &mut [f32],
+) {
+    assert!(hd.is_multiple_of(8) && at.len() <= 64);
+    assert!(kt.len() >= hd * 64 && v32.len() >= at.len() * hd);
+    assert!(at.iter().all(|&a| a + hd <= kc.len() && a + hd <= vc.len()));
+    // Eight halves of a cache from `p`, widened.
+    let load = |p: *const half::f16| {
+        // SAFETY: the callers read within a key's or value's `hd` values.
+        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)) }
+    };
+    // SAFETY: every read is within a key's or value's `hd` values and every
+    // write within `kt`/`v32` (asserted above).
+    unsafe {
+        for (t, &a) in at.iter().enumerate() {
+            let (src, dst) = (vc.as_ptr().add(a), v32.as_mut_ptr().add(t * hd));
+            for i in (0..hd).step_by(8) {
+                _mm256_storeu_ps(dst.add(i), load(src.add(i)));
+            }
+        }
+        let whole = at.len() / 8 * 8;
+        for t0 in (0..whole).step_by(8) {
+            for d0 in (0..hd).step_by(8) {
+                let r: [__m256; 8] =
+                    std::array::from_fn(|i| load(kc.as_ptr().add(at[t0 + i] + d0)));
+                for (i, r) in transpose8(r).iter().enumerate() {
+                    _mm256_storeu_ps(kt.as_mut_ptr().add((d0 + i) * 64 + t0), *r);
+                }
+            }
+        }
+        for (t, &a) in at.iter().enumerate().skip(whole) {
+            for d in 0..hd {
+                *kt.get_unchecked_mut(d * 64 + t) = kc.get_unchecked(a + d).to_f32();
+            }
+        }
+    }
+}
+
+/// The 8 × 8 transpose of eight registers: `out[i]` lane `j` is `r[j]`
+/// lane `i`.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
+    // Pairs of rows interleaved, then fours, within each 128-bit half;
+    // then the halves exchanged.
+    let t: [__m256; 8] = std::array::from_fn(|i| {
+        let (a, b) = (r[2 * (i / 2)], r[2 * (i / 2) + 1]);
+        if i % 2 == 0 {
+            _mm256_unpacklo_ps(a, b)
+        } else {
+            _mm256_unpackhi_ps(a, b)
+        }
+    });
+    // u[4h + j]: column j (of four, in each half) of rows 4h..4h+4.
+    let u: [__m256; 8] = std::array::from_fn(|i| {
+        let (h, j) = (i / 4, i % 4);
+        let (a, b) = (t[4 * h + j / 2], t[4 * h + 2 + j / 2]);
+        if j % 2 == 0 {
+            _mm256_shuffle_ps::<0x44>(a, b)
+        } else {
+            _mm256_shuffle_ps::<0xEE>(a, b)
+        }
+    });
+    std::array::from_fn(|i| {
+        let (j, hi) = (i % 4, i >= 4);
+        if hi {
+            _mm256_permute2f128_ps::<0x31>(u[j], u[4 + j])
+        } else {
+            _mm256_permute2f128_ps::<0x20>(u[j], u[4 + j])
+        }
+    })
+}
+
 /// See `attn::tiled_softmax`.
 ///
 /// # Safety
@@ -3015,6 +3103,9 @@ const FLOAT_BLOCK_BYTES: usize = 256 * 1024;
 #[inline(always)]
 unsafe fn float_matmul(w: &RowMat, acts: &Acts, rows: std::ops::Range<usize>, out: &OutRows<'_>) {
     let (k, n) = (acts.k, acts.n);
+    if n == 0 || rows.is_empty() {
+        return;
+    }
     let f16 = w.fmt == Fmt::F16;
     let xs = if f16 { &acts.xh } else { &acts.x };
     assert!(xs.len() >= n * k);
