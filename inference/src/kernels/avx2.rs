@@ -1602,7 +1602,10 @@ unsafe fn q4k_dec8(w: &RowMat, acts: &Acts, rows: std::ops::Range<usize>, out: &
                         _mm_loadu_si128(bs.add(8) as *const __m128i),
                     );
                     let bsp = _mm256_setr_m128i(bsp, bsp);
-                    let mut iv = _mm256_setzero_si256();
+                    // Each pair of rows' lane sums over the whole block:
+                    // integer sums, exact in any order, so one hadd tree per
+                    // block gives what one per group of 64 would.
+                    let mut vs = [_mm256_setzero_si256(); 4];
                     for g in 0..4 {
                         let mut a = [_mm256_setzero_si256(); 4];
                         for (h, a) in a.iter_mut().enumerate() {
@@ -1610,7 +1613,6 @@ unsafe fn q4k_dec8(w: &RowMat, acts: &Acts, rows: std::ops::Range<usize>, out: &
                                 a0.add(64 * g + 16 * h) as *const __m128i,
                             ));
                         }
-                        let mut v = [_mm256_setzero_si256(); 4];
                         for p in 0..4 {
                             let qa = blk[p].add(16 + 32 * g);
                             let qb = blk[p + 4].add(16 + 32 * g);
@@ -1638,16 +1640,13 @@ unsafe fn q4k_dec8(w: &RowMat, acts: &Acts, rows: std::ops::Range<usize>, out: &
                             let sh = _mm256_shuffle_epi8(t[p], pick[2 * g + 1]);
                             let pl = _mm256_madd_epi16(_mm256_add_epi16(l0, l1), sl);
                             let ph = _mm256_madd_epi16(_mm256_add_epi16(h0, h1), sh);
-                            v[p] = _mm256_add_epi32(pl, ph);
+                            vs[p] = _mm256_add_epi32(vs[p], _mm256_add_epi32(pl, ph));
                         }
-                        iv = _mm256_add_epi32(
-                            iv,
-                            _mm256_hadd_epi32(
-                                _mm256_hadd_epi32(v[0], v[1]),
-                                _mm256_hadd_epi32(v[2], v[3]),
-                            ),
-                        );
                     }
+                    let iv = _mm256_hadd_epi32(
+                        _mm256_hadd_epi32(vs[0], vs[1]),
+                        _mm256_hadd_epi32(vs[2], vs[3]),
+                    );
                     // Σ min·bsum per row, the same order of hadds.
                     let u: [__m256i; 4] = std::array::from_fn(|p| {
                         _mm256_madd_epi16(_mm256_shuffle_epi8(t[p], mins16), bsp)
