@@ -40,6 +40,17 @@ use crate::kv::{KvType, QK};
 /// tiles of this many.
 pub(crate) const TILE: usize = 64;
 
+/// Keys `at[from..]` of a tile, transposed into `kt` (`kt[d · TILE + t]`)
+/// one value at a time: the keys past the register transposes of
+/// `x86::tiled_load` and `avx2::tiled_load`.
+pub(super) fn transpose_tail(kc: &[f16], at: &[usize], from: usize, hd: usize, kt: &mut [f32]) {
+    for (t, &a) in at.iter().enumerate().skip(from) {
+        for (d, k) in kc[a..a + hd].iter().enumerate() {
+            kt[d * TILE + t] = k.to_f32();
+        }
+    }
+}
+
 /// llama.cpp's physical batch (`n_ubatch`, default 512): a longer prompt is
 /// evaluated in batches of this many tokens.
 pub(crate) const UBATCH: usize = 512;
@@ -794,25 +805,21 @@ pub(crate) fn attend_tiled(
         // The tile's keys transposed (`[head][TILE]`) and its values, in
         // f32 (exact); whole rows converted at once.
         let nk = TILE.min(upto - c);
-        if simd {
+        if simd || simd2 {
             tile.at.clear();
             tile.at.extend((c..c + nk).map(|t| lane.at(t)));
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: the CPU has the features (`isa`); `hd % 16 == 0`,
-            // every key's head lies within the caches (asserted above),
-            // `kt` and `v32` hold `hd · TILE` values.
+            // SAFETY: the CPU has the features (`isa`: AVX-512 for `simd`,
+            // AVX2 and F16C for `simd2`); `hd % 16 == 0`, every key's head
+            // lies within the caches (asserted above), `kt` and `v32` hold
+            // `hd · TILE` values.
             unsafe {
-                super::x86::tiled_load(kc, vc, &tile.at, hd, &mut tile.kt, &mut tile.v32)
-            };
-        } else if simd2 {
-            tile.at.clear();
-            tile.at.extend((c..c + nk).map(|t| lane.at(t)));
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: the CPU has AVX2 and F16C (`isa`); `hd % 16 == 0`,
-            // every key's head lies within the caches (asserted above),
-            // `kt` and `v32` hold `hd · TILE` values.
-            unsafe {
-                super::avx2::tiled_load(kc, vc, &tile.at, hd, &mut tile.kt, &mut tile.v32)
+                let (at, kt, v32) = (&tile.at, &mut tile.kt, &mut tile.v32);
+                if simd {
+                    super::x86::tiled_load(kc, vc, at, hd, kt, v32)
+                } else {
+                    super::avx2::tiled_load(kc, vc, at, hd, kt, v32)
+                }
             };
         } else {
             for t in 0..nk {

@@ -2884,6 +2884,7 @@ pub(super) unsafe fn tiled_load(
         // SAFETY: the callers read within a key's or value's `hd` values.
         unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)) }
     };
+    let whole = at.len() / 8 * 8;
     // SAFETY: every read is within a key's or value's `hd` values and every
     // write within `kt`/`v32` (asserted above).
     unsafe {
@@ -2893,7 +2894,6 @@ pub(super) unsafe fn tiled_load(
                 _mm256_storeu_ps(dst.add(i), load(src.add(i)));
             }
         }
-        let whole = at.len() / 8 * 8;
         for t0 in (0..whole).step_by(8) {
             for d0 in (0..hd).step_by(8) {
                 let r: [__m256; 8] =
@@ -2903,12 +2903,8 @@ pub(super) unsafe fn tiled_load(
                 }
             }
         }
-        for (t, &a) in at.iter().enumerate().skip(whole) {
-            for d in 0..hd {
-                *kt.get_unchecked_mut(d * 64 + t) = kc.get_unchecked(a + d).to_f32();
-            }
-        }
     }
+    super::attn::transpose_tail(kc, at, whole, hd, kt);
 }
 
 /// The 8 × 8 transpose of eight registers: `out[i]` lane `j` is `r[j]`
@@ -3066,8 +3062,8 @@ pub(super) unsafe fn hsum8_x8_all(x: &[[f32; 8]; 8]) -> [f32; 8] {
     }
 }
 
-/// Rows per tile of [`float_matmul`] on a decode (one or two columns):
-/// eight accumulators, four rows streaming.
+/// Rows per tile of [`float_matmul`] on a decode (one column): eight
+/// accumulators, four rows streaming.
 const FLOAT_DEC_ROWS: usize = 4;
 /// How far ahead of each row a decode of f16/bf16 rows asks for memory:
 /// the tile's rows lie one after another, so this runs ahead of the four
@@ -3108,20 +3104,8 @@ unsafe fn float_matmul(w: &RowMat, acts: &Acts, rows: std::ops::Range<usize>, ou
     let f16 = w.fmt == Fmt::F16;
     let xs = if f16 { &acts.xh } else { &acts.x };
     assert!(xs.len() >= n * k);
-    // Rows as stored: borrowed where the matrix keeps them so, else copied
-    // out of its layout.
-    let mut buf = Vec::new();
-    let copies: Vec<Vec<u8>> = if w.direct_row(rows.start).is_none() {
-        rows.clone().map(|r| w.row(r, &mut buf).to_vec()).collect()
-    } else {
-        Vec::new()
-    };
-    let raw: Vec<&[u8]> = if copies.is_empty() {
-        rows.clone().filter_map(|r| w.direct_row(r)).collect()
-    } else {
-        copies.iter().map(Vec::as_slice).collect()
-    };
-    assert!(raw.len() == rows.len() && raw.iter().all(|r| r.len() >= 2 * k));
+    let raw = w.stored_rows(rows.clone());
+    assert!(raw.iter().all(|r| r.len() >= 2 * k));
     let col = |c: usize| &xs[c * k..(c + 1) * k];
     // `R` rows from `g` (of `g..ge`) against `C` columns from `c` (of
     // `c..ce`); the missing rows and columns of an edge tile repeat the
@@ -3129,7 +3113,8 @@ unsafe fn float_matmul(w: &RowMat, acts: &Acts, rows: std::ops::Range<usize>, ou
     macro_rules! tile {
         ($g:expr, $ge:expr, $c:expr, $ce:expr, $R:expr, $C:expr) => {{
             let (g, ge, c, ce) = ($g, $ge, $c, $ce);
-            let ws: [&[u8]; $R] = std::array::from_fn(|i| raw[if g + i < ge { g + i } else { g }]);
+            let ws: [&[u8]; $R] =
+                std::array::from_fn(|i| &*raw[if g + i < ge { g + i } else { g }]);
             let cs: [&[f32]; $C] = std::array::from_fn(|j| col(if c + j < ce { c + j } else { c }));
             let mut o = [[0f32; $C]; $R];
             // SAFETY: the caller's features; every row holds 2k bytes and

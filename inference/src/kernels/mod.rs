@@ -1150,6 +1150,16 @@ mod tests {
         Packed::rows(rows::Fmt::from_ggml(f.ty).unwrap(), f.w.clone(), f.rows, f.cols)
     }
 
+    /// `vals` as an f16 (or bf16) GGUF row stores them.
+    fn half_bytes(vals: &[f32], bf16: bool) -> Vec<u8> {
+        vals.iter()
+            .flat_map(|v| match bf16 {
+                true => half::bf16::from_f32(*v).to_le_bytes(),
+                false => half::f16::from_f32(*v).to_le_bytes(),
+            })
+            .collect()
+    }
+
     /// f16 and bf16 matrices give the portable path's numbers bit for bit
     /// on this CPU's path, for decode and prompt widths, row counts that
     /// leave a partial tile and lengths with a tail.
@@ -1158,15 +1168,9 @@ mod tests {
         for (fmt, rows, cols) in
             [(rows::Fmt::F16, 13, 200), (rows::Fmt::BF16, 11, 576), (rows::Fmt::F16, 8, 1000)]
         {
-            let vals = random_x(rows * cols, 7 + rows as u64);
-            let data: Vec<u8> = vals
-                .iter()
-                .flat_map(|v| match fmt {
-                    rows::Fmt::F16 => half::f16::from_f32(*v / 4.0).to_le_bytes(),
-                    _ => half::bf16::from_f32(*v / 4.0).to_le_bytes(),
-                })
-                .collect();
-            let w = Packed::rows(fmt, data, rows, cols);
+            let vals: Vec<f32> =
+                random_x(rows * cols, 7 + rows as u64).iter().map(|v| v / 4.0).collect();
+            let w = Packed::rows(fmt, half_bytes(&vals, fmt == rows::Fmt::BF16), rows, cols);
             for n in [1, 2, 3, 4, 5, 7, 16] {
                 let x = random_x(n * cols, 100 + n as u64);
                 let want = run(&w, &x, n, Some(Isa::Scalar));
@@ -1381,26 +1385,17 @@ mod tests {
         fn check<const R: usize, const C: usize>(ws: &[Vec<f32>], xs: &[Vec<f32>], k: usize) {
             for bf16 in [false, true] {
                 // The rows as a GGUF stores them, and their exact values.
-                let (raw, exact): (Vec<Vec<u8>>, Vec<Vec<f32>>) = ws[..R]
+                let raw: Vec<Vec<u8>> = ws[..R].iter().map(|w| half_bytes(w, bf16)).collect();
+                let ty =
+                    if bf16 { crate::gguf::GgmlType::BF16 } else { crate::gguf::GgmlType::F16 };
+                let exact: Vec<Vec<f32>> = raw
                     .iter()
-                    .map(|w| {
-                        if bf16 {
-                            let h: Vec<half::bf16> =
-                                w.iter().map(|v| half::bf16::from_f32(*v)).collect();
-                            (
-                                h.iter().flat_map(|v| v.to_le_bytes()).collect(),
-                                h.iter().map(|v| v.to_f32()).collect(),
-                            )
-                        } else {
-                            let h: Vec<half::f16> =
-                                w.iter().map(|v| half::f16::from_f32(*v)).collect();
-                            (
-                                h.iter().flat_map(|v| v.to_le_bytes()).collect(),
-                                h.iter().map(|v| v.to_f32()).collect(),
-                            )
-                        }
+                    .map(|b| {
+                        let mut e = vec![0f32; k];
+                        crate::quant::dequantize_row(ty, b, &mut e);
+                        e
                     })
-                    .unzip();
+                    .collect();
                 let wr: [&[u8]; R] = std::array::from_fn(|i| raw[i].as_slice());
                 let xr: [&[f32]; C] = std::array::from_fn(|j| xs[j].as_slice());
                 let mut tile = [[0f32; C]; R];

@@ -336,6 +336,21 @@ impl RowMat {
         At { base: g0 * self.row_bytes + (r0 - g0) * self.bb, row: self.bb, block: gs * self.bb }
     }
 
+    /// Rows `rows` as the file stores them: borrowed where the matrix keeps
+    /// them so, else copied out of its layout (the f16/bf16 kernels, which
+    /// widen them in registers).
+    pub(crate) fn stored_rows(
+        &self,
+        rows: std::ops::Range<usize>,
+    ) -> Vec<std::borrow::Cow<'_, [u8]>> {
+        let mut buf = Vec::new();
+        rows.map(|r| match self.direct_row(r) {
+            Some(row) => std::borrow::Cow::Borrowed(row),
+            None => std::borrow::Cow::Owned(self.row(r, &mut buf).to_vec()),
+        })
+        .collect()
+    }
+
     /// Row `r` in the file's order (for the portable kernels and lookups).
     /// Row `r` as the file stores it, when the matrix keeps it so (no
     /// pairing or grouping of blocks).
@@ -410,18 +425,7 @@ unsafe fn float_tiles(
     let in_registers =
         w.fmt == Fmt::F16 && (acts.n < PRECONVERT_COLS || nr * k * 4 > PRECONVERT_BYTES);
     let mut rowbuf = Vec::new();
-    // f16 rows as stored: borrowed where the matrix keeps them so, else
-    // copied out of its layout.
-    let copies: Vec<Vec<u8>> = if in_registers && w.direct_row(rows.start).is_none() {
-        rows.clone().map(|r| w.row(r, &mut rowbuf).to_vec()).collect()
-    } else {
-        Vec::new()
-    };
-    let raw: Vec<&[u8]> = match (in_registers, copies.is_empty()) {
-        (false, _) => Vec::new(),
-        (true, true) => rows.clone().filter_map(|r| w.direct_row(r)).collect(),
-        (true, false) => copies.iter().map(Vec::as_slice).collect(),
-    };
+    let raw = if in_registers { w.stored_rows(rows.clone()) } else { Vec::new() };
     let mut wf = Vec::new();
     if !in_registers {
         wf = vec![0f32; nr * k];
@@ -443,7 +447,7 @@ unsafe fn float_tiles(
             let g1 = (g0 + TILE16_ROWS).min(nr);
             let pick = |i: usize| if g0 + i < g1 { g0 + i } else { g0 };
             if in_registers {
-                let ws: [&[u8]; TILE16_ROWS] = std::array::from_fn(|i| raw[pick(i)]);
+                let ws: [&[u8]; TILE16_ROWS] = std::array::from_fn(|i| &*raw[pick(i)]);
                 // SAFETY: AVX-512 and F16C (the caller's); every row holds k
                 // halves and every column k values.
                 unsafe { super::x86::dot16_tile_f16(&ws, &cols, k, &mut tile) };

@@ -1432,6 +1432,7 @@ pub(super) unsafe fn tiled_load(
     assert!(hd.is_multiple_of(16) && at.len() <= 64);
     assert!(kt.len() >= hd * 64 && v32.len() >= at.len() * hd);
     assert!(at.iter().all(|&a| a + hd <= kc.len() && a + hd <= vc.len()));
+    let whole = at.len() / 16 * 16;
     // SAFETY: every read is within a key's or value's `hd` values and every
     // write within `kt`/`v32` (asserted above).
     unsafe {
@@ -1441,7 +1442,6 @@ pub(super) unsafe fn tiled_load(
                 _mm512_storeu_ps(dst.add(16 * i), _mm512_cvtph_ps(_mm256_loadu_si256(src.add(i))));
             }
         }
-        let whole = at.len() / 16 * 16;
         for t0 in (0..whole).step_by(16) {
             for d0 in (0..hd).step_by(16) {
                 let mut r = [_mm512_setzero_ps(); 16];
@@ -1455,12 +1455,8 @@ pub(super) unsafe fn tiled_load(
                 }
             }
         }
-        for (t, &a) in at.iter().enumerate().skip(whole) {
-            for d in 0..hd {
-                *kt.get_unchecked_mut(d * 64 + t) = kc.get_unchecked(a + d).to_f32();
-            }
-        }
     }
+    super::attn::transpose_tail(kc, at, whole, hd, kt);
 }
 
 /// The 16 × 16 transpose of sixteen registers: `out[i]` lane `j` is
