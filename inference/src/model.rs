@@ -208,7 +208,7 @@ pub(crate) fn load_rows(
     cols: usize,
 ) -> Result<Part> {
     let read = |g: &mut Gguf| -> Result<Vec<u8>> {
-        let mut buf = vec![0u8; rows * ty.row_bytes(cols).unwrap_or(0)];
+        let mut buf = crate::kernels::weight_buffer(rows * ty.row_bytes(cols).unwrap_or(0));
         g.read_rows(name, row0, &mut buf)?;
         Ok(buf)
     };
