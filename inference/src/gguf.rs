@@ -647,8 +647,7 @@ impl Gguf {
                 row0 + n
             ))
         };
-        self.file.seek(SeekFrom::Start(at)).map_err(io)?;
-        self.file.read_exact(buf).map_err(io)?;
+        read_at(&mut self.file, at, buf).map_err(io)?;
         if !self.read.contains(name) {
             self.read.insert(name.to_owned());
         }
@@ -732,6 +731,33 @@ impl Gguf {
             &candle_core::Device::Cpu,
         )?)
     }
+}
+
+/// Reads `buf.len()` bytes of `file` from byte `at`. A large read (a weight
+/// matrix) is split across a few threads reading their parts at once
+/// (`pread`): copying from the page cache and faulting in the destination's
+/// pages is most of a large file's load, and one thread did all of it.
+fn read_at(file: &mut BufReader<File>, at: u64, buf: &mut [u8]) -> std::io::Result<()> {
+    const PART: usize = 8 << 20;
+    #[cfg(unix)]
+    if buf.len() >= 2 * PART {
+        use std::os::unix::fs::FileExt;
+        let f = file.get_ref();
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(4);
+        let part = buf.len().div_ceil(threads).max(PART);
+        return std::thread::scope(|s| {
+            let parts: Vec<_> = buf
+                .chunks_mut(part)
+                .enumerate()
+                .map(|(i, b)| s.spawn(move || f.read_exact_at(b, at + (i * part) as u64)))
+                .collect();
+            parts
+                .into_iter()
+                .try_for_each(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+        });
+    }
+    file.seek(SeekFrom::Start(at))?;
+    file.read_exact(buf)
 }
 
 #[cfg(test)]

@@ -101,12 +101,13 @@ pub fn isa() -> Isa {
 /// huge pages (Linux `MADV_HUGEPAGE`, before its pages are first touched).
 ///
 /// Every decode step streams every weight once: gigabytes a token on an 8B
-/// file, in 4 KiB pages a TLB miss and a page walk every 4 KiB. With 2 MiB
-/// pages the 8B decode ran 12–15% faster on a 2-core Sapphire Rapids
-/// (`BENCHMARKS.md`). Most kernels (and Debian's default,
-/// `transparent_hugepage=madvise`) only give huge pages to memory that asks;
-/// the advice is a hint, so a kernel without THP or a failed call leaves
-/// ordinary pages and nothing else changes.
+/// file, and on 4 KiB pages a TLB miss and a page walk every 4 KiB. With
+/// 2 MiB pages the 8B decode ran 12–15% faster on a 2-core Sapphire Rapids
+/// (`BENCHMARKS.md`). Debian's default (`transparent_hugepage=madvise`)
+/// gives huge pages only to memory that asks. The advice is a hint: without
+/// THP, or if the call fails, the pages are ordinary and nothing else
+/// changes. The reads that fill the buffer fault its pages in
+/// (`gguf::read_at` splits a large one across threads).
 pub(crate) fn weight_buffer(n: usize) -> Vec<u8> {
     let buf = vec![0u8; n];
     #[cfg(target_os = "linux")]
@@ -116,26 +117,17 @@ pub(crate) fn weight_buffer(n: usize) -> Vec<u8> {
         // The whole 2 MiB pages inside the buffer (madvise wants a page-aligned start).
         let (start, end) = (p.next_multiple_of(HUGE), (p + n) / HUGE * HUGE);
         if end > start {
-            let advise = |from: usize, to: usize, advice| {
-                // SAFETY: `from..to` lies inside `buf`, an allocation this
-                // function owns and nothing else references yet;
-                // MADV_HUGEPAGE and MADV_POPULATE_WRITE change how its pages
-                // are backed (and fault them in), never their contents.
-                let _ = unsafe {
-                    rustix::mm::madvise(from as *mut std::ffi::c_void, to - from, advice)
-                };
+            // SAFETY: the range lies inside `buf`, an allocation this function
+            // owns and nothing else references yet; MADV_HUGEPAGE changes how
+            // its pages are backed, never their contents or whether they are
+            // mapped.
+            let _ = unsafe {
+                rustix::mm::madvise(
+                    start as *mut std::ffi::c_void,
+                    end - start,
+                    rustix::mm::Advice::LinuxHugepage,
+                )
             };
-            advise(start, end, rustix::mm::Advice::LinuxHugepage);
-            // Fault the huge pages in from several threads: zeroing them (and,
-            // in a VM, the host backing them) is most of a large file's load.
-            let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(4);
-            let step = ((end - start) / threads).next_multiple_of(HUGE);
-            std::thread::scope(|s| {
-                for from in (start..end).step_by(step) {
-                    let to = (from + step).min(end);
-                    s.spawn(move || advise(from, to, rustix::mm::Advice::LinuxPopulateWrite));
-                }
-            });
         }
     }
     buf
