@@ -289,8 +289,12 @@ impl Packed {
             PackedKind::Rows(m) => {
                 let float = matches!(m.fmt, rows::Fmt::F16 | rows::Fmt::BF16);
                 let portable = m.fmt == rows::Fmt::Q4K && !m.chain;
+                if float && isa() == Isa::Avx512Vnni {
+                    // Decode on `avx2::float_matmul`, prompts on sixteen-lane
+                    // registers (`rows::float_tiles`).
+                    return "avx2-rows+avx512-prompt".to_owned();
+                }
                 let path = match isa() {
-                    Isa::Avx512Vnni if float => "avx512",
                     _ if isa().avx2() && !portable => "avx2",
                     _ => "scalar",
                 };
