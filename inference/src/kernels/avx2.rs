@@ -1262,13 +1262,11 @@ impl Kern for Q4KChain {
         rows: std::ops::Range<usize>,
         out: &OutRows<'_>,
     ) -> bool {
-        // SAFETY: forwarded; the 512-bit variant only where the CPU has it
-        // (it also takes grouped columns: a short prompt's).
+        // SAFETY: forwarded; the 512-bit variant only where the CPU has it.
+        // Both take grouped columns (a short prompt's).
         unsafe {
             if super::isa() == super::Isa::Avx512Vnni {
                 q4k_dec8_512(w, acts, rows, out)
-            } else if (0..acts.n).any(|c| acts.grouped(c)) {
-                return false;
             } else {
                 q4k_dec8(w, acts, rows, out)
             }
@@ -1546,10 +1544,10 @@ unsafe fn q4k_wide_in(
     }
 }
 
-/// A Q4_K product of ungrouped columns on the chain numerics (ggml's
-/// repacked gemv, one column at a time), eight rows at once with the rows
-/// in the lanes: per super-block each row's exact integer sum and
-/// `Σ min·bsum`, then the same `fma(isum, d·da, acc)` and
+/// A Q4_K product on the chain numerics (ggml's repacked gemv, one column
+/// at a time; a grouped column, its gemm's, folds per 64 values instead),
+/// eight rows at once with the rows in the lanes: per super-block each
+/// row's exact integer sum and `Σ min·bsum`, then the same `fma(isum, d·da, acc)` and
 /// `fma(imin, dmin·da, accm)` per lane as `Q4KChain::run` does per row, so
 /// the numbers are identical. The rows of a group are interleaved block by
 /// block (`RowMat::group`), so the eight rows are one stream of memory; with
@@ -1561,7 +1559,7 @@ unsafe fn q4k_wide_in(
 /// # Safety
 /// The CPU must support avx2, fma and f16c; rows `rows` of `out` are the
 /// caller's (`OutRows::set`); `w` and `acts` hold them (bounds are
-/// asserted); no column of `acts` is grouped.
+/// asserted).
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q4k_dec8(w: &RowMat, acts: &Acts, rows: std::ops::Range<usize>, out: &OutRows<'_>) {
     let k = acts.k;
@@ -1614,6 +1612,14 @@ unsafe fn q4k_dec8(w: &RowMat, acts: &Acts, rows: std::ops::Range<usize>, out: &
                         _mm_loadu_si128(bs.add(8) as *const __m128i),
                     );
                     let bsp = _mm256_setr_m128i(bsp, bsp);
+                    // Σ min·bsum per row and pair of sub-blocks.
+                    let u: [__m256i; 4] = std::array::from_fn(|p| {
+                        _mm256_madd_epi16(_mm256_shuffle_epi8(t[p], mins16), bsp)
+                    });
+                    // A grouped column (a short prompt's) folds and scales
+                    // after each group of 64, as `Q4KChain::run` does.
+                    let grouped = acts.grouped(c);
+                    let um = if grouped { Some(mins_by_pair(&u)) } else { None };
                     // Each pair of rows' lane sums over the whole block:
                     // integer sums, exact in any order, so one hadd tree per
                     // block gives what one per group of 64 would.
@@ -1654,21 +1660,28 @@ unsafe fn q4k_dec8(w: &RowMat, acts: &Acts, rows: std::ops::Range<usize>, out: &
                             let ph = _mm256_madd_epi16(_mm256_add_epi16(h0, h1), sh);
                             vs[p] = _mm256_add_epi32(vs[p], _mm256_add_epi32(pl, ph));
                         }
+                        if let Some(um) = &um {
+                            let iv = _mm256_hadd_epi32(
+                                _mm256_hadd_epi32(vs[0], vs[1]),
+                                _mm256_hadd_epi32(vs[2], vs[3]),
+                            );
+                            acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iv), dd, acc[j]);
+                            accm[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(um[g]), ddm, accm[j]);
+                            vs = [_mm256_setzero_si256(); 4];
+                        }
                     }
-                    let iv = _mm256_hadd_epi32(
-                        _mm256_hadd_epi32(vs[0], vs[1]),
-                        _mm256_hadd_epi32(vs[2], vs[3]),
-                    );
-                    // Σ min·bsum per row, the same order of hadds.
-                    let u: [__m256i; 4] = std::array::from_fn(|p| {
-                        _mm256_madd_epi16(_mm256_shuffle_epi8(t[p], mins16), bsp)
-                    });
-                    let im = _mm256_hadd_epi32(
-                        _mm256_hadd_epi32(u[0], u[1]),
-                        _mm256_hadd_epi32(u[2], u[3]),
-                    );
-                    acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iv), dd, acc[j]);
-                    accm[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(im), ddm, accm[j]);
+                    if !grouped {
+                        let iv = _mm256_hadd_epi32(
+                            _mm256_hadd_epi32(vs[0], vs[1]),
+                            _mm256_hadd_epi32(vs[2], vs[3]),
+                        );
+                        let im = _mm256_hadd_epi32(
+                            _mm256_hadd_epi32(u[0], u[1]),
+                            _mm256_hadd_epi32(u[2], u[3]),
+                        );
+                        acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iv), dd, acc[j]);
+                        accm[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(im), ddm, accm[j]);
+                    }
                 }
             }
             for j in 0..cn {
@@ -1830,7 +1843,7 @@ unsafe fn q4k_dec8_512(w: &RowMat, acts: &Acts, rows: std::ops::Range<usize>, ou
                     // as `Q4KChain::run` does (same integers, same order of
                     // float steps per lane).
                     let grouped = acts.grouped(c);
-                    let um = grouped.then(|| mins_by_pair(&u));
+                    let um = if grouped { Some(mins_by_pair(&u)) } else { None };
                     // Per p: rows p (i32 lanes 0..8) and p + 4 (8..16).
                     let mut iv = [_mm512_setzero_si512(); 4];
                     for g in 0..4 {
