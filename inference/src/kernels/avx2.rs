@@ -1661,24 +1661,15 @@ unsafe fn q4k_dec8(w: &RowMat, acts: &Acts, rows: std::ops::Range<usize>, out: &
                             vs[p] = _mm256_add_epi32(vs[p], _mm256_add_epi32(pl, ph));
                         }
                         if let Some(um) = &um {
-                            let iv = _mm256_hadd_epi32(
-                                _mm256_hadd_epi32(vs[0], vs[1]),
-                                _mm256_hadd_epi32(vs[2], vs[3]),
-                            );
+                            let iv = hadd_rows(&vs);
                             acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iv), dd, acc[j]);
                             accm[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(um[g]), ddm, accm[j]);
                             vs = [_mm256_setzero_si256(); 4];
                         }
                     }
                     if !grouped {
-                        let iv = _mm256_hadd_epi32(
-                            _mm256_hadd_epi32(vs[0], vs[1]),
-                            _mm256_hadd_epi32(vs[2], vs[3]),
-                        );
-                        let im = _mm256_hadd_epi32(
-                            _mm256_hadd_epi32(u[0], u[1]),
-                            _mm256_hadd_epi32(u[2], u[3]),
-                        );
+                        let iv = hadd_rows(&vs);
+                        let im = hadd_rows(&u);
                         acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iv), dd, acc[j]);
                         accm[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(im), ddm, accm[j]);
                     }
@@ -1879,10 +1870,7 @@ unsafe fn q4k_dec8_512(w: &RowMat, acts: &Acts, rows: std::ops::Range<usize>, ou
                         }
                     }
                     if !grouped {
-                        let im = _mm256_hadd_epi32(
-                            _mm256_hadd_epi32(u[0], u[1]),
-                            _mm256_hadd_epi32(u[2], u[3]),
-                        );
+                        let im = hadd_rows(&u);
                         let iv = rows_of_pairs(&iv);
                         acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iv), dd, acc[j]);
                         accm[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(im), ddm, accm[j]);
@@ -1946,6 +1934,18 @@ unsafe fn mins_by_pair(u: &[__m256i; 4]) -> [__m256i; 4] {
         _mm256_unpacklo_epi64(c, d),
         _mm256_unpackhi_epi64(c, d),
     ]
+}
+
+/// The eight rows' sums in row order from four registers of row pairs (per
+/// p, row p's four i32 lanes in the low half, row p + 4's in the high): one
+/// hadd tree.
+///
+/// # Safety
+/// The CPU must support avx2.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn hadd_rows(v: &[__m256i; 4]) -> __m256i {
+    _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]))
 }
 
 /// Q5_K (ggml's AVX2 `ggml_vec_dot_q5_K_q8_K`, or its tiled kernel for a
