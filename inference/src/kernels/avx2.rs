@@ -1618,8 +1618,7 @@ unsafe fn q4k_dec8(w: &RowMat, acts: &Acts, rows: std::ops::Range<usize>, out: &
                     });
                     // A grouped column (a short prompt's) folds and scales
                     // after each group of 64, as `Q4KChain::run` does.
-                    let grouped = acts.grouped(c);
-                    let um = if grouped { Some(mins_by_pair(&u)) } else { None };
+                    let um = if acts.grouped(c) { Some(mins_by_pair(&u)) } else { None };
                     // Each pair of rows' lane sums over the whole block:
                     // integer sums, exact in any order, so one hadd tree per
                     // block gives what one per group of 64 would.
@@ -1661,17 +1660,19 @@ unsafe fn q4k_dec8(w: &RowMat, acts: &Acts, rows: std::ops::Range<usize>, out: &
                             vs[p] = _mm256_add_epi32(vs[p], _mm256_add_epi32(pl, ph));
                         }
                         if let Some(um) = &um {
-                            let iv = hadd_rows(&vs);
-                            acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iv), dd, acc[j]);
-                            accm[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(um[g]), ddm, accm[j]);
+                            chain_step(&mut acc[j], &mut accm[j], hadd_rows(&vs), um[g], dd, ddm);
                             vs = [_mm256_setzero_si256(); 4];
                         }
                     }
-                    if !grouped {
-                        let iv = hadd_rows(&vs);
-                        let im = hadd_rows(&u);
-                        acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iv), dd, acc[j]);
-                        accm[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(im), ddm, accm[j]);
+                    if um.is_none() {
+                        chain_step(
+                            &mut acc[j],
+                            &mut accm[j],
+                            hadd_rows(&vs),
+                            hadd_rows(&u),
+                            dd,
+                            ddm,
+                        );
                     }
                 }
             }
@@ -1833,8 +1834,7 @@ unsafe fn q4k_dec8_512(w: &RowMat, acts: &Acts, rows: std::ops::Range<usize>, ou
                     // 64 values: its sums fold and scale after each group g,
                     // as `Q4KChain::run` does (same integers, same order of
                     // float steps per lane).
-                    let grouped = acts.grouped(c);
-                    let um = if grouped { Some(mins_by_pair(&u)) } else { None };
+                    let um = if acts.grouped(c) { Some(mins_by_pair(&u)) } else { None };
                     // Per p: rows p (i32 lanes 0..8) and p + 4 (8..16).
                     let mut iv = [_mm512_setzero_si512(); 4];
                     for g in 0..4 {
@@ -1863,17 +1863,26 @@ unsafe fn q4k_dec8_512(w: &RowMat, acts: &Acts, rows: std::ops::Range<usize>, ou
                             iv[p] = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(iv[p], lo, sl), hi, sh);
                         }
                         if let Some(um) = &um {
-                            let s = rows_of_pairs(&iv);
-                            acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), dd, acc[j]);
-                            accm[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(um[g]), ddm, accm[j]);
+                            chain_step(
+                                &mut acc[j],
+                                &mut accm[j],
+                                rows_of_pairs(&iv),
+                                um[g],
+                                dd,
+                                ddm,
+                            );
                             iv = [_mm512_setzero_si512(); 4];
                         }
                     }
-                    if !grouped {
-                        let im = hadd_rows(&u);
-                        let iv = rows_of_pairs(&iv);
-                        acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iv), dd, acc[j]);
-                        accm[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(im), ddm, accm[j]);
+                    if um.is_none() {
+                        chain_step(
+                            &mut acc[j],
+                            &mut accm[j],
+                            rows_of_pairs(&iv),
+                            hadd_rows(&u),
+                            dd,
+                            ddm,
+                        );
                     }
                 }
             }
@@ -1946,6 +1955,27 @@ unsafe fn mins_by_pair(u: &[__m256i; 4]) -> [__m256i; 4] {
 #[inline]
 unsafe fn hadd_rows(v: &[__m256i; 4]) -> __m256i {
     _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]))
+}
+
+/// The chain numerics' float step for eight rows (lanes): `acc +=
+/// isum · (d·da)` and `accm += imin · (dmin·da)`, each one fused
+/// multiply-add of the converted integer sum, as `Q4KChain::run` does per
+/// row (per super-block, or per 64 values for a grouped column).
+///
+/// # Safety
+/// The CPU must support avx2 and fma.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn chain_step(
+    acc: &mut __m256,
+    accm: &mut __m256,
+    isum: __m256i,
+    imin: __m256i,
+    dd: __m256,
+    ddm: __m256,
+) {
+    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), dd, *acc);
+    *accm = _mm256_fmadd_ps(_mm256_cvtepi32_ps(imin), ddm, *accm);
 }
 
 /// Q5_K (ggml's AVX2 `ggml_vec_dot_q5_K_q8_K`, or its tiled kernel for a
