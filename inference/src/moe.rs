@@ -649,17 +649,7 @@ fn float_rows(
 fn dot_float(f: Float, w: &[f32], x: &[f32]) -> f32 {
     let n = w.len().min(x.len());
     let np = n & !63;
-    let mut sum = [[0f32; 16]; 4];
-    for i in (0..np).step_by(64) {
-        for (j, s) in sum.iter_mut().enumerate() {
-            for (l, lane) in s.iter_mut().enumerate() {
-                let at = i + 16 * j + l;
-                *lane = w[at].mul_add(x[at], *lane);
-            }
-        }
-    }
-    let x0: [f32; 16] = std::array::from_fn(|l| (sum[0][l] + sum[2][l]) + (sum[1][l] + sum[3][l]));
-    let r = reduce16(&x0);
+    let r = crate::kernels::attn::dot64(&w[..np], &x[..np]);
     match f {
         Float::F16 => {
             let mut s = r as f64;

@@ -1581,106 +1581,114 @@ unsafe fn q4k_dec8(w: &RowMat, acts: &Acts, rows: std::ops::Range<usize>, out: &
             8, -1, 9, -1, 10, -1, 11, -1, 12, -1, 13, -1, 14, -1, 15, -1, 8, -1, 9, -1, 10, -1, 11,
             -1, 12, -1, 13, -1, 14, -1, 15, -1,
         );
-        for (rb, c0) in (rows.start..full)
-            .step_by(8)
-            .flat_map(|rb| (0..n).step_by(DEC_COLS).map(move |c0| (rb, c0)))
-        {
-            let cn = (n - c0).min(DEC_COLS);
-            let at = w.at(rb, 8);
-            let base = w.bytes().as_ptr().add(at.base);
-            let mut acc = [_mm256_setzero_ps(); DEC_COLS];
-            let mut accm = [_mm256_setzero_ps(); DEC_COLS];
-            for b in 0..nb {
-                let blk: [*const u8; 8] =
-                    std::array::from_fn(|r| base.add(r * at.row + b * at.block));
-                for p in blk {
-                    for l in 0..3 {
-                        prefetch(p.wrapping_add(2 * PF_DIST + 64 * l));
-                    }
-                }
-                let (dh, dmh, t) = q4k_group_header(&blk);
-                for j in 0..cn {
-                    let c = c0 + j;
-                    let da = _mm256_set1_ps(*acts.kd.get_unchecked(c * nb + b));
-                    let dd = _mm256_mul_ps(dh, da);
-                    let ddm = _mm256_mul_ps(dmh, da);
-                    let a0 = acts.kq.as_ptr().add(c * k + b * QK_K);
-                    let bs = acts.kbs.as_ptr().add((c * nb + b) * 16);
-                    // Sums of bsum pairs, one i16 per sub-block, in both halves.
-                    let bsp = _mm_hadd_epi16(
-                        _mm_loadu_si128(bs as *const __m128i),
-                        _mm_loadu_si128(bs.add(8) as *const __m128i),
-                    );
-                    let bsp = _mm256_setr_m128i(bsp, bsp);
-                    // Σ min·bsum per row and pair of sub-blocks.
-                    let u: [__m256i; 4] = std::array::from_fn(|p| {
-                        _mm256_madd_epi16(_mm256_shuffle_epi8(t[p], mins16), bsp)
-                    });
-                    // A grouped column (a short prompt's) folds and scales
-                    // after each group of 64, as `Q4KChain::run` does.
-                    let um = if acts.grouped(c) { Some(mins_by_pair(&u)) } else { None };
-                    // Each pair of rows' lane sums over the whole block:
-                    // integer sums, exact in any order, so one hadd tree per
-                    // block gives what one per group of 64 would.
-                    let mut vs = [_mm256_setzero_si256(); 4];
-                    for g in 0..4 {
-                        let mut a = [_mm256_setzero_si256(); 4];
-                        for (h, a) in a.iter_mut().enumerate() {
-                            *a = _mm256_broadcastsi128_si256(_mm_loadu_si128(
-                                a0.add(64 * g + 16 * h) as *const __m128i,
-                            ));
-                        }
-                        for p in 0..4 {
-                            let qa = blk[p].add(16 + 32 * g);
-                            let qb = blk[p + 4].add(16 + 32 * g);
-                            let q0 = _mm256_setr_m128i(
-                                _mm_loadu_si128(qa as *const __m128i),
-                                _mm_loadu_si128(qb as *const __m128i),
-                            );
-                            let q1 = _mm256_setr_m128i(
-                                _mm_loadu_si128(qa.add(16) as *const __m128i),
-                                _mm_loadu_si128(qb.add(16) as *const __m128i),
-                            );
-                            let l0 = _mm256_maddubs_epi16(_mm256_and_si256(q0, m4), a[0]);
-                            let l1 = _mm256_maddubs_epi16(_mm256_and_si256(q1, m4), a[1]);
-                            let h0 = _mm256_maddubs_epi16(
-                                _mm256_and_si256(_mm256_srli_epi16::<4>(q0), m4),
-                                a[2],
-                            );
-                            let h1 = _mm256_maddubs_epi16(
-                                _mm256_and_si256(_mm256_srli_epi16::<4>(q1), m4),
-                                a[3],
-                            );
-                            // Two maddubs sums of one sub-block add exactly in
-                            // i16 (|x| ≤ 7680); the scale bytes as i16 pairs.
-                            let sl = _mm256_shuffle_epi8(t[p], pick[2 * g]);
-                            let sh = _mm256_shuffle_epi8(t[p], pick[2 * g + 1]);
-                            let pl = _mm256_madd_epi16(_mm256_add_epi16(l0, l1), sl);
-                            let ph = _mm256_madd_epi16(_mm256_add_epi16(h0, h1), sh);
-                            vs[p] = _mm256_add_epi32(vs[p], _mm256_add_epi32(pl, ph));
-                        }
-                        if let Some(um) = &um {
-                            chain_step(&mut acc[j], &mut accm[j], hadd_rows(&vs), um[g], dd, ddm);
-                            vs = [_mm256_setzero_si256(); 4];
+        // Plain nested loops: a `flat_map` here stayed a call per group
+        // (3% of a mixture's decode step).
+        for rb in (rows.start..full).step_by(8) {
+            for c0 in (0..n).step_by(DEC_COLS) {
+                let cn = (n - c0).min(DEC_COLS);
+                let at = w.at(rb, 8);
+                let base = w.bytes().as_ptr().add(at.base);
+                let mut acc = [_mm256_setzero_ps(); DEC_COLS];
+                let mut accm = [_mm256_setzero_ps(); DEC_COLS];
+                for b in 0..nb {
+                    let blk: [*const u8; 8] =
+                        std::array::from_fn(|r| base.add(r * at.row + b * at.block));
+                    for p in blk {
+                        for l in 0..3 {
+                            prefetch(p.wrapping_add(2 * PF_DIST + 64 * l));
                         }
                     }
-                    if um.is_none() {
-                        chain_step(
-                            &mut acc[j],
-                            &mut accm[j],
-                            hadd_rows(&vs),
-                            hadd_rows(&u),
-                            dd,
-                            ddm,
+                    let (dh, dmh, t) = q4k_group_header(&blk);
+                    for j in 0..cn {
+                        let c = c0 + j;
+                        let da = _mm256_set1_ps(*acts.kd.get_unchecked(c * nb + b));
+                        let dd = _mm256_mul_ps(dh, da);
+                        let ddm = _mm256_mul_ps(dmh, da);
+                        let a0 = acts.kq.as_ptr().add(c * k + b * QK_K);
+                        let bs = acts.kbs.as_ptr().add((c * nb + b) * 16);
+                        // Sums of bsum pairs, one i16 per sub-block, in both halves.
+                        let bsp = _mm_hadd_epi16(
+                            _mm_loadu_si128(bs as *const __m128i),
+                            _mm_loadu_si128(bs.add(8) as *const __m128i),
                         );
+                        let bsp = _mm256_setr_m128i(bsp, bsp);
+                        // Σ min·bsum per row and pair of sub-blocks.
+                        let u: [__m256i; 4] = std::array::from_fn(|p| {
+                            _mm256_madd_epi16(_mm256_shuffle_epi8(t[p], mins16), bsp)
+                        });
+                        // A grouped column (a short prompt's) folds and scales
+                        // after each group of 64, as `Q4KChain::run` does.
+                        let um = if acts.grouped(c) { Some(mins_by_pair(&u)) } else { None };
+                        // Each pair of rows' lane sums over the whole block:
+                        // integer sums, exact in any order, so one hadd tree per
+                        // block gives what one per group of 64 would.
+                        let mut vs = [_mm256_setzero_si256(); 4];
+                        for g in 0..4 {
+                            let mut a = [_mm256_setzero_si256(); 4];
+                            for (h, a) in a.iter_mut().enumerate() {
+                                *a = _mm256_broadcastsi128_si256(_mm_loadu_si128(
+                                    a0.add(64 * g + 16 * h) as *const __m128i,
+                                ));
+                            }
+                            for p in 0..4 {
+                                let qa = blk[p].add(16 + 32 * g);
+                                let qb = blk[p + 4].add(16 + 32 * g);
+                                let q0 = _mm256_setr_m128i(
+                                    _mm_loadu_si128(qa as *const __m128i),
+                                    _mm_loadu_si128(qb as *const __m128i),
+                                );
+                                let q1 = _mm256_setr_m128i(
+                                    _mm_loadu_si128(qa.add(16) as *const __m128i),
+                                    _mm_loadu_si128(qb.add(16) as *const __m128i),
+                                );
+                                let l0 = _mm256_maddubs_epi16(_mm256_and_si256(q0, m4), a[0]);
+                                let l1 = _mm256_maddubs_epi16(_mm256_and_si256(q1, m4), a[1]);
+                                let h0 = _mm256_maddubs_epi16(
+                                    _mm256_and_si256(_mm256_srli_epi16::<4>(q0), m4),
+                                    a[2],
+                                );
+                                let h1 = _mm256_maddubs_epi16(
+                                    _mm256_and_si256(_mm256_srli_epi16::<4>(q1), m4),
+                                    a[3],
+                                );
+                                // Two maddubs sums of one sub-block add exactly in
+                                // i16 (|x| ≤ 7680); the scale bytes as i16 pairs.
+                                let sl = _mm256_shuffle_epi8(t[p], pick[2 * g]);
+                                let sh = _mm256_shuffle_epi8(t[p], pick[2 * g + 1]);
+                                let pl = _mm256_madd_epi16(_mm256_add_epi16(l0, l1), sl);
+                                let ph = _mm256_madd_epi16(_mm256_add_epi16(h0, h1), sh);
+                                vs[p] = _mm256_add_epi32(vs[p], _mm256_add_epi32(pl, ph));
+                            }
+                            if let Some(um) = &um {
+                                chain_step(
+                                    &mut acc[j],
+                                    &mut accm[j],
+                                    hadd_rows(&vs),
+                                    um[g],
+                                    dd,
+                                    ddm,
+                                );
+                                vs = [_mm256_setzero_si256(); 4];
+                            }
+                        }
+                        if um.is_none() {
+                            chain_step(
+                                &mut acc[j],
+                                &mut accm[j],
+                                hadd_rows(&vs),
+                                hadd_rows(&u),
+                                dd,
+                                ddm,
+                            );
+                        }
                     }
                 }
-            }
-            for j in 0..cn {
-                let mut o = [0f32; 8];
-                _mm256_storeu_ps(o.as_mut_ptr(), _mm256_sub_ps(acc[j], accm[j]));
-                for (r, v) in o.iter().enumerate() {
-                    out.set(c0 + j, rb + r, *v);
+                for j in 0..cn {
+                    let mut o = [0f32; 8];
+                    _mm256_storeu_ps(o.as_mut_ptr(), _mm256_sub_ps(acc[j], accm[j]));
+                    for (r, v) in o.iter().enumerate() {
+                        out.set(c0 + j, rb + r, *v);
+                    }
                 }
             }
         }
@@ -1789,108 +1797,112 @@ unsafe fn q4k_dec8_512(w: &RowMat, acts: &Acts, rows: std::ops::Range<usize>, ou
             8, -1, 9, -1, 10, -1, 11, -1, 12, -1, 13, -1, 14, -1, 15, -1, 8, -1, 9, -1, 10, -1, 11,
             -1, 12, -1, 13, -1, 14, -1, 15, -1,
         );
-        for (rb, c0) in (rows.start..full)
-            .step_by(8)
-            .flat_map(|rb| (0..n).step_by(DEC_COLS).map(move |c0| (rb, c0)))
-        {
-            let cn = (n - c0).min(DEC_COLS);
-            let at = w.at(rb, 8);
-            let base = w.bytes().as_ptr().add(at.base);
-            let mut acc = [_mm256_setzero_ps(); DEC_COLS];
-            let mut accm = [_mm256_setzero_ps(); DEC_COLS];
-            for b in 0..nb {
-                let blk: [*const u8; 8] =
-                    std::array::from_fn(|r| base.add(r * at.row + b * at.block));
-                // The group's eight blocks are one run of 1152 bytes: its
-                // lines further on.
-                for l in 0..18 {
-                    prefetch(blk[0].wrapping_add(DEC8_PF + 64 * l));
-                }
-                let (dh, dmh, t) = q4k_group_header(&blk);
-                // Row p's scale bytes in 128-bit lanes 0 and 1, row p + 4's
-                // in lanes 2 and 3: each half of a 512-bit register below.
-                let t2: [__m512i; 4] = std::array::from_fn(|p| {
-                    let z = _mm512_castsi256_si512(t[p]);
-                    _mm512_shuffle_i32x4::<0x50>(z, z)
-                });
-                for j in 0..cn {
-                    let c = c0 + j;
-                    let da = _mm256_set1_ps(*acts.kd.get_unchecked(c * nb + b));
-                    let dd = _mm256_mul_ps(dh, da);
-                    let ddm = _mm256_mul_ps(dmh, da);
-                    let a0 = acts.kq.as_ptr().add(c * k + b * QK_K);
-                    let bs = acts.kbs.as_ptr().add((c * nb + b) * 16);
-                    let bsp = _mm_hadd_epi16(
-                        _mm_loadu_si128(bs as *const __m128i),
-                        _mm_loadu_si128(bs.add(8) as *const __m128i),
-                    );
-                    let bsp = _mm256_setr_m128i(bsp, bsp);
-                    // Each row's minimums against the column's sums, per pair
-                    // of sub-blocks: row p's in i32 lanes 0..4, p + 4's in 4..8.
-                    let u: [__m256i; 4] = std::array::from_fn(|p| {
-                        _mm256_madd_epi16(_mm256_shuffle_epi8(t[p], mins16), bsp)
+        // Plain nested loops: a `flat_map` here stayed a call per group
+        // (3% of a mixture's decode step).
+        for rb in (rows.start..full).step_by(8) {
+            for c0 in (0..n).step_by(DEC_COLS) {
+                let cn = (n - c0).min(DEC_COLS);
+                let at = w.at(rb, 8);
+                let base = w.bytes().as_ptr().add(at.base);
+                let mut acc = [_mm256_setzero_ps(); DEC_COLS];
+                let mut accm = [_mm256_setzero_ps(); DEC_COLS];
+                for b in 0..nb {
+                    let blk: [*const u8; 8] =
+                        std::array::from_fn(|r| base.add(r * at.row + b * at.block));
+                    // The group's eight blocks are one run of 1152 bytes: its
+                    // lines further on.
+                    for l in 0..18 {
+                        prefetch(blk[0].wrapping_add(DEC8_PF + 64 * l));
+                    }
+                    let (dh, dmh, t) = q4k_group_header(&blk);
+                    // Row p's scale bytes in 128-bit lanes 0 and 1, row p + 4's
+                    // in lanes 2 and 3: each half of a 512-bit register below.
+                    let t2: [__m512i; 4] = std::array::from_fn(|p| {
+                        let z = _mm512_castsi256_si512(t[p]);
+                        _mm512_shuffle_i32x4::<0x50>(z, z)
                     });
-                    // A grouped column (ggml's four-column `gemm`) rounds per
-                    // 64 values: its sums fold and scale after each group g,
-                    // as `Q4KChain::run` does (same integers, same order of
-                    // float steps per lane).
-                    let um = if acts.grouped(c) { Some(mins_by_pair(&u)) } else { None };
-                    // Per p: rows p (i32 lanes 0..8) and p + 4 (8..16).
-                    let mut iv = [_mm512_setzero_si512(); 4];
-                    for g in 0..4 {
-                        let alo = _mm512_broadcast_i64x4(_mm256_loadu_si256(
-                            a0.add(64 * g) as *const __m256i
-                        ));
-                        let ahi = _mm512_broadcast_i64x4(_mm256_loadu_si256(
-                            a0.add(64 * g + 32) as *const __m256i
-                        ));
-                        for p in 0..4 {
-                            let z = _mm512_inserti64x4::<1>(
-                                _mm512_castsi256_si512(_mm256_loadu_si256(
-                                    blk[p].add(16 + 32 * g) as *const __m256i
-                                )),
-                                _mm256_loadu_si256(blk[p + 4].add(16 + 32 * g) as *const __m256i),
-                            );
-                            let lo = _mm512_maddubs_epi16(_mm512_and_si512(z, m4), alo);
-                            let hi = _mm512_maddubs_epi16(
-                                _mm512_and_si512(_mm512_srli_epi16::<4>(z), m4),
-                                ahi,
-                            );
-                            // Each scale's multiply-add and the sum in one
-                            // (`vpdpwssd`; integer, so exact in any order).
-                            let sl = _mm512_shuffle_epi8(t2[p], pick[2 * g]);
-                            let sh = _mm512_shuffle_epi8(t2[p], pick[2 * g + 1]);
-                            iv[p] = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(iv[p], lo, sl), hi, sh);
+                    for j in 0..cn {
+                        let c = c0 + j;
+                        let da = _mm256_set1_ps(*acts.kd.get_unchecked(c * nb + b));
+                        let dd = _mm256_mul_ps(dh, da);
+                        let ddm = _mm256_mul_ps(dmh, da);
+                        let a0 = acts.kq.as_ptr().add(c * k + b * QK_K);
+                        let bs = acts.kbs.as_ptr().add((c * nb + b) * 16);
+                        let bsp = _mm_hadd_epi16(
+                            _mm_loadu_si128(bs as *const __m128i),
+                            _mm_loadu_si128(bs.add(8) as *const __m128i),
+                        );
+                        let bsp = _mm256_setr_m128i(bsp, bsp);
+                        // Each row's minimums against the column's sums, per pair
+                        // of sub-blocks: row p's in i32 lanes 0..4, p + 4's in 4..8.
+                        let u: [__m256i; 4] = std::array::from_fn(|p| {
+                            _mm256_madd_epi16(_mm256_shuffle_epi8(t[p], mins16), bsp)
+                        });
+                        // A grouped column (ggml's four-column `gemm`) rounds per
+                        // 64 values: its sums fold and scale after each group g,
+                        // as `Q4KChain::run` does (same integers, same order of
+                        // float steps per lane).
+                        let um = if acts.grouped(c) { Some(mins_by_pair(&u)) } else { None };
+                        // Per p: rows p (i32 lanes 0..8) and p + 4 (8..16).
+                        let mut iv = [_mm512_setzero_si512(); 4];
+                        for g in 0..4 {
+                            let alo = _mm512_broadcast_i64x4(_mm256_loadu_si256(
+                                a0.add(64 * g) as *const __m256i
+                            ));
+                            let ahi = _mm512_broadcast_i64x4(_mm256_loadu_si256(
+                                a0.add(64 * g + 32) as *const __m256i,
+                            ));
+                            for p in 0..4 {
+                                let z = _mm512_inserti64x4::<1>(
+                                    _mm512_castsi256_si512(_mm256_loadu_si256(
+                                        blk[p].add(16 + 32 * g) as *const __m256i,
+                                    )),
+                                    _mm256_loadu_si256(
+                                        blk[p + 4].add(16 + 32 * g) as *const __m256i
+                                    ),
+                                );
+                                let lo = _mm512_maddubs_epi16(_mm512_and_si512(z, m4), alo);
+                                let hi = _mm512_maddubs_epi16(
+                                    _mm512_and_si512(_mm512_srli_epi16::<4>(z), m4),
+                                    ahi,
+                                );
+                                // Each scale's multiply-add and the sum in one
+                                // (`vpdpwssd`; integer, so exact in any order).
+                                let sl = _mm512_shuffle_epi8(t2[p], pick[2 * g]);
+                                let sh = _mm512_shuffle_epi8(t2[p], pick[2 * g + 1]);
+                                iv[p] =
+                                    _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(iv[p], lo, sl), hi, sh);
+                            }
+                            if let Some(um) = &um {
+                                chain_step(
+                                    &mut acc[j],
+                                    &mut accm[j],
+                                    rows_of_pairs(&iv),
+                                    um[g],
+                                    dd,
+                                    ddm,
+                                );
+                                iv = [_mm512_setzero_si512(); 4];
+                            }
                         }
-                        if let Some(um) = &um {
+                        if um.is_none() {
                             chain_step(
                                 &mut acc[j],
                                 &mut accm[j],
                                 rows_of_pairs(&iv),
-                                um[g],
+                                hadd_rows(&u),
                                 dd,
                                 ddm,
                             );
-                            iv = [_mm512_setzero_si512(); 4];
                         }
                     }
-                    if um.is_none() {
-                        chain_step(
-                            &mut acc[j],
-                            &mut accm[j],
-                            rows_of_pairs(&iv),
-                            hadd_rows(&u),
-                            dd,
-                            ddm,
-                        );
-                    }
                 }
-            }
-            for j in 0..cn {
-                let mut o = [0f32; 8];
-                _mm256_storeu_ps(o.as_mut_ptr(), _mm256_sub_ps(acc[j], accm[j]));
-                for (r, v) in o.iter().enumerate() {
-                    out.set(c0 + j, rb + r, *v);
+                for j in 0..cn {
+                    let mut o = [0f32; 8];
+                    _mm256_storeu_ps(o.as_mut_ptr(), _mm256_sub_ps(acc[j], accm[j]));
+                    for (r, v) in o.iter().enumerate() {
+                        out.set(c0 + j, rb + r, *v);
+                    }
                 }
             }
         }
