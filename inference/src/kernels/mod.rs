@@ -1460,41 +1460,60 @@ mod tests {
                 }
             }
         }
-        for k in [1, 15, 16, 17, 64, 100, 384, 1000] {
+        for k in [1, 15, 16, 17, 64, 100, 384, 1000, 1040] {
             let ws: Vec<Vec<f32>> = (0..4).map(|_| (0..k).map(|_| val()).collect()).collect();
             let xs: Vec<Vec<f32>> = (0..6).map(|_| (0..k).map(|_| val()).collect()).collect();
             check::<4, 1>(&ws, &xs, k);
             check::<3, 2>(&ws, &xs, k);
             check::<1, 3>(&ws, &xs, k);
             if isa() == Isa::Avx512Vnni {
-                let ws: Vec<Vec<f32>> = (0..4).map(|_| (0..k).map(|_| val()).collect()).collect();
-                let wr: [&[f32]; 4] = std::array::from_fn(|i| ws[i].as_slice());
+                // Three groups of four rows, so the slices pass several.
+                let ws: Vec<Vec<f32>> = (0..12).map(|_| (0..k).map(|_| val()).collect()).collect();
                 let xr: [&[f32]; 6] = std::array::from_fn(|i| xs[i % 4].as_slice());
-                let mut tile = [[0f32; 6]; 4];
+                let groups: Vec<[&[f32]; 4]> =
+                    (0..3).map(|g| std::array::from_fn(|i| ws[4 * g + i].as_slice())).collect();
+                let mut seen = 0;
                 // SAFETY: AVX-512 checked above; every row and column has k values.
-                unsafe { x86::dot16_tile(&wr, &xr, k, &mut tile) };
-                for r in 0..4 {
-                    for c in 0..6 {
-                        let want = scalar::dot_f32(&ws[r], &xs[c % 4]);
-                        assert_eq!(tile[r][c].to_bits(), want.to_bits(), "k {k}, tile {r},{c}");
-                    }
-                }
+                unsafe {
+                    x86::dot16_panel(&x86::Rows16::F32(groups), &xr, k, |g, tile| {
+                        seen += 1;
+                        for r in 0..4 {
+                            for c in 0..6 {
+                                let want = scalar::dot_f32(&ws[4 * g + r], &xs[c % 4]);
+                                let got = tile[r][c].to_bits();
+                                assert_eq!(got, want.to_bits(), "k {k}, group {g}, tile {r},{c}");
+                            }
+                        }
+                    })
+                };
+                assert_eq!(seen, 3);
                 // The same rows stored as f16 and converted in registers.
                 let hs: Vec<Vec<u8>> = ws
                     .iter()
                     .map(|w| w.iter().flat_map(|v| half::f16::from_f32(*v).to_le_bytes()).collect())
                     .collect();
-                let hr: [&[u8]; 4] = std::array::from_fn(|i| hs[i].as_slice());
+                let groups: Vec<[&[u8]; 4]> =
+                    (0..3).map(|g| std::array::from_fn(|i| hs[4 * g + i].as_slice())).collect();
                 // SAFETY: AVX-512 and F16C checked above; every row has k halves.
-                unsafe { x86::dot16_tile_f16(&hr, &xr, k, &mut tile) };
-                for r in 0..4 {
-                    let wr: Vec<f32> =
-                        ws[r].iter().map(|v| half::f16::from_f32(*v).to_f32()).collect();
-                    for c in 0..6 {
-                        let want = scalar::dot_f32(&wr, &xs[c % 4]);
-                        assert_eq!(tile[r][c].to_bits(), want.to_bits(), "f16 k {k}, tile {r},{c}");
-                    }
-                }
+                unsafe {
+                    x86::dot16_panel(&x86::Rows16::F16(groups), &xr, k, |g, tile| {
+                        for r in 0..4 {
+                            let wr: Vec<f32> = ws[4 * g + r]
+                                .iter()
+                                .map(|v| half::f16::from_f32(*v).to_f32())
+                                .collect();
+                            for c in 0..6 {
+                                let want = scalar::dot_f32(&wr, &xs[c % 4]);
+                                let got = tile[r][c].to_bits();
+                                assert_eq!(
+                                    got,
+                                    want.to_bits(),
+                                    "f16 k {k}, group {g}, tile {r},{c}"
+                                );
+                            }
+                        }
+                    })
+                };
             }
         }
     }

@@ -387,22 +387,21 @@ impl RowMat {
 /// a task passes over them.
 pub(crate) const COL_BLOCK: usize = 64;
 
-/// Columns from which [`float_tiles`] converts a task's f16 rows to f32
-/// once instead of in registers for every group of columns.
+/// Bytes of weight rows (as met: f16 or f32) [`float_tiles`] keeps in the
+/// second-level cache while every group of columns passes over them.
 #[cfg(target_arch = "x86_64")]
-const PRECONVERT_COLS: usize = 4 * super::x86::TILE16_COLS;
+const BLOCK_BYTES: usize = 512 * 1024;
 
-/// The most bytes of f32 rows a task converts: every group of columns
-/// streams all of them again, so they must stay in the second-level cache
-/// (larger tasks meet their f16 rows as stored, half the bytes).
-#[cfg(target_arch = "x86_64")]
-const PRECONVERT_BYTES: usize = 512 * 1024;
-
-/// [`matmul`] of f16 and bf16 rows on AVX-512: four rows (f16 as stored,
-/// converted in registers, below [`PRECONVERT_COLS`] columns; else, and
-/// bf16 always, converted to f32 once per task) met by six
-/// columns at a time (`x86::dot16_tile_f16`, `x86::dot16_tile`), with
-/// `scalar::dot_f32`'s numbers.
+/// [`matmul`] of f16 and bf16 rows on AVX-512: blocks of rows of about
+/// [`BLOCK_BYTES`] (f16 as stored, converted in registers; bf16 converted
+/// to f32 once per block), each met by every group of six columns in turn
+/// (`x86::dot16_panel`), with `scalar::dot_f32`'s numbers. (f16 blocks
+/// converted to f32 once were slower: twice the bytes from the
+/// second-level cache outweigh the conversions.)
+///
+/// A task's rows are megabytes on a 1B file: met whole by each group of
+/// six columns they came from memory every time (prompts ran at 0.9× of
+/// llama.cpp's); a block stays in the second-level cache for all of them.
 ///
 /// # Safety
 /// The CPU must support AVX-512F; as [`matmul`].
@@ -413,56 +412,67 @@ unsafe fn float_tiles(
     rows: std::ops::Range<usize>,
     out: &OutRows<'_>,
 ) {
-    use super::x86::{TILE16_COLS, TILE16_ROWS};
+    use super::x86::{Rows16, TILE16_COLS, TILE16_ROWS};
     let k = acts.k;
     let xs = if w.fmt == Fmt::F16 { &acts.xh } else { &acts.x };
     let nr = rows.len();
-    let mut tile = [[0f32; TILE16_COLS]; TILE16_ROWS];
-    // f16 rows are met as stored (converted in registers) when few columns
-    // pass over them (decode); else, and always for bf16, the task's rows
-    // are converted to f32 once, so no column group converts them again
-    // (the same values: f16 and bf16 are exact in f32).
-    let in_registers =
-        w.fmt == Fmt::F16 && (acts.n < PRECONVERT_COLS || nr * k * 4 > PRECONVERT_BYTES);
-    let mut rowbuf = Vec::new();
+    // The same values either way: f16 and bf16 are exact in f32.
+    let in_registers = w.fmt == Fmt::F16;
     let raw = if in_registers { w.stored_rows(rows.clone()) } else { Vec::new() };
-    let mut wf = Vec::new();
-    if !in_registers {
-        wf = vec![0f32; nr * k];
-        for (i, r) in rows.clone().enumerate() {
-            let row = w.row(r, &mut rowbuf);
-            crate::quant::dequantize_row(w.fmt.ggml(), row, &mut wf[i * k..(i + 1) * k]);
-        }
-    }
-    // A group of columns stays in the first-level cache while the task's
-    // rows stream past it.
-    for c0 in (0..acts.n).step_by(TILE16_COLS) {
-        let c1 = (c0 + TILE16_COLS).min(acts.n);
-        // Missing rows and columns of an edge tile repeat the first.
-        let cols: [&[f32]; TILE16_COLS] = std::array::from_fn(|j| {
-            let c = if c0 + j < c1 { c0 + j } else { c0 };
-            &xs[c * k..(c + 1) * k]
-        });
-        for g0 in (0..nr).step_by(TILE16_ROWS) {
-            let g1 = (g0 + TILE16_ROWS).min(nr);
-            let pick = |i: usize| if g0 + i < g1 { g0 + i } else { g0 };
-            if in_registers {
-                let ws: [&[u8]; TILE16_ROWS] = std::array::from_fn(|i| &*raw[pick(i)]);
-                // SAFETY: AVX-512 and F16C (the caller's); every row holds k
-                // halves and every column k values.
-                unsafe { super::x86::dot16_tile_f16(&ws, &cols, k, &mut tile) };
-            } else {
-                let ws: [&[f32]; TILE16_ROWS] =
-                    std::array::from_fn(|i| &wf[pick(i) * k..(pick(i) + 1) * k]);
-                // SAFETY: AVX-512 (the caller's); every row and column holds k values.
-                unsafe { super::x86::dot16_tile(&ws, &cols, k, &mut tile) };
+    let row_bytes = if in_registers { 2 * k } else { 4 * k };
+    let block = (BLOCK_BYTES / row_bytes.max(1)).max(1).next_multiple_of(TILE16_ROWS);
+    let (mut rowbuf, mut wf) = (Vec::new(), Vec::new());
+    for b0 in (0..nr).step_by(block) {
+        let b1 = (b0 + block).min(nr);
+        // Missing rows of an edge group repeat the group's first.
+        let pick = |g0: usize, i: usize| if g0 + i < b1 { g0 + i } else { g0 };
+        let groups = if in_registers {
+            Rows16::F16(
+                (b0..b1)
+                    .step_by(TILE16_ROWS)
+                    .map(|g0| std::array::from_fn(|i| &*raw[pick(g0, i)]))
+                    .collect(),
+            )
+        } else {
+            wf.resize((b1 - b0) * k, 0.0);
+            for (i, r) in (b0..b1).enumerate() {
+                let row = w.row(rows.start + r, &mut rowbuf);
+                crate::quant::dequantize_row(w.fmt.ggml(), row, &mut wf[i * k..(i + 1) * k]);
             }
-            for (i, g) in (g0..g1).enumerate() {
-                for (j, c) in (c0..c1).enumerate() {
-                    // SAFETY: row `rows.start + g` is in `rows`, which this call owns.
-                    unsafe { out.set(c, rows.start + g, tile[i][j]) };
-                }
-            }
+            let wf = &wf;
+            Rows16::F32(
+                (b0..b1)
+                    .step_by(TILE16_ROWS)
+                    .map(|g0| {
+                        std::array::from_fn(|i| {
+                            let r = pick(g0, i) - b0;
+                            &wf[r * k..(r + 1) * k]
+                        })
+                    })
+                    .collect(),
+            )
+        };
+        for c0 in (0..acts.n).step_by(TILE16_COLS) {
+            let c1 = (c0 + TILE16_COLS).min(acts.n);
+            // Missing columns of an edge tile repeat the first.
+            let cols: [&[f32]; TILE16_COLS] = std::array::from_fn(|j| {
+                let c = if c0 + j < c1 { c0 + j } else { c0 };
+                &xs[c * k..(c + 1) * k]
+            });
+            // SAFETY: AVX-512 and F16C (the caller's); every row holds k
+            // values (halves as stored, or f32) and every column k values.
+            unsafe {
+                super::x86::dot16_panel(&groups, &cols, k, |g, tile| {
+                    let g0 = b0 + g * TILE16_ROWS;
+                    for (i, r) in (g0..(g0 + TILE16_ROWS).min(b1)).enumerate() {
+                        for (j, c) in (c0..c1).enumerate() {
+                            // SAFETY: row `rows.start + r` is in `rows`, which
+                            // this call owns.
+                            out.set(c, rows.start + r, tile[i][j]);
+                        }
+                    }
+                })
+            };
         }
     }
 }

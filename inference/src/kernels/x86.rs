@@ -1562,65 +1562,156 @@ pub(super) unsafe fn quantize_column(
     }
 }
 
-/// Weight rows and columns per call of [`dot16_tile`].
+/// Weight rows and columns per tile of [`dot16_panel`].
 pub(super) const TILE16_ROWS: usize = 4;
 pub(super) const TILE16_COLS: usize = 6;
 
-/// `scalar::dot_f32(ws[r], xs[c])` for four weight rows against six
-/// columns (the f16 and bf16 rows of `rows.rs`, dequantized): each pair's
-/// sixteen lanes in one register, a fused multiply-add chain per lane, the
-/// tree sum (8, 4, 2, 1) and the tail chained apart — `dot_f32`'s numbers,
-/// with twenty-four accumulators in registers so each load feeds four or
-/// six products.
-///
-/// # Safety
-/// The CPU must support avx512f and fma; every `ws[r]` and `xs[c]` holds
-/// at least `k` values.
-#[target_feature(enable = "avx512f,fma")]
-pub(super) unsafe fn dot16_tile(
-    ws: &[&[f32]; TILE16_ROWS],
-    xs: &[&[f32]; TILE16_COLS],
-    k: usize,
-    out: &mut [[f32; TILE16_COLS]; TILE16_ROWS],
-) {
-    assert!(ws.iter().all(|v| v.len() >= k) && xs.iter().all(|v| v.len() >= k));
-    // SAFETY: every row holds k values: `load` reads 16 from i + 16 <= k.
-    let load = |r: usize, i: usize| unsafe { _mm512_loadu_ps(ws[r].as_ptr().add(i)) };
-    // SAFETY: the caller's (avx512f, fma; columns of k values).
-    unsafe { tile16(load, |r, j| ws[r][j], xs, k, out) }
+/// Groups of four weight rows for [`dot16_panel`]: f16 as stored in a GGUF
+/// row (little-endian halves, converted in registers: exact), or f32.
+pub(super) enum Rows16<'a> {
+    F16(Vec<[&'a [u8]; TILE16_ROWS]>),
+    F32(Vec<[&'a [f32]; TILE16_ROWS]>),
 }
 
-/// The loop and sums [`dot16_tile`] and [`dot16_tile_f16`] share: `load(r,
-/// i)` gives row r's sixteen weights from i (i + 16 <= k), `at(r, j)` its
-/// weight j (the tail).
+/// Values per slice of [`dot16_panel`]: six columns' slices (12 KiB) stay
+/// in the first-level cache while every group of rows passes them.
+const PANEL_SLICE: usize = 512;
+
+/// `scalar::dot_f32(row, xs[c])` for every row of every group against six
+/// columns, `out(g, tile)` called with group g's four-by-six tile (the f16
+/// and bf16 rows of `rows.rs`): each pair's sixteen lanes in one register,
+/// a fused multiply-add chain per lane, the tree sum (8, 4, 2, 1) and the
+/// tail chained apart — `dot_f32`'s numbers, with twenty-four accumulators
+/// in registers so each load feeds four or six products.
+///
+/// The values are taken in slices of [`PANEL_SLICE`] across all the
+/// groups, so the columns are read from the first-level cache rather than
+/// the second for every group; the chains wait between slices in memory
+/// (a chain run in slices is the same chain). Run whole per tile, the
+/// compiler left two of the chains on the stack across every step.
 ///
 /// # Safety
-/// The CPU must support avx512f and fma (the callers' features, into which
-/// this is inlined); every `xs[c]` holds at least `k` values.
+/// The CPU must support avx512f, f16c and fma; every row of every group
+/// holds at least `k` values and every `xs[c]` at least `k`.
+#[target_feature(enable = "avx512f,f16c,fma")]
+pub(super) unsafe fn dot16_panel(
+    groups: &Rows16<'_>,
+    xs: &[&[f32]; TILE16_COLS],
+    k: usize,
+    out: impl FnMut(usize, &[[f32; TILE16_COLS]; TILE16_ROWS]),
+) {
+    assert!(xs.iter().all(|v| v.len() >= k));
+    match groups {
+        Rows16::F16(g) => {
+            assert!(g.iter().flatten().all(|v| v.len() >= 2 * k));
+            let load = |ws: &[&[u8]; TILE16_ROWS], r: usize, i: usize| {
+                // SAFETY: every row holds 2k bytes: 32 from 2i, i + 16 <= k.
+                unsafe {
+                    _mm512_cvtph_ps(_mm256_loadu_si256(ws[r].as_ptr().add(2 * i) as *const __m256i))
+                }
+            };
+            let at = |ws: &[&[u8]; TILE16_ROWS], r: usize, j: usize| {
+                half::f16::from_le_bytes([ws[r][2 * j], ws[r][2 * j + 1]]).to_f32()
+            };
+            // SAFETY: the caller's (features, lengths checked above).
+            unsafe { panel(g, load, at, xs, k, out) }
+        }
+        Rows16::F32(g) => {
+            assert!(g.iter().flatten().all(|v| v.len() >= k));
+            // SAFETY: every row holds k values: 16 from i, i + 16 <= k.
+            let load = |ws: &[&[f32]; TILE16_ROWS], r: usize, i: usize| unsafe {
+                _mm512_loadu_ps(ws[r].as_ptr().add(i))
+            };
+            let at = |ws: &[&[f32]; TILE16_ROWS], r: usize, j: usize| ws[r][j];
+            // SAFETY: the caller's (features, lengths checked above).
+            unsafe { panel(g, load, at, xs, k, out) }
+        }
+    }
+}
+
+/// [`dot16_panel`] over groups of rows of type `G`: `load(g, r, i)` gives
+/// row r's sixteen weights from i (i + 16 <= k), `at(g, r, j)` its weight j
+/// (the tail).
+///
+/// # Safety
+/// The CPU must support avx512f and fma (the caller's features, into which
+/// this is inlined); every `xs[c]` holds at least `k` values and `load`
+/// reads within every row for i + 16 <= k.
 #[inline(always)]
-unsafe fn tile16(
-    load: impl Fn(usize, usize) -> __m512,
+unsafe fn panel<G>(
+    groups: &[G],
+    load: impl Fn(&G, usize, usize) -> __m512,
+    at: impl Fn(&G, usize, usize) -> f32,
+    xs: &[&[f32]; TILE16_COLS],
+    k: usize,
+    mut out: impl FnMut(usize, &[[f32; TILE16_COLS]; TILE16_ROWS]),
+) {
+    // SAFETY: avx512f (the caller's).
+    let zero = unsafe { _mm512_setzero_ps() };
+    let mut accs: Vec<Acc16> = vec![[[zero; TILE16_COLS]; TILE16_ROWS]; groups.len()];
+    let body = k / 16 * 16;
+    for s0 in (0..body).step_by(PANEL_SLICE) {
+        let span = s0..(s0 + PANEL_SLICE).min(body);
+        for (ws, acc) in groups.iter().zip(accs.iter_mut()) {
+            // SAFETY: the caller's; the span lies within 0..body.
+            unsafe { tile16_steps(&|r, i| load(ws, r, i), xs, span.clone(), acc) };
+        }
+    }
+    let mut tile = [[0f32; TILE16_COLS]; TILE16_ROWS];
+    for (g, (ws, acc)) in groups.iter().zip(&accs).enumerate() {
+        // SAFETY: the caller's.
+        unsafe { tile16_sums(acc, |r, j| at(ws, r, j), xs, k, &mut tile) };
+        out(g, &tile);
+    }
+}
+
+/// Twenty-four sixteen-lane chains of [`dot16_panel`].
+type Acc16 = [[__m512; TILE16_COLS]; TILE16_ROWS];
+
+/// [`dot16_panel`]'s multiply-adds for values `span` (multiples of 16,
+/// within every column), continuing the chains in `acc`.
+///
+/// # Safety
+/// As [`panel`]; `span.end <= k`.
+#[inline(always)]
+unsafe fn tile16_steps(
+    load: &impl Fn(usize, usize) -> __m512,
+    xs: &[&[f32]; TILE16_COLS],
+    span: std::ops::Range<usize>,
+    acc: &mut Acc16,
+) {
+    // In registers for the loop.
+    let mut a = *acc;
+    let mut i = span.start;
+    while i < span.end {
+        let w: [__m512; TILE16_ROWS] = std::array::from_fn(|r| load(r, i));
+        for c in 0..TILE16_COLS {
+            // SAFETY: i + 16 <= span.end <= k, within every column.
+            let x = unsafe { _mm512_loadu_ps(xs[c].as_ptr().add(i)) };
+            for r in 0..TILE16_ROWS {
+                // SAFETY: avx512f and fma (the caller's).
+                a[r][c] = unsafe { _mm512_fmadd_ps(w[r], x, a[r][c]) };
+            }
+        }
+        i += 16;
+    }
+    *acc = a;
+}
+
+/// [`dot16_panel`]'s sums of the finished chains `acc`, with the tail past
+/// `k / 16 * 16` chained apart.
+///
+/// # Safety
+/// As [`panel`].
+#[inline(always)]
+unsafe fn tile16_sums(
+    acc: &Acc16,
     at: impl Fn(usize, usize) -> f32,
     xs: &[&[f32]; TILE16_COLS],
     k: usize,
     out: &mut [[f32; TILE16_COLS]; TILE16_ROWS],
 ) {
-    // SAFETY: avx512f (the caller's).
-    let mut acc = [[unsafe { _mm512_setzero_ps() }; TILE16_COLS]; TILE16_ROWS];
     let body = k / 16 * 16;
-    let mut i = 0;
-    while i < body {
-        let w: [__m512; TILE16_ROWS] = std::array::from_fn(|r| load(r, i));
-        for c in 0..TILE16_COLS {
-            // SAFETY: i + 16 <= body <= k, within every column.
-            let x = unsafe { _mm512_loadu_ps(xs[c].as_ptr().add(i)) };
-            for r in 0..TILE16_ROWS {
-                // SAFETY: avx512f and fma (the caller's).
-                acc[r][c] = unsafe { _mm512_fmadd_ps(w[r], x, acc[r][c]) };
-            }
-        }
-        i += 16;
-    }
     // The 24 sums, sixteen registers at a time (`sum16_tree_x16`).
     let flat: [__m512; 32] = std::array::from_fn(|a| {
         // SAFETY: avx512f (the caller's).
@@ -1686,29 +1777,4 @@ unsafe fn sum16_tree_x16(v: &[__m512; 16]) -> __m512 {
             _mm512_shuffle_ps::<0b11_01_11_01>(r[0], r[1]),
         )
     }
-}
-
-/// [`dot16_tile`] with the four weight rows as stored in an f16 GGUF row
-/// (little-endian halves, converted in registers: exact), so that the
-/// rows stream at half the bytes and need no dequantized copy.
-///
-/// # Safety
-/// The CPU must support avx512f, f16c and fma; every `ws[r]` holds at
-/// least `2k` bytes and every `xs[c]` at least `k` values.
-#[target_feature(enable = "avx512f,f16c,fma")]
-pub(super) unsafe fn dot16_tile_f16(
-    ws: &[&[u8]; TILE16_ROWS],
-    xs: &[&[f32]; TILE16_COLS],
-    k: usize,
-    out: &mut [[f32; TILE16_COLS]; TILE16_ROWS],
-) {
-    assert!(ws.iter().all(|v| v.len() >= 2 * k) && xs.iter().all(|v| v.len() >= k));
-    let load = |r: usize, i: usize| {
-        // SAFETY: every row holds 2k bytes: 32 from 2i, i + 16 <= k.
-        unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(ws[r].as_ptr().add(2 * i) as *const __m256i)) }
-    };
-    let at =
-        |r: usize, j: usize| half::f16::from_le_bytes([ws[r][2 * j], ws[r][2 * j + 1]]).to_f32();
-    // SAFETY: the caller's (avx512f, f16c, fma; columns of k values).
-    unsafe { tile16(load, at, xs, k, out) }
 }
