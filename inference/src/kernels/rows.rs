@@ -464,12 +464,12 @@ unsafe fn float_tiles(
             unsafe {
                 super::x86::dot16_panel(&groups, &cols, k, |g, tile| {
                     let g0 = b0 + g * TILE16_ROWS;
-                    for (i, r) in (g0..(g0 + TILE16_ROWS).min(b1)).enumerate() {
-                        for (j, c) in (c0..c1).enumerate() {
-                            // SAFETY: row `rows.start + r` is in `rows`, which
-                            // this call owns.
-                            out.set(c, rows.start + r, tile[i][j]);
-                        }
+                    let n = (b1 - g0).min(TILE16_ROWS);
+                    for (j, c) in (c0..c1).enumerate() {
+                        let run: [f32; TILE16_ROWS] = std::array::from_fn(|i| tile[i][j]);
+                        // SAFETY: rows `rows.start + g0 ..` (n of them) are
+                        // in `rows`, which this call owns.
+                        out.set_run(c, rows.start + g0, &run[..n]);
                     }
                 })
             };

@@ -1648,15 +1648,28 @@ unsafe fn panel<G>(
 ) {
     // SAFETY: avx512f (the caller's).
     let zero = unsafe { _mm512_setzero_ps() };
-    let mut accs: Vec<Acc16> = vec![[[zero; TILE16_COLS]; TILE16_ROWS]; groups.len()];
+    // Each group's chains start in registers in the first slice (no
+    // zeroed buffer to write and read back: a panel is short work).
+    let mut accs: Vec<Acc16> = Vec::with_capacity(groups.len());
     let body = k / 16 * 16;
     for s0 in (0..body).step_by(PANEL_SLICE) {
         let span = s0..(s0 + PANEL_SLICE).min(body);
-        for (ws, acc) in groups.iter().zip(accs.iter_mut()) {
+        for (g, ws) in groups.iter().enumerate() {
+            let load = |r, i| load(ws, r, i);
             // SAFETY: the caller's; the span lies within 0..body.
-            unsafe { tile16_steps(&|r, i| load(ws, r, i), xs, span.clone(), acc) };
+            unsafe {
+                if s0 == 0 {
+                    let mut acc = [[zero; TILE16_COLS]; TILE16_ROWS];
+                    tile16_steps(&load, xs, span.clone(), &mut acc);
+                    accs.push(acc);
+                } else {
+                    tile16_steps(&load, xs, span.clone(), &mut accs[g]);
+                }
+            }
         }
     }
+    // No values of 16 (k < 16): every chain is empty.
+    accs.resize(groups.len(), [[zero; TILE16_COLS]; TILE16_ROWS]);
     let mut tile = [[0f32; TILE16_COLS]; TILE16_ROWS];
     for (g, (ws, acc)) in groups.iter().zip(&accs).enumerate() {
         // SAFETY: the caller's.
