@@ -54,6 +54,11 @@
 //! per file and thread count (medians reported); `AGENTD_BENCH_REPS` (1) per
 //! run. The Q5_K_M and Q6_K files are requantized on first use
 //! (`extra_file`).
+//! The run opens with STREAM's triad at 1 and 2 threads (the decode
+//! ceiling, measured in the same run), and each row gives agentd's decode as
+//! a share of it (every weight held × tokens/s ÷ triad: an upper bound, as a
+//! decode reads one row of the token embeddings; a file that fits the
+//! last-level cache is not bound by it at all).
 //! Run on an otherwise idle machine; the ratios are the result.
 
 use agentd_benches::{agentd, llama_bin, median, model, root};
@@ -459,10 +464,61 @@ fn reuse(model: &Path, threads: usize) -> (f64, f64) {
     (median(cold), median(warm))
 }
 
+/// STREAM's triad (`c = a + 3·b`, 24 bytes an element: two read, one
+/// written) over arrays of 512 MiB each, split over `threads` threads, best
+/// of five passes, in GB/s: the decode ceiling a decode's figures are read
+/// against (a decode streams every weight once a token).
+fn triad(threads: usize) -> f64 {
+    const N: usize = 64 << 20;
+    let a = vec![1.0f64; N];
+    let b = vec![2.0f64; N];
+    let mut c = vec![0.0f64; N];
+    let per = N.div_ceil(threads.max(1));
+    let mut best = f64::MAX;
+    for _ in 0..5 {
+        let t = Instant::now();
+        std::thread::scope(|s| {
+            for ((c, a), b) in c.chunks_mut(per).zip(a.chunks(per)).zip(b.chunks(per)) {
+                s.spawn(move || {
+                    for ((c, a), b) in c.iter_mut().zip(a).zip(b) {
+                        *c = a + 3.0 * b;
+                    }
+                });
+            }
+        });
+        best = best.min(t.elapsed().as_secs_f64());
+        std::hint::black_box(&c);
+    }
+    (24 * N) as f64 / best / 1e9
+}
+
+/// [`triad`] in a child process (this binary with `--triad THREADS`): a
+/// process that once held its arrays would pass that peak to every child it
+/// starts after (Linux copies the high-water mark through fork and exec),
+/// and the peer's peak RSS is measured on its child.
+fn triad_in_child(threads: usize) -> f64 {
+    std::env::current_exe()
+        .ok()
+        .and_then(|exe| Command::new(exe).args(["--triad", &threads.to_string()]).output().ok())
+        .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
+        .unwrap_or(f64::NAN)
+}
+
 fn main() {
-    if std::env::args().any(|a| a == "--list") {
+    let args: Vec<String> = std::env::args().collect();
+    if args.iter().any(|a| a == "--list") {
         return;
     }
+    if let Some(i) = args.iter().position(|a| a == "--triad") {
+        let threads = args.get(i + 1).and_then(|t| t.parse().ok()).unwrap_or(1);
+        println!("{}", triad(threads));
+        return;
+    }
+    let ceiling = [1usize, 2].map(triad_in_child);
+    println!(
+        "STREAM triad in this run: {:.1} GB/s at 1 thread, {:.1} GB/s at 2 (arrays of 512 MiB, best of 5)",
+        ceiling[0], ceiling[1]
+    );
     let reps = std::env::var("AGENTD_BENCH_REPS").ok().and_then(|r| r.parse().ok()).unwrap_or(1);
     let rounds =
         std::env::var("AGENTD_BENCH_ROUNDS").ok().and_then(|r| r.parse().ok()).unwrap_or(3).max(1);
@@ -477,15 +533,15 @@ fn main() {
         dir.display()
     );
     println!(
-        "| file | threads | llama.cpp pp / tg | agentd pp / tg | ratio pp / tg | peak RSS agentd / llama.cpp MB |"
+        "| file | threads | llama.cpp pp / tg | agentd pp / tg | ratio pp / tg | peak RSS agentd / llama.cpp MB | agentd decode, weights × tok/s ÷ triad |"
     );
-    println!("|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|");
     for name in FILES.iter().filter(|n| n.contains(only.as_str())) {
         extra_file(bin.as_deref(), &dir, name);
         synth_file(bin.as_deref(), &dir, name);
         let path = dir.join(format!("{name}.gguf"));
         if !path.is_file() {
-            println!("| {name} | – | missing (see the header of benches/engine.rs) | | | |");
+            println!("| {name} | – | missing (see the header of benches/engine.rs) | | | | |");
             continue;
         }
         let m = path.display().to_string();
@@ -496,9 +552,11 @@ fn main() {
             // medians over the rounds, the ratios the medians of each
             // round's ratio.
             let mut kernels = Value::Null;
+            let mut weight_mb = 0.0;
             let (mut ours, mut theirs) = (Vec::new(), Vec::new());
             for _ in 0..rounds {
                 let o = agentd_bench(&m, t, reps, &[]);
+                weight_mb = o["weight_mb"].as_f64().unwrap_or(0.0);
                 ours.push((
                     o["pp_tok_s"].as_f64().unwrap_or(0.0),
                     o["tg_tok_s"].as_f64().unwrap_or(0.0),
@@ -513,20 +571,25 @@ fn main() {
                 median(v.iter().map(f).collect())
             };
             let (op, ot, orss) = (med(&ours, |x| x.0), med(&ours, |x| x.1), med(&ours, |x| x.2));
+            // Every weight held, the token embeddings too (a decode reads one
+            // row of those): an upper bound of the bytes a token reads.
+            let share = weight_mb * ot / 1e3 / ceiling[t.min(2) - 1] * 100.0;
             if theirs.len() == ours.len() {
                 let (lp, lt, lrss) =
                     (med(&theirs, |x| x.0), med(&theirs, |x| x.1), med(&theirs, |x| x.2));
                 let rp = median(ours.iter().zip(&theirs).map(|(o, l)| o.0 / l.0).collect());
                 let rt = median(ours.iter().zip(&theirs).map(|(o, l)| o.1 / l.1).collect());
                 println!(
-                    "| {name} | {t} | {lp:.0} / {lt:.1} | {op:.0} / {ot:.1} | {rp:.2}× / {rt:.2}× | {orss:.0} / {lrss:.0} ({:.2}×) |",
+                    "| {name} | {t} | {lp:.0} / {lt:.1} | {op:.0} / {ot:.1} | {rp:.2}× / {rt:.2}× | {orss:.0} / {lrss:.0} ({:.2}×) | ≤ {share:.0}% |",
                     orss / lrss
                 );
             } else {
-                println!("| {name} | {t} | – | {op:.0} / {ot:.1} | – | {orss:.0} / – |");
+                println!(
+                    "| {name} | {t} | – | {op:.0} / {ot:.1} | – | {orss:.0} / – | ≤ {share:.0}% |"
+                );
             }
             if t == 2 {
-                println!("|   kernels: {kernels} | | | | | |");
+                println!("|   kernels: {kernels} | | | | | | |");
             }
         }
     }
