@@ -1576,11 +1576,6 @@ unsafe fn q4k_dec8(w: &RowMat, acts: &Acts, rows: std::ops::Range<usize>, out: &
         // (the high byte's index has its top bit set: a zero).
         let pick: [__m256i; 8] =
             std::array::from_fn(|s| _mm256_set1_epi16((0xFF00u16 | s as u16) as i16));
-        // The eight mins (bytes 8..16) as i16.
-        let mins16 = _mm256_setr_epi8(
-            8, -1, 9, -1, 10, -1, 11, -1, 12, -1, 13, -1, 14, -1, 15, -1, 8, -1, 9, -1, 10, -1, 11,
-            -1, 12, -1, 13, -1, 14, -1, 15, -1,
-        );
         // Plain nested loops: a `flat_map` here stayed a call per group
         // (3% of a mixture's decode step).
         for rb in (rows.start..full).step_by(8) {
@@ -1600,25 +1595,8 @@ unsafe fn q4k_dec8(w: &RowMat, acts: &Acts, rows: std::ops::Range<usize>, out: &
                     }
                     let (dh, dmh, t) = q4k_group_header(&blk);
                     for j in 0..cn {
-                        let c = c0 + j;
-                        let da = _mm256_set1_ps(*acts.kd.get_unchecked(c * nb + b));
-                        let dd = _mm256_mul_ps(dh, da);
-                        let ddm = _mm256_mul_ps(dmh, da);
-                        let a0 = acts.kq.as_ptr().add(c * k + b * QK_K);
-                        let bs = acts.kbs.as_ptr().add((c * nb + b) * 16);
-                        // Sums of bsum pairs, one i16 per sub-block, in both halves.
-                        let bsp = _mm_hadd_epi16(
-                            _mm_loadu_si128(bs as *const __m128i),
-                            _mm_loadu_si128(bs.add(8) as *const __m128i),
-                        );
-                        let bsp = _mm256_setr_m128i(bsp, bsp);
-                        // Σ min·bsum per row and pair of sub-blocks.
-                        let u: [__m256i; 4] = std::array::from_fn(|p| {
-                            _mm256_madd_epi16(_mm256_shuffle_epi8(t[p], mins16), bsp)
-                        });
-                        // A grouped column (a short prompt's) folds and scales
-                        // after each group of 64, as `Q4KChain::run` does.
-                        let um = if acts.grouped(c) { Some(mins_by_pair(&u)) } else { None };
+                        let Q4KColumn { dd, ddm, a0, u, um } =
+                            q4k_column(acts, c0 + j, b, dh, dmh, &t);
                         // Each pair of rows' lane sums over the whole block:
                         // integer sums, exact in any order, so one hadd tree per
                         // block gives what one per group of 64 would.
@@ -1793,10 +1771,6 @@ unsafe fn q4k_dec8_512(w: &RowMat, acts: &Acts, rows: std::ops::Range<usize>, ou
         // i16 of the lane (the high byte's index has its top bit set: 0).
         let pick: [__m512i; 8] =
             std::array::from_fn(|s| _mm512_set1_epi16((0xFF00u16 | s as u16) as i16));
-        let mins16 = _mm256_setr_epi8(
-            8, -1, 9, -1, 10, -1, 11, -1, 12, -1, 13, -1, 14, -1, 15, -1, 8, -1, 9, -1, 10, -1, 11,
-            -1, 12, -1, 13, -1, 14, -1, 15, -1,
-        );
         // Plain nested loops: a `flat_map` here stayed a call per group
         // (3% of a mixture's decode step).
         for rb in (rows.start..full).step_by(8) {
@@ -1822,27 +1796,8 @@ unsafe fn q4k_dec8_512(w: &RowMat, acts: &Acts, rows: std::ops::Range<usize>, ou
                         _mm512_shuffle_i32x4::<0x50>(z, z)
                     });
                     for j in 0..cn {
-                        let c = c0 + j;
-                        let da = _mm256_set1_ps(*acts.kd.get_unchecked(c * nb + b));
-                        let dd = _mm256_mul_ps(dh, da);
-                        let ddm = _mm256_mul_ps(dmh, da);
-                        let a0 = acts.kq.as_ptr().add(c * k + b * QK_K);
-                        let bs = acts.kbs.as_ptr().add((c * nb + b) * 16);
-                        let bsp = _mm_hadd_epi16(
-                            _mm_loadu_si128(bs as *const __m128i),
-                            _mm_loadu_si128(bs.add(8) as *const __m128i),
-                        );
-                        let bsp = _mm256_setr_m128i(bsp, bsp);
-                        // Each row's minimums against the column's sums, per pair
-                        // of sub-blocks: row p's in i32 lanes 0..4, p + 4's in 4..8.
-                        let u: [__m256i; 4] = std::array::from_fn(|p| {
-                            _mm256_madd_epi16(_mm256_shuffle_epi8(t[p], mins16), bsp)
-                        });
-                        // A grouped column (ggml's four-column `gemm`) rounds per
-                        // 64 values: its sums fold and scale after each group g,
-                        // as `Q4KChain::run` does (same integers, same order of
-                        // float steps per lane).
-                        let um = if acts.grouped(c) { Some(mins_by_pair(&u)) } else { None };
+                        let Q4KColumn { dd, ddm, a0, u, um } =
+                            q4k_column(acts, c0 + j, b, dh, dmh, &t);
                         // Per p: rows p (i32 lanes 0..8) and p + 4 (8..16).
                         let mut iv = [_mm512_setzero_si512(); 4];
                         for g in 0..4 {
@@ -1934,6 +1889,61 @@ unsafe fn rows_of_pairs(iv: &[__m512i; 4]) -> __m256i {
         _mm512_add_epi32(_mm512_unpacklo_epi32(y[2], y[3]), _mm512_unpackhi_epi32(y[2], y[3]));
     let u = _mm512_add_epi32(_mm512_unpacklo_epi64(t01, t23), _mm512_unpackhi_epi64(t01, t23));
     _mm512_castsi512_si256(_mm512_shuffle_i32x4::<0b10_00_10_00>(u, u))
+}
+
+/// Column `c`'s part of block `b` of a Q4_K decode group (`q4k_dec8`,
+/// `q4k_dec8_512`), from the group's super-block scales `dh`/`dmh` and
+/// scale bytes `t` (`q4k_group_header`): the scales times the column's,
+/// its quantized values, each row's minimums against the column's sums
+/// per pair of sub-blocks (row p's in i32 lanes 0..4, p + 4's in 4..8),
+/// and, for a grouped column (ggml's four-column `gemm`, which rounds per
+/// 64 values: its sums fold and scale after each group, as
+/// `Q4KChain::run` does), those minimums by pair.
+struct Q4KColumn {
+    dd: __m256,
+    ddm: __m256,
+    a0: *const i8,
+    u: [__m256i; 4],
+    um: Option<[__m256i; 4]>,
+}
+
+/// [`Q4KColumn`] of column `c` and block `b`.
+///
+/// # Safety
+/// The CPU must support avx2, fma and f16c; `c < acts.n` and block `b` is
+/// within the column's activations (`acts.kd`, `acts.kq`, `acts.kbs`).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn q4k_column(
+    acts: &Acts,
+    c: usize,
+    b: usize,
+    dh: __m256,
+    dmh: __m256,
+    t: &[__m256i; 4],
+) -> Q4KColumn {
+    let nb = acts.k / QK_K;
+    // The eight mins (bytes 8..16 of each half's scale bytes) as i16.
+    let mins16 = _mm256_setr_epi8(
+        8, -1, 9, -1, 10, -1, 11, -1, 12, -1, 13, -1, 14, -1, 15, -1, 8, -1, 9, -1, 10, -1, 11, -1,
+        12, -1, 13, -1, 14, -1, 15, -1,
+    );
+    // SAFETY: block b of column c is within the activations (the caller's).
+    unsafe {
+        let da = _mm256_set1_ps(*acts.kd.get_unchecked(c * nb + b));
+        let a0 = acts.kq.as_ptr().add(c * acts.k + b * QK_K);
+        let bs = acts.kbs.as_ptr().add((c * nb + b) * 16);
+        // Sums of bsum pairs, one i16 per pair of sub-blocks, in both halves.
+        let bsp = _mm_hadd_epi16(
+            _mm_loadu_si128(bs as *const __m128i),
+            _mm_loadu_si128(bs.add(8) as *const __m128i),
+        );
+        let bsp = _mm256_setr_m128i(bsp, bsp);
+        let u: [__m256i; 4] =
+            std::array::from_fn(|p| _mm256_madd_epi16(_mm256_shuffle_epi8(t[p], mins16), bsp));
+        let um = if acts.grouped(c) { Some(mins_by_pair(&u)) } else { None };
+        Q4KColumn { dd: _mm256_mul_ps(dh, da), ddm: _mm256_mul_ps(dmh, da), a0, u, um }
+    }
 }
 
 /// Per group g (sub-blocks 2g and 2g + 1), the eight rows' minimum sums in
