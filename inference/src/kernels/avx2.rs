@@ -1518,12 +1518,8 @@ unsafe fn q4k_wide_in(
             }
             for c in 0..n {
                 if acts.grouped(c) {
-                    let mut o = [0f32; 8];
                     let v = _mm256_sub_ps(accs.add(2 * c).read(), accs.add(2 * c + 1).read());
-                    _mm256_storeu_ps(o.as_mut_ptr(), v);
-                    for (r, v) in o.iter().enumerate() {
-                        out.set(c, rb + r, *v);
-                    }
+                    set_rows8(out, c, rb, v);
                 } else {
                     for r in rb..rb + 8 {
                         let mut o = [[0f32; 1]; 1];
@@ -1662,11 +1658,7 @@ unsafe fn q4k_dec8(w: &RowMat, acts: &Acts, rows: std::ops::Range<usize>, out: &
                     }
                 }
                 for j in 0..cn {
-                    let mut o = [0f32; 8];
-                    _mm256_storeu_ps(o.as_mut_ptr(), _mm256_sub_ps(acc[j], accm[j]));
-                    for (r, v) in o.iter().enumerate() {
-                        out.set(c0 + j, rb + r, *v);
-                    }
+                    set_rows8(out, c0 + j, rb, _mm256_sub_ps(acc[j], accm[j]));
                 }
             }
         }
@@ -1853,11 +1845,7 @@ unsafe fn q4k_dec8_512(w: &RowMat, acts: &Acts, rows: std::ops::Range<usize>, ou
                     }
                 }
                 for j in 0..cn {
-                    let mut o = [0f32; 8];
-                    _mm256_storeu_ps(o.as_mut_ptr(), _mm256_sub_ps(acc[j], accm[j]));
-                    for (r, v) in o.iter().enumerate() {
-                        out.set(c0 + j, rb + r, *v);
-                    }
+                    set_rows8(out, c0 + j, rb, _mm256_sub_ps(acc[j], accm[j]));
                 }
             }
         }
@@ -1889,6 +1877,21 @@ unsafe fn rows_of_pairs(iv: &[__m512i; 4]) -> __m256i {
         _mm512_add_epi32(_mm512_unpacklo_epi32(y[2], y[3]), _mm512_unpackhi_epi32(y[2], y[3]));
     let u = _mm512_add_epi32(_mm512_unpacklo_epi64(t01, t23), _mm512_unpackhi_epi64(t01, t23));
     _mm512_castsi512_si256(_mm512_shuffle_i32x4::<0b10_00_10_00>(u, u))
+}
+
+/// Rows `rb..rb + 8` of column `c` from the eight lanes of `v` (the
+/// eight-row decode kernels' results).
+///
+/// # Safety
+/// The CPU must support avx; as [`OutRows::set_run`] for those rows.
+#[target_feature(enable = "avx")]
+#[inline]
+unsafe fn set_rows8(out: &OutRows<'_>, c: usize, rb: usize, v: __m256) {
+    let mut o = [0f32; 8];
+    // SAFETY: eight floats stored into eight.
+    unsafe { _mm256_storeu_ps(o.as_mut_ptr(), v) };
+    // SAFETY: the caller's.
+    unsafe { out.set_run(c, rb, &o) };
 }
 
 /// Column `c`'s part of block `b` of a Q4_K decode group (`q4k_dec8`,
