@@ -515,6 +515,19 @@ impl Guide {
         }
     }
 
+    /// How many of `drafts`, in a row, the constraint allows now (after
+    /// the tokens committed so far). Only a governing grammar checks, and
+    /// consumes nothing; markers allow all. A proposal only: the masks of
+    /// the verifying rows decide what is confirmed.
+    pub(crate) fn allows(&mut self, drafts: &[u32]) -> usize {
+        match &mut self.kind {
+            GuideKind::Grammar(m) | GuideKind::Lazy { active: Some(m), .. } => {
+                m.validate_tokens(drafts).unwrap_or(0)
+            }
+            _ => drafts.len(),
+        }
+    }
+
     /// Whether a grammar is governing right now (for tests and diagnostics).
     pub(crate) fn engaged(&self) -> bool {
         matches!(self.kind, GuideKind::Grammar(_) | GuideKind::Lazy { active: Some(_), .. })

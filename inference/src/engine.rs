@@ -369,6 +369,8 @@ pub struct GenParams {
     /// context's last words (evidence being quoted); one pass verifies them
     /// and each is kept only if sampling picks it from its own row's logits,
     /// which are those of a plain decode step: the output never changes.
+    /// Under a grammar the drafts are cut to the run it allows, and each
+    /// row is masked as its decode step would be.
     pub speculate: usize,
 }
 
@@ -1363,7 +1365,10 @@ impl Engine {
                         }
                     }
                 }
-                confirmed = run.len() == 1 && drafts.get(j) == Some(&id);
+                // Confirmed: the drafts hold what runs next (a grammar's
+                // forced tokens after the sampled one included), so it is
+                // cached already and its rows of logits are there.
+                confirmed = drafts.get(j..).is_some_and(|d| d.starts_with(&run));
             }
             if out.ids.is_empty() {
                 out.first_token = g.t0.elapsed();
@@ -1394,11 +1399,12 @@ impl Engine {
             if !confirmed {
                 break;
             }
-            // The draft is the token sampling picked: already cached, and
-            // the next row's logits follow it.
-            out.accepted += 1;
+            // The drafts are the tokens sampling picked (and the grammar
+            // forced after it): already cached, and the next row's logits
+            // follow them.
+            out.accepted += run.len();
+            j += run.len();
             run.clear();
-            j += 1;
         }
         g.drafter.verified(drafts.len(), j, g.speculate);
         session.cut(base + j, cfg);
@@ -1415,16 +1421,13 @@ impl Engine {
             let (at, n) = (session.tokens.len(), run.len());
             return Some(Run::new(k, run, self.attn_mode(n), thresholds(&(at..at + n)), None));
         }
-        // Drafts: not while a grammar decides the tokens, nor past the
-        // limit or the context.
+        // Drafts: not past the limit or the context. Under a grammar
+        // (quoted evidence) only the run of them the grammar allows after
+        // the token about to run; each row is then masked as a decode
+        // step's would be, so what sampling confirms is the same.
         let left = (g.params.max_tokens - g.out.ids.len())
             .min(self.info.context.saturating_sub(session.tokens.len() + 2));
-        let spec =
-            if g.speculate == 0 || g.spec_paused || g.guide.as_ref().is_some_and(Guide::engaged) {
-                0
-            } else {
-                g.drafter.next().min(left)
-            };
+        let spec = if g.speculate == 0 || g.spec_paused { 0 } else { g.drafter.next().min(left) };
         let mut tokens = run;
         if spec > 0 {
             // The context with the token about to run, without copying it.
@@ -1436,6 +1439,10 @@ impl Engine {
                 None => lookup(&session.tokens, spec),
             };
             session.tokens.truncate(session.tokens.len() - tokens.len());
+            if let Some(guide) = g.guide.as_mut() {
+                let ok = guide.allows(&g.drafts);
+                g.drafts.truncate(ok);
+            }
             g.out.drafted += g.drafts.len();
         }
         if g.drafts.is_empty() {
