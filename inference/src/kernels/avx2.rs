@@ -1399,7 +1399,14 @@ unsafe fn q4k_wide(w: &RowMat, acts: &Acts, rows: std::ops::Range<usize>, out: &
     DECODED.with_borrow_mut(|dec| unsafe { q4k_wide_in(dec, w, acts, rows, out) });
 }
 
-/// The body of [`q4k_wide`].
+/// The body of [`q4k_wide`]. Per block, the eight rows' nibbles are laid
+/// out as 64 registers `wv[s][c]` (sub-block `s`, four-value chunk `c`)
+/// whose 32-bit lane `r` holds row `r`'s four values: one `maddubs` with the
+/// column's four activations broadcast gives every row's pair sums, the
+/// eight chunks of a sub-block add exactly in i16 (|x| ≤ 8 · 3840), and one
+/// `madd` with the rows' scales gives each row's sub-block sum in its own
+/// lane, so no horizontal adds are needed. Integer sums are exact in any
+/// order: the numbers are those of `Q4KChain::run`'s grouped fold.
 ///
 /// # Safety
 /// The CPU must support avx2, fma and f16c.
@@ -1420,6 +1427,7 @@ unsafe fn q4k_wide_in(
     let acc_bytes = 2 * n * 32;
     dec.resize(acc_bytes + 32, 0);
     let full = rows.start + (rows.end - rows.start) / 8 * 8;
+    let cols: Vec<usize> = (0..n).filter(|&c| acts.grouped(c)).collect();
     // SAFETY: loads stay within the eight rows of each group (asserted
     // rows), the columns' activations (asserted) and the accumulators
     // (2·n vectors in `dec`, 32-byte aligned below).
@@ -1427,6 +1435,7 @@ unsafe fn q4k_wide_in(
         let base = dec.as_mut_ptr();
         let accs = base.add(base.align_offset(32)) as *mut __m256;
         let m4 = _mm256_set1_epi8(0x0F);
+        let mut wv = [[_mm256_setzero_si256(); 8]; 8];
         for rb in (rows.start..full).step_by(8) {
             let at = w.at(rb, 8);
             let wp = w.bytes().as_ptr().add(at.base);
@@ -1434,43 +1443,49 @@ unsafe fn q4k_wide_in(
                 accs.add(c).write(_mm256_setzero_ps());
             }
             for b in 0..nb {
-                // The eight rows' scales, mins and nibbles for this block,
-                // rows `p` and `p + 4` side by side in the two 128-bit halves
-                // (so three hadds put the eight rows' sums in the lanes in
-                // order): `nib[p][g][h]`, h = 0/1 the low nibbles of the first
-                // and second 16 bytes of group g, h = 2/3 the high nibbles.
-                let mut nib = [[[_mm256_setzero_si256(); 4]; 4]; 4];
-                let mut sc = [[_mm256_setzero_si256(); 8]; 4];
                 let mut mins = [[0i32; 8]; 8];
+                let mut scs = [[0i32; 8]; 8];
                 let mut dw = [0f32; 8];
                 let mut dm = [0f32; 8];
-                let mut sms = [[0u8; 16]; 8];
                 for r in 0..8 {
                     let blk = wp.add(r * at.row + b * at.block);
                     dw[r] = f16_at(blk);
                     dm[r] = f16_at(blk.add(2));
-                    sms[r] = k4_scales(blk.add(4));
+                    let sm = k4_scales(blk.add(4));
                     for s in 0..8 {
-                        mins[s][r] = sms[r][8 + s] as i32;
+                        scs[s][r] = sm[s] as i32 * 0x1_0001;
+                        mins[s][r] = sm[8 + s] as i32;
                     }
                 }
-                for p in 0..4 {
-                    let qa = wp.add(p * at.row + b * at.block + 16);
-                    let qb = wp.add((p + 4) * at.row + b * at.block + 16);
-                    for s in 0..8 {
-                        sc[p][s] = _mm256_setr_m128i(
-                            _mm_set1_epi16(sms[p][s] as i16),
-                            _mm_set1_epi16(sms[p + 4][s] as i16),
-                        );
-                    }
-                    for g in 0..4 {
-                        for h in 0..2 {
+                let sc: [__m256i; 8] =
+                    std::array::from_fn(|s| _mm256_loadu_si256(scs[s].as_ptr() as *const __m256i));
+                // The nibbles: per half h of a group's 32 bytes, rows p and
+                // p + 4 side by side (low nibbles: sub-block 2g, high: 2g + 1),
+                // then a 4 × 4 transpose of 32-bit lanes within each 128-bit
+                // half puts chunk c of rows 0..4 | 4..8 in one register.
+                for g in 0..4 {
+                    for h in 0..2 {
+                        let mut lo = [_mm256_setzero_si256(); 4];
+                        let mut hi = [_mm256_setzero_si256(); 4];
+                        for p in 0..4 {
+                            let qa = wp.add(p * at.row + b * at.block + 16 + 32 * g + 16 * h);
+                            let qb = wp.add((p + 4) * at.row + b * at.block + 16 + 32 * g + 16 * h);
                             let q = _mm256_setr_m128i(
-                                _mm_loadu_si128(qa.add(32 * g + 16 * h) as *const __m128i),
-                                _mm_loadu_si128(qb.add(32 * g + 16 * h) as *const __m128i),
+                                _mm_loadu_si128(qa as *const __m128i),
+                                _mm_loadu_si128(qb as *const __m128i),
                             );
-                            nib[p][g][h] = _mm256_and_si256(q, m4);
-                            nib[p][g][2 + h] = _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4);
+                            lo[p] = _mm256_and_si256(q, m4);
+                            hi[p] = _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4);
+                        }
+                        for (s, x) in [(2 * g, &lo), (2 * g + 1, &hi)] {
+                            let t0 = _mm256_unpacklo_epi32(x[0], x[1]);
+                            let t1 = _mm256_unpackhi_epi32(x[0], x[1]);
+                            let t2 = _mm256_unpacklo_epi32(x[2], x[3]);
+                            let t3 = _mm256_unpackhi_epi32(x[2], x[3]);
+                            wv[s][4 * h] = _mm256_unpacklo_epi64(t0, t2);
+                            wv[s][4 * h + 1] = _mm256_unpackhi_epi64(t0, t2);
+                            wv[s][4 * h + 2] = _mm256_unpacklo_epi64(t1, t3);
+                            wv[s][4 * h + 3] = _mm256_unpackhi_epi64(t1, t3);
                         }
                     }
                 }
@@ -1478,65 +1493,17 @@ unsafe fn q4k_wide_in(
                 let dmv = _mm256_loadu_ps(dm.as_ptr());
                 // Per group of 64 values, each row's two mins as an i16 pair
                 // (≤ 63): one madd with the pair of bsum sums gives Σ min·bsum.
-                let mut minp = [_mm256_setzero_si256(); 4];
-                for g in 0..4 {
-                    let mut m = [0i32; 8];
-                    for r in 0..8 {
-                        m[r] = mins[2 * g][r] | (mins[2 * g + 1][r] << 16);
-                    }
-                    minp[g] = _mm256_loadu_si256(m.as_ptr() as *const __m256i);
+                let minp: [__m256i; 4] = std::array::from_fn(|g| {
+                    let m: [i32; 8] =
+                        std::array::from_fn(|r| mins[2 * g][r] | (mins[2 * g + 1][r] << 16));
+                    _mm256_loadu_si256(m.as_ptr() as *const __m256i)
+                });
+                let mut pairs = cols.chunks_exact(2);
+                for cp in pairs.by_ref() {
+                    q4k_wide_cols::<2>([cp[0], cp[1]], acts, b, &wv, &sc, &minp, dwv, dmv, accs);
                 }
-                for c in 0..n {
-                    if !acts.grouped(c) {
-                        continue;
-                    }
-                    let a0 = acts.kq.as_ptr().add(c * k + b * QK_K);
-                    let bs = acts.kbs.as_ptr().add(c * nb * 16 + b * 16);
-                    let da = _mm256_set1_ps(*acts.kd.get_unchecked(c * nb + b));
-                    let dd = _mm256_mul_ps(dwv, da);
-                    let ddm = _mm256_mul_ps(dmv, da);
-                    // Sums of bsum pairs (two per 32 values, fit i16 exactly):
-                    // lane g holds the pair for sub-blocks 2g and 2g + 1.
-                    let mut ps = [0i32; 4];
-                    let h = _mm_hadd_epi16(
-                        _mm_loadu_si128(bs as *const __m128i),
-                        _mm_loadu_si128(bs.add(8) as *const __m128i),
-                    );
-                    _mm_storeu_si128(ps.as_mut_ptr() as *mut __m128i, h);
-                    let mut acc = accs.add(2 * c).read();
-                    let mut accm = accs.add(2 * c + 1).read();
-                    for g in 0..4 {
-                        // The group's activations, 16 at a time in both halves.
-                        let mut a = [_mm256_setzero_si256(); 4];
-                        for (h, a) in a.iter_mut().enumerate() {
-                            *a = _mm256_broadcastsi128_si256(_mm_loadu_si128(
-                                a0.add(64 * g + 16 * h) as *const __m128i,
-                            ));
-                        }
-                        // (Loops, not closures: a closure would not inherit
-                        // this function's target features.) Two maddubs sums
-                        // of one sub-block add exactly in i16 (|x| ≤ 7680).
-                        let mut v = [_mm256_setzero_si256(); 4];
-                        for p in 0..4 {
-                            let q = &nib[p][g];
-                            let l0 = _mm256_maddubs_epi16(q[0], a[0]);
-                            let l1 = _mm256_maddubs_epi16(q[1], a[1]);
-                            let h0 = _mm256_maddubs_epi16(q[2], a[2]);
-                            let h1 = _mm256_maddubs_epi16(q[3], a[3]);
-                            let pl = _mm256_madd_epi16(_mm256_add_epi16(l0, l1), sc[p][2 * g]);
-                            let ph = _mm256_madd_epi16(_mm256_add_epi16(h0, h1), sc[p][2 * g + 1]);
-                            v[p] = _mm256_add_epi32(pl, ph);
-                        }
-                        let iv = _mm256_hadd_epi32(
-                            _mm256_hadd_epi32(v[0], v[1]),
-                            _mm256_hadd_epi32(v[2], v[3]),
-                        );
-                        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iv), dd, acc);
-                        let im = _mm256_madd_epi16(minp[g], _mm256_set1_epi32(ps[g]));
-                        accm = _mm256_fmadd_ps(_mm256_cvtepi32_ps(im), ddm, accm);
-                    }
-                    accs.add(2 * c).write(acc);
-                    accs.add(2 * c + 1).write(accm);
+                for &c in pairs.remainder() {
+                    q4k_wide_cols::<1>([c], acts, b, &wv, &sc, &minp, dwv, dmv, accs);
                 }
             }
             for c in 0..n {
@@ -1559,6 +1526,81 @@ unsafe fn q4k_wide_in(
                 Q4KChain::run::<1, 1>(w, acts, r, c, &mut o);
                 out.set(c, r, o[0][0]);
             }
+        }
+    }
+}
+
+/// One block of [`q4k_wide_in`] for `N` grouped columns `cs`: each load of
+/// the rows' nibbles serves the `N` columns.
+///
+/// # Safety
+/// The CPU must support avx2, fma and f16c; `cs` are grouped columns of
+/// `acts` and block `b` lies within its rows; `accs` holds two vectors per
+/// column of `acts`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+#[allow(clippy::too_many_arguments)]
+unsafe fn q4k_wide_cols<const N: usize>(
+    cs: [usize; N],
+    acts: &Acts,
+    b: usize,
+    wv: &[[__m256i; 8]; 8],
+    sc: &[__m256i; 8],
+    minp: &[__m256i; 4],
+    dwv: __m256,
+    dmv: __m256,
+    accs: *mut __m256,
+) {
+    let k = acts.k;
+    let nb = k / QK_K;
+    // SAFETY: as the caller promises (columns, block and accumulators).
+    unsafe {
+        let a0: [*const u8; N] =
+            std::array::from_fn(|j| acts.kq.as_ptr().add(cs[j] * k + b * QK_K) as *const u8);
+        let mut acc: [__m256; N] = std::array::from_fn(|j| accs.add(2 * cs[j]).read());
+        let mut accm: [__m256; N] = std::array::from_fn(|j| accs.add(2 * cs[j] + 1).read());
+        let mut dd = [_mm256_setzero_ps(); N];
+        let mut ddm = [_mm256_setzero_ps(); N];
+        let mut ps = [[0i32; 4]; N];
+        for j in 0..N {
+            let da = _mm256_set1_ps(*acts.kd.get_unchecked(cs[j] * nb + b));
+            dd[j] = _mm256_mul_ps(dwv, da);
+            ddm[j] = _mm256_mul_ps(dmv, da);
+            // Sums of bsum pairs (two per 32 values, fit i16 exactly):
+            // lane g holds the pair for sub-blocks 2g and 2g + 1.
+            let bs = acts.kbs.as_ptr().add(cs[j] * nb * 16 + b * 16);
+            let h = _mm_hadd_epi16(
+                _mm_loadu_si128(bs as *const __m128i),
+                _mm_loadu_si128(bs.add(8) as *const __m128i),
+            );
+            _mm_storeu_si128(ps[j].as_mut_ptr() as *mut __m128i, h);
+        }
+        for g in 0..4 {
+            let mut iv = [_mm256_setzero_si256(); N];
+            for s in 2 * g..2 * g + 2 {
+                let mut sum = [_mm256_setzero_si256(); N];
+                for c in 0..8 {
+                    let wr = wv[s][c];
+                    for j in 0..N {
+                        let a = _mm256_set1_epi32(
+                            (a0[j].add(32 * s + 4 * c) as *const i32).read_unaligned(),
+                        );
+                        sum[j] = _mm256_add_epi16(sum[j], _mm256_maddubs_epi16(wr, a));
+                    }
+                }
+                for j in 0..N {
+                    iv[j] = _mm256_add_epi32(iv[j], _mm256_madd_epi16(sum[j], sc[s]));
+                }
+            }
+            for j in 0..N {
+                acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iv[j]), dd[j], acc[j]);
+                let im = _mm256_madd_epi16(minp[g], _mm256_set1_epi32(ps[j][g]));
+                accm[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(im), ddm[j], accm[j]);
+            }
+        }
+        for j in 0..N {
+            accs.add(2 * cs[j]).write(acc[j]);
+            accs.add(2 * cs[j] + 1).write(accm[j]);
         }
     }
 }
