@@ -1478,14 +1478,7 @@ unsafe fn q4k_wide_in(
                             hi[p] = _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4);
                         }
                         for (s, x) in [(2 * g, &lo), (2 * g + 1, &hi)] {
-                            let t0 = _mm256_unpacklo_epi32(x[0], x[1]);
-                            let t1 = _mm256_unpackhi_epi32(x[0], x[1]);
-                            let t2 = _mm256_unpacklo_epi32(x[2], x[3]);
-                            let t3 = _mm256_unpackhi_epi32(x[2], x[3]);
-                            wv[s][4 * h] = _mm256_unpacklo_epi64(t0, t2);
-                            wv[s][4 * h + 1] = _mm256_unpackhi_epi64(t0, t2);
-                            wv[s][4 * h + 2] = _mm256_unpacklo_epi64(t1, t3);
-                            wv[s][4 * h + 3] = _mm256_unpackhi_epi64(t1, t3);
+                            wv[s][4 * h..4 * h + 4].copy_from_slice(&transpose4_epi32(x));
                         }
                     }
                 }
@@ -1566,14 +1559,9 @@ unsafe fn q4k_wide_cols<const N: usize>(
             let da = _mm256_set1_ps(*acts.kd.get_unchecked(cs[j] * nb + b));
             dd[j] = _mm256_mul_ps(dwv, da);
             ddm[j] = _mm256_mul_ps(dmv, da);
-            // Sums of bsum pairs (two per 32 values, fit i16 exactly):
-            // lane g holds the pair for sub-blocks 2g and 2g + 1.
-            let bs = acts.kbs.as_ptr().add(cs[j] * nb * 16 + b * 16);
-            let h = _mm_hadd_epi16(
-                _mm_loadu_si128(bs as *const __m128i),
-                _mm_loadu_si128(bs.add(8) as *const __m128i),
-            );
-            _mm_storeu_si128(ps[j].as_mut_ptr() as *mut __m128i, h);
+            // i32 lane g: the bsum sums of sub-blocks 2g and 2g + 1 as an
+            // i16 pair (for `minp`'s madd).
+            _mm_storeu_si128(ps[j].as_mut_ptr() as *mut __m128i, bsum_pairs(acts, cs[j], b));
         }
         for g in 0..4 {
             let mut iv = [_mm256_setzero_si256(); N];
@@ -1998,29 +1986,47 @@ unsafe fn q4k_column(
     unsafe {
         let da = _mm256_set1_ps(*acts.kd.get_unchecked(c * nb + b));
         let a0 = acts.kq.as_ptr().add(c * acts.k + b * QK_K);
-        let bs = acts.kbs.as_ptr().add((c * nb + b) * 16);
         // Sums of bsum pairs, one i16 per pair of sub-blocks, in both halves.
-        let bsp = _mm_hadd_epi16(
-            _mm_loadu_si128(bs as *const __m128i),
-            _mm_loadu_si128(bs.add(8) as *const __m128i),
-        );
+        let bsp = bsum_pairs(acts, c, b);
         let bsp = _mm256_setr_m128i(bsp, bsp);
         let u: [__m256i; 4] =
             std::array::from_fn(|p| _mm256_madd_epi16(_mm256_shuffle_epi8(t[p], mins16), bsp));
-        let um = if acts.grouped(c) { Some(mins_by_pair(&u)) } else { None };
+        // Per group g (sub-blocks 2g and 2g + 1), the eight rows' minimum
+        // sums in row order.
+        let um = if acts.grouped(c) { Some(transpose4_epi32(&u)) } else { None };
         Q4KColumn { dd: _mm256_mul_ps(dh, da), ddm: _mm256_mul_ps(dmh, da), a0, u, um }
     }
 }
 
-/// Per group g (sub-blocks 2g and 2g + 1), the eight rows' minimum sums in
-/// row order, from `u[p]` (row p's four pair sums in i32 lanes 0..4, row
-/// p + 4's in 4..8): a 4 × 4 transpose in each half.
+/// Column `c`'s block `b` of Q8_K bsums (sixteen, one per 16 values)
+/// added in pairs: i16 lane s is sub-block s's sum (exact in i16).
+///
+/// # Safety
+/// The CPU must support avx2; block b of column c is within `acts.kbs`.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn bsum_pairs(acts: &Acts, c: usize, b: usize) -> __m128i {
+    let nb = acts.k / QK_K;
+    // SAFETY: the caller's (the block's 16 bsums are within `kbs`).
+    unsafe {
+        let bs = acts.kbs.as_ptr().add((c * nb + b) * 16);
+        _mm_hadd_epi16(
+            _mm_loadu_si128(bs as *const __m128i),
+            _mm_loadu_si128(bs.add(8) as *const __m128i),
+        )
+    }
+}
+
+/// A 4 × 4 transpose of 32-bit lanes in each 128-bit half: lane i of
+/// result c's half is lane c of `u[i]`'s half. With `u[p]` holding row p's
+/// four values in the low half and row p + 4's in the high, result c holds
+/// value c of the eight rows in row order.
 ///
 /// # Safety
 /// The CPU must support avx2.
 #[target_feature(enable = "avx2")]
 #[inline]
-unsafe fn mins_by_pair(u: &[__m256i; 4]) -> [__m256i; 4] {
+unsafe fn transpose4_epi32(u: &[__m256i; 4]) -> [__m256i; 4] {
     let a = _mm256_unpacklo_epi32(u[0], u[1]);
     let b = _mm256_unpacklo_epi32(u[2], u[3]);
     let c = _mm256_unpackhi_epi32(u[0], u[1]);
