@@ -45,7 +45,8 @@ builds):
               implement and must refuse, naming it
 
 Shapes: `test` (default: n_embd 128, 3 or 4 layers, 512-token vocabulary, for the tests),
-`bench` (n_embd 1024: qwen3moe with 16 experts, 4 active, and its twin; phi3 and its twin) and
+`bench` (n_embd 1024: qwen3moe with 16 experts, 4 active, and its twin; phi3 and its twin;
+gemma2 with eight of Gemma-2-2B's layers: n_embd 2304, heads of 256, window 4096) and
 `8b` (llama3 only: Llama-3.1-8B's layers — n_embd 4096, 32 layers, 32 heads, 8 KV heads, head
 size 128, feed-forward 14336, context 131072 with `rope_freqs` — and this script's vocabulary;
 about 15 GB of F16, held in memory while written).
@@ -306,6 +307,9 @@ SHAPES = {
         "llama3-8b": dict(d=4096, heads=32, kv=8, hd=128, ff=14336, layers=32),
         "qwen3moe": dict(d=1024, heads=16, kv=4, hd=128, ff=3072, layers=4, experts=16, used=4,
                          ff_exp=768),
+        # Gemma-2-2B's layers (heads of 256, soft-capped scores, a window of 4096 on every other
+        # layer), eight of its 26.
+        "gemma2": dict(d=2304, heads=8, kv=4, hd=256, ff=9216, layers=8, window=4096),
     },
 }
 
@@ -490,7 +494,7 @@ def write_gemma2(s: Synth, p: dict) -> None:
     w.add_value_length(hd)
     w.add_attn_logit_softcapping(50.0)
     w.add_final_logit_softcapping(30.0)
-    w.add_sliding_window(128)
+    w.add_sliding_window(p.get("window", 128))
     s.vocab("default")
     # Tied: the embeddings are scaled by sqrt(d) on input and are the output matrix. Logits
     # spread ~8 before the final cap of 30; the post norms (GEMMA_POST_NORM) make the blocks

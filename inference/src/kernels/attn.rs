@@ -505,9 +505,10 @@ pub(crate) fn attend_heads(
     assert!(hd <= MAX_HEAD && out.len() == q.len() && from <= upto);
     assert!(upto == 0 || lane.at(upto - 1) + hd <= kc.len().min(vc.len()));
     #[cfg(target_arch = "x86_64")]
-    if softcap.is_none() && hd.is_multiple_of(64) && super::isa() == super::Isa::Avx512Vnni {
+    if hd.is_multiple_of(64) && super::isa() == super::Isa::Avx512Vnni {
+        let scale = softcap.map_or(scale, |c| scale / c);
         // SAFETY: the CPU has the features (`isa`); sizes asserted above.
-        unsafe { super::x86::attend_heads(q, hd, kc, vc, lane, from, upto, scale, out) };
+        unsafe { super::x86::attend_heads(q, hd, kc, vc, lane, from, upto, scale, softcap, out) };
         return;
     }
     for (q, out) in q.chunks_exact(hd).zip(out.chunks_exact_mut(hd)) {
@@ -533,15 +534,17 @@ pub(crate) fn attend_vec(
     assert!(q.len() <= MAX_HEAD && out.len() == q.len() && from <= upto);
     assert!(upto == 0 || lane.at(upto - 1) + q.len() <= kc.len().min(vc.len()));
     #[cfg(target_arch = "x86_64")]
-    if softcap.is_none() && q.len().is_multiple_of(64) {
+    if q.len().is_multiple_of(64) {
+        let (hd, cap) = (q.len(), softcap);
+        let scale = softcap.map_or(scale, |c| scale / c);
         if super::isa() == super::Isa::Avx512Vnni {
             // SAFETY: the CPU has the features (`isa`); sizes asserted above.
-            unsafe { super::x86::attend_heads(q, q.len(), kc, vc, lane, from, upto, scale, out) };
+            unsafe { super::x86::attend_heads(q, hd, kc, vc, lane, from, upto, scale, cap, out) };
             return;
         }
         if super::isa().avx2() {
             // SAFETY: the CPU has the features (`isa`); sizes asserted above.
-            unsafe { super::avx2::attend_vec(q, kc, vc, lane, from, upto, scale, out) };
+            unsafe { super::avx2::attend_vec(q, kc, vc, lane, from, upto, scale, cap, out) };
             return;
         }
     }
@@ -624,9 +627,10 @@ pub(crate) fn attend_quant(
     let row = ty.bytes(hd);
     assert!(upto * row <= kc.len().min(vc.len()));
     #[cfg(target_arch = "x86_64")]
-    if softcap.is_none() && super::isa() == super::Isa::Avx512Vnni {
+    if super::isa() == super::Isa::Avx512Vnni {
+        let scale = softcap.map_or(scale, |c| scale / c);
         // SAFETY: the CPU has the features (`isa`); sizes asserted above.
-        unsafe { super::x86::attend_quant(q, hd, ty, kc, vc, from, upto, scale, out) };
+        unsafe { super::x86::attend_quant(q, hd, ty, kc, vc, from, upto, scale, softcap, out) };
         return;
     }
     for (q, out) in q.chunks_exact(hd).zip(out.chunks_exact_mut(hd)) {
@@ -890,7 +894,7 @@ pub(crate) fn attend_tiled(
                 r += 1;
                 continue;
             }
-            if simd && softcap.is_none() {
+            if simd {
                 // The run of (up to four) rows from `r` that see the same
                 // keys, through one pass over the tile.
                 let n = rows[r..].iter().take(4).take_while(|x| seen(x) == (lo, valid)).count();
@@ -907,7 +911,7 @@ pub(crate) fn attend_tiled(
                     let q = |k: usize| rows[r + k].q;
                     macro_rules! group {
                         ($($k:literal),+) => {
-                            super::x86::tiled_group([$(q($k)),+], kt, v32, scale, (lo, valid), m, s, acc)
+                            super::x86::tiled_group([$(q($k)),+], kt, v32, (scale, softcap), (lo, valid), m, s, acc)
                         };
                     }
                     match n {
@@ -927,16 +931,11 @@ pub(crate) fn attend_tiled(
                 true => rows[r..].iter().take(2).take_while(|x| seen(x) == (lo, valid)).count(),
                 false => 1,
             };
-            if simd {
+            if simd2 {
                 #[cfg(target_arch = "x86_64")]
-                // SAFETY: the CPU has the features (`isa`); `kt` holds
-                // `hd · TILE` values, `v32` `TILE · hd`, `hd % 16 == 0`.
-                unsafe {
-                    super::x86::tiled_scores(row.q, &tile.kt, scale, &mut kqs[0])
-                };
-            } else if simd2 {
-                #[cfg(target_arch = "x86_64")]
-                // SAFETY: as above, for AVX2; the queries hold `hd` values.
+                // SAFETY: the CPU has the features (`isa`: AVX2 and F16C);
+                // `kt` holds `hd · TILE` values, `v32` `TILE · hd`, `hd %
+                // 16 == 0`; the queries hold `hd` values.
                 unsafe {
                     let kt = &tile.kt[..];
                     if n == 2 {
@@ -965,15 +964,7 @@ pub(crate) fn attend_tiled(
                     *s *= ms;
                 }
                 *m = mnew;
-                let sum = if simd {
-                    #[cfg(target_arch = "x86_64")]
-                    // SAFETY: as above.
-                    unsafe {
-                        super::x86::tiled_softmax(kq, mnew)
-                    }
-                    #[cfg(not(target_arch = "x86_64"))]
-                    unreachable!()
-                } else if simd2 {
+                let sum = if simd2 {
                     #[cfg(target_arch = "x86_64")]
                     // SAFETY: as above.
                     unsafe {
@@ -985,13 +976,7 @@ pub(crate) fn attend_tiled(
                     tiled_softmax(kq, mnew)
                 };
                 *s = (*s as f64 + sum) as f32;
-                if simd {
-                    #[cfg(target_arch = "x86_64")]
-                    // SAFETY: as above.
-                    unsafe {
-                        super::x86::tiled_accumulate(&kq[..valid], &tile.v32, acc)
-                    };
-                } else if !simd2 {
+                if !simd2 {
                     tiled_accumulate(&kq[..valid], &tile.v32, acc);
                 }
             }
@@ -1133,15 +1118,18 @@ mod tests {
                     let q: Vec<f32> = (0..heads * hd)
                         .map(|_| ((r() % 2001) as f32 / 1000.0 - 1.0) * 2.0)
                         .collect();
-                    for (from, upto) in [(0, 1), (0, 33), (5, 70)] {
+                    let spans = [(0, 1), (0, 33), (5, 70)];
+                    for ((from, upto), cap) in
+                        spans.into_iter().flat_map(|s| [(s, None), (s, Some(2.0))])
+                    {
                         let mut got = vec![0f32; heads * hd];
-                        attend_quant(&q, hd, ty, &kc, &vc, from, upto, 0.125, None, &mut got);
+                        attend_quant(&q, hd, ty, &kc, &vc, from, upto, 0.125, cap, &mut got);
                         let mut want = vec![0f32; heads * hd];
                         for (qh, o) in q.chunks_exact(hd).zip(want.chunks_exact_mut(hd)) {
-                            attend_quant_scalar(qh, ty, &kc, &vc, from, upto, 0.125, None, o);
+                            attend_quant_scalar(qh, ty, &kc, &vc, from, upto, 0.125, cap, o);
                         }
                         let same = got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
-                        assert!(same, "{ty} hd {hd} heads {heads} {from}..{upto}");
+                        assert!(same, "{ty} hd {hd} heads {heads} {from}..{upto} cap {cap:?}");
                     }
                 }
             }
@@ -1316,7 +1304,8 @@ mod tests {
 
     /// The query heads of one KV head run together give each head exactly
     /// its own one-query result, for every group size the kernel takes, the
-    /// common head sizes, windows and an empty range.
+    /// common head sizes, windows, an empty range and soft-capped scores
+    /// (gemma2; a cap of 2 so that scores of a few units reach its bend).
     #[test]
     fn heads_together_are_each_head_alone() {
         for hd in [64usize, 128, 256, 96] {
@@ -1324,20 +1313,23 @@ mod tests {
             let kc = cache(len * kv_heads * hd, 7, 2.0);
             let vc = cache(len * kv_heads * hd, 8, 1.5);
             let lane = Lane { stride: kv_heads * hd, offset: hd };
-            for heads in 1..=GROUP {
+            for (heads, cap) in (1..=GROUP).flat_map(|h| [(h, None), (h, Some(2.0))]) {
                 let q = vector(heads * hd, heads as u64 + hd as u64, 3.0);
                 for (from, upto) in [(0usize, len), (40, 100), (5, 5), (0, 1)] {
                     let mut together = vec![0f32; heads * hd];
-                    attend_heads(&q, hd, &kc, &vc, lane, from, upto, 0.125, None, &mut together);
+                    attend_heads(&q, hd, &kc, &vc, lane, from, upto, 0.125, cap, &mut together);
                     for h in 0..heads {
                         let mut alone = vec![0f32; hd];
                         let qh = &q[h * hd..(h + 1) * hd];
-                        attend_vec_scalar(qh, &kc, &vc, lane, from, upto, 0.125, None, &mut alone);
+                        attend_vec_scalar(qh, &kc, &vc, lane, from, upto, 0.125, cap, &mut alone);
                         assert_eq!(
                             &together[h * hd..(h + 1) * hd],
                             &alone[..],
-                            "hd {hd}, {heads} heads, head {h}, {from}..{upto}"
+                            "hd {hd}, {heads} heads, head {h}, {from}..{upto}, cap {cap:?}"
                         );
+                        let mut one = vec![0f32; hd];
+                        attend_vec(qh, &kc, &vc, lane, from, upto, 0.125, cap, &mut one);
+                        assert_eq!(one, alone, "one head: hd {hd}, {from}..{upto}, cap {cap:?}");
                     }
                 }
             }

@@ -2796,6 +2796,10 @@ impl Kern for Q6K {
 /// The CPU must support avx2, fma and f16c; `q.len()` is a multiple of 64,
 /// at most 256, `out.len() == q.len()`, `from <= upto`, and the caches hold
 /// `upto` positions of `lane` (all asserted by the caller).
+///
+/// With a soft-cap `cap` (gemma2), `scale` is the scale over the cap and
+/// each score becomes `cap · tanh(score)` (the C library's `tanhf`, as
+/// llama.cpp's).
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn attend_vec(
@@ -2806,6 +2810,7 @@ pub(super) unsafe fn attend_vec(
     from: usize,
     upto: usize,
     scale: f32,
+    cap: Option<f32>,
     out: &mut [f32],
 ) {
     let hd = q.len();
@@ -2818,9 +2823,9 @@ pub(super) unsafe fn attend_vec(
     // SAFETY: the bounds are asserted above; the features are the caller's.
     unsafe {
         match chunks {
-            8 => attend_vec_c::<8, true>(q, kc, vc, lane, from, upto, scale, out),
-            16 => attend_vec_c::<16, true>(q, kc, vc, lane, from, upto, scale, out),
-            _ => attend_vec_c::<32, false>(q, kc, vc, lane, from, upto, scale, out),
+            8 => attend_vec_c::<8, true>(q, kc, vc, lane, from, upto, scale, cap, out),
+            16 => attend_vec_c::<16, true>(q, kc, vc, lane, from, upto, scale, cap, out),
+            _ => attend_vec_c::<32, false>(q, kc, vc, lane, from, upto, scale, cap, out),
         }
     }
 }
@@ -2840,6 +2845,7 @@ unsafe fn attend_vec_c<const C: usize, const EXACT: bool>(
     from: usize,
     upto: usize,
     scale: f32,
+    cap: Option<f32>,
     out: &mut [f32],
 ) {
     let hd = q.len();
@@ -2877,7 +2883,10 @@ unsafe fn attend_vec_c<const C: usize, const EXACT: bool>(
                 );
                 _mm256_storeu_ps(l.as_mut_ptr().add(8 * h), x0);
             }
-            let s = super::attn::reduce16(&l) * scale;
+            let mut s = super::attn::reduce16(&l) * scale;
+            if let Some(c) = cap {
+                s = c * s.tanh();
+            }
             let (mut ms, mut vs) = (1f32, 1f32);
             if s > m {
                 let old = m;

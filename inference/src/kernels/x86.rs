@@ -582,6 +582,10 @@ unsafe fn q8_0_wide_cols<const N: usize>(
 /// most 256; `q.len()` is 1 to [`attn::GROUP`](super::attn::GROUP) times
 /// `hd`; `out.len() == q.len()`, and the caches hold `upto` positions of
 /// `lane` (all asserted by the caller).
+///
+/// With a soft-cap `cap` (gemma2), `scale` is the scale over the cap and
+/// each score becomes `cap · tanh(score)`, the C library's `tanhf` as
+/// llama.cpp calls it, before the block's maxima ([`soft_cap`]).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn attend_heads(
@@ -593,6 +597,7 @@ pub(super) unsafe fn attend_heads(
     from: usize,
     upto: usize,
     scale: f32,
+    cap: Option<f32>,
     out: &mut [f32],
 ) {
     let heads = q.len() / hd;
@@ -607,7 +612,7 @@ pub(super) unsafe fn attend_heads(
     unsafe {
         macro_rules! run {
             ($c:literal, $h:literal) => {
-                attend_heads_c::<$c, $h, true>(q, kc, vc, lane, from, upto, scale, out)
+                attend_heads_c::<$c, $h, true>(q, kc, vc, lane, from, upto, scale, cap, out)
             };
         }
         match (hd / 16, heads) {
@@ -621,9 +626,22 @@ pub(super) unsafe fn attend_heads(
             (8, 4) => run!(8, 4),
             _ => {
                 for (q, out) in q.chunks_exact(hd).zip(out.chunks_exact_mut(hd)) {
-                    attend_heads_c::<16, 1, false>(q, kc, vc, lane, from, upto, scale, out)
+                    attend_heads_c::<16, 1, false>(q, kc, vc, lane, from, upto, scale, cap, out)
                 }
             }
+        }
+    }
+}
+
+/// The first `n` scores of every head become `cap · tanh(score)` (the
+/// scores already over the cap): gemma2's soft-capped attention, with the
+/// C library's `tanhf` as llama.cpp's one-query path calls it. A loop of
+/// its own, so no vector register is live across the calls.
+#[inline(always)]
+fn soft_cap<const H: usize>(sc: &mut [[f32; BLOCK]; H], n: usize, cap: Option<f32>) {
+    if let Some(cap) = cap {
+        for s in sc.iter_mut().flat_map(|h| &mut h[..n]) {
+            *s = cap * s.tanh();
         }
     }
 }
@@ -652,6 +670,7 @@ unsafe fn attend_heads_c<const C: usize, const H: usize, const EXACT: bool>(
     from: usize,
     upto: usize,
     scale: f32,
+    cap: Option<f32>,
     out: &mut [f32],
 ) {
     let hd = q.len() / H;
@@ -709,6 +728,7 @@ unsafe fn attend_heads_c<const C: usize, const H: usize, const EXACT: bool>(
                     sc[h][k] = reduce16(x0) * scale;
                 }
             }
+            soft_cap(&mut sc, n, cap);
             // `e[h][k]`: the exponential's argument, then its value; `up`:
             // whether key k raised head h's max (e is then ms, else vs).
             let (e, up) = softmax_block(&sc, n, &mut m);
@@ -762,7 +782,7 @@ unsafe fn attend_heads_c<const C: usize, const H: usize, const EXACT: bool>(
 /// [`MAX_HEAD`](super::attn::MAX_HEAD); `q.len()` is 1 to
 /// [`GROUP`](super::attn::GROUP) times `hd`; `out.len() == q.len()`; the
 /// caches hold `upto` positions of `ty.bytes(hd)` bytes (all asserted by
-/// the caller).
+/// the caller). A soft-cap as [`attend_heads`].
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn attend_quant(
@@ -774,6 +794,7 @@ pub(super) unsafe fn attend_quant(
     from: usize,
     upto: usize,
     scale: f32,
+    cap: Option<f32>,
     out: &mut [f32],
 ) {
     let heads = q.len() / hd;
@@ -785,7 +806,7 @@ pub(super) unsafe fn attend_quant(
     unsafe {
         macro_rules! run {
             ($c:literal, $h:literal) => {
-                attend_quant_c::<$c, $h>(q, hd, ty, kc, vc, from, upto, scale, out)
+                attend_quant_c::<$c, $h>(q, hd, ty, kc, vc, from, upto, scale, cap, out)
             };
         }
         match (hd.div_ceil(64), heads) {
@@ -799,7 +820,7 @@ pub(super) unsafe fn attend_quant(
             (2, 4) => run!(8, 4),
             _ => {
                 for (q, out) in q.chunks_exact(hd).zip(out.chunks_exact_mut(hd)) {
-                    attend_quant_c::<16, 1>(q, hd, ty, kc, vc, from, upto, scale, out)
+                    attend_quant_c::<16, 1>(q, hd, ty, kc, vc, from, upto, scale, cap, out)
                 }
             }
         }
@@ -846,6 +867,7 @@ unsafe fn attend_quant_c<const C: usize, const H: usize>(
     from: usize,
     upto: usize,
     scale: f32,
+    cap: Option<f32>,
     out: &mut [f32],
 ) {
     const QK: usize = crate::kv::QK;
@@ -893,6 +915,7 @@ unsafe fn attend_quant_c<const C: usize, const H: usize>(
                     sc[h][k] = hsum256(lanes[h]) * scale;
                 }
             }
+            soft_cap(&mut sc, n, cap);
             let (e, up) = softmax_block(&sc, n, &mut m);
             for k in 0..n {
                 let vp = vc.as_ptr().add((t0 + k) * row);
@@ -1169,110 +1192,6 @@ pub(super) unsafe fn gelu_biased(x: &[f32], bias: Option<&[f32]>, table: &[u16],
     }
 }
 
-/// See `attn::tiled_scores`: 64 keys in four registers, one fma per head
-/// element.
-///
-/// # Safety
-/// The CPU must support avx512f and fma; `kt` holds `q.len() · 64` values.
-#[target_feature(enable = "avx512f,fma")]
-pub(super) unsafe fn tiled_scores(q: &[f32], kt: &[f32], scale: f32, kq: &mut [f32; 64]) {
-    assert!(kt.len() >= q.len() * 64);
-    // SAFETY: row d of `kt` is 64 floats within it (asserted above).
-    unsafe {
-        let mut acc = [_mm512_setzero_ps(); 4];
-        for (d, &qd) in q.iter().enumerate() {
-            let p = _mm512_set1_ps(qd);
-            let col = kt.as_ptr().add(d * 64);
-            for (j, a) in acc.iter_mut().enumerate() {
-                *a = _mm512_fmadd_ps(_mm512_loadu_ps(col.add(16 * j)), p, *a);
-            }
-        }
-        let sv = _mm512_set1_ps(scale);
-        for (j, a) in acc.iter().enumerate() {
-            _mm512_storeu_ps(kq.as_mut_ptr().add(16 * j), _mm512_mul_ps(*a, sv));
-        }
-    }
-}
-
-/// See `attn::tiled_softmax` (`ggml_vec_soft_max_f32`'s AVX-512 loop).
-///
-/// # Safety
-/// The CPU must support avx512f and fma.
-#[target_feature(enable = "avx512f,fma")]
-pub(super) unsafe fn tiled_softmax(kq: &mut [f32; 64], max: f32) -> f64 {
-    let mut sum = 0f64;
-    // SAFETY: four 16-float chunks of a 64-float array.
-    unsafe {
-        let mv = _mm512_set1_ps(max);
-        for j in 0..4 {
-            let p = kq.as_mut_ptr().add(16 * j);
-            let e = v_expf(_mm512_sub_ps(_mm512_loadu_ps(p), mv));
-            _mm512_storeu_ps(p, e);
-            sum += reduce16(e) as f64;
-        }
-    }
-    sum
-}
-
-/// See `attn::tiled_accumulate`.
-///
-/// # Safety
-/// The CPU must support avx512f and fma; `acc.len()` is a multiple of 16
-/// and `v32` holds `p.len() · acc.len()` values.
-#[target_feature(enable = "avx512f,fma")]
-pub(super) unsafe fn tiled_accumulate(p: &[f32], v32: &[f32], acc: &mut [f32]) {
-    let hd = acc.len();
-    assert!(hd.is_multiple_of(16) && hd <= 256 && v32.len() >= p.len() * hd);
-    // Slabs of 64 values (four registers, a fixed count so they stay in
-    // registers), then the rest sixteen at a time; every value meets the
-    // same fused multiply-adds in the same order whatever the slab.
-    let mut c = 0;
-    while c < hd {
-        // SAFETY: `c + 64 <= hd` or `c + 16 <= hd` (hd is a multiple of
-        // 16), within `acc` and every row of `v32` (asserted above).
-        unsafe {
-            if hd - c >= 64 {
-                accumulate_slab::<4>(p, v32, hd, c, acc);
-                c += 64;
-            } else {
-                accumulate_slab::<1>(p, v32, hd, c, acc);
-                c += 16;
-            }
-        }
-    }
-}
-
-/// Values `c..c + 16·S` of [`tiled_accumulate`].
-///
-/// # Safety
-/// The CPU must support avx512f and fma; `c + 16·S <= hd = acc.len()` and
-/// `v32` holds `p.len() · hd` values.
-#[inline(always)]
-unsafe fn accumulate_slab<const S: usize>(
-    p: &[f32],
-    v32: &[f32],
-    hd: usize,
-    c: usize,
-    acc: &mut [f32],
-) {
-    // SAFETY: offsets `c..c + 16·S` of `acc` and of each of the `p.len()`
-    // rows of `v32` (the caller's contract).
-    unsafe {
-        let o = acc.as_mut_ptr().add(c);
-        let mut a: [__m512; S] = std::array::from_fn(|j| _mm512_loadu_ps(o.add(16 * j)));
-        for (t, &pt) in p.iter().enumerate() {
-            let pv = _mm512_set1_ps(pt);
-            let row = v32.as_ptr().add(t * hd + c);
-            for j in 0..S {
-                a[j] = _mm512_fmadd_ps(_mm512_loadu_ps(row.add(16 * j)), pv, a[j]);
-            }
-        }
-        for j in 0..S {
-            _mm512_storeu_ps(o.add(16 * j), a[j]);
-        }
-    }
-}
-
 /// One key tile of [`attn::attend_tiled`] for `N` query rows that see the
 /// same keys of it (positions `lo..valid` of the tile unmasked): their
 /// scores, running maxima and sums, and outputs, each row's values the
@@ -1280,6 +1199,8 @@ unsafe fn accumulate_slab<const S: usize>(
 /// (`attn::tiled_scores`, the masks, the tile maximum, the rescale,
 /// `tiled_softmax`, `tiled_accumulate`) — four rows share each load of
 /// the tile and keep four times the fused multiply-add chains in flight.
+/// With a soft-cap (gemma2; `scale` then over the cap) each seen score
+/// becomes `cap · tanh(score)` before the masks, as the row alone.
 ///
 /// # Safety
 /// The CPU must support avx512f and fma; every `qs[n]` holds `hd` values,
@@ -1291,7 +1212,7 @@ pub(super) unsafe fn tiled_group<const N: usize>(
     qs: [&[f32]; N],
     kt: &[f32],
     v32: &[f32],
-    scale: f32,
+    (scale, cap): (f32, Option<f32>),
     (lo, valid): (usize, usize),
     m: &mut [f32],
     s: &mut [f32],
@@ -1324,11 +1245,29 @@ pub(super) unsafe fn tiled_group<const N: usize>(
         // The keys before `lo` and from `valid` on are masked out.
         let keep = (u64::MAX >> (64 - valid)) & (u64::MAX << lo);
         let (sv, ninf) = (_mm512_set1_ps(scale), _mm512_set1_ps(f32::NEG_INFINITY));
+        for kq in kq.iter_mut() {
+            for x in kq.iter_mut() {
+                *x = _mm512_mul_ps(*x, sv);
+            }
+        }
+        if let Some(cap) = cap {
+            // Through memory: the C library's `tanhf` keeps no vector
+            // register across its calls.
+            for (p, kq) in p.iter_mut().zip(&mut kq) {
+                for (j, x) in kq.iter().enumerate() {
+                    _mm512_storeu_ps(p.as_mut_ptr().add(16 * j), *x);
+                }
+                p[lo..valid].iter_mut().for_each(|v| *v = cap * v.tanh());
+                for (j, x) in kq.iter_mut().enumerate() {
+                    *x = _mm512_loadu_ps(p.as_ptr().add(16 * j));
+                }
+            }
+        }
         for n in 0..N {
             let mut x = kq[n];
             for (j, x) in x.iter_mut().enumerate() {
                 let k = (keep >> (16 * j)) as u16;
-                *x = _mm512_mask_blend_ps(k, ninf, _mm512_mul_ps(*x, sv));
+                *x = _mm512_mask_blend_ps(k, ninf, *x);
             }
             // The maximum is exact in any order.
             let tile_max = _mm512_reduce_max_ps(_mm512_max_ps(
