@@ -44,6 +44,9 @@
 //! fused tensors must run at the twin's speed (the script's F16 of
 //! `phi3-bench` stays beside it, and is a row of its own with
 //! `synth-1b-f16`: files users convert and run unquantized).
+//! `gemma2-bench-q4_k_m` has eight of Gemma-2-2B's layers (heads of 256,
+//! soft-capped scores, a window of 4,096 on every other layer), made the
+//! same way; it has a depth row (4,096) too, where the capped scores count.
 //! `llama3-8b-bench-q4_k_m`
 //! has Llama-3.1-8B's layers (`--shape 8b`: n_embd 4096, 32 layers, 8 KV
 //! heads, feed-forward 14336, `rope_freqs`; the script's small vocabulary):
@@ -69,7 +72,7 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
-const FILES: [&str; 17] = [
+const FILES: [&str; 18] = [
     "smollm2-135m-q4_1",
     "smollm2-135m-q4_k_m",
     "smollm2-135m-q8_0",
@@ -87,6 +90,7 @@ const FILES: [&str; 17] = [
     "qwen3moe-twin-bench-q4_k_m",
     "phi3-bench-q4_k_m",
     "phi3-twin-bench-q4_k_m",
+    "gemma2-bench-q4_k_m",
     // Unquantized weights: the 1B file above, and the phi3 one the
     // synthetic-families script leaves beside its Q4_K_M.
     "synth-1b-f16",
@@ -285,7 +289,8 @@ fn depth_table(bin: Option<&Path>, dir: &Path, rounds: usize, only: &str) {
         "| file | D | KV | llama.cpp tg / pp | agentd tg / pp | ratio tg / pp | agentd KV bytes/token |"
     );
     println!("|---|---|---|---|---|---|---|");
-    for name in ["smollm2-135m-q4_k_m", "synth-1b-q4_k_m"].iter().filter(|n| n.contains(only)) {
+    let files = ["smollm2-135m-q4_k_m", "synth-1b-q4_k_m", "gemma2-bench-q4_k_m"];
+    for name in files.iter().filter(|n| n.contains(only)) {
         let path = dir.join(format!("{name}.gguf"));
         if !path.is_file() {
             println!("| {name} | – | missing (see the header of benches/engine.rs) | | | |");
