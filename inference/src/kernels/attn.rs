@@ -505,7 +505,7 @@ pub(crate) fn attend_heads(
     assert!(hd <= MAX_HEAD && out.len() == q.len() && from <= upto);
     assert!(upto == 0 || lane.at(upto - 1) + hd <= kc.len().min(vc.len()));
     #[cfg(target_arch = "x86_64")]
-    if hd.is_multiple_of(64) && super::isa() == super::Isa::Avx512Vnni {
+    if hd.is_multiple_of(16) && super::isa() == super::Isa::Avx512Vnni {
         let scale = softcap.map_or(scale, |c| scale / c);
         // SAFETY: the CPU has the features (`isa`); sizes asserted above.
         unsafe { super::x86::attend_heads(q, hd, kc, vc, lane, from, upto, scale, softcap, out) };
@@ -534,7 +534,7 @@ pub(crate) fn attend_vec(
     assert!(q.len() <= MAX_HEAD && out.len() == q.len() && from <= upto);
     assert!(upto == 0 || lane.at(upto - 1) + q.len() <= kc.len().min(vc.len()));
     #[cfg(target_arch = "x86_64")]
-    if q.len().is_multiple_of(64) {
+    if q.len().is_multiple_of(16) {
         let (hd, cap) = (q.len(), softcap);
         let scale = softcap.map_or(scale, |c| scale / c);
         if super::isa() == super::Isa::Avx512Vnni {
@@ -1308,7 +1308,8 @@ mod tests {
     /// (gemma2; a cap of 2 so that scores of a few units reach its bend).
     #[test]
     fn heads_together_are_each_head_alone() {
-        for hd in [64usize, 128, 256, 96] {
+        // 96, 80, 48 and 16: a tail past the 64-value steps (all of it).
+        for hd in [64usize, 128, 256, 96, 80, 48, 16] {
             let (kv_heads, len) = (2usize, 173usize);
             let kc = cache(len * kv_heads * hd, 7, 2.0);
             let vc = cache(len * kv_heads * hd, 8, 1.5);

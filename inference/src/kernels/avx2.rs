@@ -2793,7 +2793,7 @@ impl Kern for Q6K {
 /// 64 values, here as eight 8-lane registers), the accumulator held as f16.
 ///
 /// # Safety
-/// The CPU must support avx2, fma and f16c; `q.len()` is a multiple of 64,
+/// The CPU must support avx2, fma and f16c; `q.len()` is a multiple of 16,
 /// at most 256, `out.len() == q.len()`, `from <= upto`, and the caches hold
 /// `upto` positions of `lane` (all asserted by the caller).
 ///
@@ -2815,7 +2815,7 @@ pub(super) unsafe fn attend_vec(
 ) {
     let hd = q.len();
     let chunks = hd / 8;
-    assert!(out.len() == hd && chunks <= 32 && hd.is_multiple_of(64) && from <= upto);
+    assert!(out.len() == hd && chunks <= 32 && hd.is_multiple_of(16) && from <= upto);
     assert!(upto == 0 || (upto - 1) * lane.stride + lane.offset + hd <= kc.len().min(vc.len()));
     // The common head sizes with their registers' count fixed (so the
     // accumulators stay in registers); others up to 256 values through
@@ -2861,12 +2861,15 @@ unsafe fn attend_vec_c<const C: usize, const EXACT: bool>(
         }
         let mut acc = [_mm_setzero_si128(); C];
         let (mut s_sum, mut m) = (0f32, f32::NEG_INFINITY);
+        // The 64-value steps of the scores; the tail past them (a head of
+        // 96 values: 64 and 32) is summed in f64 as `ggml_vec_dot_f16`'s.
+        let main = chunks / 8 * 8;
         for t in from..upto {
             let at = t * lane.stride + lane.offset;
             let kp = kc.as_ptr().add(at) as *const __m128i;
             // Accumulator j, half h: lanes 8h.. of ggml's 16-lane sum j.
             let mut sum = [[_mm256_setzero_ps(); 2]; 4];
-            for i in (0..chunks).step_by(8) {
+            for i in (0..main).step_by(8) {
                 for (j, sj) in sum.iter_mut().enumerate() {
                     for (h, sh) in sj.iter_mut().enumerate() {
                         let c = i + 2 * j + h;
@@ -2883,7 +2886,17 @@ unsafe fn attend_vec_c<const C: usize, const EXACT: bool>(
                 );
                 _mm256_storeu_ps(l.as_mut_ptr().add(8 * h), x0);
             }
-            let mut s = super::attn::reduce16(&l) * scale;
+            let mut s = super::attn::reduce16(&l);
+            if main < chunks {
+                let mut p = [0f32; 48];
+                for c in main..chunks {
+                    let k = _mm256_cvtph_ps(_mm_loadu_si128(kp.add(c)));
+                    _mm256_storeu_ps(p.as_mut_ptr().add(8 * (c - main)), _mm256_mul_ps(k, qv[c]));
+                }
+                let tail = p[..8 * (chunks - main)].iter().fold(s as f64, |a, &x| a + x as f64);
+                s = tail as f32;
+            }
+            s *= scale;
             if let Some(c) = cap {
                 s = c * s.tanh();
             }

@@ -578,7 +578,7 @@ unsafe fn q8_0_wide_cols<const N: usize>(
 /// registers) interleave, each computing exactly what it computes alone.
 ///
 /// # Safety
-/// The CPU must support avx512f, fma and f16c; `hd` is a multiple of 64, at
+/// The CPU must support avx512f, fma and f16c; `hd` is a multiple of 16, at
 /// most 256; `q.len()` is 1 to [`attn::GROUP`](super::attn::GROUP) times
 /// `hd`; `out.len() == q.len()`, and the caches hold `upto` positions of
 /// `lane` (all asserted by the caller).
@@ -601,7 +601,7 @@ pub(super) unsafe fn attend_heads(
     out: &mut [f32],
 ) {
     let heads = q.len() / hd;
-    assert!(hd.is_multiple_of(64) && hd <= super::attn::MAX_HEAD);
+    assert!(hd.is_multiple_of(16) && hd <= super::attn::MAX_HEAD);
     assert!(q.len() == heads * hd && out.len() == q.len());
     assert!((1..=super::attn::GROUP).contains(&heads));
     assert!(upto == 0 || (upto - 1) * lane.stride + lane.offset + hd <= kc.len().min(vc.len()));
@@ -620,6 +620,10 @@ pub(super) unsafe fn attend_heads(
             (4, 2) => run!(4, 2),
             (4, 3) => run!(4, 3),
             (4, 4) => run!(4, 4),
+            (6, 1) => run!(6, 1),
+            (6, 2) => run!(6, 2),
+            (6, 3) => run!(6, 3),
+            (6, 4) => run!(6, 4),
             (8, 1) => run!(8, 1),
             (8, 2) => run!(8, 2),
             (8, 3) => run!(8, 3),
@@ -659,7 +663,7 @@ const PREFETCH: usize = 32;
 ///
 /// # Safety
 /// As [`attend_heads`], whose assertions it relies on; `q.len() == H · hd`
-/// with `hd <= 16·C` a multiple of 64.
+/// with `hd <= 16·C` a multiple of 16.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 unsafe fn attend_heads_c<const C: usize, const H: usize, const EXACT: bool>(
@@ -690,6 +694,10 @@ unsafe fn attend_heads_c<const C: usize, const H: usize, const EXACT: bool>(
         let mut acc = [[_mm256_setzero_si256(); C]; H];
         let mut s_sum = [0f32; H];
         let mut m = [f32::NEG_INFINITY; H];
+        // The 64-value steps of the scores, and the tail's products (a head
+        // of 96 values: 64 and 32).
+        let main = chunks / 4 * 4;
+        let mut tp = [[[0f32; 48]; BLOCK]; H];
         // Keys in blocks: first every score of the block, then each head's
         // running max and its exponentials (ms when a key raises the max,
         // else vs), all of them in one loop of `expf` calls (a call keeps
@@ -718,14 +726,39 @@ unsafe fn attend_heads_c<const C: usize, const H: usize, const EXACT: bool>(
                 for h in 0..H {
                     // Four 16-lane partial sums per 64 elements.
                     let mut sum = [_mm512_setzero_ps(); 4];
-                    for i in (0..chunks).step_by(4) {
+                    for i in (0..main).step_by(4) {
                         for (j, sj) in sum.iter_mut().enumerate() {
                             *sj = _mm512_fmadd_ps(kv[i + j], qv[h][i + j], *sj);
                         }
                     }
                     let x0 =
                         _mm512_add_ps(_mm512_add_ps(sum[0], sum[2]), _mm512_add_ps(sum[1], sum[3]));
-                    sc[h][k] = reduce16(x0) * scale;
+                    if main == chunks {
+                        sc[h][k] = reduce16(x0) * scale;
+                        continue;
+                    }
+                    sc[h][k] = reduce16(x0);
+                    // The tail's products (exact in f32), summed below.
+                    for c in main..chunks {
+                        let p = _mm512_mul_ps(kv[c], qv[h][c]);
+                        _mm512_storeu_ps(tp[h][k].as_mut_ptr().add(16 * (c - main)), p);
+                    }
+                }
+            }
+            if main < chunks {
+                // `ggml_vec_dot_f16`'s tail past the 64-value steps: each
+                // product added in f64 in order; the keys' sums interleave.
+                let tl = 16 * (chunks - main);
+                for (sc, tp) in sc.iter_mut().zip(&tp) {
+                    let mut s: [f64; BLOCK] = std::array::from_fn(|k| sc[k] as f64);
+                    for i in 0..tl {
+                        for k in 0..n {
+                            s[k] += tp[k][i] as f64;
+                        }
+                    }
+                    for k in 0..n {
+                        sc[k] = s[k] as f32 * scale;
+                    }
                 }
             }
             soft_cap(&mut sc, n, cap);
