@@ -633,6 +633,15 @@ pub(crate) fn attend_quant(
         unsafe { super::x86::attend_quant(q, hd, ty, kc, vc, from, upto, scale, softcap, out) };
         return;
     }
+    #[cfg(target_arch = "x86_64")]
+    if super::isa().avx2() {
+        let scale = softcap.map_or(scale, |c| scale / c);
+        for (q, out) in q.chunks_exact(hd).zip(out.chunks_exact_mut(hd)) {
+            // SAFETY: the CPU has the features (`isa`); sizes asserted above.
+            unsafe { super::avx2::attend_quant(q, ty, kc, vc, from, upto, scale, softcap, out) };
+        }
+        return;
+    }
     for (q, out) in q.chunks_exact(hd).zip(out.chunks_exact_mut(hd)) {
         attend_quant_scalar(q, ty, kc, vc, from, upto, scale, softcap, out);
     }

@@ -2830,6 +2830,134 @@ pub(super) unsafe fn attend_vec(
     }
 }
 
+/// See `attn::attend_quant`: llama.cpp's one-query path over a Q8_0/Q4_0
+/// cache for one query head on AVX2, key by key: each score the type's
+/// `vec_dot` with the query quantized to Q8_0 (the four-product lanes of
+/// `mul_sum_us8_pairs_float`: `maddubs` then `madd`, the same integers as
+/// the `vpdpbusd` of the AVX-512 path; no pair of products reaches the
+/// `i16` bound), each lane a fused multiply-add of the two scales, folded
+/// as `hsum_float_8`; values converted to f32 and accumulated with fused
+/// multiply-adds. A soft-cap as [`attend_vec`]. Bit-identical to
+/// `attend_quant_scalar`.
+///
+/// # Safety
+/// The CPU must support avx2, fma and f16c; `ty` is a block type; `q.len()`
+/// is a multiple of 32, at most 256; `out.len() == q.len()`, `from <=
+/// upto`, and the caches hold `upto` rows of `ty.bytes(q.len())` bytes (all
+/// asserted by the caller).
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn attend_quant(
+    q: &[f32],
+    ty: crate::kv::KvType,
+    kc: &[u8],
+    vc: &[u8],
+    from: usize,
+    upto: usize,
+    scale: f32,
+    cap: Option<f32>,
+    out: &mut [f32],
+) {
+    let hd = q.len();
+    assert!(ty.is_quantized() && hd.is_multiple_of(QK) && hd <= super::attn::MAX_HEAD);
+    assert!(out.len() == hd && from <= upto && upto * ty.bytes(hd) <= kc.len().min(vc.len()));
+    // SAFETY: the bounds are asserted above; the features are the caller's.
+    unsafe {
+        match hd / QK {
+            2 => attend_quant_c::<2>(q, ty, kc, vc, from, upto, scale, cap, out),
+            4 => attend_quant_c::<4>(q, ty, kc, vc, from, upto, scale, cap, out),
+            _ => attend_quant_c::<8>(q, ty, kc, vc, from, upto, scale, cap, out),
+        }
+    }
+}
+
+/// [`attend_quant`] for heads of at most `NB` blocks of 32 values.
+///
+/// # Safety
+/// As [`attend_quant`], whose assertions it relies on; `q.len() <= 32·NB`.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn attend_quant_c<const NB: usize>(
+    q: &[f32],
+    ty: crate::kv::KvType,
+    kc: &[u8],
+    vc: &[u8],
+    from: usize,
+    upto: usize,
+    scale: f32,
+    cap: Option<f32>,
+    out: &mut [f32],
+) {
+    let hd = q.len();
+    let (nb, row, bb) = (hd / QK, ty.bytes(hd), ty.block_bytes());
+    assert!(nb <= NB);
+    // SAFETY: every pointer below stays within the slices asserted by
+    // `attend_quant` (`upto` rows of `row` bytes, `nb` blocks each).
+    unsafe {
+        let (mut qq, mut qd) = ([0i8; super::attn::MAX_HEAD], [0f32; 8]);
+        super::attn::quantize_query(q, &mut qq[..hd], &mut qd[..nb]);
+        let mut qb = [_mm256_setzero_si256(); NB];
+        for (b, x) in qb.iter_mut().enumerate().take(nb) {
+            *x = _mm256_loadu_si256(qq.as_ptr().add(b * QK) as *const __m256i);
+        }
+        let ones = _mm256_set1_epi16(1);
+        let mut acc = [[_mm256_setzero_ps(); 4]; NB];
+        let (mut s_sum, mut m) = (0f32, f32::NEG_INFINITY);
+        for t in from..upto {
+            let kp = kc.as_ptr().add(t * row);
+            _mm_prefetch::<_MM_HINT_T0>(kp.wrapping_add(8 * row) as *const i8);
+            _mm_prefetch::<_MM_HINT_T0>(vc.as_ptr().wrapping_add((t + 8) * row) as *const i8);
+            let mut lanes = _mm256_setzero_ps();
+            for (b, &qv) in qb.iter().enumerate().take(nb) {
+                let (kv, dk) = super::x86::kv_block_bytes(ty, kp.add(b * bb));
+                let ax = _mm256_sign_epi8(kv, kv);
+                let sy = _mm256_sign_epi8(qv, kv);
+                let dot = _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), ones);
+                let d = _mm256_set1_ps(dk * qd[b]);
+                lanes = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot), lanes);
+            }
+            let mut l = [0f32; 8];
+            _mm256_storeu_ps(l.as_mut_ptr(), lanes);
+            let mut s = hsum8(&l) * scale;
+            if let Some(c) = cap {
+                s = c * s.tanh();
+            }
+            let (mut ms, mut vs) = (1f32, 1f32);
+            if s > m {
+                let old = m;
+                m = s;
+                ms = super::attn::expf(old - m);
+                let msv = _mm256_set1_ps(ms);
+                for a in acc.iter_mut().take(nb).flatten() {
+                    *a = _mm256_mul_ps(*a, msv);
+                }
+            } else {
+                vs = super::attn::expf(s - m);
+            }
+            let vsv = _mm256_set1_ps(vs);
+            let vp = vc.as_ptr().add(t * row);
+            for (b, a) in acc.iter_mut().enumerate().take(nb) {
+                let (x, d) = super::x86::kv_block_bytes(ty, vp.add(b * bb));
+                let dv = _mm256_set1_ps(d);
+                let (lo, hi) = (_mm256_castsi256_si128(x), _mm256_extracti128_si256::<1>(x));
+                let parts = [lo, _mm_srli_si128::<8>(lo), hi, _mm_srli_si128::<8>(hi)];
+                for (a, p) in a.iter_mut().zip(parts) {
+                    let v = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(p)), dv);
+                    *a = _mm256_fmadd_ps(v, vsv, *a);
+                }
+            }
+            s_sum = s_sum.mul_add(ms, vs);
+        }
+        let inv = _mm256_set1_ps(if s_sum == 0.0 { 0.0 } else { 1.0 / s_sum });
+        for (b, a) in acc.iter().enumerate().take(nb) {
+            for (j, a) in a.iter().enumerate() {
+                let o = out.as_mut_ptr().add(b * QK + 8 * j);
+                _mm256_storeu_ps(o, _mm256_mul_ps(*a, inv));
+            }
+        }
+    }
+}
+
 /// [`attend_vec`] for heads of at most `8·C` values (`C` registers), of
 /// exactly that many when `EXACT` (the loops' bounds then constants).
 ///

@@ -865,7 +865,7 @@ pub(super) unsafe fn attend_quant(
 /// # Safety
 /// `p` points at a whole block of `ty`; the CPU has avx2 and f16c.
 #[inline(always)]
-unsafe fn kv_block_bytes(ty: crate::kv::KvType, p: *const u8) -> (__m256i, f32) {
+pub(super) unsafe fn kv_block_bytes(ty: crate::kv::KvType, p: *const u8) -> (__m256i, f32) {
     // SAFETY: the block's bytes are readable (the caller's).
     unsafe {
         let d = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(
