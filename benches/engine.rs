@@ -47,6 +47,9 @@
 //! `gemma2-bench-q4_k_m` has eight of Gemma-2-2B's layers (heads of 256,
 //! soft-capped scores, a window of 4,096 on every other layer), made the
 //! same way; it has a depth row (4,096) too, where the capped scores count.
+//! `phi3-mini-bench-q4_k_m` (`--shape mini`: four of Phi-3-mini's layers,
+//! 32 heads of 96 without grouping) has one too: a head size that is not a
+//! multiple of 64.
 //! `llama3-8b-bench-q4_k_m`
 //! has Llama-3.1-8B's layers (`--shape 8b`: n_embd 4096, 32 layers, 8 KV
 //! heads, feed-forward 14336, `rope_freqs`; the script's small vocabulary):
@@ -72,7 +75,7 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
-const FILES: [&str; 18] = [
+const FILES: [&str; 19] = [
     "smollm2-135m-q4_1",
     "smollm2-135m-q4_k_m",
     "smollm2-135m-q8_0",
@@ -91,6 +94,7 @@ const FILES: [&str; 18] = [
     "phi3-bench-q4_k_m",
     "phi3-twin-bench-q4_k_m",
     "gemma2-bench-q4_k_m",
+    "phi3-mini-bench-q4_k_m",
     // Unquantized weights: the 1B file above, and the phi3 one the
     // synthetic-families script leaves beside its Q4_K_M.
     "synth-1b-f16",
@@ -108,9 +112,10 @@ fn synth_file(bin: Option<&Path>, dir: &Path, name: &str) {
     if dst.is_file() {
         return;
     }
-    let (family, shape) = match file.strip_suffix("-8b") {
-        Some(f) => (f, "8b"),
-        None => (file, "bench"),
+    let (family, shape) = match (file.strip_suffix("-8b"), file.strip_suffix("-mini")) {
+        (Some(f), _) => (f, "8b"),
+        (_, Some(f)) => (f, "mini"),
+        _ => (file, "bench"),
     };
     let py = std::env::var_os("AGENTD_TEST_PYTHON").unwrap_or_else(|| "python3".into());
     let f16 = dir.join(format!("{file}-bench-f16.gguf"));
@@ -289,7 +294,8 @@ fn depth_table(bin: Option<&Path>, dir: &Path, rounds: usize, only: &str) {
         "| file | D | KV | llama.cpp tg / pp | agentd tg / pp | ratio tg / pp | agentd KV bytes/token |"
     );
     println!("|---|---|---|---|---|---|---|");
-    let files = ["smollm2-135m-q4_k_m", "synth-1b-q4_k_m", "gemma2-bench-q4_k_m"];
+    let files =
+        ["smollm2-135m-q4_k_m", "synth-1b-q4_k_m", "gemma2-bench-q4_k_m", "phi3-mini-bench-q4_k_m"];
     for name in files.iter().filter(|n| n.contains(only)) {
         let path = dir.join(format!("{name}.gguf"));
         if !path.is_file() {

@@ -46,7 +46,9 @@ builds):
 
 Shapes: `test` (default: n_embd 128, 3 or 4 layers, 512-token vocabulary, for the tests),
 `bench` (n_embd 1024: qwen3moe with 16 experts, 4 active, and its twin; phi3 and its twin;
-gemma2 with eight of Gemma-2-2B's layers: n_embd 2304, heads of 256, window 4096) and
+gemma2 with eight of Gemma-2-2B's layers: n_embd 2304, heads of 256, window 4096), `mini`
+(phi3 only: four of Phi-3-mini's layers — n_embd 3072, 32 heads of 96, no grouping, feed-forward
+8192 — a head size that is not a multiple of 64) and
 `8b` (llama3 only: Llama-3.1-8B's layers — n_embd 4096, 32 layers, 32 heads, 8 KV heads, head
 size 128, feed-forward 14336, context 131072 with `rope_freqs` — and this script's vocabulary;
 about 15 GB of F16, held in memory while written).
@@ -307,6 +309,8 @@ SHAPES = {
         "llama3-8b": dict(d=4096, heads=32, kv=8, hd=128, ff=14336, layers=32),
         "qwen3moe": dict(d=1024, heads=16, kv=4, hd=128, ff=3072, layers=4, experts=16, used=4,
                          ff_exp=768),
+        # Phi-3-mini's layers (heads of 96, no grouping): `--shape mini`, four of its 32.
+        "phi3-mini": dict(d=3072, heads=32, kv=32, hd=96, ff=8192, layers=4),
         # Gemma-2-2B's layers (heads of 256, soft-capped scores, a window of 4096 on every other
         # layer), eight of its 26.
         "gemma2": dict(d=2304, heads=8, kv=4, hd=256, ff=9216, layers=8, window=4096),
@@ -626,8 +630,8 @@ def write(family: str, out: str, shape: str = "test", mutate: str | None = None,
     """Writes FAMILY's file at OUT (replacing it); SEED replaces the family's (to search
     for one, scripts/family_reference.py --search-seed)."""
     arch, entry, fn = WRITERS[family]
-    if shape == "8b":
-        shape, entry = "bench", f"{entry}-8b"
+    if shape in ("8b", "mini"):
+        shape, entry = "bench", f"{entry}-{shape}"
     shapes = SHAPES[shape]
     if entry not in shapes:
         raise SystemExit(f"family {family} has no {shape} shape (bench: {', '.join(SHAPES['bench'])} and their twins)")
@@ -643,7 +647,7 @@ def write(family: str, out: str, shape: str = "test", mutate: str | None = None,
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--family", choices=FAMILIES)
-    ap.add_argument("--shape", choices=[*SHAPES, "8b"], default="test")
+    ap.add_argument("--shape", choices=[*SHAPES, "8b", "mini"], default="test")
     ap.add_argument("--mutate", choices=list(MUTATIONS),
                     default=os.environ.get("AGENTD_FAMILIES_MUTATE") or None)
     ap.add_argument("--out", help="the GGUF to write")
