@@ -516,6 +516,14 @@ pub(crate) fn attend_heads(
     }
 }
 
+/// Soft-capped scores (gemma2): each of `s`, already scaled over the cap,
+/// becomes `cap · tanh(s)` with the C library's `tanhf`, as llama.cpp's
+/// attention calls it per score. The vector paths gather a block's or a
+/// tile's scores and call this on them.
+pub(crate) fn soft_cap(s: &mut [f32], cap: f32) {
+    s.iter_mut().for_each(|v| *v = cap * v.tanh());
+}
+
 /// [`Mode::Vec`] for one query over positions `from..upto` (a sliding
 /// window starts at `from`; ggml skips the masked positions). With a
 /// soft-cap (gemma2) each score is `cap · tanh(s · scale / cap)`.
@@ -960,7 +968,7 @@ pub(crate) fn attend_tiled(
             for (i, kq) in kqs.iter_mut().enumerate().take(n) {
                 let acc = &mut out[(r + i) * hd..(r + i + 1) * hd];
                 if let Some(cap) = softcap {
-                    kq.iter_mut().for_each(|v| *v = cap * v.tanh());
+                    soft_cap(kq, cap);
                 }
                 kq[valid..].iter_mut().for_each(|v| *v = f32::NEG_INFINITY);
                 kq[..lo].iter_mut().for_each(|v| *v = f32::NEG_INFINITY);

@@ -637,16 +637,13 @@ pub(super) unsafe fn attend_heads(
     }
 }
 
-/// The first `n` scores of every head become `cap · tanh(score)` (the
-/// scores already over the cap): gemma2's soft-capped attention, with the
-/// C library's `tanhf` as llama.cpp's one-query path calls it. A loop of
-/// its own, so no vector register is live across the calls.
+/// [`attn::soft_cap`](super::attn::soft_cap) on the first `n` scores of
+/// every head of a block, when there is a cap: a loop of its own, after
+/// the block's scores, so no vector register is live across the calls.
 #[inline(always)]
 fn soft_cap<const H: usize>(sc: &mut [[f32; BLOCK]; H], n: usize, cap: Option<f32>) {
     if let Some(cap) = cap {
-        for s in sc.iter_mut().flat_map(|h| &mut h[..n]) {
-            *s = cap * s.tanh();
-        }
+        sc.iter_mut().for_each(|h| super::attn::soft_cap(&mut h[..n], cap));
     }
 }
 
@@ -1284,13 +1281,12 @@ pub(super) unsafe fn tiled_group<const N: usize>(
             }
         }
         if let Some(cap) = cap {
-            // Through memory: the C library's `tanhf` keeps no vector
-            // register across its calls.
+            // Through memory: `tanhf` is a scalar library call.
             for (p, kq) in p.iter_mut().zip(&mut kq) {
                 for (j, x) in kq.iter().enumerate() {
                     _mm512_storeu_ps(p.as_mut_ptr().add(16 * j), *x);
                 }
-                p[lo..valid].iter_mut().for_each(|v| *v = cap * v.tanh());
+                super::attn::soft_cap(&mut p[lo..valid], cap);
                 for (j, x) in kq.iter_mut().enumerate() {
                     *x = _mm512_loadu_ps(p.as_ptr().add(16 * j));
                 }
