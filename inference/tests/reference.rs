@@ -15,11 +15,13 @@
 //! The files users bring, in `tests/data/reference/` too:
 //! `smollm2-q4_k_m-greedy.jsonl` (the default checkpoint requantized to
 //! Q4_K_M: Q4_K, Q6_K and the Q5_0/Q8_0 fallbacks) and
-//! `gemma3-270m-greedy.jsonl` (gemma3, SentencePiece, BOS added).
+//! `gemma3-270m-greedy.jsonl` (gemma3, SentencePiece, BOS added);
+//! `quant-greedy.jsonl` (the default checkpoint requantized to the weight
+//! types with kernels of their own: Q4_0).
 //!
 //! Needs the real files: `AGENTD_TEST_MODEL` (the default model),
-//! `AGENTD_TEST_Q4KM` and `AGENTD_TEST_GEMMA` (the test command sets all
-//! three, see `scripts/test-deps.sh`); each test says when it skips, and
+//! `AGENTD_TEST_Q4KM`, `AGENTD_TEST_Q4_0` and `AGENTD_TEST_GEMMA` (the test
+//! command sets them all, see `scripts/test-deps.sh`); each test says when it skips, and
 //! fails instead under `AGENTD_TEST_STRICT=1`.
 
 use inference::{Engine, EngineOptions, GenParams};
@@ -64,6 +66,46 @@ fn greedy_decoding_matches_llama_cpp() {
 fn q4_k_m_greedy_decoding_matches_llama_cpp() {
     let Some(path) = file("AGENTD_TEST_Q4KM", "reference (Q4_K_M)") else { return };
     greedy_matches(&path, "smollm2-q4_k_m-greedy.jsonl", true, true);
+}
+
+/// The default checkpoint requantized to Q4_0 (rows in eights: ggml's
+/// repacked numerics): every prompt of `quant-greedy.jsonl` (6 to 623
+/// tokens) gives llama.cpp's ids in full, the prompt run in chunks of 512,
+/// 37 (the many-column prompt kernels) and 7 (the few-column ones).
+#[test]
+fn q4_0_greedy_decoding_matches_llama_cpp() {
+    quant_greedy("smollm2-q4_0", "AGENTD_TEST_Q4_0");
+}
+
+/// A requantized file's lines of `quant-greedy.jsonl`, all in full.
+fn quant_greedy(model: &str, var: &str) {
+    let Some(path) = file(var, "reference (requantized)") else { return };
+    let threads = std::env::var("AGENTD_TEST_THREADS").ok().and_then(|t| t.parse().ok());
+    let engine =
+        Engine::load(&path, &EngineOptions { threads, ..Default::default() }).expect("model loads");
+    let mut bad = Vec::new();
+    let mut n = 0;
+    for case in lines("quant-greedy.jsonl").iter().filter(|c| c["model"] == model) {
+        let (prompt, want) = (ids(&case["prompt_ids"]), ids(&case["greedy_ids"]));
+        let chunk = [512, 37, 7][n % 3];
+        let params = GenParams { max_tokens: want.len(), chunk, ..GenParams::default() };
+        let out = engine
+            .generate(&mut engine.session(), &prompt, &params, &AtomicBool::new(false), &mut |_| {})
+            .expect("generates");
+        if out.ids != want {
+            let same = out.ids.iter().zip(&want).take_while(|(a, b)| a == b).count();
+            bad.push(format!(
+                "{:?} ({} tokens, chunk {chunk}, min gap {}): parts at {same}\n got {:?}\nwant {want:?}",
+                case["question"],
+                prompt.len(),
+                case["min_gap"],
+                out.ids
+            ));
+        }
+        n += 1;
+    }
+    assert!(n > 0, "no {model} lines in quant-greedy.jsonl");
+    assert!(bad.is_empty(), "{model}: {} of {n} differ:\n{}", bad.len(), bad.join("\n"));
 }
 
 /// gemma-3-270m Q4_K_M: gemma3 on the fast path, its SentencePiece

@@ -11,7 +11,8 @@
 //! Formats and paths: every format runs row-major on the portable path and
 //! on AVX2 (`rows.rs`, `avx2.rs`); on CPUs with AVX-512 VNNI, Q4_1 and Q8_0
 //! are packed in row tiles for the AVX-512 kernels (`x86.rs`, `scalar.rs`),
-//! and prompts of row-major Q4_K, Q5_K, Q6_K and Q5_0 run `wide512.rs`.
+//! and prompts of row-major Q4_K, Q5_K, Q6_K, Q5_0 and chain Q4_0 run
+//! `wide512.rs`.
 //! AMX is never used: some of these machines report it in cpuid, but its
 //! first instruction dies with SIGILL.
 
@@ -299,10 +300,10 @@ impl Packed {
                     _ => "scalar",
                 };
                 let wide = isa() == Isa::Avx512Vnni
-                    && matches!(
+                    && (matches!(
                         m.fmt,
                         rows::Fmt::Q4K | rows::Fmt::Q5K | rows::Fmt::Q6K | rows::Fmt::Q5_0
-                    )
+                    ) || (m.fmt == rows::Fmt::Q4_0 && m.chain))
                     && !portable;
                 if wide {
                     // Prompts on the AVX-512 VNNI kernels (`wide512.rs`).
@@ -324,6 +325,9 @@ impl Packed {
                 ActKind::B32 => Needs {
                     b32: true,
                     g16: m.fmt == rows::Fmt::Q5_0,
+                    // Chain Q4_0 prompts (`wide512::q4_0_in`, `avx2::q4_0_wide`)
+                    // meet the nibbles unsigned, less `Acts::off8`.
+                    off8: m.fmt == rows::Fmt::Q4_0 && m.chain && isa().avx2(),
                     // Q5_0 prompts on AVX-512 meet `Acts::nib` (`wide512.rs`).
                     tile4: m.fmt == rows::Fmt::Q5_0 && isa() == Isa::Avx512Vnni,
                     ..Needs::default()
@@ -571,6 +575,8 @@ pub(crate) struct Needs {
     pub(crate) k32: bool,
     /// Q6_K rows on AVX-512: `kqu` on a wide product.
     pub(crate) ku: bool,
+    /// Chain Q4_0 rows: `off8` on a wide product.
+    pub(crate) off8: bool,
 }
 
 impl Needs {
@@ -586,6 +592,7 @@ impl Needs {
             kbp: self.kbp || o.kbp,
             k32: self.k32 || o.k32,
             ku: self.ku || o.ku,
+            off8: self.off8 || o.off8,
         }
     }
 }
@@ -620,6 +627,10 @@ pub(crate) struct Acts {
     /// lanes: `16 · (a[4j]+…+a[4j+3])`, the offset unsigned Q5_0 values
     /// (`x + 16`) add to each lane of ggml's per-block sums.
     pub(crate) g16: Vec<i32>,
+    /// Per column and block of a wide product ([`WIDE_MIN`] columns), `8 ·
+    /// Σ a`: the offset Q4_0's nibbles add when they meet the activations
+    /// unsigned (`q · a` summed, less this, is `(q − 8) · a` summed).
+    pub(crate) off8: Vec<i32>,
     /// Per column and super-block of 256 (Q8_K): scale (f32), values, and
     /// the sums of each 16 values.
     pub(crate) kd: Vec<f32>,
@@ -767,6 +778,14 @@ impl Acts {
                 unsafe { cols.column(&x[c * k..(c + 1) * k], c) };
             }
         });
+        self.off8.clear();
+        if need.off8 && n >= WIDE_MIN {
+            self.off8.extend(
+                self.q[..n * nb * QK]
+                    .chunks_exact(QK)
+                    .map(|blk| 8 * blk.iter().map(|&v| v as i32).sum::<i32>()),
+            );
+        }
         self.g16.clear();
         if need.g16 && n <= G16_COLS {
             self.g16.extend(

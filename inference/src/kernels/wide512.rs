@@ -18,6 +18,10 @@
 //! steps per super-block are theirs lane by lane, so the numbers are
 //! bit-identical.
 //!
+//! Q4_0 rows of the *chain* numerics (row counts a multiple of 8, which
+//! ggml repacks) take the same lanes, sixteen rows a register: see
+//! `q4_0_in`.
+//!
 //! Q5_0 rows (the K-quant files' fallback for rows whose length is not a
 //! multiple of 256) take the *lanes* numerics: sixteen rows at a time,
 //! two to a register in the Q4_1 tile layout of `x86.rs` (see `q5_0_in`).
@@ -84,6 +88,15 @@ pub(super) unsafe fn matmul(
         }
         // SAFETY: as below.
         SCRATCH.with_borrow_mut(|s| unsafe { q5_0_in(&mut s.0, w, acts, rows, out) });
+        return true;
+    }
+    if w.fmt == Fmt::Q4_0 {
+        let nb = k / QK;
+        if !w.chain || acts.off8.len() < n * nb || acts.d.len() < n * nb || rows.is_empty() {
+            return false;
+        }
+        // SAFETY: as below.
+        SCRATCH.with_borrow_mut(|s| unsafe { q4_0_in(&mut s.0, w, acts, rows, out) });
         return true;
     }
     let nb = k / QK_K;
@@ -687,6 +700,162 @@ unsafe fn q5_0_cols<const N: usize>(
             for i in 0..regs {
                 store_q4_pair(acc[i][j], 0.0, 0.0, c + j, r0 + 2 * i, end, out);
             }
+        }
+    }
+}
+
+/// Registers per block and sixteen rows of a decoded Q4_0 block of rows:
+/// eight of values (register g: values 4g .. 4g + 3 of each row, unsigned
+/// nibbles), one of scales (f32).
+const Q4_SLOTS: usize = 9;
+/// Registers of sixteen rows in a decoded Q4_0 block of rows.
+const Q4_H: usize = 2;
+/// Columns met together by one pass over a decoded Q4_0 block of rows.
+const Q4_COLS: usize = 4;
+
+/// Q4_0 rows on the *chain* numerics (`rows.rs`): thirty-two rows at a
+/// time, a row per lane of two registers. A block of rows is decoded once
+/// into scratch (every block of the rows: four masked gathers of each
+/// block's nibble bytes split into low and high halves, one of its scales),
+/// then every group of columns meets it: per block, register and column
+/// eight `vpdpbusd` against the column's four activation bytes broadcast
+/// give each row's exact `Σ q · a`, less the column's `8 · Σ a`
+/// (`Acts::off8`), which is `Σ (q − 8) · a`; then `fma(isum, d · d_a, acc)`
+/// as `rows::dot` does, lane by lane: bit-identical.
+///
+/// # Safety
+/// As [`matmul`]; `acts` holds the `off8` and `d` layouts of its columns.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn q4_0_in(
+    dec: &mut Vec<__m512i>,
+    w: &RowMat,
+    acts: &Acts,
+    rows: std::ops::Range<usize>,
+    out: &OutRows<'_>,
+) {
+    let (k, n) = (acts.k, acts.n);
+    let nb = k / QK;
+    let rb = w.row_bytes;
+    assert!(rb >= nb * 18 && w.bytes().len() >= rows.end * rb);
+    assert!(w.group() == 1 && 16 * rb < i32::MAX as usize);
+    assert!(n * k <= acts.q.len() && n * nb <= acts.d.len() && n * nb <= acts.off8.len());
+    dec.resize(nb * Q4_H * Q4_SLOTS, _mm512_setzero_si512());
+    // SAFETY: gathers read whole rows of the caller's range (asserted
+    // within the matrix; masked lanes read nothing); writes stay within
+    // `dec` (sized above); the column kernels' bounds are asserted above.
+    unsafe {
+        let nib = _mm512_set1_epi8(0x0F);
+        let lanes = _mm512_mullo_epi32(
+            _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+            _mm512_set1_epi32(rb as i32),
+        );
+        for r0 in rows.clone().step_by(16 * Q4_H) {
+            let m = (rows.end - r0).min(16 * Q4_H);
+            for h in 0..Q4_H {
+                let cnt = m.saturating_sub(16 * h).min(16);
+                let mask = ((1u32 << cnt) - 1) as __mmask16;
+                // Row r0 + 16h is in the matrix when any lane is set; a
+                // half without rows never dereferences it.
+                let base = w.bytes().as_ptr().wrapping_add((r0 + 16 * h) * rb);
+                for b in 0..nb {
+                    let o = dec.as_mut_ptr().add((b * Q4_H + h) * Q4_SLOTS);
+                    if cnt == 0 {
+                        for s in 0..Q4_SLOTS {
+                            o.add(s).write(_mm512_setzero_si512());
+                        }
+                        continue;
+                    }
+                    let at = _mm512_add_epi32(lanes, _mm512_set1_epi32((b * 18) as i32));
+                    let zero = _mm512_setzero_si512();
+                    // Bytes 0..4 of each block: `d`, then two nibble bytes.
+                    let dh = _mm512_mask_i32gather_epi32::<1>(zero, mask, at, base as *const i32);
+                    o.add(8).write(_mm512_castps_si512(_mm512_cvtph_ps(_mm512_cvtepi32_epi16(dh))));
+                    for g in 0..4 {
+                        let x = _mm512_mask_i32gather_epi32::<1>(
+                            zero,
+                            mask,
+                            at,
+                            base.add(2 + 4 * g) as *const i32,
+                        );
+                        o.add(g).write(_mm512_and_si512(x, nib));
+                        o.add(4 + g).write(_mm512_and_si512(_mm512_srli_epi32::<4>(x), nib));
+                    }
+                }
+            }
+            let mut c = 0;
+            while c < n {
+                let len = (n - c).min(Q4_COLS);
+                let d = dec.as_ptr();
+                match len {
+                    4 => q4_0_cols::<4>(d, acts, nb, r0, m, c, out),
+                    3 => q4_0_cols::<3>(d, acts, nb, r0, m, c, out),
+                    2 => q4_0_cols::<2>(d, acts, nb, r0, m, c, out),
+                    _ => q4_0_cols::<1>(d, acts, nb, r0, m, c, out),
+                }
+                c += len;
+            }
+        }
+    }
+}
+
+/// A decoded Q4_0 block of rows (`dec`, see [`q4_0_in`]) against columns
+/// `c .. c + N`: rows `r0 .. r0 + m`.
+///
+/// # Safety
+/// The CPU has the features of [`q4_0_in`]; `dec` holds `nb` decoded
+/// blocks; columns `c .. c + N` exist in `acts` with their `q`, `d` and
+/// `off8` (asserted by the caller); the rows are the caller's.
+#[inline(always)]
+unsafe fn q4_0_cols<const N: usize>(
+    dec: *const __m512i,
+    acts: &Acts,
+    nb: usize,
+    r0: usize,
+    m: usize,
+    c: usize,
+    out: &OutRows<'_>,
+) {
+    let k = acts.k;
+    // SAFETY: within the decoded blocks and the N columns (the caller's
+    // contract); rows of the caller's block.
+    unsafe {
+        let q = acts.q.as_ptr();
+        let mut acc = [[_mm512_setzero_ps(); N]; Q4_H];
+        for b in 0..nb {
+            let o = dec.add(b * Q4_H * Q4_SLOTS);
+            let mut isum = [[_mm512_setzero_si512(); N]; Q4_H];
+            for g in 0..8 {
+                let a: [__m512i; N] = std::array::from_fn(|j| {
+                    _mm512_set1_epi32(
+                        (q.add((c + j) * k + b * QK + 4 * g) as *const i32).read_unaligned(),
+                    )
+                });
+                for h in 0..Q4_H {
+                    let wv = *o.add(h * Q4_SLOTS + g);
+                    for j in 0..N {
+                        isum[h][j] = _mm512_dpbusd_epi32(isum[h][j], wv, a[j]);
+                    }
+                }
+            }
+            for j in 0..N {
+                let da = _mm512_set1_ps(*acts.d.get_unchecked((c + j) * nb + b));
+                let off = _mm512_set1_epi32(*acts.off8.get_unchecked((c + j) * nb + b));
+                for h in 0..Q4_H {
+                    let dw = _mm512_castsi512_ps(*o.add(h * Q4_SLOTS + 8));
+                    acc[h][j] = _mm512_fmadd_ps(
+                        _mm512_cvtepi32_ps(_mm512_sub_epi32(isum[h][j], off)),
+                        _mm512_mul_ps(dw, da),
+                        acc[h][j],
+                    );
+                }
+            }
+        }
+        for j in 0..N {
+            let mut col = [0f32; 16 * Q4_H];
+            for h in 0..Q4_H {
+                _mm512_storeu_ps(col.as_mut_ptr().add(16 * h), acc[h][j]);
+            }
+            out.set_run(c + j, r0, &col[..m]);
         }
     }
 }
