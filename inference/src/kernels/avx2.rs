@@ -827,6 +827,8 @@ impl<const F: u8, const CH: bool> Kern for B32<F, CH> {
             4 => unsafe { q4_1_decode_pairs::<4>(w, acts, rows, out) },
             // SAFETY: forwarded.
             2 => !CH && unsafe { q5_decode_pairs::<1>(w, acts, rows, 0, out) },
+            // SAFETY: forwarded.
+            1 if CH => unsafe { q4_0_decode(w, acts, rows, out) },
             _ => false,
         }
     }
@@ -981,6 +983,117 @@ impl<const F: u8, const CH: bool> Kern for B32<F, CH> {
     }
 }
 
+/// Chain Q4_0 rows against one column (a decode step), eight rows a
+/// register, a row per lane, read as the matrix keeps them (each block of
+/// a group of eight rows together, one stream): a block of eight rows is
+/// four 16-byte loads into each of four registers (lane half h of
+/// register i: row 4h + i's nibbles), transposed in place to four
+/// bytes of a row per lane, low and high nibbles apart; eight `maddubs`
+/// against the column's four activation bytes (broadcast) summed as i16
+/// (sixteen products of at most 15 · 128: exact), one `madd`, less the
+/// column's `8 · Σ a` (`Acts::off8`), give each row's exact `Σ (q − 8)
+/// · a`; then `fma(isum, d · d_a, acc)` lane by lane, as `rows::dot` —
+/// bit-identical, without a horizontal sum per row and block. Rows past
+/// the last whole eight take the one-row kernel. `false` (nothing written)
+/// when the column has no `off8`.
+///
+/// # Safety
+/// The CPU has avx2, fma and f16c; rows `rows` of `out` are the caller's.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q4_0_decode(
+    w: &RowMat,
+    acts: &Acts,
+    rows: std::ops::Range<usize>,
+    out: &OutRows<'_>,
+) -> bool {
+    let k = acts.k;
+    let nb = k / QK;
+    let rb = w.row_bytes;
+    if acts.n != 1 || acts.off8.len() < nb || w.fmt != Fmt::Q4_0 || w.group() != 8 {
+        return false;
+    }
+    assert!(rb >= nb * 18 && k <= acts.q.len() && nb <= acts.d.len());
+    // Whole groups of eight rows (ranges start at a group: `tile_align`).
+    assert!(rows.start.is_multiple_of(8));
+    let whole = rows.start + (rows.end - rows.start) / 8 * 8;
+    // SAFETY: every load is within rows `rows` (asserted within the matrix)
+    // or the column's activations (asserted); rows are the caller's.
+    unsafe {
+        let data = w.bytes().as_ptr();
+        let q = acts.q.as_ptr();
+        let ones = _mm256_set1_epi16(1);
+        for r0 in (rows.start..whole).step_by(8) {
+            // The group's blocks: block b of row r0 + r at `b·block + r·18`.
+            let at = w.at(r0, 8);
+            let (base, rs) = (data.add(at.base), at.row);
+            let mut acc = _mm256_setzero_ps();
+            for b in 0..nb {
+                let blk = base.add(b * at.block);
+                prefetch(blk.wrapping_add(DEC_PF));
+                prefetch(blk.wrapping_add(DEC_PF + 64));
+                prefetch(blk.wrapping_add(DEC_PF + 128));
+                let (v, dw) = q4_0_group8(blk, rs);
+                let a = q.add(b * QK);
+                let mut s16 = _mm256_setzero_si256();
+                for (j, &vj) in v.iter().enumerate() {
+                    let aj = _mm256_set1_epi32((a.add(4 * j) as *const i32).read_unaligned());
+                    s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(vj, aj));
+                }
+                let off = _mm256_set1_epi32(*acts.off8.get_unchecked(b));
+                let isum = _mm256_sub_epi32(_mm256_madd_epi16(s16, ones), off);
+                let da = _mm256_set1_ps(*acts.d.get_unchecked(b));
+                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, da), acc);
+            }
+            let mut col = [0f32; 8];
+            _mm256_storeu_ps(col.as_mut_ptr(), acc);
+            out.set_run(0, r0, &col);
+        }
+        for r in whole..rows.end {
+            let mut o = [[0f32; 1]; 1];
+            B32::<1, true>::run::<1, 1>(w, acts, r, 0, &mut o);
+            out.set(0, r, o[0][0]);
+        }
+    }
+    true
+}
+
+/// Block `b` of a group of eight chain Q4_0 rows, at `blk` (the rows'
+/// blocks `rs` bytes apart): register j, lane r holds row r's values 4j ..
+/// 4j + 3 (unsigned nibbles: the low halves of its bytes 4j .. 4j + 3 for
+/// j < 4, the high halves of bytes 4(j − 4) .. for j ≥ 4), and the rows'
+/// scales. Four 16-byte loads into each of four registers (lane half h of
+/// register i: row 4h + i), transposed in place.
+///
+/// # Safety
+/// The CPU has avx2 and f16c; the eight blocks are readable.
+#[inline(always)]
+pub(super) unsafe fn q4_0_group8(blk: *const u8, rs: usize) -> ([__m256i; 8], __m256) {
+    // SAFETY: the eight 18-byte blocks (the caller's contract).
+    unsafe {
+        let ld = |r: usize| _mm_loadu_si128(blk.add(r * rs + 2) as *const __m128i);
+        let reg = |i: usize| _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(ld(i)), ld(4 + i));
+        let (x0, x1, x2, x3) = (reg(0), reg(1), reg(2), reg(3));
+        let t0 = _mm256_unpacklo_epi32(x0, x1);
+        let t1 = _mm256_unpackhi_epi32(x0, x1);
+        let t2 = _mm256_unpacklo_epi32(x2, x3);
+        let t3 = _mm256_unpackhi_epi32(x2, x3);
+        // g[j], lane r: bytes 4j .. 4j + 3 of row r's nibbles.
+        let g = [
+            _mm256_unpacklo_epi64(t0, t2),
+            _mm256_unpackhi_epi64(t0, t2),
+            _mm256_unpacklo_epi64(t1, t3),
+            _mm256_unpackhi_epi64(t1, t3),
+        ];
+        let nib = _mm256_set1_epi8(0x0F);
+        let lo = |j: usize| _mm256_and_si256(g[j], nib);
+        let hi = |j: usize| _mm256_and_si256(_mm256_srli_epi16::<4>(g[j]), nib);
+        let dh: [u16; 8] =
+            std::array::from_fn(|r| (blk.add(r * rs) as *const u16).read_unaligned());
+        let dw = _mm256_cvtph_ps(_mm_loadu_si128(dh.as_ptr() as *const __m128i));
+        ([lo(0), lo(1), lo(2), lo(3), hi(0), hi(1), hi(2), hi(3)], dw)
+    }
+}
+
 /// Registers of eight rows per block of a decoded Q4_0 block of rows: eight
 /// of values (register g: values 4g .. 4g + 3 of each row, unsigned
 /// nibbles), one of scales (f32 bits).
@@ -1040,38 +1153,25 @@ unsafe fn q4_0_wide_in(
     let (k, n) = (acts.k, acts.n);
     let nb = k / QK;
     let rb = w.row_bytes;
-    assert!(rb >= nb * 18 && w.bytes().len() >= rows.end * rb && w.group() == 1);
+    assert!(rb >= nb * 18);
     assert!(n * k <= acts.q.len() && n * nb <= acts.d.len() && n * nb <= acts.off8.len());
     let per = Q4W_H * Q4W_SLOTS;
     dec.resize(nb * per, _mm256_setzero_si256());
     for r0 in rows.clone().step_by(8 * Q4W_H) {
         let m = (rows.end - r0).min(8 * Q4W_H);
-        let lanes = dec.as_mut_ptr() as *mut u32;
+        // A group of eight rows (`RowMat` keeps chain Q4_0 in eights).
+        assert!(m == 8 && Q4W_H == 1);
+        let at = w.at(r0, 8);
         for b in 0..nb {
-            for h in 0..Q4W_H {
-                // Lane i of slot s: `lanes[((b·H + h)·SLOTS + s)·8 + i]`.
-                let o = (b * Q4W_H + h) * Q4W_SLOTS * 8;
-                for i in 0..8 {
-                    let r = 8 * h + i;
-                    let (d, vals) = if r < m {
-                        let blk = &w.bytes()[(r0 + r) * rb + b * 18..][..18];
-                        let d = crate::quant::f16_at(blk, 0).to_bits();
-                        let g = |j: usize| {
-                            u32::from_le_bytes(blk[2 + 4 * j..6 + 4 * j].try_into().unwrap())
-                        };
-                        (d, [g(0), g(1), g(2), g(3)])
-                    } else {
-                        (0, [0; 4])
-                    };
-                    // SAFETY: slot indices below `per · nb` (`dec`'s size).
-                    unsafe {
-                        for (j, &v) in vals.iter().enumerate() {
-                            lanes.add(o + j * 8 + i).write(v & 0x0F0F_0F0F);
-                            lanes.add(o + (4 + j) * 8 + i).write((v >> 4) & 0x0F0F_0F0F);
-                        }
-                        lanes.add(o + 8 * 8 + i).write(d);
-                    }
+            // SAFETY: the group's block b lies within the matrix (`at`);
+            // slots below `per · nb` (`dec`'s size).
+            unsafe {
+                let (v, dw) = q4_0_group8(w.bytes().as_ptr().add(at.base + b * at.block), at.row);
+                let o = dec.as_mut_ptr().add(b * per);
+                for (j, &vj) in v.iter().enumerate() {
+                    o.add(j).write(vj);
                 }
+                o.add(8).write(_mm256_castps_si256(dw));
             }
         }
         let mut c = 0;

@@ -627,8 +627,8 @@ pub(crate) struct Acts {
     /// lanes: `16 · (a[4j]+…+a[4j+3])`, the offset unsigned Q5_0 values
     /// (`x + 16`) add to each lane of ggml's per-block sums.
     pub(crate) g16: Vec<i32>,
-    /// Per column and block of a wide product ([`WIDE_MIN`] columns), `8 ·
-    /// Σ a`: the offset Q4_0's nibbles add when they meet the activations
+    /// Per column and block of a wide product ([`WIDE_MIN`] columns) or a
+    /// decode step (one column), `8 · Σ a`: the offset Q4_0's nibbles add when they meet the activations
     /// unsigned (`q · a` summed, less this, is `(q − 8) · a` summed).
     pub(crate) off8: Vec<i32>,
     /// Per column and super-block of 256 (Q8_K): scale (f32), values, and
@@ -779,7 +779,7 @@ impl Acts {
             }
         });
         self.off8.clear();
-        if need.off8 && n >= WIDE_MIN {
+        if need.off8 && (n >= WIDE_MIN || n == 1) {
             self.off8.extend(
                 self.q[..n * nb * QK]
                     .chunks_exact(QK)

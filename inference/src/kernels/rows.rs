@@ -144,9 +144,10 @@ pub(crate) struct RowMat {
     data: Vec<u8>,
     pub(crate) row_bytes: usize,
     rows: usize,
-    /// Rows per group: 8 for chain Q4_K and, on AVX-512, for Q6_K whose
-    /// rows come in eights (`q4k_dec8` and `q6k_dec8_512` read eight rows
-    /// at once), else 1 (plain rows).
+    /// Rows per group: 8 for chain Q4_K and Q4_0 and, on AVX-512, for Q6_K
+    /// whose rows come in eights (`q4k_dec8`, `q4_0_decode` and
+    /// `q6k_dec8_512` read eight rows at once: one stream, not eight),
+    /// else 1 (plain rows).
     group: usize,
     /// Bytes per block.
     bb: usize,
@@ -275,7 +276,7 @@ impl RowMat {
         // turns into strided reads (half the speed on a 1B file).
         let q6k8 =
             fmt == Fmt::Q6K && rows.is_multiple_of(8) && super::isa() == super::Isa::Avx512Vnni;
-        let group = if chain && fmt == Fmt::Q4K || q6k8 { 8 } else { 1 };
+        let group = if chain || q6k8 { 8 } else { 1 };
         let bb = fmt.block().1;
         assert!(data.len() >= rows * row_bytes, "{} bytes for {rows} rows", data.len());
         let pairs = paired(fmt, row_bytes / bb);

@@ -32,7 +32,7 @@
 // Register arrays are indexed in lock step; index loops read clearest here.
 #![allow(clippy::needless_range_loop)]
 
-use super::avx2::pair_block;
+use super::avx2::{pair_block, q4_0_group8};
 use super::rows::{Fmt, RowMat};
 use super::x86::{store_q4_pair, Q4_PATTERN};
 use super::{Acts, OutRows};
@@ -715,8 +715,8 @@ const Q4_COLS: usize = 4;
 
 /// Q4_0 rows on the *chain* numerics (`rows.rs`): thirty-two rows at a
 /// time, a row per lane of two registers. A block of rows is decoded once
-/// into scratch (every block of the rows: four masked gathers of each
-/// block's nibble bytes split into low and high halves, one of its scales),
+/// into scratch (every block of its groups of eight rows, transposed by
+/// `avx2::q4_0_group8`: a row's values four to a lane, and its scales),
 /// then every group of columns meets it: per block, register and column
 /// eight `vpdpbusd` against the column's four activation bytes broadcast
 /// give each row's exact `Σ q · a`, less the column's `8 · Σ a`
@@ -736,50 +736,43 @@ unsafe fn q4_0_in(
     let (k, n) = (acts.k, acts.n);
     let nb = k / QK;
     let rb = w.row_bytes;
-    assert!(rb >= nb * 18 && w.bytes().len() >= rows.end * rb);
-    assert!(w.group() == 1 && 16 * rb < i32::MAX as usize);
+    assert!(rb >= nb * 18 && w.group() == 8);
     assert!(n * k <= acts.q.len() && n * nb <= acts.d.len() && n * nb <= acts.off8.len());
     dec.resize(nb * Q4_H * Q4_SLOTS, _mm512_setzero_si512());
-    // SAFETY: gathers read whole rows of the caller's range (asserted
-    // within the matrix; masked lanes read nothing); writes stay within
-    // `dec` (sized above); the column kernels' bounds are asserted above.
+    // SAFETY: reads within whole groups of the caller's rows (`w.at`
+    // asserts each); writes stay within `dec` (sized above); the column
+    // kernels' bounds are asserted above.
     unsafe {
-        let nib = _mm512_set1_epi8(0x0F);
-        let lanes = _mm512_mullo_epi32(
-            _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-            _mm512_set1_epi32(rb as i32),
-        );
+        let data = w.bytes().as_ptr();
         for r0 in rows.clone().step_by(16 * Q4_H) {
             let m = (rows.end - r0).min(16 * Q4_H);
+            // Groups of eight rows (`RowMat` keeps chain Q4_0 in eights),
+            // two to a register (`avx2::q4_0_group8`); a register past the
+            // rows is zeros.
+            assert!(m.is_multiple_of(8));
             for h in 0..Q4_H {
-                let cnt = m.saturating_sub(16 * h).min(16);
-                let mask = ((1u32 << cnt) - 1) as __mmask16;
-                // Row r0 + 16h is in the matrix when any lane is set; a
-                // half without rows never dereferences it.
-                let base = w.bytes().as_ptr().wrapping_add((r0 + 16 * h) * rb);
+                let groups: [Option<super::rows::At>; 2] = std::array::from_fn(|i| {
+                    let g0 = r0 + 16 * h + 8 * i;
+                    (g0 < r0 + m).then(|| w.at(g0, 8))
+                });
                 for b in 0..nb {
                     let o = dec.as_mut_ptr().add((b * Q4_H + h) * Q4_SLOTS);
-                    if cnt == 0 {
-                        for s in 0..Q4_SLOTS {
-                            o.add(s).write(_mm512_setzero_si512());
-                        }
-                        continue;
+                    let half = |i: usize| match groups[i] {
+                        Some(at) => q4_0_group8(data.add(at.base + b * at.block), at.row),
+                        None => ([_mm256_setzero_si256(); 8], _mm256_setzero_ps()),
+                    };
+                    let (lo, hi) = (half(0), half(1));
+                    for j in 0..8 {
+                        o.add(j).write(_mm512_inserti64x4::<1>(
+                            _mm512_castsi256_si512(lo.0[j]),
+                            hi.0[j],
+                        ));
                     }
-                    let at = _mm512_add_epi32(lanes, _mm512_set1_epi32((b * 18) as i32));
-                    let zero = _mm512_setzero_si512();
-                    // Bytes 0..4 of each block: `d`, then two nibble bytes.
-                    let dh = _mm512_mask_i32gather_epi32::<1>(zero, mask, at, base as *const i32);
-                    o.add(8).write(_mm512_castps_si512(_mm512_cvtph_ps(_mm512_cvtepi32_epi16(dh))));
-                    for g in 0..4 {
-                        let x = _mm512_mask_i32gather_epi32::<1>(
-                            zero,
-                            mask,
-                            at,
-                            base.add(2 + 4 * g) as *const i32,
-                        );
-                        o.add(g).write(_mm512_and_si512(x, nib));
-                        o.add(4 + g).write(_mm512_and_si512(_mm512_srli_epi32::<4>(x), nib));
-                    }
+                    let d = _mm512_insertf64x4::<1>(
+                        _mm512_castpd256_pd512(_mm256_castps_pd(lo.1)),
+                        _mm256_castps_pd(hi.1),
+                    );
+                    o.add(8).write(_mm512_castpd_si512(d));
                 }
             }
             let mut c = 0;
