@@ -41,7 +41,7 @@ export AGENTD_TEST_STRICT=1
 printf '  %s\n' "python: $AGENTD_TEST_PYTHON" "npm: $AGENTD_TEST_NPM" \
     "chromium: $AGENTD_TEST_CHROMIUM" "espeak-ng: $AGENTD_TEST_ESPEAK" \
     "llama.cpp: $AGENTD_TEST_LLAMA_BIN" "model: $AGENTD_TEST_MODEL" \
-    "q4_k_m: $AGENTD_TEST_Q4KM" "q8_0: $AGENTD_TEST_Q8" "q4_0: $AGENTD_TEST_Q4_0" \
+    "q4_k_m: $AGENTD_TEST_Q4KM" "q8_0: $AGENTD_TEST_Q8" "q4_0: $AGENTD_TEST_Q4_0" "q3_k_s: $AGENTD_TEST_Q3KS" \
     "gemma3: $AGENTD_TEST_GEMMA"
 echo "  set-up took $((SECONDS - started)) s so far"
 

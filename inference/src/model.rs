@@ -36,7 +36,7 @@ use crate::quant::dequantize_row;
 use candle_core::quantized::QMatMul;
 
 /// One tensor of a layer: the fast kernels, or candle's quantized matmul
-/// for tensor types the fast path does not have (Q2_K, Q3_K).
+/// for tensor types the fast path does not have (Q2_K).
 #[derive(Debug)]
 pub(crate) enum Part {
     Fast(Packed),

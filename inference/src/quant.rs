@@ -121,7 +121,7 @@ pub(crate) fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
 /// Whether [`dequantize_row`] reads this type.
 pub(crate) fn dequantizes(ty: GgmlType) -> bool {
     use GgmlType::*;
-    matches!(ty, F32 | F16 | BF16 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q4_K | Q5_K | Q6_K)
+    matches!(ty, F32 | F16 | BF16 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q3_K | Q4_K | Q5_K | Q6_K)
 }
 
 /// Dequantizes one row of a GGUF tensor of type `ty` into `out` (which sets
@@ -227,6 +227,26 @@ pub(crate) fn dequantize_row(ty: GgmlType, raw: &[u8], out: &mut [f32]) {
                         }
                         o[64 * j + l] = d1 * lo as f32 - m1;
                         o[64 * j + 32 + l] = d2 * hi as f32 - m2;
+                    }
+                }
+            }
+        }
+        Q3_K => {
+            // ggml's `dequantize_row_q3_K`: `d · (scale − 32)` per 16
+            // values, times the value (2 low bits, less 4 without the
+            // high bit).
+            for (o, b) in out.chunks_exact_mut(QK_K).zip(raw.chunks_exact(110)) {
+                let d = f16_at(b, 108);
+                let sc = crate::kernels::rows::q3k_scales(b);
+                let (hm, qs) = (&b[0..32], &b[32..96]);
+                for h in 0..2 {
+                    for g in 0..4 {
+                        for l in 0..32 {
+                            let e = 128 * h + 32 * g + l;
+                            let low = ((qs[32 * h + l] >> (2 * g)) & 3) as i8;
+                            let v = low - if (hm[l] >> (4 * h + g)) & 1 == 0 { 4 } else { 0 };
+                            o[e] = d * sc[e / 16] as f32 * v as f32;
+                        }
                     }
                 }
             }

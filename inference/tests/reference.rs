@@ -17,10 +17,10 @@
 //! Q4_K_M: Q4_K, Q6_K and the Q5_0/Q8_0 fallbacks) and
 //! `gemma3-270m-greedy.jsonl` (gemma3, SentencePiece, BOS added);
 //! `quant-greedy.jsonl` (the default checkpoint requantized to the weight
-//! types with kernels of their own: Q4_0).
+//! types with kernels of their own: Q4_0, Q3_K_S).
 //!
 //! Needs the real files: `AGENTD_TEST_MODEL` (the default model),
-//! `AGENTD_TEST_Q4KM`, `AGENTD_TEST_Q4_0` and `AGENTD_TEST_GEMMA` (the test
+//! `AGENTD_TEST_Q4KM`, `AGENTD_TEST_Q4_0`, `AGENTD_TEST_Q3KS` and `AGENTD_TEST_GEMMA` (the test
 //! command sets them all, see `scripts/test-deps.sh`); each test says when it skips, and
 //! fails instead under `AGENTD_TEST_STRICT=1`.
 
@@ -75,6 +75,15 @@ fn q4_k_m_greedy_decoding_matches_llama_cpp() {
 #[test]
 fn q4_0_greedy_decoding_matches_llama_cpp() {
     quant_greedy("smollm2-q4_0", "AGENTD_TEST_Q4_0");
+}
+
+/// The default checkpoint requantized to Q3_K_S: its `ffn_down` rows are
+/// Q3_K (ggml's lanes on a decode, its tiled kernel's numbers on a prompt
+/// of 8 tokens or more), the others fall back to Q4_0; every prompt gives
+/// llama.cpp's ids in full, chunked as the Q4_0 test.
+#[test]
+fn q3_k_s_greedy_decoding_matches_llama_cpp() {
+    quant_greedy("smollm2-q3_k_s", "AGENTD_TEST_Q3KS");
 }
 
 /// A requantized file's lines of `quant-greedy.jsonl`, all in full.

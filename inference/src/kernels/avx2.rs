@@ -195,6 +195,7 @@ pub(super) unsafe fn matmul(
             (Fmt::Q4K, _) => drive::<Q4KChain>(w, acts, rows, out),
             (Fmt::Q5K, _) => drive::<Q5K>(w, acts, rows, out),
             (Fmt::Q6K, _) => drive::<Q6K>(w, acts, rows, out),
+            (Fmt::Q3K, _) => drive::<Q3K>(w, acts, rows, out),
             (Fmt::F16 | Fmt::BF16, _) => unreachable!("handled above"),
         }
     }
@@ -3054,6 +3055,112 @@ impl Kern for Q6K {
                     out[r].copy_from_slice(&o[..N]);
                     continue;
                 }
+                for j in 0..N {
+                    out[r][j] = if wide[j] { facc[r][j] } else { hsum8_reg(acc[r][j]) };
+                }
+            }
+        }
+    }
+}
+
+/// Q3_K rows (see `rows::dot`): per super-block and column, each lane's
+/// exact integer as ggml's AVX2 `vec_dot_q3_K` forms it — the two low bits
+/// through `maddubs` less four through `maddubs` where the high bit is
+/// clear, `madd` with the sub-block scales (less 32) — then `fma(d_a · d,
+/// lane, acc)` and ggml's lane sum; a column ggml computes tiled
+/// (`Acts::wide`) takes the whole super-block's integer, `(d · Σ) · d_a`
+/// fused into its accumulator.
+struct Q3K;
+
+impl Kern for Q3K {
+    #[inline(always)]
+    unsafe fn run<const R: usize, const N: usize>(
+        w: &RowMat,
+        acts: &Acts,
+        r0: usize,
+        c0: usize,
+        out: &mut [[f32; N]; R],
+    ) {
+        let k = acts.k;
+        let nb = k / QK_K;
+        let at = w.at(r0, R);
+        assert!(w.row_bytes >= nb * 110);
+        assert!((c0 + N) * k <= acts.kq.len() && (c0 + N) * nb <= acts.kd.len());
+        // SAFETY: loads within the R rows (`at`) and N columns asserted above.
+        unsafe {
+            let mut acc = [[_mm256_setzero_ps(); N]; R];
+            let mut facc = [[0f32; N]; R];
+            let wide: [bool; N] = std::array::from_fn(|j| acts.wide(c0 + j));
+            let base = w.bytes().as_ptr().add(at.base);
+            let m3 = _mm256_set1_epi8(3);
+            let one = _mm256_set1_epi8(1);
+            for b in 0..nb {
+                for r in 0..R {
+                    let blk = base.add(r * at.row + b * at.block);
+                    prefetch(blk.wrapping_add(PF_DIST));
+                    prefetch(blk.wrapping_add(PF_DIST + 64));
+                }
+                let mut sumi = [[_mm256_setzero_si256(); N]; R];
+                let sc8: [__m128i; R] = std::array::from_fn(|r| {
+                    let sc = super::rows::q3k_scales(std::slice::from_raw_parts(
+                        base.add(r * at.row + b * at.block),
+                        110,
+                    ));
+                    let bytes: [i8; 16] = std::array::from_fn(|i| sc[i] as i8);
+                    _mm_loadu_si128(bytes.as_ptr() as *const __m128i)
+                });
+                for h in 0..2 {
+                    for kk in 0..4 {
+                        let act = |j: usize| {
+                            acts.kq.as_ptr().add((c0 + j) * k + b * QK_K + 128 * h + 32 * kk)
+                        };
+                        let pick = q6k_pick(h, kk);
+                        let av = preload::<R, N>(act);
+                        let bit = 4 * h + kk;
+                        for r in 0..R {
+                            let blk = base.add(r * at.row + b * at.block);
+                            let qs = _mm256_loadu_si256(blk.add(32 + 32 * h) as *const __m256i);
+                            let hm = _mm256_loadu_si256(blk as *const __m256i);
+                            let low = _mm256_and_si256(
+                                _mm256_srl_epi16(qs, _mm_cvtsi32_si128(2 * kk as i32)),
+                                m3,
+                            );
+                            // 4 where the high bit is clear, else 0.
+                            let mask = _mm256_sll_epi16(one, _mm_cvtsi32_si128(bit as i32));
+                            let high = _mm256_slli_epi16::<2>(_mm256_srl_epi16(
+                                _mm256_andnot_si256(hm, mask),
+                                _mm_cvtsi32_si128(bit as i32),
+                            ));
+                            let sv = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8[r], pick));
+                            for j in 0..N {
+                                let a = act_at::<R>(av[j], act(j));
+                                let p = _mm256_sub_epi16(
+                                    _mm256_maddubs_epi16(low, a),
+                                    _mm256_maddubs_epi16(high, a),
+                                );
+                                sumi[r][j] = _mm256_add_epi32(sumi[r][j], _mm256_madd_epi16(p, sv));
+                            }
+                        }
+                    }
+                }
+                for r in 0..R {
+                    let blk = base.add(r * at.row + b * at.block);
+                    let dw = f16_at(blk.add(108));
+                    for j in 0..N {
+                        let da = *acts.kd.get_unchecked((c0 + j) * nb + b);
+                        if wide[j] {
+                            facc[r][j] = (dw * hsum_i32(sumi[r][j]) as f32).mul_add(da, facc[r][j]);
+                        } else {
+                            acc[r][j] = _mm256_fmadd_ps(
+                                _mm256_set1_ps(da * dw),
+                                _mm256_cvtepi32_ps(sumi[r][j]),
+                                acc[r][j],
+                            );
+                        }
+                    }
+                }
+            }
+            for r in 0..R {
                 for j in 0..N {
                     out[r][j] = if wide[j] { facc[r][j] } else { hsum8_reg(acc[r][j]) };
                 }

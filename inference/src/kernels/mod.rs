@@ -273,7 +273,7 @@ impl Packed {
         match &self.kind {
             PackedKind::Rows(m) => (
                 m.fmt == rows::Fmt::Q4K && m.chain,
-                matches!(m.fmt, rows::Fmt::Q6K | rows::Fmt::Q5K)
+                matches!(m.fmt, rows::Fmt::Q6K | rows::Fmt::Q5K | rows::Fmt::Q3K)
                     || (m.fmt == rows::Fmt::Q4K && !m.chain),
             ),
             _ => (false, false),
@@ -302,7 +302,11 @@ impl Packed {
                 let wide = isa() == Isa::Avx512Vnni
                     && (matches!(
                         m.fmt,
-                        rows::Fmt::Q4K | rows::Fmt::Q5K | rows::Fmt::Q6K | rows::Fmt::Q5_0
+                        rows::Fmt::Q3K
+                            | rows::Fmt::Q4K
+                            | rows::Fmt::Q5K
+                            | rows::Fmt::Q6K
+                            | rows::Fmt::Q5_0
                     ) || (m.fmt == rows::Fmt::Q4_0 && m.chain))
                     && !portable;
                 if wide {
@@ -343,7 +347,7 @@ impl Packed {
                         k256: true,
                         kbp: m.fmt == rows::Fmt::Q5K && !wide512,
                         k32,
-                        ku: wide512 && m.fmt == rows::Fmt::Q6K,
+                        ku: wide512 && matches!(m.fmt, rows::Fmt::Q6K | rows::Fmt::Q3K),
                         ..Needs::default()
                     }
                 }
@@ -445,6 +449,7 @@ impl Packed {
                     rows::Fmt::Q5_0 => crate::gguf::GgmlType::Q5_0,
                     rows::Fmt::Q5_1 => crate::gguf::GgmlType::Q5_1,
                     rows::Fmt::Q8_0 => crate::gguf::GgmlType::Q8_0,
+                    rows::Fmt::Q3K => crate::gguf::GgmlType::Q3_K,
                     rows::Fmt::Q4K => crate::gguf::GgmlType::Q4_K,
                     rows::Fmt::Q5K => crate::gguf::GgmlType::Q5_K,
                     rows::Fmt::Q6K => crate::gguf::GgmlType::Q6_K,
@@ -1580,12 +1585,13 @@ mod tests {
     fn row_kernels_agree_with_the_portable_path_at_every_width() {
         use rows::Fmt;
         // Block bytes and the offsets of the block's f16 scales.
-        let formats: [(Fmt, usize, usize, &[usize]); 8] = [
+        let formats: [(Fmt, usize, usize, &[usize]); 9] = [
             (Fmt::Q4_0, 32, 18, &[0]),
             (Fmt::Q4_1, 32, 20, &[0, 2]),
             (Fmt::Q5_0, 32, 22, &[0]),
             (Fmt::Q5_1, 32, 24, &[0, 2]),
             (Fmt::Q8_0, 32, 34, &[0]),
+            (Fmt::Q3K, 256, 110, &[108]),
             (Fmt::Q4K, 256, 144, &[0, 2]),
             (Fmt::Q5K, 256, 176, &[0, 2]),
             (Fmt::Q6K, 256, 210, &[208]),

@@ -35,6 +35,7 @@ pub(crate) enum Fmt {
     Q5_0,
     Q5_1,
     Q8_0,
+    Q3K,
     Q4K,
     Q5K,
     Q6K,
@@ -62,6 +63,7 @@ impl Fmt {
             G::Q5_0 => Fmt::Q5_0,
             G::Q5_1 => Fmt::Q5_1,
             G::Q8_0 => Fmt::Q8_0,
+            G::Q3_K => Fmt::Q3K,
             G::Q4_K => Fmt::Q4K,
             G::Q5_K => Fmt::Q5K,
             G::Q6_K => Fmt::Q6K,
@@ -80,6 +82,7 @@ impl Fmt {
             Fmt::Q5_0 => G::Q5_0,
             Fmt::Q5_1 => G::Q5_1,
             Fmt::Q8_0 => G::Q8_0,
+            Fmt::Q3K => G::Q3_K,
             Fmt::Q4K => G::Q4_K,
             Fmt::Q5K => G::Q5_K,
             Fmt::Q6K => G::Q6_K,
@@ -96,6 +99,7 @@ impl Fmt {
             Fmt::Q5_0 => (QK, 22),
             Fmt::Q5_1 => (QK, 24),
             Fmt::Q8_0 => (QK, 34),
+            Fmt::Q3K => (QK_K, 110),
             Fmt::Q4K => (QK_K, 144),
             Fmt::Q5K => (QK_K, 176),
             Fmt::Q6K => (QK_K, 210),
@@ -106,7 +110,7 @@ impl Fmt {
     pub(crate) fn acts(self) -> ActKind {
         match self {
             Fmt::Q4_0 | Fmt::Q4_1 | Fmt::Q5_0 | Fmt::Q5_1 | Fmt::Q8_0 => ActKind::B32,
-            Fmt::Q4K | Fmt::Q5K | Fmt::Q6K => ActKind::K256,
+            Fmt::Q3K | Fmt::Q4K | Fmt::Q5K | Fmt::Q6K => ActKind::K256,
             Fmt::F16 | Fmt::BF16 => ActKind::F32,
         }
     }
@@ -556,7 +560,7 @@ pub(crate) fn dot(fmt: Fmt, chain: bool, row: &[u8], acts: &super::Acts, c: usiz
                 hsum8(&lanes) + summs
             }
         }
-        Fmt::Q4K | Fmt::Q5K | Fmt::Q6K => {
+        Fmt::Q3K | Fmt::Q4K | Fmt::Q5K | Fmt::Q6K => {
             let nb = k / QK_K;
             let (aq, ad, abs) = (&acts.kq[c * k..], &acts.kd[c * nb..], &acts.kbs[c * nb * 16..]);
             let bb = fmt.block().1;
@@ -572,10 +576,17 @@ pub(crate) fn dot(fmt: Fmt, chain: bool, row: &[u8], acts: &super::Acts, c: usiz
                 let mut sc = [0i32; 16];
                 let mut mn = [0i32; 8];
                 k_values(fmt, blk, &mut w, &mut sc, &mut mn);
-                let dw = f16_at(blk, if fmt == Fmt::Q6K { 208 } else { 0 });
+                let dw = f16_at(
+                    blk,
+                    match fmt {
+                        Fmt::Q6K => 208,
+                        Fmt::Q3K => 108,
+                        _ => 0,
+                    },
+                );
                 // Integer lanes: lane l of chunk ch (32 values) is values
                 // 32·ch + 4l .. + 4, scaled by their sub-block's scale.
-                let per = if fmt == Fmt::Q6K { 16 } else { 32 };
+                let per = if matches!(fmt, Fmt::Q6K | Fmt::Q3K) { 16 } else { 32 };
                 let mut il = [0i32; 8];
                 for ch in 0..8 {
                     for (l, v) in il.iter_mut().enumerate() {
@@ -613,7 +624,11 @@ pub(crate) fn dot(fmt: Fmt, chain: bool, row: &[u8], acts: &super::Acts, c: usiz
                         // fused multiply-add by the activation scale.
                         let mut s1: i32 = il.iter().sum();
                         let mut res;
-                        if fmt == Fmt::Q6K {
+                        if fmt == Fmt::Q3K {
+                            // Signed values already (ggml's act-bias of 4
+                            // on the unsigned codes is the same integer).
+                            res = dw * s1 as f32;
+                        } else if fmt == Fmt::Q6K {
                             s1 -= 32 * (0..16).map(|s| sc[s] * bs[s] as i32).sum::<i32>();
                             res = dw * s1 as f32;
                         } else {
@@ -640,6 +655,14 @@ pub(crate) fn dot(fmt: Fmt, chain: bool, row: &[u8], acts: &super::Acts, c: usiz
                         } else {
                             let imin: i32 = (0..8).map(|s| mn[s] * q8s[s]).sum();
                             summs = dmin.mul_add(imin as f32, summs);
+                        }
+                    }
+                    Fmt::Q3K => {
+                        // ggml's AVX2 `vec_dot_q3_K`: each lane's exact
+                        // integer (signed values), `fma(d_a·d, lane, acc)`.
+                        let d = da * dw;
+                        for (lane, &v) in lanes.iter_mut().zip(&il) {
+                            *lane = d.mul_add(v as f32, *lane);
                         }
                     }
                     _ => {
@@ -698,6 +721,22 @@ pub(crate) fn b32_values(fmt: Fmt, blk: &[u8], w: &mut [i32; QK]) {
 /// A K-quant super-block's 256 unsigned values, its scales (Q4_K/Q5_K: 8
 /// per 32 values; Q6_K: 16 signed, per 16) and its minimums (Q4_K/Q5_K).
 #[inline]
+/// A Q3_K block's sixteen sub-block scales (6 bits each, packed in its 12
+/// bytes at 96), less 32, as ggml unpacks them.
+pub(crate) fn q3k_scales(blk: &[u8]) -> [i32; 16] {
+    const KM1: u32 = 0x0303_0303;
+    const KM2: u32 = 0x0f0f_0f0f;
+    let w = |i: usize| u32::from_le_bytes(blk[96 + 4 * i..100 + 4 * i].try_into().unwrap());
+    let (a0, a1, t) = (w(0), w(1), w(2));
+    let aux = [
+        (a0 & KM2) | ((t & KM1) << 4),
+        (a1 & KM2) | (((t >> 2) & KM1) << 4),
+        ((a0 >> 4) & KM2) | (((t >> 4) & KM1) << 4),
+        ((a1 >> 4) & KM2) | (((t >> 6) & KM1) << 4),
+    ];
+    std::array::from_fn(|s| (aux[s / 4] >> (8 * (s % 4))) as u8 as i32 - 32)
+}
+
 pub(crate) fn k_values(
     fmt: Fmt,
     blk: &[u8],
@@ -706,6 +745,19 @@ pub(crate) fn k_values(
     mn: &mut [i32; 8],
 ) {
     match fmt {
+        Fmt::Q3K => {
+            *sc = q3k_scales(blk);
+            let (hm, qs) = (&blk[0..32], &blk[32..96]);
+            for h in 0..2 {
+                for g in 0..4 {
+                    for l in 0..32 {
+                        let low = ((qs[32 * h + l] >> (2 * g)) & 3) as i32;
+                        let high = (hm[l] >> (4 * h + g)) & 1;
+                        w[128 * h + 32 * g + l] = low - if high == 0 { 4 } else { 0 };
+                    }
+                }
+            }
+        }
         Fmt::Q6K => {
             let (ql, qh) = (&blk[0..128], &blk[128..192]);
             for (s, &v) in sc.iter_mut().zip(&blk[192..208]) {

@@ -103,7 +103,7 @@ pub(super) unsafe fn matmul(
     let covered = match w.fmt {
         Fmt::Q4K => w.chain && acts.kb32.len() >= n * nb * 4,
         Fmt::Q5K => (0..n).all(|c| acts.wide(c)) && acts.kb32.len() >= n * nb * 4,
-        Fmt::Q6K => (0..n).all(|c| acts.wide(c)) && acts.kqu.len() >= n * k,
+        Fmt::Q6K | Fmt::Q3K => (0..n).all(|c| acts.wide(c)) && acts.kqu.len() >= n * k,
         _ => false,
     };
     if !covered || !k.is_multiple_of(QK_K) || rows.is_empty() {
@@ -133,7 +133,7 @@ unsafe fn matmul_in(
     let bb = w.fmt.block().1;
     assert!(w.row_bytes >= nb * bb);
     assert!(n * k <= acts.kq.len() && n * nb <= acts.kd.len() && n * nb * 16 <= acts.kbs.len());
-    if w.fmt == Fmt::Q6K {
+    if matches!(w.fmt, Fmt::Q6K | Fmt::Q3K) {
         assert!(n * k <= acts.kqu.len());
     } else {
         assert!(n * nb * 4 <= acts.kb32.len());
@@ -180,7 +180,7 @@ unsafe fn matmul_in(
                     // columns lie `k` bytes apart, a stride the hardware does
                     // not follow.
                     for j in c2..c2 + len2 {
-                        let q = if w.fmt == Fmt::Q6K {
+                        let q = if matches!(w.fmt, Fmt::Q6K | Fmt::Q3K) {
                             acts.kqu.as_ptr().wrapping_add(j * k + b * QK_K)
                         } else {
                             acts.kq.as_ptr().wrapping_add(j * k + b * QK_K) as *const u8
@@ -268,6 +268,77 @@ unsafe fn decode(w: &RowMat, r0: usize, m: usize, b: usize, dst: *mut __m512i) {
             let slot = |s: usize| dst.add(s + h);
             let m4 = _mm512_set1_epi8(0x0F);
             let low16 = |x: __m512i| _mm512_cvtph_ps(_mm512_cvtepi32_epi16(x));
+            if w.fmt == Fmt::Q3K {
+                // Q3_K as Q6_K: values (−4 ..= 3, signed), the scales less
+                // 32, the offset constant 128 · Σ_s scale_s · Σ_{e in s}
+                // value_e. Value e = 128h + 32g + l: bits 2g, 2g + 1 of
+                // byte 32h + l of `qs` (at 32), less 4 unless bit 4h + g of
+                // byte l of `hmask` (at 0) is set.
+                let ones = _mm512_set1_epi8(1);
+                let m3 = _mm512_set1_epi8(3);
+                let mut sums = [_mm512_setzero_si512(); 16];
+                for half in 0..2 {
+                    for l4 in 0..8 {
+                        let q = gather(32 + 32 * half + 4 * l4);
+                        let hm = gather(4 * l4);
+                        for g in 0..4 {
+                            let low =
+                                _mm512_and_si512(_mm512_srl_epi32(q, _mm_cvtsi32_si128(2 * g)), m3);
+                            let bit = _mm_cvtsi32_si128((4 * half + g as usize) as i32);
+                            let high = _mm512_slli_epi32::<2>(_mm512_and_si512(
+                                _mm512_srl_epi32(hm, bit),
+                                ones,
+                            ));
+                            let v =
+                                _mm512_sub_epi8(_mm512_or_si512(low, high), _mm512_set1_epi8(4));
+                            let kg = 32 * half + 8 * g as usize + l4;
+                            slot(kg * H).write(v);
+                            sums[kg / 4] = _mm512_dpbusd_epi32(sums[kg / 4], ones, v);
+                        }
+                    }
+                }
+                let (a0, a1, t) = (gather(96), gather(100), gather(104));
+                let k1 = _mm512_set1_epi32(0x0303_0303);
+                let k2 = _mm512_set1_epi32(0x0f0f_0f0f);
+                let aux = [
+                    _mm512_or_si512(
+                        _mm512_and_si512(a0, k2),
+                        _mm512_slli_epi32::<4>(_mm512_and_si512(t, k1)),
+                    ),
+                    _mm512_or_si512(
+                        _mm512_and_si512(a1, k2),
+                        _mm512_slli_epi32::<4>(_mm512_and_si512(_mm512_srli_epi32::<2>(t), k1)),
+                    ),
+                    _mm512_or_si512(
+                        _mm512_and_si512(_mm512_srli_epi32::<4>(a0), k2),
+                        _mm512_slli_epi32::<4>(_mm512_and_si512(_mm512_srli_epi32::<4>(t), k1)),
+                    ),
+                    _mm512_or_si512(
+                        _mm512_and_si512(_mm512_srli_epi32::<4>(a1), k2),
+                        _mm512_slli_epi32::<4>(_mm512_and_si512(_mm512_srli_epi32::<6>(t), k1)),
+                    ),
+                ];
+                let byte = _mm512_set1_epi32(0xFF);
+                let c32 = _mm512_set1_epi32(32);
+                let mut corr = _mm512_setzero_si512();
+                for (q, x) in aux.into_iter().enumerate() {
+                    let sc = [
+                        _mm512_and_si512(x, byte),
+                        _mm512_and_si512(_mm512_srli_epi32::<8>(x), byte),
+                        _mm512_and_si512(_mm512_srli_epi32::<16>(x), byte),
+                        _mm512_srli_epi32::<24>(x),
+                    ];
+                    for (i, sc) in sc.into_iter().enumerate() {
+                        let s = 4 * q + i;
+                        let sc = _mm512_sub_epi32(sc, c32);
+                        slot(SCALES + s * H).write(sc);
+                        corr = _mm512_add_epi32(corr, _mm512_mullo_epi32(sc, sums[s]));
+                    }
+                }
+                slot(DMIN).write(_mm512_slli_epi32::<7>(corr));
+                slot(DW).write(_mm512_castps_si512(low16(_mm512_srli_epi32::<16>(gather(106)))));
+                continue;
+            }
             if w.fmt == Fmt::Q6K {
                 // Values less 32 (signed), the scales, and the offset
                 // constant 128 · Σ_s scale_s · Σ_{e in s} (value_e − 32).
