@@ -36,7 +36,8 @@ use crate::quant::dequantize_row;
 use candle_core::quantized::QMatMul;
 
 /// One tensor of a layer: the fast kernels, or candle's quantized matmul
-/// for tensor types the fast path does not have (Q2_K).
+/// for tensor types the fast path does not have (Q2_K whose rows do not
+/// come in eights).
 #[derive(Debug)]
 pub(crate) enum Part {
     Fast(Packed),
@@ -233,7 +234,9 @@ pub(crate) fn load_rows(
         dequantize_row(ty, &raw, &mut w);
         return Ok(Part::Fast(Packed::f32(w, rows, cols)));
     }
-    if let Some(fmt) = Fmt::from_ggml(ty) {
+    // Q2_K has the kernels of ggml's repacked numbers only (rows in
+    // eights); other Q2_K tensors go to candle.
+    if let Some(fmt) = Fmt::from_ggml(ty).filter(|f| *f != Fmt::Q2K || f.chain(rows)) {
         return Ok(Part::Fast(Packed::rows(fmt, read(g)?, rows, cols)));
     }
     let qt = g.qtensor_rows(name, row0, rows)?;

@@ -121,7 +121,10 @@ pub(crate) fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
 /// Whether [`dequantize_row`] reads this type.
 pub(crate) fn dequantizes(ty: GgmlType) -> bool {
     use GgmlType::*;
-    matches!(ty, F32 | F16 | BF16 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q3_K | Q4_K | Q5_K | Q6_K)
+    matches!(
+        ty,
+        F32 | F16 | BF16 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q2_K | Q3_K | Q4_K | Q5_K | Q6_K
+    )
 }
 
 /// Dequantizes one row of a GGUF tensor of type `ty` into `out` (which sets
@@ -228,6 +231,18 @@ pub(crate) fn dequantize_row(ty: GgmlType, raw: &[u8], out: &mut [f32]) {
                         o[64 * j + l] = d1 * lo as f32 - m1;
                         o[64 * j + 32 + l] = d2 * hi as f32 - m2;
                     }
+                }
+            }
+        }
+        Q2_K => {
+            // ggml's `dequantize_row_q2_K`: `d · scale · value − dmin · min`
+            // per 16 values.
+            for (o, b) in out.chunks_exact_mut(QK_K).zip(raw.chunks_exact(84)) {
+                let (d, dmin) = (f16_at(b, 80), f16_at(b, 82));
+                let (w, sc, mn) = crate::kernels::rows::q2k_values(b);
+                for (e, y) in o.iter_mut().enumerate() {
+                    let (dl, ml) = (d * sc[e / 16] as f32, dmin * mn[e / 16] as f32);
+                    *y = dl * w[e] as f32 - ml;
                 }
             }
         }

@@ -90,6 +90,9 @@ trait Kern {
     /// Columns per call on wide products (what fits the registers).
     const COLS: usize = COLS;
 
+    /// Rows per call on a decode (one column), at most 4.
+    const DEC_ROWS: usize = DEC_ROWS;
+
     /// A product of many columns done another way (rows decoded once for
     /// all columns); `false` when the format has none.
     ///
@@ -196,6 +199,7 @@ pub(super) unsafe fn matmul(
             (Fmt::Q5K, _) => drive::<Q5K>(w, acts, rows, out),
             (Fmt::Q6K, _) => drive::<Q6K>(w, acts, rows, out),
             (Fmt::Q3K, _) => drive::<Q3K>(w, acts, rows, out),
+            (Fmt::Q2K, _) => drive::<Q2K>(w, acts, rows, out),
             (Fmt::F16 | Fmt::BF16, _) => unreachable!("handled above"),
         }
     }
@@ -226,7 +230,7 @@ unsafe fn drive<K: Kern>(w: &RowMat, acts: &Acts, rows: std::ops::Range<usize>, 
             }
             let mut r = rows.start;
             while r < rows.end {
-                let m = (rows.end - r).min(DEC_ROWS);
+                let m = (rows.end - r).min(K::DEC_ROWS);
                 match m {
                     4 => call!(r, 0, 4, 1),
                     3 => call!(r, 0, 3, 1),
@@ -3063,6 +3067,109 @@ impl Kern for Q6K {
     }
 }
 
+/// Q2_K rows on the chain numbers of ggml's repacked `q2_K_8x8` (see
+/// `rows::dot`): per super-block, row and column the exact integers of each
+/// half (values through `maddubs`, sub-block scales by `madd`) and of the
+/// minimums against the column's sums of 16 (`madd`), then one fused
+/// multiply-add per super-block into each accumulator — two, one per half,
+/// for a column ggml's gemm grouped.
+struct Q2K;
+
+impl Kern for Q2K {
+    const DEC_ROWS: usize = 4;
+
+    #[inline(always)]
+    unsafe fn run<const R: usize, const N: usize>(
+        w: &RowMat,
+        acts: &Acts,
+        r0: usize,
+        c0: usize,
+        out: &mut [[f32; N]; R],
+    ) {
+        let k = acts.k;
+        let nb = k / QK_K;
+        let at = w.at(r0, R);
+        assert!(w.row_bytes >= nb * 84);
+        assert!((c0 + N) * k <= acts.kq.len() && (c0 + N) * nb <= acts.kd.len());
+        assert!((c0 + N) * nb * 16 <= acts.kbs.len());
+        // SAFETY: loads within the R rows (`at`) and N columns asserted above.
+        unsafe {
+            let mut acc = [[0f32; N]; R];
+            let mut accm = [[0f32; N]; R];
+            let grouped: [bool; N] = std::array::from_fn(|j| acts.grouped(c0 + j));
+            let base = w.bytes().as_ptr().add(at.base);
+            let m3 = _mm256_set1_epi8(3);
+            let m4 = _mm_set1_epi8(15);
+            for b in 0..nb {
+                for r in 0..R {
+                    let blk = base.add(r * at.row + b * at.block);
+                    prefetch(blk.wrapping_add(PF_DIST));
+                    prefetch(blk.wrapping_add(PF_DIST + 64));
+                }
+                for r in 0..R {
+                    let blk = base.add(r * at.row + b * at.block);
+                    let sc16 = _mm_loadu_si128(blk as *const __m128i);
+                    let scl = _mm_and_si128(sc16, m4);
+                    let mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16::<4>(sc16), m4));
+                    let (dw, dmin) = (f16_at(blk.add(80)), f16_at(blk.add(82)));
+                    for j in 0..N {
+                        let col = c0 + j;
+                        let a0 = acts.kq.as_ptr().add(col * k + b * QK_K);
+                        let mut half = [0i32; 2];
+                        for (h, hv) in half.iter_mut().enumerate() {
+                            let qs = _mm256_loadu_si256(blk.add(16 + 32 * h) as *const __m256i);
+                            let mut s = _mm256_setzero_si256();
+                            for g in 0..4 {
+                                let q = _mm256_and_si256(
+                                    _mm256_srl_epi16(qs, _mm_cvtsi32_si128(2 * g as i32)),
+                                    m3,
+                                );
+                                let a =
+                                    _mm256_loadu_si256(a0.add(128 * h + 32 * g) as *const __m256i);
+                                let sv =
+                                    _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scl, q6k_pick(h, g)));
+                                s = _mm256_add_epi32(
+                                    s,
+                                    _mm256_madd_epi16(_mm256_maddubs_epi16(q, a), sv),
+                                );
+                            }
+                            *hv = hsum_i32(s);
+                        }
+                        let bs = _mm256_loadu_si256(
+                            acts.kbs.as_ptr().add((col * nb + b) * 16) as *const __m256i
+                        );
+                        // Lanes 0-3: sub-blocks 0-7, lanes 4-7: 8-15.
+                        let pm = _mm256_madd_epi16(bs, mins);
+                        let lo = _mm256_castsi256_si128(pm);
+                        let hi = _mm256_extracti128_si256::<1>(pm);
+                        let sum4 = |v: __m128i| {
+                            let v = _mm_add_epi32(v, _mm_unpackhi_epi64(v, v));
+                            _mm_cvtsi128_si32(_mm_add_epi32(v, _mm_shuffle_epi32::<1>(v)))
+                        };
+                        let mins2 = [sum4(lo), sum4(hi)];
+                        let da = *acts.kd.get_unchecked(col * nb + b);
+                        if grouped[j] {
+                            for h in 0..2 {
+                                acc[r][j] = (half[h] as f32).mul_add(dw * da, acc[r][j]);
+                                accm[r][j] = (mins2[h] as f32).mul_add(dmin * da, accm[r][j]);
+                            }
+                        } else {
+                            let (i, m) = (half[0] + half[1], mins2[0] + mins2[1]);
+                            acc[r][j] = (i as f32).mul_add(dw * da, acc[r][j]);
+                            accm[r][j] = (m as f32).mul_add(dmin * da, accm[r][j]);
+                        }
+                    }
+                }
+            }
+            for r in 0..R {
+                for j in 0..N {
+                    out[r][j] = acc[r][j] - accm[r][j];
+                }
+            }
+        }
+    }
+}
+
 /// Q3_K rows (see `rows::dot`): per super-block and column, each lane's
 /// exact integer as ggml's AVX2 `vec_dot_q3_K` forms it — the two low bits
 /// through `maddubs` less four through `maddubs` where the high bit is
@@ -3072,7 +3179,32 @@ impl Kern for Q6K {
 /// fused into its accumulator.
 struct Q3K;
 
+/// A Q3_K block's sixteen scales less 32 as bytes (`rows::q3k_scales`),
+/// unpacked as ggml's AVX2 kernel does.
+///
+/// # Safety
+/// The CPU has avx2; `blk` is a whole Q3_K block (110 bytes).
+#[inline(always)]
+unsafe fn q3k_scales8(blk: *const u8) -> __m128i {
+    const KM1: u32 = 0x0303_0303;
+    const KM2: u32 = 0x0f0f_0f0f;
+    // SAFETY: bytes 96..108 of the block (the caller's contract).
+    unsafe {
+        let w = |i: usize| (blk.add(96 + 4 * i) as *const u32).read_unaligned();
+        let (a0, a1, t) = (w(0), w(1), w(2));
+        let v = _mm_set_epi32(
+            (((a1 >> 4) & KM2) | (((t >> 6) & KM1) << 4)) as i32,
+            (((a0 >> 4) & KM2) | (((t >> 4) & KM1) << 4)) as i32,
+            ((a1 & KM2) | (((t >> 2) & KM1) << 4)) as i32,
+            ((a0 & KM2) | ((t & KM1) << 4)) as i32,
+        );
+        _mm_sub_epi8(v, _mm_set1_epi8(32))
+    }
+}
+
 impl Kern for Q3K {
+    const DEC_ROWS: usize = 2;
+
     #[inline(always)]
     unsafe fn run<const R: usize, const N: usize>(
         w: &RowMat,
@@ -3101,14 +3233,8 @@ impl Kern for Q3K {
                     prefetch(blk.wrapping_add(PF_DIST + 64));
                 }
                 let mut sumi = [[_mm256_setzero_si256(); N]; R];
-                let sc8: [__m128i; R] = std::array::from_fn(|r| {
-                    let sc = super::rows::q3k_scales(std::slice::from_raw_parts(
-                        base.add(r * at.row + b * at.block),
-                        110,
-                    ));
-                    let bytes: [i8; 16] = std::array::from_fn(|i| sc[i] as i8);
-                    _mm_loadu_si128(bytes.as_ptr() as *const __m128i)
-                });
+                let sc8: [__m128i; R] =
+                    std::array::from_fn(|r| q3k_scales8(base.add(r * at.row + b * at.block)));
                 for h in 0..2 {
                     for kk in 0..4 {
                         let act = |j: usize| {

@@ -272,7 +272,7 @@ impl Packed {
     pub(crate) fn route_matters(&self) -> (bool, bool) {
         match &self.kind {
             PackedKind::Rows(m) => (
-                m.fmt == rows::Fmt::Q4K && m.chain,
+                (m.fmt == rows::Fmt::Q4K && m.chain) || m.fmt == rows::Fmt::Q2K,
                 matches!(m.fmt, rows::Fmt::Q6K | rows::Fmt::Q5K | rows::Fmt::Q3K)
                     || (m.fmt == rows::Fmt::Q4K && !m.chain),
             ),
@@ -449,6 +449,7 @@ impl Packed {
                     rows::Fmt::Q5_0 => crate::gguf::GgmlType::Q5_0,
                     rows::Fmt::Q5_1 => crate::gguf::GgmlType::Q5_1,
                     rows::Fmt::Q8_0 => crate::gguf::GgmlType::Q8_0,
+                    rows::Fmt::Q2K => crate::gguf::GgmlType::Q2_K,
                     rows::Fmt::Q3K => crate::gguf::GgmlType::Q3_K,
                     rows::Fmt::Q4K => crate::gguf::GgmlType::Q4_K,
                     rows::Fmt::Q5K => crate::gguf::GgmlType::Q5_K,
@@ -1585,12 +1586,13 @@ mod tests {
     fn row_kernels_agree_with_the_portable_path_at_every_width() {
         use rows::Fmt;
         // Block bytes and the offsets of the block's f16 scales.
-        let formats: [(Fmt, usize, usize, &[usize]); 9] = [
+        let formats: [(Fmt, usize, usize, &[usize]); 10] = [
             (Fmt::Q4_0, 32, 18, &[0]),
             (Fmt::Q4_1, 32, 20, &[0, 2]),
             (Fmt::Q5_0, 32, 22, &[0]),
             (Fmt::Q5_1, 32, 24, &[0, 2]),
             (Fmt::Q8_0, 32, 34, &[0]),
+            (Fmt::Q2K, 256, 84, &[80, 82]),
             (Fmt::Q3K, 256, 110, &[108]),
             (Fmt::Q4K, 256, 144, &[0, 2]),
             (Fmt::Q5K, 256, 176, &[0, 2]),

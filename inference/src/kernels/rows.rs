@@ -35,6 +35,7 @@ pub(crate) enum Fmt {
     Q5_0,
     Q5_1,
     Q8_0,
+    Q2K,
     Q3K,
     Q4K,
     Q5K,
@@ -63,6 +64,7 @@ impl Fmt {
             G::Q5_0 => Fmt::Q5_0,
             G::Q5_1 => Fmt::Q5_1,
             G::Q8_0 => Fmt::Q8_0,
+            G::Q2_K => Fmt::Q2K,
             G::Q3_K => Fmt::Q3K,
             G::Q4_K => Fmt::Q4K,
             G::Q5_K => Fmt::Q5K,
@@ -82,6 +84,7 @@ impl Fmt {
             Fmt::Q5_0 => G::Q5_0,
             Fmt::Q5_1 => G::Q5_1,
             Fmt::Q8_0 => G::Q8_0,
+            Fmt::Q2K => G::Q2_K,
             Fmt::Q3K => G::Q3_K,
             Fmt::Q4K => G::Q4_K,
             Fmt::Q5K => G::Q5_K,
@@ -99,6 +102,7 @@ impl Fmt {
             Fmt::Q5_0 => (QK, 22),
             Fmt::Q5_1 => (QK, 24),
             Fmt::Q8_0 => (QK, 34),
+            Fmt::Q2K => (QK_K, 84),
             Fmt::Q3K => (QK_K, 110),
             Fmt::Q4K => (QK_K, 144),
             Fmt::Q5K => (QK_K, 176),
@@ -110,7 +114,7 @@ impl Fmt {
     pub(crate) fn acts(self) -> ActKind {
         match self {
             Fmt::Q4_0 | Fmt::Q4_1 | Fmt::Q5_0 | Fmt::Q5_1 | Fmt::Q8_0 => ActKind::B32,
-            Fmt::Q3K | Fmt::Q4K | Fmt::Q5K | Fmt::Q6K => ActKind::K256,
+            Fmt::Q2K | Fmt::Q3K | Fmt::Q4K | Fmt::Q5K | Fmt::Q6K => ActKind::K256,
             Fmt::F16 | Fmt::BF16 => ActKind::F32,
         }
     }
@@ -123,7 +127,7 @@ impl Fmt {
     /// Whether a tensor of `rows` rows takes the *chain* numerics (see the
     /// module INVARIANT): the types ggml repacks, when it can.
     pub(crate) fn chain(self, rows: usize) -> bool {
-        matches!(self, Fmt::Q4_0 | Fmt::Q4K) && rows.is_multiple_of(8)
+        matches!(self, Fmt::Q4_0 | Fmt::Q4K | Fmt::Q2K) && rows.is_multiple_of(8)
     }
 }
 
@@ -560,6 +564,38 @@ pub(crate) fn dot(fmt: Fmt, chain: bool, row: &[u8], acts: &super::Acts, c: usiz
                 hsum8(&lanes) + summs
             }
         }
+        Fmt::Q2K => {
+            // Always the chain numbers of ggml's repacked `q2_K_8x8` (the
+            // loader keeps only Q2_K tensors whose rows come in eights):
+            // one exact integer per super-block (its gemv) or per 128
+            // values (its gemm, for a column it grouped), `fma(isum, d ·
+            // d_a)`, and the minimums' `fma(Σ m · bsum, dmin · d_a)` into a
+            // second accumulator, subtracted at the end.
+            let nb = k / QK_K;
+            let (aq, ad, abs) = (&acts.kq[c * k..], &acts.kd[c * nb..], &acts.kbs[c * nb * 16..]);
+            let (mut acc, mut accm) = (0f32, 0f32);
+            let steps = if acts.grouped(c) { 2 } else { 1 };
+            for b in 0..nb {
+                let blk = &row[b * 84..(b + 1) * 84];
+                let a = &aq[b * QK_K..(b + 1) * QK_K];
+                let bs = &abs[b * 16..(b + 1) * 16];
+                let (w, sc, mn) = q2k_values(blk);
+                let (dw, dmin, da) = (f16_at(blk, 80), f16_at(blk, 82), ad[b]);
+                for st in 0..steps {
+                    let subs = st * 16 / steps..(st + 1) * 16 / steps;
+                    let isum: i32 = subs
+                        .clone()
+                        .map(|s| {
+                            sc[s] * (16 * s..16 * s + 16).map(|e| w[e] * a[e] as i32).sum::<i32>()
+                        })
+                        .sum();
+                    let imin: i32 = subs.map(|s| mn[s] * bs[s] as i32).sum();
+                    acc = (isum as f32).mul_add(dw * da, acc);
+                    accm = (imin as f32).mul_add(dmin * da, accm);
+                }
+            }
+            acc - accm
+        }
         Fmt::Q3K | Fmt::Q4K | Fmt::Q5K | Fmt::Q6K => {
             let nb = k / QK_K;
             let (aq, ad, abs) = (&acts.kq[c * k..], &acts.kd[c * nb..], &acts.kbs[c * nb * 16..]);
@@ -721,6 +757,22 @@ pub(crate) fn b32_values(fmt: Fmt, blk: &[u8], w: &mut [i32; QK]) {
 /// A K-quant super-block's 256 unsigned values, its scales (Q4_K/Q5_K: 8
 /// per 32 values; Q6_K: 16 signed, per 16) and its minimums (Q4_K/Q5_K).
 #[inline]
+/// A Q2_K block's 256 values (0 ..= 3: value e = 128h + 32g + l is bits
+/// 2g, 2g + 1 of byte 32h + l of `qs`, at 16), and its sixteen sub-block
+/// scales and minimums (the low and high nibbles of its first 16 bytes).
+pub(crate) fn q2k_values(blk: &[u8]) -> ([i32; QK_K], [i32; 16], [i32; 16]) {
+    let qs = &blk[16..80];
+    let w = std::array::from_fn(|e| {
+        let (h, g, l) = (e / 128, e % 128 / 32, e % 32);
+        ((qs[32 * h + l] >> (2 * g)) & 3) as i32
+    });
+    (
+        w,
+        std::array::from_fn(|s| (blk[s] & 15) as i32),
+        std::array::from_fn(|s| (blk[s] >> 4) as i32),
+    )
+}
+
 /// A Q3_K block's sixteen sub-block scales (6 bits each, packed in its 12
 /// bytes at 96), less 32, as ggml unpacks them.
 pub(crate) fn q3k_scales(blk: &[u8]) -> [i32; 16] {
