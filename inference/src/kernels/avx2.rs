@@ -2599,7 +2599,13 @@ unsafe fn q6k_wide(
         return false;
     }
     // SAFETY: the caller has the features; the scratch is this thread's.
-    Q6_DECODED.with_borrow_mut(|dec| unsafe { q6k_wide_in(dec, w, acts, rows, out) });
+    Q6_DECODED.with_borrow_mut(|dec| unsafe {
+        if w.fmt == Fmt::Q3K {
+            q6k_wide_in::<true>(dec, w, acts, rows, out)
+        } else {
+            q6k_wide_in::<false>(dec, w, acts, rows, out)
+        }
+    });
     true
 }
 
@@ -2608,8 +2614,12 @@ unsafe fn q6k_wide(
 ///
 /// # Safety
 /// The CPU must support avx2, fma and f16c; as [`q6k_wide`].
+///
+/// `Q3`: Q3_K rows (`Q3K`) in the same scratch: their codes (two low bits
+/// and the high bit at 4, unsigned 0 ..= 7), scale pairs and scales less
+/// 32, `d`; the columns' offset is then `4 · Σ s·bsum`, ggml's act-bias.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q6k_wide_in(
+unsafe fn q6k_wide_in<const Q3: bool>(
     dec: &mut Vec<__m256i>,
     w: &RowMat,
     acts: &Acts,
@@ -2619,7 +2629,7 @@ unsafe fn q6k_wide_in(
     let k = acts.k;
     let n = acts.n;
     let nb = k / QK_K;
-    assert!(w.row_bytes >= nb * 210);
+    assert!(w.row_bytes >= nb * if Q3 { 110 } else { 210 });
     assert!(n * k <= acts.kq.len() && n * nb <= acts.kd.len());
     assert!(n * nb * 16 <= acts.kbs.len());
     dec.resize(ROW_BLOCK * nb * Q6_SLOTS, _mm256_setzero_si256());
@@ -2635,6 +2645,33 @@ unsafe fn q6k_wide_in(
                 for b in 0..nb {
                     let blk = row.add(b * at.block);
                     let o = dec.as_mut_ptr().add(((r - rb) * nb + b) * Q6_SLOTS);
+                    if Q3 {
+                        let sc8 = q3k_scales8(blk);
+                        let qs = [0, 1]
+                            .map(|h| _mm256_loadu_si256(blk.add(32 + 32 * h) as *const __m256i));
+                        let hm = _mm256_loadu_si256(blk as *const __m256i);
+                        for h in 0..2 {
+                            for kk in 0..4 {
+                                let ch = 4 * h + kk;
+                                let low = _mm256_and_si256(
+                                    _mm256_srl_epi16(qs[h], _mm_cvtsi32_si128(2 * kk as i32)),
+                                    _mm256_set1_epi8(3),
+                                );
+                                let hb = _mm256_and_si256(
+                                    _mm256_srl_epi16(hm, _mm_cvtsi32_si128(ch as i32)),
+                                    _mm256_set1_epi8(1),
+                                );
+                                o.add(ch).write(_mm256_or_si256(low, _mm256_slli_epi16::<2>(hb)));
+                                o.add(8 + ch).write(_mm256_cvtepi8_epi16(_mm_shuffle_epi8(
+                                    sc8,
+                                    q6k_pick(h, kk),
+                                )));
+                            }
+                        }
+                        o.add(16).write(_mm256_cvtepi8_epi16(sc8));
+                        o.add(17).write(_mm256_castps_si256(_mm256_set1_ps(f16_at(blk.add(108)))));
+                        continue;
+                    }
                     let sc8 = _mm_loadu_si128(blk.add(192) as *const __m128i);
                     for h in 0..2 {
                         for kk in 0..4 {
@@ -2654,14 +2691,14 @@ unsafe fn q6k_wide_in(
                 for r in rb..re {
                     let d = dec.as_ptr().add((r - rb) * nb * Q6_SLOTS);
                     let v = match m {
-                        8 => q6k_cols::<8>(d, acts, c, nb),
-                        7 => q6k_cols::<7>(d, acts, c, nb),
-                        6 => q6k_cols::<6>(d, acts, c, nb),
-                        5 => q6k_cols::<5>(d, acts, c, nb),
-                        4 => q6k_cols::<4>(d, acts, c, nb),
-                        3 => q6k_cols::<3>(d, acts, c, nb),
-                        2 => q6k_cols::<2>(d, acts, c, nb),
-                        _ => q6k_cols::<1>(d, acts, c, nb),
+                        8 => q6k_cols::<8, Q3>(d, acts, c, nb),
+                        7 => q6k_cols::<7, Q3>(d, acts, c, nb),
+                        6 => q6k_cols::<6, Q3>(d, acts, c, nb),
+                        5 => q6k_cols::<5, Q3>(d, acts, c, nb),
+                        4 => q6k_cols::<4, Q3>(d, acts, c, nb),
+                        3 => q6k_cols::<3, Q3>(d, acts, c, nb),
+                        2 => q6k_cols::<2, Q3>(d, acts, c, nb),
+                        _ => q6k_cols::<1, Q3>(d, acts, c, nb),
                     };
                     for (j, x) in v.iter().take(m).enumerate() {
                         out.set(c + j, r, *x);
@@ -2682,7 +2719,7 @@ unsafe fn q6k_wide_in(
 /// The CPU has avx2, fma and f16c; `d` holds `nb` decoded blocks; the
 /// columns' activations exist (asserted by the caller).
 #[inline(always)]
-unsafe fn q6k_cols<const M: usize>(
+unsafe fn q6k_cols<const M: usize, const Q3: bool>(
     d: *const __m256i,
     acts: &Acts,
     c: usize,
@@ -2715,7 +2752,8 @@ unsafe fn q6k_cols<const M: usize>(
                 let bs = _mm256_loadu_si256(
                     acts.kbs.as_ptr().add((col * nb + b) * 16) as *const __m256i
                 );
-                let corr = _mm256_slli_epi32::<5>(_mm256_madd_epi16(bs, scales16));
+                let p = _mm256_madd_epi16(bs, scales16);
+                let corr = if Q3 { _mm256_slli_epi32::<2>(p) } else { _mm256_slli_epi32::<5>(p) };
                 sv[j] = _mm256_sub_epi32(sumi[j], corr);
             }
             let iv = _mm256_cvtepi32_ps(hsum_i32_x8(&sv));
@@ -3204,6 +3242,17 @@ unsafe fn q3k_scales8(blk: *const u8) -> __m128i {
 
 impl Kern for Q3K {
     const DEC_ROWS: usize = 2;
+
+    #[inline(always)]
+    unsafe fn wide(
+        w: &RowMat,
+        acts: &Acts,
+        rows: std::ops::Range<usize>,
+        out: &OutRows<'_>,
+    ) -> bool {
+        // SAFETY: forwarded (`q6k_wide` takes Q3_K rows too).
+        unsafe { q6k_wide(w, acts, rows, out) }
+    }
 
     #[inline(always)]
     unsafe fn run<const R: usize, const N: usize>(
