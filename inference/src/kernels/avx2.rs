@@ -2647,8 +2647,10 @@ unsafe fn q6k_wide_in<const Q3: bool>(
                     let o = dec.as_mut_ptr().add(((r - rb) * nb + b) * Q6_SLOTS);
                     if Q3 {
                         let sc8 = q3k_scales8(blk);
-                        let qs = [0, 1]
-                            .map(|h| _mm256_loadu_si256(blk.add(32 + 32 * h) as *const __m256i));
+                        let qs = [
+                            _mm256_loadu_si256(blk.add(32) as *const __m256i),
+                            _mm256_loadu_si256(blk.add(64) as *const __m256i),
+                        ];
                         let hm = _mm256_loadu_si256(blk as *const __m256i);
                         for h in 0..2 {
                             for kk in 0..4 {
@@ -3117,6 +3119,18 @@ impl Kern for Q2K {
     const DEC_ROWS: usize = 4;
 
     #[inline(always)]
+    unsafe fn wide(
+        w: &RowMat,
+        acts: &Acts,
+        rows: std::ops::Range<usize>,
+        out: &OutRows<'_>,
+    ) -> bool {
+        // SAFETY: the caller has the features; the scratch is this thread's.
+        Q6_DECODED.with_borrow_mut(|dec| unsafe { q2k_wide_in(dec, w, acts, rows, out) });
+        true
+    }
+
+    #[inline(always)]
     unsafe fn run<const R: usize, const N: usize>(
         w: &RowMat,
         acts: &Acts,
@@ -3205,6 +3219,176 @@ impl Kern for Q2K {
                 }
             }
         }
+    }
+}
+
+/// Registers per decoded Q2_K block in `q2k_wide_in`'s scratch: eight
+/// chunks of 32 codes, their eight scale pairs, the sixteen minimums,
+/// `d`, `dmin`.
+const Q2_SLOTS: usize = 19;
+
+/// [`Q2K`] on a product of many columns: each block of rows is decoded
+/// once into scratch and met there by every group of eight columns, the
+/// columns in the lanes — each half's integer and the minimums' of eight
+/// columns summed at once (`hsum_i32_x8`), then the chain's fused
+/// multiply-adds lane by lane: one per super-block for a column ggml's
+/// gemv runs, one per half for a column its gemm grouped. The numbers of
+/// `Q2K::run`.
+///
+/// # Safety
+/// The CPU must support avx2, fma and f16c; rows `rows` of `out` are the
+/// caller's; `w` and `acts` hold them (bounds are asserted).
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q2k_wide_in(
+    dec: &mut Vec<__m256i>,
+    w: &RowMat,
+    acts: &Acts,
+    rows: std::ops::Range<usize>,
+    out: &OutRows<'_>,
+) {
+    let (k, n) = (acts.k, acts.n);
+    let nb = k / QK_K;
+    assert!(w.row_bytes >= nb * 84);
+    assert!(n * k <= acts.kq.len() && n * nb <= acts.kd.len());
+    assert!(n * nb * 16 <= acts.kbs.len());
+    dec.resize(ROW_BLOCK * nb * Q2_SLOTS, _mm256_setzero_si256());
+    // SAFETY: every pointer below stays within the rows (`w.at`), `dec`
+    // (ROW_BLOCK rows of nb blocks) and the n columns' activations
+    // (asserted).
+    unsafe {
+        let m3 = _mm256_set1_epi8(3);
+        let m4 = _mm_set1_epi8(15);
+        for rb in rows.clone().step_by(ROW_BLOCK) {
+            let re = (rb + ROW_BLOCK).min(rows.end);
+            for r in rb..re {
+                let at = w.at(r, 1);
+                let row = w.bytes().as_ptr().add(at.base);
+                for b in 0..nb {
+                    let blk = row.add(b * at.block);
+                    let o = dec.as_mut_ptr().add(((r - rb) * nb + b) * Q2_SLOTS);
+                    let sc16 = _mm_loadu_si128(blk as *const __m128i);
+                    let scl = _mm_and_si128(sc16, m4);
+                    for h in 0..2 {
+                        let qs = _mm256_loadu_si256(blk.add(16 + 32 * h) as *const __m256i);
+                        for g in 0..4 {
+                            let sh = _mm_cvtsi32_si128(2 * g as i32);
+                            o.add(4 * h + g).write(_mm256_and_si256(_mm256_srl_epi16(qs, sh), m3));
+                            o.add(8 + 4 * h + g)
+                                .write(_mm256_cvtepi8_epi16(_mm_shuffle_epi8(scl, q6k_pick(h, g))));
+                        }
+                    }
+                    let mins = _mm_and_si128(_mm_srli_epi16::<4>(sc16), m4);
+                    o.add(16).write(_mm256_cvtepu8_epi16(mins));
+                    o.add(17).write(_mm256_castps_si256(_mm256_set1_ps(f16_at(blk.add(80)))));
+                    o.add(18).write(_mm256_castps_si256(_mm256_set1_ps(f16_at(blk.add(82)))));
+                }
+            }
+            let mut c = 0;
+            while c < n {
+                let m = (n - c).min(8);
+                for r in rb..re {
+                    let d = dec.as_ptr().add((r - rb) * nb * Q2_SLOTS);
+                    let v = match m {
+                        8 => q2k_cols::<8>(d, acts, c, nb),
+                        7 => q2k_cols::<7>(d, acts, c, nb),
+                        6 => q2k_cols::<6>(d, acts, c, nb),
+                        5 => q2k_cols::<5>(d, acts, c, nb),
+                        4 => q2k_cols::<4>(d, acts, c, nb),
+                        3 => q2k_cols::<3>(d, acts, c, nb),
+                        2 => q2k_cols::<2>(d, acts, c, nb),
+                        _ => q2k_cols::<1>(d, acts, c, nb),
+                    };
+                    for (j, x) in v.iter().take(m).enumerate() {
+                        out.set(c + j, r, *x);
+                    }
+                }
+                c += m;
+            }
+        }
+    }
+}
+
+/// One decoded Q2_K row (`d`: its blocks in `q2k_wide_in`'s scratch)
+/// against columns `c .. c + M`, a column per lane.
+///
+/// # Safety
+/// The CPU has avx2, fma and f16c; `d` holds `nb` decoded blocks; the
+/// columns' activations exist (asserted by the caller).
+#[inline(always)]
+unsafe fn q2k_cols<const M: usize>(
+    d: *const __m256i,
+    acts: &Acts,
+    c: usize,
+    nb: usize,
+) -> [f32; 8] {
+    let k = acts.k;
+    // SAFETY: within the decoded row and the columns (the caller's
+    // contract).
+    unsafe {
+        let grouped: [i32; 8] = std::array::from_fn(|j| -((j < M && acts.grouped(c + j)) as i32));
+        let gmask = _mm256_castsi256_ps(_mm256_loadu_si256(grouped.as_ptr() as *const __m256i));
+        let lo4 = _mm256_setr_epi32(-1, -1, -1, -1, 0, 0, 0, 0);
+        let (mut acc, mut accm) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+        for b in 0..nb {
+            let o = d.add(b * Q2_SLOTS);
+            // Each half's eight column accumulators in registers, one half
+            // at a time (a loop: a closure would not inherit the target
+            // features).
+            let mut halves = [_mm256_setzero_si256(); 2];
+            for (h, hv) in halves.iter_mut().enumerate() {
+                let mut s = [_mm256_setzero_si256(); 8];
+                for ch in 4 * h..4 * h + 4 {
+                    let (wq, sv) = (*o.add(ch), *o.add(8 + ch));
+                    for (j, sj) in s.iter_mut().enumerate().take(M) {
+                        let a = _mm256_loadu_si256(
+                            acts.kq.as_ptr().add((c + j) * k + b * QK_K + 32 * ch)
+                                as *const __m256i,
+                        );
+                        *sj = _mm256_add_epi32(
+                            *sj,
+                            _mm256_madd_epi16(_mm256_maddubs_epi16(wq, a), sv),
+                        );
+                    }
+                }
+                *hv = hsum_i32_x8(&s);
+            }
+            let [lo, hi] = halves;
+            let mins16 = *o.add(16);
+            let mut ml = [_mm256_setzero_si256(); 8];
+            let mut mh = [_mm256_setzero_si256(); 8];
+            let mut dav = [0f32; 8];
+            for j in 0..M {
+                let col = c + j;
+                dav[j] = *acts.kd.get_unchecked(col * nb + b);
+                let bs = _mm256_loadu_si256(
+                    acts.kbs.as_ptr().add((col * nb + b) * 16) as *const __m256i
+                );
+                let pm = _mm256_madd_epi16(bs, mins16);
+                ml[j] = _mm256_and_si256(pm, lo4);
+                mh[j] = _mm256_andnot_si256(lo4, pm);
+            }
+            let (mlo, mhi) = (hsum_i32_x8(&ml), hsum_i32_x8(&mh));
+            let da = _mm256_loadu_ps(dav.as_ptr());
+            let dd = _mm256_mul_ps(_mm256_castsi256_ps(*o.add(17)), da);
+            let dm = _mm256_mul_ps(_mm256_castsi256_ps(*o.add(18)), da);
+            let acc_g = _mm256_fmadd_ps(
+                _mm256_cvtepi32_ps(hi),
+                dd,
+                _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo), dd, acc),
+            );
+            let accm_g = _mm256_fmadd_ps(
+                _mm256_cvtepi32_ps(mhi),
+                dm,
+                _mm256_fmadd_ps(_mm256_cvtepi32_ps(mlo), dm, accm),
+            );
+            let acc_u = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(lo, hi)), dd, acc);
+            let accm_u = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(mlo, mhi)), dm, accm);
+            acc = _mm256_blendv_ps(acc_u, acc_g, gmask);
+            accm = _mm256_blendv_ps(accm_u, accm_g, gmask);
+        }
+        let mut r = [0f32; 8];
+        _mm256_storeu_ps(r.as_mut_ptr(), _mm256_sub_ps(acc, accm));
+        r
     }
 }
 
