@@ -1,7 +1,8 @@
 //! The engine against native llama.cpp, side by side in one run, on the
 //! files of `FILES` (Q4_1, Q4_K_M and Q8_0 at 135M; gemma3 270M Q4_K_M;
 //! Q4_K_M and Q8_0 at the Llama-3.2-1B shape; and, requantized from them,
-//! Q5_K_M and Q6_K at 135M and 1B; a qwen3moe mixture of experts, below):
+//! Q5_K_M and Q6_K at 135M and 1B, Q4_0 at 135M and 1B, Q3_K_M and Q2_K
+//! at 1B; a qwen3moe mixture of experts, below):
 //! prompt processing (512 tokens) and decode (128 tokens) at 2 threads, and
 //! at 1 thread for the 135M files; peak RSS of both processes; the ratios.
 //! Then decode and prompt at depth (4,096 and, on the 1B files, 16,384
@@ -58,8 +59,9 @@
 //! `AGENTD_BENCH_ONLY=q4_k_m` keeps the files whose name contains the word;
 //! `AGENTD_BENCH_ROUNDS` (3): agentd and llama.cpp alternate that many times
 //! per file and thread count (medians reported); `AGENTD_BENCH_REPS` (1) per
-//! run. The Q5_K_M and Q6_K files are requantized on first use
-//! (`extra_file`).
+//! run. The Q5_K_M, Q6_K, Q4_0, Q3_K_M and Q2_K files are requantized on
+//! first use (`extra_file`; `smollm2-135m-q4_0` is the one
+//! `scripts/test-deps.sh` makes from the default model when it is there).
 //! The run opens with STREAM's triad at 1 and 2 threads (the decode
 //! ceiling, measured in the same run), and each row gives agentd's decode as
 //! a share of it (every weight held × tokens/s ÷ triad: an upper bound, as a
@@ -75,7 +77,7 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
-const FILES: [&str; 19] = [
+const FILES: [&str; 23] = [
     "smollm2-135m-q4_1",
     "smollm2-135m-q4_k_m",
     "smollm2-135m-q8_0",
@@ -88,6 +90,12 @@ const FILES: [&str; 19] = [
     "smollm2-135m-q6_k",
     "synth-1b-q5_k_m",
     "synth-1b-q6_k",
+    // Types users pick for size (Q2_K, Q3_K_M) or that many files ship in
+    // (Q4_0: ggml repacks it; the engine keeps its numbers).
+    "smollm2-135m-q4_0",
+    "synth-1b-q4_0",
+    "synth-1b-q3_k_m",
+    "synth-1b-q2_k",
     // Made here by the synthetic-families script (`synth_file`).
     "qwen3moe-bench-q4_k_m",
     "qwen3moe-twin-bench-q4_k_m",
@@ -140,14 +148,17 @@ fn synth_file(bin: Option<&Path>, dir: &Path, name: &str) {
     }
 }
 
-/// Makes `name` (a Q5_K_M or Q6_K file of the list) with llama-quantize
+/// Makes `name` (a Q5_K_M, Q6_K, Q4_0, Q3_K_M or Q2_K file of the list) with llama-quantize
 /// from the file it is requantized from (`smollm2-135m-q8_0`,
 /// `synth-1b-f16`), when missing.
 fn extra_file(bin: Option<&Path>, dir: &Path, name: &str) {
     let (Some(bin), Some((base, q))) = (bin, name.rsplit_once('-')) else { return };
     let src = if base == "synth-1b" { "synth-1b-f16" } else { "smollm2-135m-q8_0" };
     let (src, dst) = (dir.join(format!("{src}.gguf")), dir.join(format!("{name}.gguf")));
-    if dst.is_file() || !src.is_file() || !matches!(q, "q5_k_m" | "q6_k") {
+    if dst.is_file()
+        || !src.is_file()
+        || !matches!(q, "q5_k_m" | "q6_k" | "q4_0" | "q3_k_m" | "q2_k")
+    {
         return;
     }
     let part = dir.join(format!("{name}.gguf.part"));
