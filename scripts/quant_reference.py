@@ -31,18 +31,12 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import family_reference as fr  # noqa: E402
+from kv_reference import REF, cases  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-REF = os.path.join(ROOT, "inference/tests/data/reference")
 FIXTURE = os.path.join(REF, "quant-greedy.jsonl")
 PROMPTS = ["smollm2-greedy.jsonl", "smollm2-greedy-long.jsonl"]
 N_PREDICT = 32
 CTX = 4096
-
-
-def cases(fixture: str) -> list[dict]:
-    with open(os.path.join(REF, fixture)) as f:
-        return [json.loads(line) for line in f if line.strip()]
 
 
 def main() -> None:

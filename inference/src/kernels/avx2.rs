@@ -998,9 +998,8 @@ impl<const F: u8, const CH: bool> Kern for B32<F, CH> {
 /// (sixteen products of at most 15 · 128: exact), one `madd`, less the
 /// column's `8 · Σ a` (`Acts::off8`), give each row's exact `Σ (q − 8)
 /// · a`; then `fma(isum, d · d_a, acc)` lane by lane, as `rows::dot` —
-/// bit-identical, without a horizontal sum per row and block. Rows past
-/// the last whole eight take the one-row kernel. `false` (nothing written)
-/// when the column has no `off8`.
+/// bit-identical, without a horizontal sum per row and block. `false`
+/// (nothing written) when the column has no `off8`.
 ///
 /// # Safety
 /// The CPU has avx2, fma and f16c; rows `rows` of `out` are the caller's.
@@ -1018,16 +1017,16 @@ unsafe fn q4_0_decode(
         return false;
     }
     assert!(rb >= nb * 18 && k <= acts.q.len() && nb <= acts.d.len());
-    // Whole groups of eight rows (ranges start at a group: `tile_align`).
-    assert!(rows.start.is_multiple_of(8));
-    let whole = rows.start + (rows.end - rows.start) / 8 * 8;
+    // Whole groups of eight rows (ranges start at a group, `tile_align`;
+    // chain matrices have rows in eights), as `q4_0_wide_in`.
+    assert!(rows.start.is_multiple_of(8) && rows.end.is_multiple_of(8));
     // SAFETY: every load is within rows `rows` (asserted within the matrix)
     // or the column's activations (asserted); rows are the caller's.
     unsafe {
         let data = w.bytes().as_ptr();
         let q = acts.q.as_ptr();
         let ones = _mm256_set1_epi16(1);
-        for r0 in (rows.start..whole).step_by(8) {
+        for r0 in rows.step_by(8) {
             // The group's blocks: block b of row r0 + r at `b·block + r·18`.
             let at = w.at(r0, 8);
             let (base, rs) = (data.add(at.base), at.row);
@@ -1052,11 +1051,6 @@ unsafe fn q4_0_decode(
             let mut col = [0f32; 8];
             _mm256_storeu_ps(col.as_mut_ptr(), acc);
             out.set_run(0, r0, &col);
-        }
-        for r in whole..rows.end {
-            let mut o = [[0f32; 1]; 1];
-            B32::<1, true>::run::<1, 1>(w, acts, r, 0, &mut o);
-            out.set(0, r, o[0][0]);
         }
     }
     true
@@ -1103,8 +1097,6 @@ pub(super) unsafe fn q4_0_group8(blk: *const u8, rs: usize) -> ([__m256i; 8], __
 /// of values (register g: values 4g .. 4g + 3 of each row, unsigned
 /// nibbles), one of scales (f32 bits).
 const Q4W_SLOTS: usize = 9;
-/// Registers of eight rows in a decoded Q4_0 block of rows.
-const Q4W_H: usize = 1;
 /// Columns met together by one pass over a decoded Q4_0 block of rows.
 const Q4W_COLS: usize = 4;
 
@@ -1160,12 +1152,11 @@ unsafe fn q4_0_wide_in(
     let rb = w.row_bytes;
     assert!(rb >= nb * 18);
     assert!(n * k <= acts.q.len() && n * nb <= acts.d.len() && n * nb <= acts.off8.len());
-    let per = Q4W_H * Q4W_SLOTS;
+    let per = Q4W_SLOTS;
     dec.resize(nb * per, _mm256_setzero_si256());
-    for r0 in rows.clone().step_by(8 * Q4W_H) {
-        let m = (rows.end - r0).min(8 * Q4W_H);
-        // A group of eight rows (`RowMat` keeps chain Q4_0 in eights).
-        assert!(m == 8 && Q4W_H == 1);
+    // Groups of eight rows (`RowMat` keeps chain Q4_0 in eights).
+    assert!(rows.start.is_multiple_of(8) && rows.end.is_multiple_of(8));
+    for r0 in rows.step_by(8) {
         let at = w.at(r0, 8);
         for b in 0..nb {
             // SAFETY: the group's block b lies within the matrix (`at`);
@@ -1187,10 +1178,10 @@ unsafe fn q4_0_wide_in(
             // are asserted above; the rows are the caller's.
             unsafe {
                 match len {
-                    4 => q4_0_wide_cols::<4>(d, acts, nb, r0, m, c, out),
-                    3 => q4_0_wide_cols::<3>(d, acts, nb, r0, m, c, out),
-                    2 => q4_0_wide_cols::<2>(d, acts, nb, r0, m, c, out),
-                    _ => q4_0_wide_cols::<1>(d, acts, nb, r0, m, c, out),
+                    4 => q4_0_wide_cols::<4>(d, acts, nb, r0, c, out),
+                    3 => q4_0_wide_cols::<3>(d, acts, nb, r0, c, out),
+                    2 => q4_0_wide_cols::<2>(d, acts, nb, r0, c, out),
+                    _ => q4_0_wide_cols::<1>(d, acts, nb, r0, c, out),
                 }
             }
             c += len;
@@ -1198,8 +1189,8 @@ unsafe fn q4_0_wide_in(
     }
 }
 
-/// A decoded Q4_0 block of rows (see [`q4_0_wide`]) against columns `c ..
-/// c + N`: rows `r0 .. r0 + m`.
+/// A decoded Q4_0 group of rows (see [`q4_0_wide`]) against columns `c ..
+/// c + N`: rows `r0 .. r0 + 8`.
 ///
 /// # Safety
 /// The CPU has avx2, fma and f16c; `dec` holds `nb` decoded blocks;
@@ -1211,7 +1202,6 @@ unsafe fn q4_0_wide_cols<const N: usize>(
     acts: &Acts,
     nb: usize,
     r0: usize,
-    m: usize,
     c: usize,
     out: &OutRows<'_>,
 ) {
@@ -1221,38 +1211,31 @@ unsafe fn q4_0_wide_cols<const N: usize>(
     unsafe {
         let q = acts.q.as_ptr();
         let ones = _mm256_set1_epi16(1);
-        let mut acc = [[_mm256_setzero_ps(); N]; Q4W_H];
+        let mut acc = [_mm256_setzero_ps(); N];
         for b in 0..nb {
-            let o = dec.add(b * Q4W_H * Q4W_SLOTS);
-            let mut s16 = [[_mm256_setzero_si256(); N]; Q4W_H];
+            let o = dec.add(b * Q4W_SLOTS);
+            let mut s16 = [_mm256_setzero_si256(); N];
             for g in 0..8 {
-                for j in 0..N {
+                for (j, sj) in s16.iter_mut().enumerate() {
                     let a = _mm256_set1_epi32(
                         (q.add((c + j) * k + b * QK + 4 * g) as *const i32).read_unaligned(),
                     );
-                    for h in 0..Q4W_H {
-                        let p = _mm256_maddubs_epi16(*o.add(h * Q4W_SLOTS + g), a);
-                        s16[h][j] = if g == 0 { p } else { _mm256_add_epi16(s16[h][j], p) };
-                    }
+                    let p = _mm256_maddubs_epi16(*o.add(g), a);
+                    *sj = if g == 0 { p } else { _mm256_add_epi16(*sj, p) };
                 }
             }
+            let dw = _mm256_castsi256_ps(*o.add(8));
             for j in 0..N {
                 let da = _mm256_set1_ps(*acts.d.get_unchecked((c + j) * nb + b));
                 let off = _mm256_set1_epi32(*acts.off8.get_unchecked((c + j) * nb + b));
-                for h in 0..Q4W_H {
-                    let dw = _mm256_castsi256_ps(*o.add(h * Q4W_SLOTS + 8));
-                    let isum = _mm256_sub_epi32(_mm256_madd_epi16(s16[h][j], ones), off);
-                    acc[h][j] =
-                        _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, da), acc[h][j]);
-                }
+                let isum = _mm256_sub_epi32(_mm256_madd_epi16(s16[j], ones), off);
+                acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, da), acc[j]);
             }
         }
-        for j in 0..N {
-            let mut col = [0f32; 8 * Q4W_H];
-            for h in 0..Q4W_H {
-                _mm256_storeu_ps(col.as_mut_ptr().add(8 * h), acc[h][j]);
-            }
-            out.set_run(c + j, r0, &col[..m]);
+        for (j, a) in acc.iter().enumerate() {
+            let mut col = [0f32; 8];
+            _mm256_storeu_ps(col.as_mut_ptr(), *a);
+            out.set_run(c + j, r0, &col);
         }
     }
 }
